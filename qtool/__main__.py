@@ -1,0 +1,3 @@
+from qtool.cli.main import main
+
+main()

@@ -1,0 +1,14 @@
+"""The Typer application every command module registers on."""
+
+import typer
+
+app = typer.Typer(
+    name="qtool",
+    help="Toolchain for quantized LLM weights: pack, repack, inspect, select and bench.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Our own main() turns errors into one line; Typer's rich tracebacks would show internals.
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)

@@ -1,0 +1,85 @@
+"""Entry point: registers the command modules and turns errors into one line and an exit code.
+
+Exit codes: 0 ok, 1 a check failed, 2 usage or input error, 3 an internal error (a bug: please report it
+with QTOOL_DEBUG=1 output). QTOOL_DEBUG=1 re-raises so the traceback shows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from qtool.cli.app import app
+
+COMMANDS = ("pack", "inspect", "repack", "select", "bench")
+
+# Options that take several values after one flag (`--batch-sizes 1 16 256`). Click options take one value
+# per occurrence, so the argument list is rewritten to repeated flags before parsing.
+VARIADIC_OPTIONS = frozenset({"--batch-sizes"})
+
+for _name in COMMANDS:
+    try:
+        importlib.import_module(f"qtool.cli.{_name}")
+    except ModuleNotFoundError as _e:  # development guard: a command whose module is not there yet
+        if _e.name != f"qtool.cli.{_name}":
+            raise
+
+
+def expand_variadic(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        out.append(a)
+        i += 1
+        if a in VARIADIC_OPTIONS:
+            first = True
+            while i < len(argv) and not argv[i].startswith("-"):
+                if not first:
+                    out.append(a)
+                out.append(argv[i])
+                first = False
+                i += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from qtool.errors import QtoolError
+
+    args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
+    debug = os.environ.get("QTOOL_DEBUG", "") not in ("", "0")
+    try:
+        rv = app(args=args, prog_name="qtool", standalone_mode=False)
+    except QtoolError as e:
+        if debug:
+            raise
+        _die(str(e), e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        _die("aborted", 130)
+    except KeyboardInterrupt:
+        _die("interrupted", 130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one
+        if debug:
+            raise
+        _die(f"internal error: {type(e).__name__}: {e} (this is a qtool bug; rerun with QTOOL_DEBUG=1 "
+             "and report the traceback)", 3)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _die(msg: str, code: int) -> None:
+    sys.stderr.write("qtool: error: " + " ".join(str(msg).split("\n")) + "\n")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""A format is a spec row (data) plus two pure functions over tensor dicts.
+
+    pack(Plain) -> dict[str, Tensor]          the tensors of ONE linear module, short names
+                                              ("qweight", "qzeros", "scales", "g_idx", ...)
+    unpack(dict[str, Tensor], LayerParams) -> Plain
+
+Formats do no file I/O and know nothing of kernels or devices. Module prefixes ("model.layers.0.mlp.up_proj.")
+are added and stripped by the I/O layer. `check(plain)` says, before anything is written, why a Plain cannot be
+stored exactly (empty list = it can).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from qtool.errors import FormatError, UsageError
+from qtool.formats.plain import Plain
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One row of the format table.
+
+    id:          stable identifier used on the command line and in metadata ("gptq", "gptq_v2", ...)
+    bits:        bit widths the layout can hold
+    group_sizes: allowed group sizes; None = any positive size dividing in_features, plus -1
+    sym / asym:  whether symmetric / asymmetric zeros can be stored
+    act_order:   whether an arbitrary g_idx can be stored
+    tensors:     short tensor names the layout writes (optional ones included)
+    required:    short tensor names whose presence identifies the layout
+    in_multiple / out_multiple: divisibility the layout itself needs on I / O (per bits, see check)
+    summary:     one line for --help and README tables
+    """
+
+    id: str
+    bits: tuple[int, ...]
+    tensors: tuple[str, ...]
+    required: tuple[str, ...]
+    summary: str
+    group_sizes: tuple[int, ...] | None = None
+    sym: bool = True
+    asym: bool = True
+    act_order: bool = False
+    retired: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """What a reader knows about one module beyond its tensors (from config or metadata).
+
+    bits / group_size may be None when the format can infer them from shapes.
+    sym: the config's claim, used only where the layout cannot tell (e.g. compressed-tensors without zeros).
+    convention: format-specific reading convention, e.g. GPTQ v1 "word" (GPTQModel whole-word add,
+    the default) or "field" (per-field z - 1).
+    """
+
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    desc_act: bool | None = None
+    convention: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Format:
+    """Subclass per layout; set `spec`; implement `pack`, `unpack`; override `check` for extra limits."""
+
+    spec: ClassVar[FormatSpec]
+
+    def pack(self, plain: Plain) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:  # pragma: no cover
+        raise NotImplementedError
+
+    def check(self, plain: Plain) -> list[str]:
+        """Reasons this Plain cannot be stored exactly; [] when it can. Shared rules from the spec row."""
+        s = self.spec
+        why = []
+        if plain.bits not in s.bits:
+            why.append(f"{s.id} holds {', '.join(map(str, s.bits))}-bit codes, not {plain.bits}-bit")
+        if s.group_sizes is not None and plain.group_size not in s.group_sizes:
+            why.append(f"{s.id} group sizes are {list(s.group_sizes)}, not {plain.group_size}")
+        if plain.group_size != -1 and plain.in_features % plain.group_size:
+            why.append(f"group_size {plain.group_size} does not divide in_features {plain.in_features}")
+        if not s.act_order and plain.desc_act:
+            why.append(f"{s.id} has no g_idx: act-order (desc_act) cannot be stored")
+        if not s.asym and not plain.sym:
+            why.append(f"{s.id} is symmetric-only but the zero points vary")
+        return why
+
+    def require(self, plain: Plain) -> None:
+        why = self.check(plain)
+        if why:
+            raise FormatError("; ".join(why))
+
+
+_REGISTRY: dict[str, Format] = {}
+
+
+def register(cls: type[Format]) -> type[Format]:
+    """Class decorator: one instance per format id."""
+    _REGISTRY[cls.spec.id] = cls()
+    return cls
+
+
+def get_format(name: str) -> Format:
+    from qtool import formats  # noqa: F401  (importing the package registers every module)
+
+    key = name.lower().replace("-", "_")
+    if key not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UsageError(f"unknown format '{name}'", fix=f"choose one of: {known}")
+    return _REGISTRY[key]
+
+
+def all_formats() -> dict[str, Format]:
+    from qtool import formats  # noqa: F401
+
+    return dict(_REGISTRY)
+
+
+def expect(tensors: dict[str, torch.Tensor], name: str, fmt: str, *, dtype: torch.dtype | None = None,
+           dims: int | None = None) -> torch.Tensor:
+    """Fetch a tensor a layout needs, with an error that names it."""
+    if name not in tensors:
+        raise FormatError(f"{fmt}: missing tensor '{name}' (have {sorted(tensors)})", tensor=name)
+    t = tensors[name]
+    if dtype is not None and t.dtype != dtype:
+        raise FormatError(f"{fmt}: '{name}' must be {dtype}, got {t.dtype}", tensor=name)
+    if dims is not None and t.dim() != dims:
+        raise FormatError(f"{fmt}: '{name}' must be {dims}-D, got shape {tuple(t.shape)}", tensor=name)
+    return t

@@ -1,0 +1,171 @@
+"""The canonical unpacked form every packed layout is a view of, and the one dequantizer.
+
+Conventions (FORMATS.md, "Canonical form"):
+- codes are unsigned, q in [0, 2^bits - 1]; a signed format stores q - 2^(bits-1) and converts at its edge;
+- zeros are *true* zeros z in [0, 2^bits - 1]; w = s * (q - z);
+- `zeros is None` means symmetric: z = 2^(bits-1) for every group;
+- groups run along the input dimension; `g_idx[i]` is the group of input channel i. `g_idx is None` means
+  the trivial map i // group_size. Under act-order the map is arbitrary and rows stay in natural order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from qtool.errors import FormatError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class Plain:
+    """One quantized linear weight W[out_features, in_features] in canonical form.
+
+    qweight: uint8 [O, I]            one unsigned code per weight (bits <= 8)
+    scales:  fp16/bf16/fp32 [O, n_groups]
+    zeros:   uint8 [O, n_groups] true zero points, or None for symmetric (z = 2^(bits-1))
+    g_idx:   int32 [I] group of each input channel, or None for i // group_size
+    bits:    2..8
+    group_size: G > 0, or -1 for one group spanning all I
+    meta:    free-form facts a format wants to carry through a round trip (e.g. the GPTQ v1 convention
+             read); never needed to dequantize.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    g_idx: torch.Tensor | None
+    bits: int
+    group_size: int
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # --- derived facts -------------------------------------------------------------------------
+    @property
+    def out_features(self) -> int:
+        return int(self.qweight.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.qweight.shape[1])
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.scales.shape[1])
+
+    @property
+    def effective_group_size(self) -> int:
+        """G with -1 resolved to in_features."""
+        return self.in_features if self.group_size == -1 else self.group_size
+
+    @property
+    def sym(self) -> bool:
+        """True when every zero is the midpoint 2^(bits-1) (or zeros were never stored)."""
+        if self.zeros is None:
+            return True
+        return bool((self.zeros == (1 << (self.bits - 1))).all())
+
+    @property
+    def desc_act(self) -> bool:
+        """True when g_idx is not the trivial i // G map (activation order)."""
+        if self.g_idx is None:
+            return False
+        return not torch.equal(self.g_idx.to(torch.int64), self.trivial_g_idx().to(torch.int64))
+
+    def trivial_g_idx(self) -> torch.Tensor:
+        """int32 [I]: i // G."""
+        return (torch.arange(self.in_features, dtype=torch.int32) // self.effective_group_size).to(torch.int32)
+
+    def group_index(self) -> torch.Tensor:
+        """int64 [I]: the group of each input channel, trivial map materialised."""
+        g = self.g_idx if self.g_idx is not None else self.trivial_g_idx()
+        return g.to(torch.int64)
+
+    def zeros_or_midpoint(self) -> torch.Tensor:
+        """uint8 [O, n_groups]: the zeros, with the symmetric midpoint materialised."""
+        if self.zeros is not None:
+            return self.zeros
+        return torch.full((self.out_features, self.n_groups), 1 << (self.bits - 1), dtype=torch.uint8)
+
+    def with_(self, **changes) -> Plain:
+        return replace(self, **changes)
+
+    # --- checks ----------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise FormatError when the fields contradict each other; cheap (shapes and dtypes only)."""
+        b = self.bits
+        if not isinstance(b, int) or not 1 <= b <= 8:
+            raise FormatError(f"bits={b!r} is outside 1..8", fix="use --bits 2..8")
+        if self.qweight.dim() != 2:
+            raise FormatError(f"codes must be 2-D [out, in], got shape {tuple(self.qweight.shape)}")
+        if self.qweight.dtype != torch.uint8:
+            raise FormatError(f"codes must be uint8, got {self.qweight.dtype}")
+        o, i = self.qweight.shape
+        if self.scales.dtype not in FLOAT_DTYPES:
+            raise FormatError(f"scales must be fp16/bf16/fp32, got {self.scales.dtype}")
+        if self.scales.dim() != 2 or self.scales.shape[0] != o:
+            raise FormatError(f"scales shape {tuple(self.scales.shape)} does not match {o} output rows")
+        g = self.group_size
+        if g != -1 and g <= 0:
+            raise FormatError(f"group_size={g} must be positive or -1")
+        if self.g_idx is None:
+            expected = 1 if g == -1 else -(-i // g)
+            if self.scales.shape[1] != expected:
+                raise FormatError(
+                    f"scales have {self.scales.shape[1]} groups but in_features {i} with group_size {g} "
+                    f"needs {expected}")
+        else:
+            if self.g_idx.shape != (i,):
+                raise FormatError(f"g_idx shape {tuple(self.g_idx.shape)} != ({i},)")
+        if self.zeros is not None:
+            if self.zeros.shape != self.scales.shape:
+                raise FormatError(
+                    f"zeros shape {tuple(self.zeros.shape)} != scales shape {tuple(self.scales.shape)}")
+            if self.zeros.dtype != torch.uint8:
+                raise FormatError(f"zeros must be uint8, got {self.zeros.dtype}")
+
+    def check_ranges(self) -> list[str]:
+        """Data checks (reads every value): codes/zeros in range, g_idx within the groups. [] when fine."""
+        problems = []
+        top = (1 << self.bits) - 1
+        if self.qweight.numel() and int(self.qweight.max()) > top:
+            problems.append(f"a code exceeds {top} for {self.bits}-bit")
+        if self.zeros is not None and self.zeros.numel() and int(self.zeros.max()) > top:
+            problems.append(f"a zero point exceeds {top} for {self.bits}-bit")
+        if self.g_idx is not None and self.g_idx.numel():
+            lo, hi = int(self.g_idx.min()), int(self.g_idx.max())
+            if lo < 0 or hi >= self.n_groups:
+                problems.append(f"g_idx values span [{lo}, {hi}] but there are {self.n_groups} groups")
+        return problems
+
+    def equal(self, other: Plain) -> bool:
+        """Exact equality of the represented quantization (symmetric None == explicit midpoints)."""
+        return (
+            self.bits == other.bits
+            and self.qweight.shape == other.qweight.shape
+            and torch.equal(self.qweight, other.qweight)
+            and self.scales.dtype == other.scales.dtype
+            and torch.equal(self.scales, other.scales)
+            and torch.equal(self.zeros_or_midpoint(), other.zeros_or_midpoint())
+            and torch.equal(self.group_index(), other.group_index())
+        )
+
+
+def dequantize(p: Plain, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """W[O, I] = s[:, g] * (q - z[:, g]), computed exactly, then rounded once to `dtype`.
+
+    Default dtype is the scales' dtype: that is what GPTQModel, AutoAWQ and compressed-tensors return,
+    and the product of a 16-bit scale and an integer below 2^9 is exact in fp32, so computing in fp32
+    (float64 when asked for) and rounding once reproduces their bits.
+    """
+    out_dtype = dtype or p.scales.dtype
+    work = torch.float64 if out_dtype == torch.float64 or p.scales.dtype == torch.float32 else torch.float32
+    g = p.group_index()
+    s = p.scales.to(work).index_select(1, g)
+    z = p.zeros_or_midpoint().to(work).index_select(1, g)
+    w = (p.qweight.to(work) - z) * s
+    return w.to(out_dtype)

@@ -1,0 +1,42 @@
+"""Reading a YAML job spec into a plain mapping, with errors that name the file and key.
+
+The per-command schema is the command's own options: `qtool.cli.common.apply_config` checks keys and types
+against them, so the CLI flags and the YAML keys can never drift apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import SpecError
+
+MAX_SPEC_BYTES = 1 << 20  # a job spec is a few lines; refuse anything that is clearly not one
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse `path` with yaml.safe_load (never arbitrary objects) and require a mapping of str keys."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("job spec not found", path=p, fix="give an existing YAML file to --config")
+    if p.stat().st_size > MAX_SPEC_BYTES:
+        raise SpecError(f"job spec is {p.stat().st_size} bytes, over the {MAX_SPEC_BYTES} limit", path=p)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError("job spec is not UTF-8 text", path=p) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"invalid YAML{where}: {getattr(e, 'problem', None) or e}", path=p) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"a job spec must be a mapping of option names to values, got {type(data).__name__}",
+                        path=p)
+    for k in data:
+        if not isinstance(k, str):
+            raise SpecError(f"key {k!r} is not a string", path=p)
+    return data
