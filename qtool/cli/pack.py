@@ -1,0 +1,74 @@
+"""`qtool pack`: quantize a dense safetensors model into a packed layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app
+from qtool.cli.common import (ConfigOpt, DryRunOpt, ForceOpt, JsonOpt, QuietOpt, apply_config, emit_json,
+                              progress, stderr_console, stdout_console)
+
+EPILOG = """Examples:
+
+  qtool pack model/ -o model-gptq --to gptq --bits 4 --group-size 128
+
+  qtool pack model.safetensors -o out --to gptq_p --bits 3 --asym --method mse
+
+  qtool pack model/ -o out --to awq --tensor-type 'mlp\\.down_proj=8:64' --exclude 'layers\\.0\\.'
+
+  qtool pack model/ -o out --config configs/jobs/pack-gptq-4bit.yaml
+"""
+
+
+@app.command("pack", help="Quantize the linear weights of a dense safetensors model into a packed layout "
+                          "(gptq, gptq_v2, gptq_p, awq).", epilog=EPILOG)
+def pack_cmd(
+    ctx: typer.Context,
+    src: Annotated[Path, typer.Argument(help="Dense .safetensors file, HF directory or index.json.",
+                                        show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory.", show_default=False)] = None,
+    to: Annotated[str, typer.Option("--to", help="Target layout: gptq (v1 zeros), gptq_v2, gptq_p, awq.")] = "gptq",
+    bits: Annotated[int, typer.Option("--bits", help="Bits per weight, 2..8.")] = 4,
+    group_size: Annotated[int, typer.Option("--group-size", help="Group size along in_features; -1 = per channel.")]
+    = 128,
+    sym: Annotated[bool, typer.Option("--sym/--asym", help="Symmetric (zero 2^(b-1)) or asymmetric zeros.")] = True,
+    method: Annotated[str, typer.Option("--method", help="rtn (min-max) or mse (clip search).")] = "rtn",
+    include: Annotated[list[str] | None, typer.Option("--include", help="Regex of modules to quantize.")] = None,
+    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Regex of modules to keep dense.")] = None,
+    tensor_type: Annotated[list[str] | None, typer.Option(
+        "--tensor-type", help="REGEX=BITS[:GROUP] per-module override.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Scale dtype: fp16 or bf16.")] = "fp16",
+    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="Shard size limit, e.g. 4GB.")] = "4GB",
+    force: ForceOpt = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> int:
+    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"})
+    from qtool.errors import UsageError
+    from qtool.pack import PackJob, run_pack
+    from qtool.report.pack import render
+
+    if v["out"] is None and not v["dry_run"]:
+        raise UsageError("missing -o/--out", fix="name the output directory, e.g. -o model-gptq")
+    job = PackJob(src=v["src"], out=v["out"] or Path("-"), to=v["to"], bits=v["bits"], group_size=v["group_size"],
+                  sym=v["sym"], method=v["method"], include=tuple(v["include"] or ()),
+                  exclude=tuple(v["exclude"] or ()), tensor_types=tuple(v["tensor_type"] or ()), dtype=v["dtype"],
+                  max_shard_size=v["max_shard_size"], force=v["force"], dry_run=v["dry_run"])
+    human = stderr_console() if v["json_"] else stdout_console()
+    with progress(v["quiet"] or v["json_"]) as bar:
+        task = bar.add_task("packing", total=None)
+
+        def tick(name: str, k: int, n: int) -> None:
+            bar.update(task, completed=k, total=n, description=f"packing {name[-40:]}")
+
+        report = run_pack(job, tick)
+    if v["json_"]:
+        emit_json(report.to_dict())
+    elif not v["quiet"]:
+        render(report, human)
+    return 0

@@ -1,0 +1,113 @@
+"""AWQ GEMM layout `awq` (AutoAWQ "gemm" version; FORMATS.md "AWQ GEMM").
+
+Tensors of one linear module, I = in_features, O = out_features, n_groups = I / G, 4-bit only:
+
+    qweight  int32 [I, O/8]         codes packed along the OUTPUT columns, interleaved: nibble i (shift 4i)
+                                    of word c holds column 8c + AWQ_ORDER[i], AWQ_ORDER = [0,2,4,6,1,3,5,7]
+    qzeros   int32 [n_groups, O/8]  true zeros (no -1), packed and interleaved the same way
+    scales   fp16/bf16/fp32 [n_groups, O]
+
+No g_idx: act-order cannot be stored. Bias is not part of the layout. Relation to `gptq_v2`: the same
+Plain, packed along the other axis with the interleave, so AWQ <-> GPTQ v2 is exact both ways.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.errors import FormatError, NotRepresentable
+from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.gptq import check_divisible, infer_group_size
+from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.packing.bitstream import pack_stream, unpack_stream
+
+# Nibble slot i of a word holds column 8c + AWQ_ORDER[i]; AWQ_INVERSE maps a column back to its slot.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
+_ORDER = torch.tensor(AWQ_ORDER)
+_INVERSE = torch.tensor(AWQ_INVERSE)
+
+
+def interleave_columns(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., N] natural column order -> slot order (slot 8c + i holds column 8c + AWQ_ORDER[i])."""
+    n = codes.shape[-1]
+    return codes.reshape(*codes.shape[:-1], n // 8, 8)[..., _ORDER].reshape(codes.shape)
+
+
+def deinterleave_columns(slots: torch.Tensor) -> torch.Tensor:
+    """Inverse of interleave_columns."""
+    n = slots.shape[-1]
+    return slots.reshape(*slots.shape[:-1], n // 8, 8)[..., _INVERSE].reshape(slots.shape)
+
+
+def pack_awq_cols(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [R, N] 4-bit codes -> int32 [R, N/8] AWQ-interleaved words."""
+    return pack_stream(interleave_columns(codes).contiguous(), 4, dim=-1)
+
+
+def unpack_awq_cols(words: torch.Tensor, n: int) -> torch.Tensor:
+    """int32 [R, N/8] AWQ words -> uint8 [R, N] codes in natural column order."""
+    return deinterleave_columns(unpack_stream(words, 4, n, dim=-1)).contiguous()
+
+
+@register
+class AwqGemm(Format):
+    spec = FormatSpec(
+        id="awq",
+        bits=(4,),
+        tensors=("qweight", "qzeros", "scales"),
+        required=("qweight", "qzeros", "scales"),
+        summary="AWQ GEMM 4-bit (true z): qweight int32 [I, O/8] packed along O with nibble interleave "
+                "[0,2,4,6,1,3,5,7], qzeros [I/G, O/8], scales [I/G, O], no g_idx",
+        act_order=False,
+        extra={"zero_convention": "v2", "interleave": AWQ_ORDER, "in_multiple": {4: 1},
+               "out_multiple": {4: 8}, "version": "gemm"},
+    )
+
+    def check(self, plain: Plain) -> list[str]:
+        why = super().check(plain)
+        why += check_divisible(plain, self.spec.bits, 1, 8, "awq")
+        why += plain.check_ranges()
+        return why
+
+    def pack(self, plain: Plain) -> dict[str, torch.Tensor]:
+        """Plain -> {"qweight", "qzeros", "scales"} (see module docstring). NotRepresentable lists why not."""
+        why = self.check(plain)
+        if why:
+            fix = "write --to gptq_v2 (it keeps g_idx)" if plain.desc_act else None
+            raise NotRepresentable("cannot store this weight as awq: " + "; ".join(why), fix=fix)
+        return {
+            "qweight": pack_awq_cols(plain.qweight.t().contiguous()),
+            "qzeros": pack_awq_cols(plain.zeros_or_midpoint().t().contiguous()),
+            "scales": plain.scales.t().contiguous(),
+        }
+
+    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+        """{"qweight", "qzeros", "scales"} -> Plain (4-bit, true zeros, trivial g_idx)."""
+        qweight = expect(tensors, "qweight", "awq", dtype=torch.int32, dims=2)
+        qzeros = expect(tensors, "qzeros", "awq", dtype=torch.int32, dims=2)
+        scales = expect(tensors, "scales", "awq", dims=2)
+        if scales.dtype not in FLOAT_DTYPES:
+            raise FormatError(f"awq: 'scales' must be fp16/bf16/fp32, got {scales.dtype}", tensor="scales")
+        if params.bits not in (None, 4):
+            raise FormatError(f"awq GEMM holds 4-bit codes, the config says {params.bits}-bit",
+                              fix="check the checkpoint's quantization_config")
+        n_groups, out_features = scales.shape
+        in_features = qweight.shape[0]
+        if qweight.shape[1] * 8 != out_features:
+            raise FormatError(f"awq: qweight {tuple(qweight.shape)} does not pack {out_features} 4-bit "
+                              f"columns (needs {out_features / 8:g} words per row)", tensor="qweight")
+        if tuple(qzeros.shape) != (n_groups, qweight.shape[1]):
+            raise FormatError(f"awq: qzeros shape {tuple(qzeros.shape)} != ({n_groups}, {qweight.shape[1]})",
+                              tensor="qzeros")
+        group_size = params.group_size if params.group_size is not None else \
+            infer_group_size(in_features, n_groups, "awq")
+        expected = 1 if group_size == -1 else -(-in_features // group_size)
+        if n_groups != expected:
+            raise FormatError(f"awq: {n_groups} scale rows do not match in_features {in_features} with "
+                              f"group_size {group_size}", tensor="scales")
+        codes = unpack_awq_cols(qweight, out_features).t().contiguous()
+        zeros = unpack_awq_cols(qzeros, out_features).t().contiguous()
+        if bool((zeros == 8).all()):
+            zeros = None
+        return Plain(codes, scales.t().contiguous(), zeros, None, 4, group_size, meta={"format": "awq"})

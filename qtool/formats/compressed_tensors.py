@@ -1,0 +1,207 @@
+"""compressed-tensors `pack-quantized` (vLLM / llm-compressor), format id "ct".
+
+Tensors of one module (short names):
+    weight_packed      int32 [O, ceil(I*b/32)]  codes packed along the input dim, LSB first; each stored field is
+                                                the signed value + 2^(b-1), i.e. qtool's unsigned code q
+    weight_scale       fp16/bf16/fp32 [O, n_groups]  (the model dtype)
+    weight_zero_point  int32 [ceil(O*b/32), n_groups]  true zeros z (signed zp + 2^(b-1)) packed along dim 0,
+                                                present only for asymmetric schemes
+    weight_g_idx       int32 [I]  group of each input channel; only for actorder "group"
+    weight_shape       int64 [2]  (O, I)
+
+Two packings of the word stream exist (LayerParams.extra "packing", or the config's "version"):
+- "dense" (compressed-tensors >= 0.18): the continuous little-endian bit stream of FORMATS.md; a run of
+  32 codes becomes b words, codes may straddle words (3/5/6/7-bit), the last run is zero-padded and only
+  ceil(n*b/32) words are kept;
+- "padded" (earlier releases): floor(32/b) codes per word at shifts b*j, the top 32 mod b bits unused.
+The two are identical for 1, 2, 4 and 8 bits.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from qtool.errors import FormatError
+from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.plain import Plain
+from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
+
+DENSE_SINCE = (0, 18)
+PACKINGS = ("dense", "padded")
+
+
+def packing_for_version(version: str | None) -> str:
+    """'dense' for compressed-tensors >= 0.18 (or an unknown version), else 'padded'."""
+    if not version:
+        return "dense"
+    nums = [int(x) for x in re.findall(r"\d+", str(version))[:2]]
+    if len(nums) < 2:
+        return "dense"
+    return "dense" if tuple(nums) >= DENSE_SINCE else "padded"
+
+
+def packed_words(n: int, bits: int, packing: str) -> int:
+    """Number of int32 words that hold n codes."""
+    if packing == "dense":
+        return -(-n * bits // 32)
+    return -(-n // (32 // bits))
+
+
+# --- word packing along the last dim ---------------------------------------------------------------
+def _pack_last(codes: torch.Tensor, bits: int, packing: str) -> torch.Tensor:
+    """uint8 codes [..., n] -> int32 words [..., packed_words(n)]."""
+    n = codes.shape[-1]
+    if packing == "padded":
+        pf = 32 // bits
+        words = -(-n // pf)
+        c = torch.nn.functional.pad(codes.to(torch.int64), (0, words * pf - n))
+        c = c.reshape(*codes.shape[:-1], words, pf)
+        shifts = torch.arange(pf, dtype=torch.int64) * bits
+        return to_int32((c << shifts).sum(-1))
+    runs = -(-n // 32)
+    c = codes if runs * 32 == n else torch.nn.functional.pad(codes, (0, runs * 32 - n))
+    return pack_stream(c, bits, dim=-1)[..., : packed_words(n, bits, "dense")].contiguous()
+
+
+def _unpack_last(words: torch.Tensor, bits: int, n: int, packing: str, what: str) -> torch.Tensor:
+    """int32 words [..., w] -> uint8 codes [..., n]; w must be exactly packed_words(n)."""
+    need = packed_words(n, bits, packing)
+    if words.shape[-1] != need:
+        raise FormatError(f"ct: '{what}' has {words.shape[-1]} words along the packed dim, but {n} {bits}-bit "
+                          f"codes in the {packing} packing need {need}", tensor=what,
+                          fix="check num_bits and the compressed-tensors version in the config")
+    if packing == "padded":
+        pf = 32 // bits
+        shifts = torch.arange(pf, dtype=torch.int64) * bits
+        c = (to_uint32(words).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+        return c.reshape(*words.shape[:-1], -1)[..., :n].to(torch.uint8)
+    runs = -(-n // 32)
+    w = torch.nn.functional.pad(words, (0, runs * bits - need)) if runs * bits != need else words
+    return unpack_stream(w, bits, runs * 32, dim=-1)[..., :n].contiguous()
+
+
+def pack_codes(codes: torch.Tensor, bits: int, dim: int, packing: str = "dense") -> torch.Tensor:
+    """uint8 codes -> int32 words packed along `dim` (0 or 1), compressed-tensors order."""
+    c = codes.movedim(dim, -1)
+    return _pack_last(c, bits, packing).movedim(-1, dim).contiguous()
+
+
+def unpack_codes(words: torch.Tensor, bits: int, n: int, dim: int, packing: str = "dense",
+                 what: str = "weight_packed") -> torch.Tensor:
+    """int32 words packed along `dim` -> uint8 codes with n entries along `dim`."""
+    w = words.movedim(dim, -1)
+    return _unpack_last(w, bits, n, packing, what).movedim(-1, dim).contiguous()
+
+
+# --- the format ------------------------------------------------------------------------------------
+@register
+class CompressedTensors(Format):
+    spec = FormatSpec(
+        id="ct",
+        bits=(2, 3, 4, 5, 6, 7, 8),
+        tensors=("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape"),
+        required=("weight_packed", "weight_scale"),
+        summary="compressed-tensors pack-quantized (vLLM / llm-compressor), int32 along input, zeros along dim 0",
+        sym=True,
+        asym=True,
+        act_order=True,
+        extra={"packings": PACKINGS},
+    )
+
+    def pack(self, plain: Plain, *, packing: str | None = None, sym: bool | None = None) -> dict[str, torch.Tensor]:
+        """Plain -> tensors. `packing` defaults to what the Plain was read with (meta "ct_packing"), else
+        dense. `sym` (default: plain.sym) decides whether weight_zero_point is written; a config group that
+        declares `symmetric: false` needs it on every module."""
+        self.require(plain)
+        packing = packing or plain.meta.get("ct_packing") or "dense"
+        if packing not in PACKINGS:
+            raise FormatError(f"ct: unknown packing '{packing}'", fix=f"use one of {PACKINGS}")
+        b = plain.bits
+        out = {
+            "weight_packed": pack_codes(plain.qweight, b, 1, packing),
+            "weight_scale": plain.scales.contiguous(),
+        }
+        if not (plain.sym if sym is None else sym):
+            out["weight_zero_point"] = pack_codes(plain.zeros_or_midpoint(), b, 0, packing)
+        if plain.desc_act:
+            out["weight_g_idx"] = plain.g_idx.to(torch.int32).contiguous()
+        out["weight_shape"] = torch.tensor([plain.out_features, plain.in_features], dtype=torch.int64)
+        return out
+
+    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+        packed = expect(tensors, "weight_packed", "ct", dtype=torch.int32, dims=2)
+        scales = expect(tensors, "weight_scale", "ct", dims=2)
+        o = packed.shape[0]
+        if scales.shape[0] != o:
+            raise FormatError(f"ct: weight_scale has {scales.shape[0]} rows but weight_packed has {o}",
+                              tensor="weight_scale")
+        packing = params.extra.get("packing") or packing_for_version(params.extra.get("version"))
+        if packing not in PACKINGS:
+            raise FormatError(f"ct: unknown packing '{packing}'", fix=f"use one of {PACKINGS}")
+        in_features = self._in_features(tensors, o)
+        bits = params.bits or self._infer_bits(packed.shape[1], in_features, packing)
+        if bits not in self.spec.bits:
+            raise FormatError(f"ct: num_bits {bits} is not supported", fix="use 2..8 bits")
+        qweight = unpack_codes(packed, bits, in_features, 1, packing)
+        n_groups = scales.shape[1]
+
+        g_idx = tensors.get("weight_g_idx")
+        if g_idx is not None:
+            if g_idx.dim() != 1 or g_idx.shape[0] != in_features or g_idx.dtype.is_floating_point:
+                raise FormatError(f"ct: weight_g_idx must be integer [{in_features}], got {g_idx.dtype} "
+                                  f"{tuple(g_idx.shape)}", tensor="weight_g_idx")
+            g_idx = g_idx.to(torch.int32)
+        group_size = params.group_size
+        if group_size is None:
+            group_size = -1 if n_groups == 1 else -(-in_features // n_groups)
+
+        zeros = None
+        zp = tensors.get("weight_zero_point")
+        if zp is not None:
+            zeros = self._unpack_zeros(zp, bits, o, n_groups, packing)
+        elif params.sym is False:
+            raise FormatError("ct: the config says asymmetric but 'weight_zero_point' is missing",
+                              tensor="weight_zero_point", fix="the checkpoint is incomplete or mislabelled")
+        meta = {"ct_packing": packing}
+        if params.extra.get("version"):
+            meta["ct_version"] = str(params.extra["version"])
+        return Plain(qweight, scales, zeros, g_idx, bits, group_size, meta)
+
+    # --- helpers -------------------------------------------------------------------------------------
+    @staticmethod
+    def _in_features(tensors: dict[str, torch.Tensor], o: int) -> int:
+        shape = tensors.get("weight_shape")
+        if shape is None:
+            raise FormatError("ct: missing tensor 'weight_shape' (need the unpacked [O, I])", tensor="weight_shape")
+        if shape.dtype.is_floating_point or shape.numel() != 2:
+            raise FormatError(f"ct: weight_shape must hold two integers, got {shape.dtype} {tuple(shape.shape)}",
+                              tensor="weight_shape")
+        so, si = (int(v) for v in shape.reshape(-1).tolist())
+        if so != o or si <= 0:
+            raise FormatError(f"ct: weight_shape ({so}, {si}) does not match {o} packed rows", tensor="weight_shape")
+        return si
+
+    def _infer_bits(self, words: int, n: int, packing: str) -> int:
+        fits = [b for b in self.spec.bits if packed_words(n, b, packing) == words]
+        if len(fits) != 1:
+            raise FormatError(f"ct: cannot tell num_bits from {words} words for {n} inputs",
+                              fix="give bits in the config (config_groups.*.weights.num_bits)")
+        return fits[0]
+
+    @staticmethod
+    def _unpack_zeros(zp: torch.Tensor, bits: int, o: int, n_groups: int, packing: str) -> torch.Tensor:
+        if zp.dim() != 2 or zp.shape[1] != n_groups:
+            raise FormatError(f"ct: weight_zero_point shape {tuple(zp.shape)} does not match {n_groups} groups",
+                              tensor="weight_zero_point")
+        if zp.shape[0] == o and zp.dtype != torch.int32:
+            # unpacked signed zero points (int8), as releases before zero-point packing stored them
+            z = zp.to(torch.int64) + (1 << (bits - 1))
+            if int(z.min()) < 0 or int(z.max()) >= 1 << bits:
+                raise FormatError(f"ct: a zero point is outside the {bits}-bit range", tensor="weight_zero_point")
+            return z.to(torch.uint8)
+        if zp.dtype != torch.int32:
+            raise FormatError(f"ct: weight_zero_point must be int32 (packed), got {zp.dtype}",
+                              tensor="weight_zero_point")
+        return unpack_codes(zp, bits, o, 0, packing, what="weight_zero_point")

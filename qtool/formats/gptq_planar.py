@@ -1,0 +1,57 @@
+"""GPTQ planar layout `gptq_p` (GPTQModel's planar pack, FORMATS.md "GPTQ planar").
+
+Same tensor set and shapes as `gptq_v2` (I = in_features, O = out_features, b = bits 2..8):
+
+    qweight  int32 [I*b/32, O]        codes packed along the input rows, planar
+    qzeros   int32 [n_groups, O*b/32]  true (v2) zeros packed along the output columns, planar
+    scales   fp16/bf16/fp32 [n_groups, O]
+    g_idx    int32 [I]
+
+Planar: each code is split into bit planes whose widths divide 32, low plane first (3 -> 2+1, 5 -> 4+1,
+6 -> 4+2, 7 -> 4+2+1). Per run of 32 codes, a plane of width w fills w words, word k holding codes
+[k*32/w, (k+1)*32/w) at shifts w*j; the b words of a run are adjacent. No field straddles a word. For 2, 4
+and 8 bits the words equal the continuous `gptq_v2` stream; for 3, 5, 6, 7 they differ. The packed
+dimensions (I and O) must be multiples of 32 for every b.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.formats.base import FormatSpec, LayerParams, register
+from qtool.formats.gptq import META_KEY, V2, GptqFamily
+from qtool.packing.bitstream import pack_planar, unpack_planar
+
+PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)
+
+
+@register
+class GptqPlanar(GptqFamily):
+    spec = FormatSpec(
+        id="gptq_p",
+        bits=PLANAR_BITS,
+        tensors=("qweight", "qzeros", "scales", "g_idx"),
+        required=("qweight", "qzeros", "scales"),
+        summary="GPTQ planar (true z): b words per 32 codes split into bit planes (low plane first), "
+                "qweight int32 [I*b/32, O], qzeros [ceil(I/G), O*b/32], I and O multiples of 32",
+        act_order=True,
+        extra={"zero_convention": "v2", "in_multiple": {b: 32 for b in PLANAR_BITS},
+               "out_multiple": {b: 32 for b in PLANAR_BITS}, "checkpoint_format": "gptq_p"},
+    )
+    version = 2
+    planar = True
+
+    def _pack_codes(self, codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+        return pack_planar(codes, bits, dim=dim)
+
+    def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
+        return unpack_planar(words, bits, n, dim=dim)
+
+    def _multiple(self, bits: int) -> int:
+        return 32
+
+    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: LayerParams):
+        return unpack_planar(qzeros, bits, out_features, dim=1), V2
+
+
+__all__ = ["GptqPlanar", "META_KEY", "PLANAR_BITS"]

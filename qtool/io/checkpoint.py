@@ -1,0 +1,207 @@
+"""Opening a checkpoint: a .safetensors file, a Hugging Face style directory, or a
+model.safetensors.index.json. Headers are read eagerly (cheap); tensor data only on `get`, one tensor at a
+time through safetensors' `safe_open` (memory-mapped), so peak memory is one tensor, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import InputError
+from qtool.io.safetensors_header import TensorInfo, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+MAX_JSON_BYTES = 64 << 20
+
+_REFUSE_PICKLE = ("pickle checkpoints are never loaded (loading one can run arbitrary code)",
+                  "convert it to safetensors in a trusted environment first")
+
+
+def read_json(path: Path) -> Any:
+    """A small JSON file (config, index), bounded and with errors that name it."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(f"JSON file is {size} bytes, over the {MAX_JSON_BYTES} byte limit", path=path)
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", path=path) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"invalid JSON ({type(e).__name__}: {str(e)[:80]})", path=path) from None
+
+
+@dataclass
+class Checkpoint:
+    """A set of safetensors files read as one model.
+
+    path:     what the user named; root: the directory holding configs and other files
+    files:    the .safetensors files, in shard order
+    tensors:  {full tensor name: TensorInfo} across all files (header only)
+    metadata: the first file's __metadata__ (qtool writes the same metadata into every shard)
+    config:   config.json or None; quant_config: config.json["quantization_config"] or quantize_config.json
+    """
+
+    path: Path
+    root: Path
+    files: list[Path]
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    config: dict | None = None
+    quant_config: dict | None = None
+    index: dict | None = None
+    _handles: dict = field(default_factory=dict, repr=False)
+
+    # --- structure ---------------------------------------------------------------------------------
+    def modules(self) -> OrderedDict[str, dict[str, TensorInfo]]:
+        """{module prefix: {short name: TensorInfo}}; prefix = name up to the last '.' ('' for top-level)."""
+        out: OrderedDict[str, dict[str, TensorInfo]] = OrderedDict()
+        for name, info in self.tensors.items():
+            prefix, _, short = name.rpartition(".")
+            out.setdefault(prefix, {})[short] = info
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    # --- data ----------------------------------------------------------------------------------------
+    def get(self, name: str):
+        """One tensor as a torch.Tensor (dtype and shape as stored)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise InputError(f"no tensor named '{name}'", path=self.path, tensor=name)
+        h = self._handle(info.file)
+        try:
+            return h.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error type for corrupt data
+            raise InputError(f"cannot read tensor data ({type(e).__name__}: {str(e)[:120]})", path=info.file,
+                             tensor=name, fix="the file is corrupt or truncated") from None
+
+    def module_tensors(self, prefix: str, names: list[str] | None = None) -> dict:
+        """{short name: tensor} for one module (all its tensors, or only `names`)."""
+        mods = self.modules() if names is None else None
+        shorts = names if names is not None else list(mods.get(prefix, {}))
+        pre = f"{prefix}." if prefix else ""
+        return {s: self.get(pre + s) for s in shorts if pre + s in self.tensors}
+
+    def _handle(self, file: Path):
+        if file not in self._handles:
+            from safetensors import safe_open
+
+            try:
+                self._handles[file] = safe_open(str(file), framework="pt")
+            except Exception as e:
+                raise InputError(f"cannot open ({type(e).__name__}: {str(e)[:120]})", path=file) from None
+        return self._handles[file]
+
+    def close(self) -> None:
+        self._handles.clear()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def other_files(self) -> list[Path]:
+        """Files of the source directory that are not weights, index or configs we rewrite (tokenizer, ...).
+        Only for a directory checkpoint; a lone file has none."""
+        if self.path.is_file() and self.path.suffix == ".safetensors":
+            return []
+        skip = {f.name for f in self.files} | {INDEX_NAME, "config.json", "quantize_config.json"}
+        return sorted(p for p in self.root.iterdir()
+                      if p.is_file() and p.name not in skip and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Open `path` (file, directory or index). Raises InputError naming what is wrong and what to do."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", path=p, fix="check the path")
+    if p.is_file() and p.suffix in PICKLE_SUFFIXES:
+        raise InputError(_REFUSE_PICKLE[0], path=p, fix=_REFUSE_PICKLE[1])
+    if p.is_file() and p.suffix == ".gguf":
+        raise InputError("is a GGUF file; this command reads safetensors checkpoints", path=p,
+                         fix="use `qtool inspect` or `qtool repack` for GGUF")
+    index = None
+    if p.is_dir():
+        root = p
+        if (p / INDEX_NAME).is_file():
+            index_path = p / INDEX_NAME
+        elif (p / SINGLE_NAME).is_file():
+            index_path = None
+        else:
+            index_path = None
+    elif p.name.endswith(".index.json"):
+        root, index_path = p.parent, p
+    elif p.suffix == ".safetensors":
+        root, index_path = p.parent, None
+    else:
+        raise InputError("not a .safetensors file, a directory, or a *.index.json", path=p,
+                         fix="give a safetensors checkpoint")
+
+    if index_path is not None:
+        index = read_json(index_path)
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+            raise InputError("index has no valid 'weight_map' {tensor: shard}", path=index_path)
+        files = []
+        for shard in dict.fromkeys(wm.values()):
+            sp = (root / shard)
+            if Path(shard).name != shard:
+                raise InputError(f"index names shard '{shard}' outside the checkpoint directory", path=index_path)
+            if not sp.is_file():
+                raise InputError(f"shard '{shard}' named by the index is missing", path=index_path,
+                                 fix="download the missing shard or fix the index")
+            files.append(sp)
+    elif p.is_dir():
+        if (p / SINGLE_NAME).is_file():
+            files = [p / SINGLE_NAME]
+        else:
+            files = sorted(p.glob("*.safetensors"))
+        if not files:
+            pickles = [f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES]
+            if pickles:
+                raise InputError(f"only pickle weights here ({pickles[0]}); {_REFUSE_PICKLE[0]}", path=p,
+                                 fix=_REFUSE_PICKLE[1])
+            raise InputError("no .safetensors files in the directory", path=p,
+                             fix="point at a checkpoint directory or a .safetensors file")
+    else:
+        files = [p]
+
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, str] = {}
+    for i, f in enumerate(files):
+        infos, meta = read_header(f)
+        if i == 0:
+            metadata = meta
+        for name, info in infos.items():
+            if name in tensors:
+                raise InputError(f"tensor '{name}' appears in two shards ({tensors[name].file.name}, {f.name})",
+                                 path=f, tensor=name)
+            tensors[name] = info
+    if index is not None:
+        for name, shard in index["weight_map"].items():
+            info = tensors.get(name)
+            if info is None or info.file.name != shard:
+                raise InputError(f"index maps tensor '{name}' to '{shard}', which does not hold it",
+                                 path=index_path, tensor=name, fix="the index and shards disagree; fix the index")
+
+    config = quant = None
+    if (root / "config.json").is_file():
+        config = read_json(root / "config.json")
+        if not isinstance(config, dict):
+            raise InputError("config.json is not a JSON object", path=root / "config.json")
+        quant = config.get("quantization_config")
+    if quant is None and (root / "quantize_config.json").is_file():
+        quant = read_json(root / "quantize_config.json")
+    if quant is not None and not isinstance(quant, dict):
+        raise InputError("quantization config is not a JSON object", path=root)
+    return Checkpoint(path=p, root=root, files=files, tensors=tensors, metadata=metadata, config=config,
+                      quant_config=quant, index=index)

@@ -1,0 +1,506 @@
+"""A bounded GGUF header reader: metadata and tensor directory, never tensor data.
+
+Why not `gguf.GGUFReader`: it builds a numpy view of every tensor and of every array value while it parses,
+so a 7B file's header with a 32000-entry vocabulary takes seconds, and a truncated file fails with an opaque
+`cannot reshape array`. This reader walks the header with `struct` over an mmap, checks every length and
+count against the bytes that remain before using it, summarises huge arrays instead of materialising them,
+and reports truncation (`truncated: X of Y bytes; k of n tensors complete`) instead of raising.
+
+The `gguf` package supplies only its tables (type ids, block sizes, file-type names). Its package
+`__init__` imports numpy and yaml (~0.25 s); the tables live in the pure-Python `gguf/constants.py`, so that
+file alone is loaded when the package has not been imported yet.
+
+Layout (little-endian; a big-endian file is detected from its version field):
+    magic "GGUF" | version u32 (2 or 3) | tensor_count u64 | kv_count u64
+    kv_count x  { key: string | value_type u32 | value }
+    tensor_count x { name: string | n_dims u32 | ne[n_dims] u64 | type u32 | offset u64 }
+    padding to `general.alignment` (default 32) | tensor data (offsets relative to here)
+    string = u64 length + UTF-8 bytes;  array = item_type u32 + count u64 + items
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import mmap
+import re
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import InputError, UsageError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4                    # GGML_MAX_DIMS
+# Counts above these are corruption, not models: they bound the work a hostile header can ask for.
+MAX_TENSORS = 10_000_000
+MAX_KV = 1_000_000
+MAX_ARRAY_NESTING = 4
+# Arrays longer than this are summarised (count, item type, byte size, a short preview).
+ARRAY_INLINE_LIMIT = 64
+ARRAY_PREVIEW = 5
+
+SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+# --- the gguf package's tables, without its numpy import ------------------------------------------
+
+def _constants():
+    mod = sys.modules.get("gguf.constants")
+    if mod is not None:
+        return mod
+    try:
+        spec = importlib.util.find_spec("gguf")
+    except (ImportError, ValueError):  # pragma: no cover - gguf is a dependency
+        spec = None
+    locs = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locs[0]) / "constants.py" if locs else None
+    if path is not None and path.is_file():
+        cspec = importlib.util.spec_from_file_location("_qtool_gguf_constants", path)
+        mod = importlib.util.module_from_spec(cspec)
+        cspec.loader.exec_module(mod)
+        return mod
+    import gguf.constants as mod  # pragma: no cover
+
+    return mod
+
+
+_C = _constants()
+_QTYPE_NAMES: dict[int, str] = {int(t): t.name for t in _C.GGMLQuantizationType}
+_QTYPE_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in _C.GGML_QUANT_SIZES.items()}
+_FILE_TYPE_NAMES: dict[int, str] = {int(t): t.name for t in _C.LlamaFileType}
+
+# value type id -> (name, struct code or None for string/array)
+_VTYPES: dict[int, tuple[str, str | None]] = {
+    0: ("UINT8", "B"), 1: ("INT8", "b"), 2: ("UINT16", "H"), 3: ("INT16", "h"), 4: ("UINT32", "I"),
+    5: ("INT32", "i"), 6: ("FLOAT32", "f"), 7: ("BOOL", "?"), 8: ("STRING", None), 9: ("ARRAY", None),
+    10: ("UINT64", "Q"), 11: ("INT64", "q"), 12: ("FLOAT64", "d"),
+}
+_STRING, _ARRAY = 8, 9
+
+
+def qtype_name(type_id: int) -> str:
+    return _QTYPE_NAMES.get(type_id, f"UNKNOWN_{type_id}")
+
+
+def qtype_block(type_id: int) -> tuple[int, int] | None:
+    """(elements per block, bytes per block) from gguf.GGML_QUANT_SIZES, or None for an unknown id."""
+    return _QTYPE_SIZES.get(type_id)
+
+
+def file_type_name(ftype: int) -> str:
+    return _FILE_TYPE_NAMES.get(ftype, f"UNKNOWN_{ftype}")
+
+
+def nominal_bits(type_name: str) -> int | None:
+    """The code width a type is named for: Q4_K -> 4, IQ3_S -> 3, F16 -> 16, MXFP4 -> 4."""
+    m = re.match(r"^(?:Q|IQ|TQ)(\d)", type_name)
+    if m:
+        return int(m.group(1))
+    return {"F32": 32, "F16": 16, "BF16": 16, "F64": 64, "I8": 8, "I16": 16, "I32": 32, "I64": 64,
+            "MXFP4": 4, "NVFP4": 4}.get(type_name)
+
+
+# Types whose blocks carry a minimum/offset besides the scale (w = d*q + m or d*q - dmin*m).
+ASYM_TYPES = frozenset({"Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"})
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+
+
+# --- results --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArraySummary:
+    """A GGUF array value too long to materialise (a tokenizer vocabulary, merges, scores)."""
+
+    item_type: str
+    count: int
+    nbytes: int
+    preview: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "array", "item_type": self.item_type, "count": self.count, "nbytes": self.nbytes,
+                "preview": list(self.preview)}
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor-directory entry. `shape` is GGUF order (ne0 first: ne0 = in_features for a weight).
+
+    start/end are absolute byte offsets in `file`; nbytes is None when the type id is unknown.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int
+    start: int
+    nbytes: int | None
+    file: Path
+    complete: bool
+
+    @property
+    def type_name(self) -> str:
+        return qtype_name(self.type_id)
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def end(self) -> int | None:
+        return None if self.nbytes is None else self.start + self.nbytes
+
+    @property
+    def block(self) -> tuple[int, int] | None:
+        return qtype_block(self.type_id)
+
+    @property
+    def bpw(self) -> float | None:
+        b = self.block
+        return None if b is None else 8.0 * b[1] / b[0]
+
+
+@dataclass
+class GGUFHeader:
+    """What one .gguf file's header says, plus what was wrong with it.
+
+    complete: the header parsed to its end (metadata and whole tensor directory).
+    problems: (severity, tensor name or None, message) found while parsing; never raised.
+    """
+
+    path: Path
+    file_size: int
+    version: int
+    byte_order: str
+    tensor_count: int
+    kv_count: int
+    kv: dict[str, Any] = field(default_factory=dict)
+    kv_types: dict[str, str] = field(default_factory=dict)
+    tensors: list[GGUFTensor] = field(default_factory=list)
+    alignment: int = DEFAULT_ALIGNMENT
+    data_start: int | None = None
+    header_end: int = 0
+    complete: bool = False
+    problems: list[tuple[str, str | None, str]] = field(default_factory=list)
+
+    @property
+    def expected_size(self) -> int:
+        """Bytes the file needs: the end of its last tensor (a lower bound when the header is cut)."""
+        ends = [t.end for t in self.tensors if t.end is not None]
+        base = self.data_start if self.data_start is not None else self.header_end
+        return max([base, *ends])
+
+    @property
+    def tensors_complete(self) -> int:
+        return sum(1 for t in self.tensors if t.complete)
+
+    @property
+    def truncated(self) -> bool:
+        return not self.complete or self.file_size < self.expected_size
+
+    def truncation_message(self) -> str | None:
+        if not self.truncated:
+            return None
+        at_least = "" if self.complete else "at least "
+        msg = (f"truncated: {self.file_size} of {at_least}{self.expected_size} bytes; "
+               f"{self.tensors_complete} of {self.tensor_count} tensors complete")
+        if not self.complete:
+            msg += f" (header cut after {len(self.kv)} of {self.kv_count} metadata keys and " \
+                   f"{len(self.tensors)} of {self.tensor_count} tensor entries)"
+        return msg
+
+
+@dataclass
+class GGUFSet:
+    """A single GGUF file or a split set `<stem>-0000k-of-0000n.gguf` read as one model.
+
+    kv: metadata of the first readable file (split files repeat only the split.* keys).
+    missing: split files named by the set that are absent.
+    """
+
+    path: Path
+    headers: list[GGUFHeader]
+    missing: list[Path] = field(default_factory=list)
+
+    @property
+    def kv(self) -> dict[str, Any]:
+        return self.headers[0].kv if self.headers else {}
+
+    @property
+    def kv_types(self) -> dict[str, str]:
+        return self.headers[0].kv_types if self.headers else {}
+
+    @property
+    def tensors(self) -> list[GGUFTensor]:
+        return [t for h in self.headers for t in h.tensors]
+
+    @property
+    def files(self) -> list[Path]:
+        return [h.path for h in self.headers]
+
+    @property
+    def file_size(self) -> int:
+        return sum(h.file_size for h in self.headers)
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+class _Cut(Exception):
+    """The header ends before a field it announces (truncated file or a corrupt length)."""
+
+
+class _Parser:
+    def __init__(self, buf, size: int, order: str):
+        self.buf = buf
+        self.size = size
+        self.o = order
+        self.pos = 0
+        self._u32 = struct.Struct(order + "I").unpack_from
+        self._u64 = struct.Struct(order + "Q").unpack_from
+        self._scalar = {k: struct.Struct(order + c) for k, (_, c) in _VTYPES.items() if c}
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or n > self.size - self.pos:
+            raise _Cut(f"{what} needs {n} bytes at offset {self.pos} but the file has {self.size - self.pos} left")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        v = self._u32(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        v = self._u64(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.u64(what + " length")
+        self.need(n, what)
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            return self.array(what, depth)
+        st = self._scalar.get(vtype)
+        if st is None:
+            raise _Cut(f"{what}: unknown value type {vtype}")
+        self.need(st.size, what)
+        v = st.unpack_from(self.buf, self.pos)[0]
+        self.pos += st.size
+        return v
+
+    def array(self, what: str, depth: int) -> Any:
+        if depth >= MAX_ARRAY_NESTING:
+            raise _Cut(f"{what}: arrays nested deeper than {MAX_ARRAY_NESTING}")
+        itype = self.u32(what + " item type")
+        count = self.u64(what + " count")
+        if itype not in _VTYPES:
+            raise _Cut(f"{what}: unknown array item type {itype}")
+        iname, code = _VTYPES[itype]
+        start = self.pos
+        if code is not None:
+            st = self._scalar[itype]
+            # Check the whole array against the file before touching it; a corrupt count fails here.
+            if count > (self.size - self.pos) // st.size:
+                raise _Cut(f"{what}: {count} x {iname} needs {count * st.size} bytes at offset {self.pos} "
+                           f"but the file has {self.size - self.pos} left")
+            n_prev = count if count <= ARRAY_INLINE_LIMIT else ARRAY_PREVIEW
+            items = [st.unpack_from(self.buf, self.pos + k * st.size)[0] for k in range(n_prev)]
+            self.pos += count * st.size
+        elif itype == _STRING:
+            # Every string costs at least its 8-byte length: bound the count before the loop.
+            if count > (self.size - self.pos) // 8:
+                raise _Cut(f"{what}: {count} strings need at least {8 * count} bytes at offset {self.pos} "
+                           f"but the file has {self.size - self.pos} left")
+            keep = count if count <= ARRAY_INLINE_LIMIT else ARRAY_PREVIEW
+            items = [self.string(f"{what}[{k}]") for k in range(min(keep, count))]
+            # The skip loop is the hot path for vocabularies: locals, no per-item objects.
+            buf, pos, size, u64 = self.buf, self.pos, self.size, self._u64
+            for k in range(len(items), count):
+                if size - pos < 8:
+                    self.pos = pos
+                    raise _Cut(f"{what}[{k}] length needs 8 bytes at offset {pos}")
+                n = u64(buf, pos)[0]
+                pos += 8
+                if n > size - pos:
+                    self.pos = pos
+                    raise _Cut(f"{what}[{k}] needs {n} bytes at offset {pos} but the file has {size - pos} left")
+                pos += n
+            self.pos = pos
+        else:  # nested arrays: rare (none in llama.cpp's own keys); materialise up to the limit
+            if count > (self.size - self.pos) // 12:
+                raise _Cut(f"{what}: {count} nested arrays cannot fit in the {self.size - self.pos} bytes left")
+            items = []
+            for k in range(count):
+                v = self.array(f"{what}[{k}]", depth + 1)
+                if k < ARRAY_PREVIEW or count <= ARRAY_INLINE_LIMIT:
+                    items.append(v)
+        if count <= ARRAY_INLINE_LIMIT:
+            return items
+        return ArraySummary(item_type=iname, count=count, nbytes=self.pos - start, preview=tuple(items[:ARRAY_PREVIEW]))
+
+
+def read_gguf_header(path: str | Path) -> GGUFHeader:
+    """Parse one .gguf file's header. Raises InputError only when the file is not GGUF at all
+    (missing, too short for the fixed header, wrong magic, unsupported version); everything else
+    (truncation, corrupt lengths, unaligned or overlapping tensors) lands in `header.problems`."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such GGUF file", path=path, fix="check the path")
+    size = path.stat().st_size
+    if size < 24:
+        raise InputError(f"file is {size} bytes, shorter than the 24-byte GGUF header", path=path,
+                         fix="the file is empty or cut; download it again")
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _parse(path, mm, size)
+        finally:
+            mm.close()
+
+
+def _parse(path: Path, mm, size: int) -> GGUFHeader:
+    if mm[:4] != GGUF_MAGIC:
+        raise InputError(f"not a GGUF file (magic {bytes(mm[:4])!r}, expected b'GGUF')", path=path,
+                         fix="pass a .gguf file, a .safetensors file or a checkpoint directory")
+    v_le = struct.unpack_from("<I", mm, 4)[0]
+    v_be = struct.unpack_from(">I", mm, 4)[0]
+    if v_le in (2, 3):
+        order, version = "<", v_le
+    elif v_be in (2, 3):
+        order, version = ">", v_be
+    else:
+        raise InputError(f"unsupported GGUF version {v_le}", path=path,
+                         fix="qtool reads GGUF v2 and v3; convert older files with llama.cpp")
+    p = _Parser(mm, size, order)
+    p.pos = 8
+    n_tensors = p.u64("tensor count")
+    n_kv = p.u64("kv count")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        raise InputError(f"header claims {n_tensors} tensors and {n_kv} metadata keys; the file is corrupt",
+                         path=path, fix="download the file again")
+    h = GGUFHeader(path=path, file_size=size, version=version, byte_order="little" if order == "<" else "big",
+                   tensor_count=n_tensors, kv_count=n_kv)
+    entries: list[tuple[str, tuple[int, ...], int, int]] = []
+    try:
+        for i in range(n_kv):
+            key = p.string(f"metadata key {i}")
+            vtype = p.u32(f"type of '{key}'")
+            if vtype not in _VTYPES:
+                raise _Cut(f"metadata '{key}': unknown value type {vtype}")
+            h.kv[key] = p.value(vtype, f"metadata '{key}'")
+            h.kv_types[key] = _VTYPES[vtype][0]
+        align = h.kv.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+            h.problems.append(("error", None, f"general.alignment {align!r} is not a power of two; using 32"))
+            align = DEFAULT_ALIGNMENT
+        h.alignment = align
+        for i in range(n_tensors):
+            name = p.string(f"name of tensor {i}")
+            nd = p.u32(f"n_dims of '{name}'")
+            if nd > MAX_DIMS:
+                raise _Cut(f"tensor '{name}' claims {nd} dims (max {MAX_DIMS}); the directory is corrupt")
+            dims = tuple(p.u64(f"dim {k} of '{name}'") for k in range(nd))
+            type_id = p.u32(f"type of '{name}'")
+            offset = p.u64(f"offset of '{name}'")
+            entries.append((name, dims, type_id, offset))
+        h.complete = True
+    except _Cut as e:
+        h.problems.append(("error", None, f"header: {e}"))
+    h.header_end = p.pos
+    if h.complete:
+        h.data_start = -(-p.pos // h.alignment) * h.alignment
+    _place_tensors(h, entries)
+    return h
+
+
+def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int, int]]) -> None:
+    base = h.data_start
+    spans = []
+    for name, dims, type_id, offset in entries:
+        blk = qtype_block(type_id)
+        n = 1
+        for d in dims:
+            n *= d
+        nbytes = None
+        if blk is None:
+            h.problems.append(("error", name, f"unknown tensor type id {type_id}"))
+        elif dims and dims[0] % blk[0]:
+            h.problems.append(("error", name, f"row size {dims[0]} is not a multiple of the "
+                                              f"{qtype_name(type_id)} block size ({blk[0]})"))
+        else:
+            nbytes = n // blk[0] * blk[1]
+        if offset % h.alignment:
+            h.problems.append(("warning", name, f"data offset {offset} is not a multiple of the alignment "
+                                                f"{h.alignment}"))
+        start = (base if base is not None else h.header_end) + offset
+        complete = base is not None and nbytes is not None and start + nbytes <= h.file_size
+        h.tensors.append(GGUFTensor(name=name, shape=dims, type_id=type_id, offset=offset, start=start,
+                                    nbytes=nbytes, file=h.path, complete=complete))
+        if nbytes:
+            spans.append((start, start + nbytes, name))
+    spans.sort()
+    for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            h.problems.append(("error", n1, f"data [{s1}, ...) overlaps tensor '{n0}' ending at {e0}"))
+
+
+def split_siblings(path: Path) -> list[Path] | None:
+    """All files of the split set `path` belongs to (in order), or None when it is not a split name."""
+    m = SPLIT_RE.match(path.name)
+    if not m:
+        return None
+    count = int(m.group("count"))
+    if count < 1:
+        return None
+    return [path.with_name(f"{m.group('stem')}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
+def resolve_gguf(path: str | Path) -> tuple[Path, list[Path]]:
+    """(display path, ordered file list) for a .gguf file, a split member, or a directory holding one
+    GGUF model. Missing split members stay in the list; `read_gguf` reports them."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.gguf"))
+        if not files:
+            raise InputError("no .gguf file in directory", path=path)
+        groups = {}
+        for f in files:
+            sib = split_siblings(f)
+            key = tuple(sib) if sib else (f,)
+            groups[key] = True
+        if len(groups) > 1:
+            names = ", ".join(sorted({k[0].name for k in groups})[:4])
+            raise UsageError(f"directory holds {len(groups)} GGUF models ({names} ...)", path=path,
+                             fix="pass one .gguf file (or the first file of a split set)")
+        return path, list(next(iter(groups)))
+    sib = split_siblings(path)
+    if sib and path in sib:
+        return path, sib
+    return path, [path]
+
+
+def read_gguf(path: str | Path) -> GGUFSet:
+    """Read a GGUF model's headers: one file, or every file of a split set (missing ones listed)."""
+    shown, files = resolve_gguf(path)
+    headers, missing = [], []
+    for f in files:
+        if f.is_file():
+            headers.append(read_gguf_header(f))
+        else:
+            missing.append(f)
+    if not headers:
+        raise InputError("no file of the split set exists", path=shown,
+                         fix=f"expected {files[0].name} ... {files[-1].name}")
+    return GGUFSet(path=shown, headers=headers, missing=missing)

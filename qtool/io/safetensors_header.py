@@ -1,0 +1,129 @@
+"""A bounded, validating reader of the safetensors header (no tensor data is touched).
+
+File layout: u64 little-endian N, then N bytes of UTF-8 JSON {name: {dtype, shape, data_offsets}, "__metadata__":
+{str: str}}, then the data buffer; offsets are relative to the buffer start (8 + N).
+Everything read from the file is checked before it is used: the header length against the file size and a
+100 MB cap (the limit the safetensors library itself enforces), dtype names, shapes, the byte count implied
+by dtype x shape against the offsets, offsets within the file, and overlaps.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+from qtool.errors import InputError
+
+MAX_HEADER_BYTES = 100_000_000
+MAX_ELEMENTS = 1 << 48  # far past any real tensor; stops shape products that would overflow allocators
+
+# Bits per element of every dtype the safetensors format names.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: dtype is the safetensors name ("F16", "I32", ...); start/end are absolute byte
+    offsets in `file`."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Return ({name: TensorInfo}, metadata) for a .safetensors file, reading only its header."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with p.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise InputError(f"file is {size} bytes, too short for a safetensors header", path=p,
+                                 fix="the file is truncated or not safetensors")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise InputError(f"header claims {n} bytes, over the {MAX_HEADER_BYTES} byte limit", path=p,
+                                 fix="the file is corrupt or hostile")
+            if 8 + n > size:
+                raise InputError(f"header claims {n} bytes but the file has only {size - 8} after the length",
+                                 path=p, fix="the file is truncated or not safetensors")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise InputError("file not found", path=p) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a .safetensors file", path=p) from None
+    except PermissionError:
+        raise InputError("permission denied", path=p) from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"header is not valid JSON ({type(e).__name__})", path=p,
+                         fix="the file is corrupt or not safetensors") from None
+    if not isinstance(header, dict):
+        raise InputError("header is not a JSON object", path=p)
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise InputError("__metadata__ must map strings to strings", path=p)
+    base = 8 + n
+    data_len = size - base
+    infos: dict[str, TensorInfo] = {}
+    spans = []
+    for name, entry in header.items():
+        infos[name] = _entry(p, name, entry, base, data_len)
+        spans.append((infos[name].start, infos[name].end, name))
+    spans.sort()
+    for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise InputError(f"data of '{n1}' overlaps '{n0}'", path=p, tensor=n1,
+                             fix="the file is corrupt or hostile")
+    return infos, meta
+
+
+def _entry(p: Path, name: str, entry: object, base: int, data_len: int) -> TensorInfo:
+    def bad(msg: str) -> InputError:
+        return InputError(msg, path=p, tensor=name, fix="the file is corrupt or hostile")
+
+    if not isinstance(entry, dict):
+        raise bad("entry is not an object")
+    dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise bad(f"unknown dtype {str(dtype)[:20]!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape) or len(shape) > 16:
+        raise bad("shape must be a list of at most 16 non-negative integers")
+    numel = prod(shape)
+    if numel > MAX_ELEMENTS:
+        raise bad(f"shape {shape} claims {numel} elements")
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+        raise bad("data_offsets must be two integers")
+    begin, end = offs
+    if not 0 <= begin <= end:
+        raise bad(f"data_offsets {offs} are not ordered")
+    if end > data_len:
+        raise bad(f"data_offsets end {end} is beyond the {data_len} data bytes in the file (truncated?)")
+    nbits = numel * DTYPE_BITS[dtype]
+    if nbits % 8 or nbits // 8 != end - begin:
+        raise bad(f"{dtype} {shape} needs {nbits / 8:g} bytes but data_offsets give {end - begin}")
+    return TensorInfo(name, dtype, tuple(shape), p, base + begin, base + end)

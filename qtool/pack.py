@@ -1,0 +1,300 @@
+"""`qtool pack`: quantize the linear weights of a dense safetensors model into a packed layout.
+
+One tensor at a time: read W (safe_open), quantize to a Plain, pack with the target format, stream the packed
+tensors to the output, measure ‖W − Ŵ‖/‖W‖ with the shared dequantizer. Everything else is copied byte for
+byte; other files of the source directory (tokenizer, ...) are copied.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qtool.errors import InputError, UsageError
+from qtool.io.checkpoint import Checkpoint, open_checkpoint
+from qtool.io.safetensors_header import TensorInfo
+
+PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq")
+METHODS = ("rtn", "mse")
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+# Names of 2-D weights that are not linear layers, or that engines keep dense by convention.
+_SKIP_PATTERNS = (
+    (re.compile(r"(^|\.)(embed_tokens|embeddings?|wte|wpe|word_embeddings|position_embeddings|"
+                r"token_type_embeddings|tok_embeddings|embed_positions|shared)(\.|$)"), "embedding"),
+    (re.compile(r"(^|\.)(lm_head|output_layer|embed_out)(\.|$)"), "lm_head"),
+    (re.compile(r"(norm|ln_|layernorm|LayerNorm)", re.IGNORECASE), "norm"),
+)
+
+
+@dataclass(frozen=True)
+class TypeRule:
+    """--tensor-type REGEX=BITS[:GROUP]: modules matching REGEX get these bits (and group size)."""
+
+    pattern: re.Pattern
+    bits: int
+    group_size: int | None
+
+    @staticmethod
+    def parse(text: str) -> TypeRule:
+        regex, sep, spec = text.rpartition("=")
+        if not sep or not regex:
+            raise UsageError(f"--tensor-type '{text}' is not REGEX=BITS[:GROUP]", fix="e.g. 'mlp\\.down=8:64'")
+        bits_s, _, group_s = spec.partition(":")
+        try:
+            bits = int(bits_s)
+            group = int(group_s) if group_s else None
+        except ValueError:
+            raise UsageError(f"--tensor-type '{text}': BITS and GROUP must be integers") from None
+        return TypeRule(_compile(regex, "--tensor-type"), bits, group)
+
+
+def _compile(regex: str, flag: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise UsageError(f"{flag} '{regex}' is not a valid regular expression ({e})") from None
+
+
+@dataclass(frozen=True)
+class PackJob:
+    src: Path
+    out: Path
+    to: str = "gptq"
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    method: str = "rtn"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    tensor_types: tuple[str, ...] = ()
+    dtype: str = "fp16"
+    max_shard_size: str = "4GB"
+    force: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class ModulePlan:
+    """One 2-D weight and what pack will do with it."""
+
+    module: str
+    weight: str
+    shape: tuple[int, int]  # [out_features, in_features]
+    action: str  # "quantize" | "keep"
+    reason: str = ""
+    bits: int | None = None
+    group_size: int | None = None
+
+
+@dataclass
+class TensorResult:
+    module: str
+    shape: list[int]
+    bits: int
+    group_size: int
+    bytes_before: int
+    bytes_after: int
+    bpw: float
+    rel_error: float
+
+
+@dataclass
+class PackReport:
+    src: str
+    out: str
+    format: str
+    method: str
+    sym: bool
+    dtype: str
+    dry_run: bool
+    plan: list[ModulePlan] = field(default_factory=list)
+    results: list[TensorResult] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> list[TensorResult]:
+        return self.results
+
+    def totals(self) -> dict:
+        qb = sum(r.bytes_before for r in self.results)
+        qa = sum(r.bytes_after for r in self.results)
+        n = sum(r.shape[0] * r.shape[1] for r in self.results)
+        err = 0.0
+        if self.results:
+            # weight-count weighted mean of the per-tensor relative errors
+            err = sum(r.rel_error * r.shape[0] * r.shape[1] for r in self.results) / max(n, 1)
+        return {"modules_quantized": len(self.results),
+                "modules_kept": sum(1 for p in self.plan if p.action == "keep"),
+                "quantized_bytes_before": qb, "quantized_bytes_after": qa,
+                "bpw": (8 * qa / n) if n else 0.0, "rel_error_mean": err,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+    def to_dict(self) -> dict:
+        return {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
+                "dtype": self.dtype, "dry_run": self.dry_run,
+                "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
+                "totals": self.totals(), "files": self.files}
+
+
+def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
+    """Decide, per 2-D float weight, whether to quantize it (and at which bits/group) or keep it dense."""
+    from qtool.formats import get_format
+
+    fmt = get_format(job.to)
+    incl = [_compile(r, "--include") for r in job.include]
+    excl = [_compile(r, "--exclude") for r in job.exclude]
+    rules = [TypeRule.parse(t) for t in job.tensor_types]
+    plans = []
+    for name, info in ck.tensors.items():
+        if not name.endswith(".weight") or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:
+            continue
+        module = name[: -len(".weight")]
+        o, i = info.shape
+        plan = ModulePlan(module, name, (o, i), "quantize")
+        skip = next((why for pat, why in _SKIP_PATTERNS if pat.search(module)), None)
+        if incl:
+            if not any(r.search(module) for r in incl):
+                plan.action, plan.reason = "keep", "not matched by --include"
+            elif skip:
+                skip = None  # an explicit include wins over the default skips
+        if plan.action == "quantize" and skip:
+            plan.action, plan.reason = "keep", f"{skip} (kept dense by default; --include it to quantize)"
+        if plan.action == "quantize" and any(r.search(module) for r in excl):
+            plan.action, plan.reason = "keep", "matched by --exclude"
+        if plan.action == "quantize":
+            bits, group = job.bits, job.group_size
+            for r in rules:
+                if r.pattern.search(module):
+                    bits, group = r.bits, (r.group_size if r.group_size is not None else group)
+            plan.bits, plan.group_size = bits, group
+            _check_module(fmt, plan, ck)
+        plans.append(plan)
+    return plans
+
+
+def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
+    o, i = plan.shape
+    b, g = plan.bits, plan.group_size
+    where = dict(path=ck.path, tensor=plan.weight)
+    if b not in fmt.spec.bits:
+        raise UsageError(f"{fmt.spec.id} cannot hold {b}-bit codes",
+                         fix=f"use --bits in {list(fmt.spec.bits)} or another --to", **where)
+    if g != -1 and (g <= 0 or i % g):
+        raise UsageError(f"group size {g} does not divide in_features {i}",
+                         fix="use a group size that divides it, -1, or --exclude this module", **where)
+    # Layout divisibility: ask the format about a tiny stand-in Plain of the real shape (no data needed).
+    reasons = fmt.check(_shape_probe(o, i, b, g))
+    if reasons:
+        raise UsageError("; ".join(reasons), fix="--exclude this module or choose another --to/--bits", **where)
+
+
+def _shape_probe(o: int, i: int, bits: int, group: int):
+    """An all-zero Plain of the given shape; format checks only look at shapes and flags."""
+    import torch
+
+    from qtool.formats import Plain
+
+    ng = 1 if group == -1 else i // group
+    return Plain(torch.zeros((o, i), dtype=torch.uint8), torch.ones((o, ng), dtype=torch.float16), None, None,
+                 bits, group)
+
+
+def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None = None) -> PackReport:
+    """Plan, then (unless dry_run) quantize, pack and write atomically. Returns the report."""
+    import torch
+
+    from qtool.formats import dequantize, get_format
+    from qtool.io.qconfig import quantization_config_for
+    from qtool.io.writer import ShardedWriter, atomic_output, parse_size, write_json
+    from qtool.quant import quantize
+
+    if job.to not in PACK_FORMATS:
+        raise UsageError(f"pack cannot write '{job.to}'", fix=f"choose --to from {', '.join(PACK_FORMATS)}")
+    if job.method not in METHODS:
+        raise UsageError(f"unknown --method '{job.method}'", fix="use rtn or mse")
+    if not 2 <= job.bits <= 8:
+        raise UsageError(f"--bits {job.bits} is outside 2..8")
+    if job.dtype not in ("fp16", "bf16"):
+        raise UsageError(f"--dtype {job.dtype} must be fp16 or bf16")
+    scale_dtype = torch.float16 if job.dtype == "fp16" else torch.bfloat16
+    max_shard = parse_size(job.max_shard_size)
+    fmt = get_format(job.to)
+    ck = open_checkpoint(job.src)
+    if ck.quant_config is not None:
+        raise InputError("the source is already quantized", path=ck.path,
+                         fix="pack reads dense models; use `qtool repack` to convert quantized ones")
+    plans = plan_modules(ck, job)
+    report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
+                        bytes_in=ck.total_bytes)
+    todo = {p.weight: p for p in plans if p.action == "quantize"}
+    if not todo:
+        raise UsageError("no linear weights to quantize", path=ck.path,
+                         fix="check --include/--exclude; embeddings, lm_head and norms stay dense by default")
+    if job.dry_run:
+        return report
+
+    from qtool import __version__
+
+    meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
+    names = list(ck.tensors)
+    with atomic_output(job.out, job.force) as tmp:
+        w = ShardedWriter(tmp, max_shard, meta)
+        for k, name in enumerate(names):
+            info: TensorInfo = ck.tensors[name]
+            if on_progress:
+                on_progress(name, k, len(names))
+            plan = todo.get(name)
+            if plan is None:
+                w.add_raw(name, info)
+                continue
+            weight = ck.get(name)
+            p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method, scale_dtype=scale_dtype)
+            packed = fmt.pack(p)
+            after = 0
+            for short, t in packed.items():
+                w.add(f"{plan.module}.{short}", t)
+                after += t.numel() * t.element_size()
+            w64 = weight.to(torch.float64)
+            err = float(torch.linalg.vector_norm(w64 - dequantize(p, torch.float64)) /
+                        max(float(torch.linalg.vector_norm(w64)), 1e-300))
+            o, i = plan.shape
+            report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
+                                               8 * after / (o * i), err))
+            del weight, p, packed, w64
+        files = w.close()
+        report.bytes_out = sum(f.stat().st_size for f in files)
+        report.files = [f.name for f in files]
+        _write_configs(tmp, ck, job, plans, quantization_config_for)
+        for extra in ck.other_files():
+            shutil.copy2(extra, tmp / extra.name)
+        write_json(tmp / "report.json", report.to_dict())
+        from qtool.report.pack import to_markdown
+
+        (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
+    if on_progress:
+        on_progress("", len(names), len(names))
+    return report
+
+
+def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:
+    from qtool.io.writer import write_json
+
+    dynamic = {}
+    for p in plans:
+        if p.action == "keep" and "lm_head" not in p.reason:
+            dynamic[f"-:^{re.escape(p.module)}$"] = {}
+        elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
+            dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
+    qcfg = config_for(job.to, job.bits, job.group_size, job.sym, False, {"dynamic": dynamic} if dynamic else None)
+    cfg = dict(ck.config or {})
+    cfg["quantization_config"] = qcfg
+    if "torch_dtype" in cfg or "dtype" in cfg:
+        # the dense dtype engines should compute in; scales are stored in it
+        cfg["torch_dtype"] = "float16" if job.dtype == "fp16" else "bfloat16"
+    write_json(tmp / "config.json", cfg)
+    write_json(tmp / "quantize_config.json", qcfg)

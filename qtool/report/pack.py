@@ -1,0 +1,65 @@
+"""Rendering a PackReport: rich table for the terminal, Markdown for report.md."""
+
+from __future__ import annotations
+
+from qtool.report.common import human_bytes, md_table
+
+_HEAD = ["module", "shape", "bits", "group", "before", "after", "bpw", "rel. error"]
+
+
+def _rows(report) -> list[list[str]]:
+    return [[r.module, "x".join(map(str, r.shape)), str(r.bits), str(r.group_size), human_bytes(r.bytes_before),
+             human_bytes(r.bytes_after), f"{r.bpw:.3f}", f"{r.rel_error:.4%}"] for r in report.results]
+
+
+def _summary_lines(report) -> list[str]:
+    t = report.totals()
+    lines = [f"{t['modules_quantized']} modules packed to {report.format} ({report.method}, "
+             f"{'sym' if report.sym else 'asym'}, scales {report.dtype}); {t['modules_kept']} 2-D weights kept dense",
+             f"quantized weights: {human_bytes(t['quantized_bytes_before'])} -> "
+             f"{human_bytes(t['quantized_bytes_after'])} ({t['bpw']:.3f} bits/weight), "
+             f"mean relative error {t['rel_error_mean']:.4%}",
+             f"checkpoint: {human_bytes(t['bytes_in'])} -> {human_bytes(t['bytes_out'])}"]
+    return lines
+
+
+def render(report, console) -> None:
+    from rich.table import Table
+
+    from qtool.cli.common import sanitize
+
+    if report.dry_run:
+        t = Table(title=f"pack plan: {sanitize(report.src)} -> {report.format}", show_lines=False)
+        for h in ("module", "shape", "action", "bits", "group", "why"):
+            t.add_column(h)
+        for p in report.plan:
+            t.add_row(sanitize(p.module), "x".join(map(str, p.shape)), p.action, str(p.bits or ""),
+                      str(p.group_size or ""), p.reason)
+        console.print(t)
+        console.print("dry run: nothing written")
+        return
+    t = Table(title=f"qtool pack -> {sanitize(report.out)}")
+    for h in _HEAD:
+        t.add_column(h, justify="left" if h == "module" else "right")
+    for row in _rows(report):
+        row[0] = sanitize(row[0])
+        t.add_row(*row)
+    console.print(t)
+    kept = [p for p in report.plan if p.action == "keep"]
+    for p in kept:
+        console.print(f"kept dense: {sanitize(p.module)} ({p.reason})")
+    for line in _summary_lines(report):
+        console.print(line)
+
+
+def to_markdown(report) -> str:
+    out = [f"# qtool pack report\n", f"- source: `{report.src}`", f"- output: `{report.out}`"]
+    out += [f"- {line}" for line in _summary_lines(report)]
+    out.append("")
+    out.append(md_table(_HEAD, _rows(report)))
+    kept = [p for p in report.plan if p.action == "keep"]
+    if kept:
+        out.append("## Kept dense\n")
+        out.append(md_table(["module", "shape", "why"], [[p.module, "x".join(map(str, p.shape)), p.reason]
+                                                          for p in kept]))
+    return "\n".join(out)

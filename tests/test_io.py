@@ -1,0 +1,181 @@
+"""I/O layer: header reader, checkpoint opening (file / dir / index), streaming sharded writer, atomicity."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from qtool.errors import InputError, OutputError
+from qtool.io.checkpoint import open_checkpoint
+from qtool.io.qconfig import parse_quant_config
+from qtool.io.safetensors_header import read_header
+from qtool.io.writer import HEADER_RESERVE, ShardedWriter, atomic_output, parse_size
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    return {"a.weight": torch.randn(8, 16, generator=g), "a.bias": torch.randn(8, generator=g).half(),
+            "b.weight": torch.randint(-5, 5, (4, 4), dtype=torch.int32, generator=g),
+            "c": torch.randn(3, generator=g).bfloat16()}
+
+
+def test_header_matches_safetensors(tmp_path):
+    t = _tensors()
+    save_file(t, tmp_path / "m.safetensors", metadata={"format": "pt", "k": "v"})
+    infos, meta = read_header(tmp_path / "m.safetensors")
+    assert meta == {"format": "pt", "k": "v"}
+    assert {n: (i.dtype, i.shape) for n, i in infos.items()} == {
+        "a.weight": ("F32", (8, 16)), "a.bias": ("F16", (8,)), "b.weight": ("I32", (4, 4)), "c": ("BF16", (3,))}
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    for n, i in infos.items():  # offsets are absolute and point at the tensor's own bytes
+        assert raw[i.start:i.end] == t[n].contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _raw_file(path, header: bytes, data: bytes = b"", n: int | None = None):
+    path.write_bytes(struct.pack("<Q", len(header) if n is None else n) + header + data)
+    return path
+
+
+@pytest.mark.parametrize("header,data,n,msg", [
+    (b"{}", b"", 10**9, "over the"),
+    (b"{}", b"", 50, "file has only"),
+    (b"{not json", b"", None, "not valid JSON"),
+    (json.dumps({"x": {"dtype": "F16", "shape": [2], "data_offsets": [0, 8]}}).encode(), b"\0" * 4, None,
+     "beyond"),
+    (json.dumps({"x": {"dtype": "F16", "shape": [3], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None,
+     "needs 6 bytes"),
+    (json.dumps({"x": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]},
+                 "y": {"dtype": "F16", "shape": [2], "data_offsets": [2, 6]}}).encode(), b"\0" * 6, None,
+     "overlaps"),
+    (json.dumps({"x": {"dtype": "F16", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}).encode(), b"\0" * 4,
+     None, "elements"),
+    (json.dumps({"x": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None,
+     "unknown dtype"),
+])
+def test_header_rejects_bad_files(tmp_path, header, data, n, msg):
+    p = _raw_file(tmp_path / "bad.safetensors", header, data, n)
+    with pytest.raises(InputError, match=msg) as e:
+        read_header(p)
+    assert "bad.safetensors" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_open_dir_file_and_index(tmp_path):
+    t = _tensors()
+    d = tmp_path / "ck"
+    d.mkdir()
+    save_file({k: t[k] for k in ("a.weight", "a.bias")}, d / "model-00001-of-00002.safetensors")
+    save_file({k: t[k] for k in ("b.weight", "c")}, d / "model-00002-of-00002.safetensors")
+    wm = {"a.weight": "model-00001-of-00002.safetensors", "a.bias": "model-00001-of-00002.safetensors",
+          "b.weight": "model-00002-of-00002.safetensors", "c": "model-00002-of-00002.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    (d / "config.json").write_text(json.dumps({"model_type": "x", "quantization_config": {"quant_method": "gptq",
+                                                                                          "bits": 4}}))
+    (d / "tokenizer.json").write_text("{}")
+    for path in (d, d / "model.safetensors.index.json"):
+        ck = open_checkpoint(path)
+        assert set(ck.tensors) == set(t)
+        assert torch.equal(ck.get("b.weight"), t["b.weight"])
+        assert ck.quant_config["bits"] == 4
+        assert set(ck.modules()) == {"a", "b", ""}
+        assert [p.name for p in ck.other_files()] == ["tokenizer.json"]
+    # a missing shard and an index naming a tensor no shard holds
+    wm2 = dict(wm, ghost="model-00002-of-00002.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm2}))
+    with pytest.raises(InputError, match="'ghost'.*does not hold it"):
+        open_checkpoint(d)
+    (d / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(InputError, match="shard 'model-00002-of-00002.safetensors'.*missing"):
+        open_checkpoint(d)
+
+
+def test_pickle_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
+    for p in (tmp_path / "pytorch_model.bin", tmp_path):
+        with pytest.raises(InputError, match="pickle"):
+            open_checkpoint(p)
+
+
+def test_writer_streams_shards_and_index(tmp_path):
+    t = {f"m{i}.w": torch.full((100,), float(i)) for i in range(5)}
+    with atomic_output(tmp_path / "out") as tmp:
+        w = ShardedWriter(tmp, max_shard_size=900, metadata={"qtool.format": "gptq"})
+        for k, v in t.items():
+            w.add(k, v)
+        files = w.close()
+    out = tmp_path / "out"
+    assert [f.name for f in files] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == 5 * 400
+    got = {}
+    for f in sorted(out.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            assert h.metadata() == {"format": "pt", "qtool.format": "gptq"}
+        got.update(load_file(f))
+    assert all(torch.equal(got[k], v) for k, v in t.items())
+    assert all(index["weight_map"][k] for k in t)
+    # header is reserved space padded with blanks; data starts 8-aligned
+    assert struct.unpack("<Q", (out / files[0].name).read_bytes()[:8])[0] == HEADER_RESERVE
+
+
+def test_add_raw_copies_bytes(tmp_path):
+    src = tmp_path / "src.safetensors"
+    save_file({"x": torch.randn(7, 3).bfloat16()}, src)
+    infos, _ = read_header(src)
+    with atomic_output(tmp_path / "o") as tmp:
+        w = ShardedWriter(tmp)
+        w.add_raw("x", infos["x"])
+        w.close()
+    assert torch.equal(load_file(tmp_path / "o" / "model.safetensors")["x"].view(torch.int16),
+                       load_file(src)["x"].view(torch.int16))
+
+
+def test_atomic_output_refuses_and_rolls_back(tmp_path):
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / "keep").write_text("old")
+    with pytest.raises(OutputError, match="destination exists"):
+        with atomic_output(dest):
+            pass
+    with pytest.raises(RuntimeError):
+        with atomic_output(dest, force=True) as tmp:
+            (tmp / "new").write_text("half")
+            raise RuntimeError("boom")
+    assert (dest / "keep").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # the temp dir is gone
+    with atomic_output(dest, force=True) as tmp:
+        (tmp / "new").write_text("complete")
+    assert [p.name for p in dest.iterdir()] == ["new"]
+
+
+def test_parse_size():
+    assert parse_size("4GB") == 4 * 10**9 and parse_size("2GiB") == 2 << 30 and parse_size("500") == 500
+    with pytest.raises(OutputError):
+        parse_size("lots")
+
+
+@pytest.mark.parametrize("raw,fmt,bits,group,sym", [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "checkpoint_format": "gptq_v2"},
+     "gptq_v2", 4, 128, True),
+    ({"quant_method": "gptq", "wbits": 3, "q_group_size": 64, "sym": False}, "gptq", 3, 64, False),
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "zero_point": True, "version": "GEMM"}, "awq", 4,
+     128, False),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "format": "gptq_p"}, "gptq_p", 4, 128, None),
+])
+def test_quant_config_synonyms(raw, fmt, bits, group, sym):
+    q = parse_quant_config(raw)
+    assert (q.format, q.bits, q.group_size, q.sym) == (fmt, bits, group, sym)
+
+
+def test_quant_config_fixtures(fixtures_dir):
+    ct = parse_quant_config(json.loads((fixtures_dir / "compressed-tensors-w4a16-g128-asym" / "config.json")
+                                       .read_text())["quantization_config"])
+    assert (ct.format, ct.bits, ct.group_size, ct.sym) == ("ct", 4, 128, False)
+    ck = open_checkpoint(fixtures_dir / "gptqmodel-gptq-v1-4bit-g128-sym")
+    q = parse_quant_config(ck.quant_config)
+    assert (q.format, q.bits, q.group_size, q.sym, q.desc_act) == ("gptq", 4, 128, True, False)
+    assert [f.name for f in ck.files] == ["model.safetensors"]  # reference.safetensors is not part of the model
