@@ -12,11 +12,11 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from collections.abc import Callable
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
-import click
 import typer
-from click.core import ParameterSource
 
 from qtool.errors import SpecError
 
@@ -31,42 +31,86 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing des
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
 
 
-def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]) -> dict[str, Any]:
+def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any],
+                 command: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Return `values` (the command's parsed parameters) with YAML keys filled in.
 
-    A key from the file replaces a value only when the flag was not given on the command line. Values are
-    converted and checked by the option's own click type, so YAML and flags accept exactly the same things.
+    `command` is the command function itself (default: the one Typer is running): its type hints are the schema, so the YAML keys and the flags
+    can never drift apart. A key from the file replaces a value only when the flag was not given on the
+    command line. Values are checked against the option's annotated type (int, float, bool, str, Path,
+    list[...]); nothing is coerced from a wrong type.
     """
     if config is None:
         return values
     from qtool.spec.job import load_yaml_mapping
 
     data = load_yaml_mapping(config)
-    params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
+    if command is None:
+        cb = ctx.command.callback
+        command = getattr(cb, "__wrapped__", cb)
+    schema = option_types(command)
     out = dict(values)
     for key, raw in data.items():
         name = key.replace("-", "_")
-        if name not in params:
-            valid = ", ".join(sorted(params))
+        if name not in schema:
+            valid = ", ".join(sorted(schema))
             raise SpecError(f"unknown key '{key}'", path=config, fix=f"valid keys: {valid}")
-        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+        if _given_on_command_line(ctx, name):
             continue
-        param = params[name]
-        if param.multiple and not isinstance(raw, list):
-            raw = [raw]
-        if not param.multiple and isinstance(raw, (list, dict)):
-            raise SpecError(f"key '{key}' takes a single value, got {type(raw).__name__}", path=config)
-        if isinstance(raw, dict) or (isinstance(raw, list) and any(isinstance(v, (list, dict)) for v in raw)):
-            raise SpecError(f"key '{key}' has a nested value", path=config)
-        if param.is_flag and not isinstance(raw, bool):
-            raise SpecError(f"key '{key}' must be true or false, got {raw!r}", path=config)
-        if isinstance(param.type, click.types.IntParamType) and isinstance(raw, (bool, float)):
-            raise SpecError(f"key '{key}' must be an integer, got {raw!r}", path=config)
-        try:
-            out[name] = param.type_cast_value(ctx, raw)
-        except click.BadParameter as e:
-            raise SpecError(f"key '{key}': {e.format_message()}", path=config) from None
+        out[name] = _convert(raw, schema[name], key, config)
     return out
+
+
+def option_types(command: Callable[..., Any]) -> dict[str, Any]:
+    """{parameter name: base type} for the options of a command function (arguments, ctx and --config
+    excluded). Base types are int, float, bool, str, Path, or ("list", item type)."""
+    hints = get_type_hints(command, include_extras=True)
+    out = {}
+    for name, hint in hints.items():
+        if name in ("return", "ctx", "config"):
+            continue
+        base, meta = hint, ()
+        if get_origin(hint) is Annotated:
+            base, *meta = get_args(hint)
+        if any(type(m).__name__ == "ArgumentInfo" for m in meta):
+            continue
+        out[name] = _base_type(base)
+    return out
+
+
+def _base_type(t: Any) -> Any:
+    args = [a for a in get_args(t) if a is not type(None)]
+    if get_origin(t) in (Union, UnionType) and len(args) == 1:
+        return _base_type(args[0])
+    if get_origin(t) is list:
+        return ("list", _base_type(get_args(t)[0]))
+    return t
+
+
+def _convert(raw: Any, kind: Any, key: str, config: Path) -> Any:
+    if isinstance(kind, tuple):  # ("list", item)
+        items = raw if isinstance(raw, list) else [raw]
+        return [_convert(v, kind[1], key, config) for v in items]
+    ok = {
+        bool: isinstance(raw, bool),
+        int: isinstance(raw, int) and not isinstance(raw, bool),
+        float: isinstance(raw, (int, float)) and not isinstance(raw, bool),
+        str: isinstance(raw, (str, int, float)) and not isinstance(raw, bool),
+        Path: isinstance(raw, str),
+    }.get(kind)
+    if ok is None:
+        raise SpecError(f"key '{key}' cannot be set from a job spec", path=config)
+    if not ok:
+        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+                Path: "a path string"}[kind]
+        raise SpecError(f"key '{key}' must be {want}, got {raw!r}", path=config)
+    return Path(raw) if kind is Path else (str(raw) if kind is str else raw)
+
+
+def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
+    get = getattr(ctx, "get_parameter_source", None)
+    source = get(name) if get is not None else None
+    return source is not None and getattr(source, "name", "") == "COMMANDLINE"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-import click
+import typer
 
 from qtool.cli.app import app
 
@@ -57,23 +57,29 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         _die(str(e), e.exit_code)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(2)
-    except click.exceptions.Abort:
+    except typer.Abort:
         _die("aborted", 130)
     except KeyboardInterrupt:
         _die("interrupted", 130)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one
+        if _is_usage_error(e):  # bad flags: Typer's own message with the usage line, exit 2
+            e.show()
+            sys.exit(2)
         if debug:
             raise
         _die(f"internal error: {type(e).__name__}: {e} (this is a qtool bug; rerun with QTOOL_DEBUG=1 "
              "and report the traceback)", 3)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _is_usage_error(e: Exception) -> bool:
+    # Typer vendors Click privately, so its usage-error class is not importable through a public name;
+    # recognise it by its documented interface instead.
+    return callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int)
 
 
 def _die(msg: str, code: int) -> None:

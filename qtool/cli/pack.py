@@ -48,7 +48,7 @@ def pack_cmd(
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> int:
-    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"})
+    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, pack_cmd)
     from qtool.errors import UsageError
     from qtool.pack import PackJob, run_pack
     from qtool.report.pack import render

@@ -110,6 +110,9 @@ class CompressedTensors(Format):
         extra={"packings": PACKINGS},
     )
 
+    def check(self, plain: Plain) -> list[str]:
+        return super().check(plain) + plain.check_ranges()
+
     def pack(self, plain: Plain, *, packing: str | None = None, sym: bool | None = None) -> dict[str, torch.Tensor]:
         """Plain -> tensors. `packing` defaults to what the Plain was read with (meta "ct_packing"), else
         dense. `sym` (default: plain.sym) decides whether weight_zero_point is written; a config group that

@@ -1,0 +1,591 @@
+"""Per-module format detection from tensor names, dtypes, shapes and the checkpoint's claims.
+
+Pure functions over `{short_name: (dtype, shape)}` (safetensors dtype names: "I32", "F16", "F8_E4M3", ...)
+plus a `Claims` built from the config and file metadata; no tensor data, no torch, no file I/O.
+
+Rules (FORMATS.md; I = in_features, O = out_features, b = bits, pf = 32/b, nG = number of groups):
+
+    gptq / gptq_v2 / gptq_p  qweight I32 [I*b/32, O], qzeros I32 [nG, O*b/32], scales [nG, O], g_idx [I]
+                             (v1/v2/planar share shapes: the config decides, --deep checks the zeros)
+    awq (gemm)               qweight I32 [I, O*b/32] packed along O, qzeros [nG, O*b/32], scales [nG, O]
+    awq_gemv                 qweight I32 [O, I/8], qzeros I32 [O, W], scales F16 [O, 8W] (W = padded nG/8)
+    awq_gemv_fast            qweight I16 [O/4, I], qzeros F16 [8W, O] (-scale*zero), scales F16 [8W, O]
+    marlin                   B (or qweight) I32 [K/16, N*16/pf], s (or scales) [nG, N]; qtool files say
+                             so in safetensors metadata `qtool.format: marlin`; legacy files have B/s
+    ct (pack-quantized)      weight_packed I32 [O, ceil(I*b/32)], weight_scale [O, nG],
+                             weight_zero_point (asym), weight_g_idx (act-order), weight_shape I64 [2]
+    ct_nvfp4                 weight_packed U8 [O, I/2], weight_scale F8_E4M3 [O, I/16], weight_global_scale
+    ct_fp8 / fp8             weight F8_E4M3 + weight_scale (ct, vLLM fp8) or weight_scale_inv (HF block fp8)
+    bnb                      weight U8 + weight.absmax / weight.quant_state.bitsandbytes__nf4|fp4 (4-bit),
+                             weight I8 + SCB (LLM.int8)
+    dense                    weight F16/BF16/F32 2-D
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
+
+FLOAT_DTYPES = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64}
+FP8_DTYPES = {"F8_E4M3", "F8_E5M2"}
+QUANT_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "awq_gemv", "awq_gemv_fast", "marlin", "ct", "ct_fp8",
+                 "ct_nvfp4", "fp8", "bnb", "ct_int8")
+GPTQ_FAMILY = ("gptq", "gptq_v2", "gptq_p")
+AWQ_FAMILY = ("awq", "awq_gemv", "awq_gemv_fast")
+
+# bitsandbytes hangs its 4-bit state off "<module>.weight.<...>": those names belong to <module>.
+_BNB_SUFFIX = re.compile(r"^(?P<mod>.+)\.(?P<short>weight\.(?:absmax|quant_map|nested_absmax|nested_quant_map"
+                         r"|quant_state\..+))$")
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Tensor name -> (module prefix, short name); bitsandbytes' `x.weight.absmax` -> ("x", "weight.absmax")."""
+    m = _BNB_SUFFIX.match(name)
+    if m:
+        return m.group("mod"), m.group("short")
+    prefix, _, short = name.rpartition(".")
+    return prefix, short
+
+
+def group_modules(names_sigs: dict[str, Sig]) -> dict[str, dict[str, Sig]]:
+    """{full name: sig} -> {module prefix: {short name: sig}} in first-seen order."""
+    out: dict[str, dict[str, Sig]] = {}
+    for name, sig in names_sigs.items():
+        prefix, short = split_name(name)
+        out.setdefault(prefix, {})[short] = sig
+    return out
+
+
+_LAYER_NUM = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def collapse_layers(name: str) -> str:
+    """`model.layers.17.mlp.down_proj` -> `model.layers.#.mlp.down_proj` (every dotted integer)."""
+    return _LAYER_NUM.sub("#", name)
+
+
+# --- claims -------------------------------------------------------------------------------------------
+
+@dataclass
+class Claims:
+    """What the config and file metadata say. Every field may be None (silent).
+
+    format:  qtool format id implied by the config ("gptq", "gptq_v2", "awq", "ct", ...)
+    source:  where the claim came from, for messages ("config.json", "quantize_config.json", ...)
+    ct_groups: compressed-tensors config_groups as [(targets, weights dict, format)], ct_ignore: ignore list
+    block_size: fp8 weight_block_size [rows, cols]
+    """
+
+    format: str | None = None
+    quant_method: str | None = None
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    desc_act: bool | None = None
+    checkpoint_format: str | None = None
+    source: str = "config"
+    ct_groups: list[tuple[list[str], dict, str | None]] = field(default_factory=list)
+    ct_ignore: list[str] = field(default_factory=list)
+    ct_version: str | None = None
+    block_size: tuple[int, int] | None = None
+    bnb_blocksize: int | None = None
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def quantized(self) -> bool:
+        return self.format is not None or self.quant_method is not None
+
+
+def claims_from(qc: Any, raw: dict | None, metadata: dict[str, str] | None, source: str) -> Claims | None:
+    """Claims from a parsed QuantConfig (qtool.io.qconfig), its raw dict and safetensors __metadata__.
+
+    qtool's own files carry `qtool.format` (and optionally `qtool.bits`, `qtool.group_size`) in the
+    safetensors metadata; that contract wins over a config for the format id (a Marlin checkpoint's config
+    may still describe the GPTQ source).
+    """
+    meta = metadata or {}
+    c = None
+    if qc is not None:
+        c = Claims(format=qc.format, quant_method=qc.quant_method, bits=qc.bits, group_size=qc.group_size,
+                   sym=qc.sym, desc_act=qc.desc_act, checkpoint_format=qc.checkpoint_format, source=source,
+                   raw=dict(raw or {}))
+        r = raw or {}
+        if qc.quant_method == "compressed-tensors":
+            groups = r.get("config_groups") or {}
+            if isinstance(groups, dict):
+                for g in groups.values():
+                    if isinstance(g, dict):
+                        t = g.get("targets") or []
+                        c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
+                                            g.get("weights") if isinstance(g.get("weights"), dict) else {},
+                                            g.get("format")))
+            ig = r.get("ignore") or []
+            c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
+            c.ct_version = str(r["version"]) if r.get("version") is not None else None
+        bs = r.get("weight_block_size")
+        if isinstance(bs, list) and len(bs) == 2 and all(isinstance(x, int) and x > 0 for x in bs):
+            c.block_size = (bs[0], bs[1])
+        if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
+            c.bnb_blocksize = r["bnb_4bit_blocksize"]
+    qf = meta.get("qtool.format")
+    if qf:
+        c = c or Claims(source="safetensors metadata")
+        c.format = qf
+        c.source = "safetensors metadata (qtool.format)"
+        for key, attr in (("qtool.bits", "bits"), ("qtool.group_size", "group_size")):
+            v = meta.get(key)
+            if v is not None and re.fullmatch(r"-?\d+", v):
+                setattr(c, attr, int(v))
+        for key, attr in (("qtool.sym", "sym"), ("qtool.desc_act", "desc_act")):
+            v = meta.get(key)
+            if v in ("true", "false", "True", "False", "1", "0"):
+                setattr(c, attr, v in ("true", "True", "1"))
+    return c
+
+
+def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None, bool]:
+    """The compressed-tensors config group that targets `module`: (weights, group format, ignored).
+
+    Targets are class names ("Linear": any linear module, since headers carry no classes), `re:` regexes
+    (matched against the module name) or literal names/suffixes. `ignore` works the same way.
+    """
+    def hit(pat: str) -> bool:
+        if pat.startswith("re:"):
+            try:
+                return re.match(pat[3:], module) is not None
+            except re.error:
+                return False
+        if pat[:1].isupper() and "." not in pat:  # a class name
+            return pat.endswith("Linear")
+        return module == pat or module.endswith("." + pat)
+
+    ignored = any(hit(p) for p in claims.ct_ignore if not (p[:1].isupper() and "." not in p))
+    for targets, weights, fmt in claims.ct_groups:
+        if any(hit(t) for t in targets):
+            return weights, fmt, ignored
+    return None, None, ignored
+
+
+# --- detection ----------------------------------------------------------------------------------------
+
+@dataclass
+class Detected:
+    """One module's detected layout. bits/group_size/... are None when the header cannot tell.
+
+    n_weights: logical weight count (I*O) used for bits-per-weight; notes: (severity, message) with the
+    module name left out so identical findings across modules can be merged.
+    """
+
+    format: str
+    bits: int | None = None
+    group_size: int | None = None
+    sym: bool | None = None
+    desc_act: bool | None = None
+    in_features: int | None = None
+    out_features: int | None = None
+    n_weights: int | None = None
+    detail: str | None = None
+    notes: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> bool:
+        return self.format != "dense"
+
+
+def _div(a: int, b: int) -> int | None:
+    return a // b if b and a % b == 0 else None
+
+
+def _group_from(in_features: int | None, n_groups: int, claimed: int | None) -> tuple[int | None, str | None]:
+    """(group_size, problem) from I and the number of group rows; the claim wins when it is consistent."""
+    if in_features is None:
+        return claimed, None
+    if claimed is not None:
+        eff = in_features if claimed == -1 else claimed
+        if eff > 0 and -(-in_features // eff) == n_groups:
+            return claimed, None
+    if n_groups == 1:
+        g = -1
+    else:
+        g = _div(in_features, n_groups) or (-(-in_features // n_groups) if n_groups > 0 else None)
+    if claimed is not None:
+        return g, f"config says group_size {claimed} but the tensors hold {n_groups} groups over {in_features} " \
+                  f"inputs (group_size {g})"
+    return g, None
+
+
+def _calc_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> int:
+    """AutoAWQ's GEMV/GEMV_FAST padded zeros width (calculate_zeros_width)."""
+    g = in_features if group_size == -1 else group_size
+    mult = 1 if g >= 128 else (2 if g == 64 else (4 if g == 32 else 1))
+    base = -(-(in_features // g) // pack_num)
+    return -(-base // mult) * mult
+
+
+def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detected | None:
+    """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone)."""
+    c = claims or Claims()
+    s = set(t)
+    meta_marlin = c.format == "marlin"
+    if "qweight" in s and meta_marlin or {"B", "s"} <= s:
+        return _marlin(t, c)
+    if "qweight" in s:
+        return _qweight(t, c)
+    if "weight_packed" in s:
+        return _ct_packed(name, t, c)
+    w = t.get("weight")
+    if any(k.startswith("weight.quant_state.") or k == "weight.absmax" for k in s):
+        return _bnb4(t, c)
+    if w is not None and "SCB" in s:
+        return _bnb8(t)
+    if w is not None and w[0] in FP8_DTYPES and len(w[1]) == 2:
+        return _fp8(t, c)
+    if w is not None and w[0] == "I8" and "weight_scale" in s and len(w[1]) == 2:
+        o, i = w[1]
+        d = Detected("ct_int8", 8, -1, True, False, i, o, i * o, detail="int8 weight + weight_scale")
+        return d
+    if w is not None and len(w[1]) == 2:
+        o, i = w[1]
+        d = Detected("dense", FLOAT_DTYPES.get(w[0], 8), None, None, None, i, o, i * o, detail=w[0])
+        if w[0] not in FLOAT_DTYPES:
+            d.notes.append(("warning", f"2-D weight of dtype {w[0]} with no scales: not a layout qtool knows"))
+        return d
+    stray = s & {"qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "absmax"}
+    if stray:
+        return Detected("unknown", notes=[("error", f"quantization tensors {sorted(stray)} without their packed "
+                                                    f"weight (qweight / weight_packed): incomplete module")])
+    return None
+
+
+def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
+    qw_dt, qw = t["qweight"]
+    sc = t.get("scales")
+    qz = t.get("qzeros")
+    if sc is None or len(qw) != 2 or len(sc[1]) != 2:
+        missing = [n for n in ("scales", "qzeros") if n not in t]
+        return Detected("unknown", notes=[("error", f"qweight {list(qw)} without {missing or 'a 2-D scales'}: "
+                                                    "incomplete or unknown layout")])
+    sc_dt, scs = sc
+    # AWQ GEMV_FAST: int16 qweight, fp16 zeros that hold -scale*zero
+    if qw_dt == "I16":
+        return _awq_gemv_fast(t, c)
+    if qw_dt != "I32":
+        return Detected("unknown", notes=[("error", f"qweight is {qw_dt}; GPTQ/AWQ pack into int32")])
+    n_groups, out = scs
+    claimed = c.format
+    gptq_shape = qw[1] == out and qz is not None and qz[1][0] == n_groups
+    awq_shape = qw[1] != out and qz is not None and qz[1][0] == n_groups and qz[1][1] == qw[1] \
+        and out % qw[1] == 0
+    gemv_shape = qz is not None and qw[0] == scs[0] and qz[1][0] == qw[0] and qz[1][1] * 8 == scs[1]
+    if claimed == "awq_gemv" and gemv_shape or (not gptq_shape and not awq_shape and gemv_shape):
+        return _awq_gemv(t, c)
+    if awq_shape and not gptq_shape:
+        return _awq_gemm(t, c)
+    if gptq_shape:
+        return _gptq(t, c)
+    return Detected("unknown", notes=[("error", f"qweight {list(qw)}, qzeros {list(qz[1]) if qz else None}, "
+                                                f"scales {list(scs)} match no GPTQ/AWQ layout")])
+
+
+def _bits_note(c: Claims, bits: int | None) -> list[tuple[str, str]]:
+    if c.bits is not None and bits is not None and c.bits != bits:
+        return [("error", f"config says {c.bits}-bit but the tensor shapes give {bits}-bit")]
+    return []
+
+
+def _gptq(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    n_groups, out = t["scales"][1]
+    qz = t["qzeros"][1]
+    notes: list[tuple[str, str]] = []
+    bits = _div(qz[1] * 32, out)
+    if bits is None or bits not in (2, 3, 4, 5, 6, 7, 8):
+        return Detected("unknown", notes=[("error", f"qzeros {list(qz)} does not hold whole zero points for "
+                                                    f"{out} outputs")])
+    in_f = _div(qw[0] * 32, bits)
+    if in_f is None:
+        notes.append(("error", f"qweight has {qw[0]} rows: not a whole number of {bits}-bit codes"))
+    g_idx = t.get("g_idx")
+    if g_idx is not None and in_f is not None and g_idx[1] != (in_f,):
+        notes.append(("error", f"g_idx shape {list(g_idx[1])} != [{in_f}] (in_features from qweight)"))
+    fmt = "gptq"
+    if c.format in GPTQ_FAMILY:
+        fmt = c.format
+    elif c.format in AWQ_FAMILY:
+        notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout (qweight packed "
+                               f"along inputs, [I*b/32, O]); fix: quant_method: gptq"))
+    elif c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+        notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout"))
+    elif c.format is None:
+        pass  # the file-level "no config" finding covers it
+    if fmt == "gptq" and bits not in (2, 4, 8) and c.format is None:
+        notes.append(("warning", f"{bits}-bit qweight without a config: continuous (gptq) and planar (gptq_p) "
+                                 "layouts have the same shapes; assuming continuous"))
+    if fmt in ("gptq", "gptq_v2") and bits not in (2, 3, 4, 8):
+        notes.append(("error", f"{bits}-bit codes have no continuous GPTQ layout (2, 3, 4, 8); "
+                               "fix: checkpoint_format: gptq_p if the file is planar"))
+    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += _bits_note(c, bits)
+    d = Detected(fmt, bits, group, c.sym, c.desc_act, in_f, out, (in_f or 0) * out or None,
+                 detail=f"qweight [{qw[0]}, {qw[1]}]", notes=notes)
+    return d
+
+
+def _awq_gemm(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    n_groups, out = t["scales"][1]
+    bits = _div(qw[1] * 32, out)
+    notes: list[tuple[str, str]] = []
+    if bits != 4:
+        notes.append(("warning", f"AWQ GEMM with {bits}-bit codes: the classic interleaved layout is 4-bit only"))
+    in_f = qw[0]
+    if c.format in GPTQ_FAMILY:
+        notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMM layout (qweight "
+                               f"packed along outputs, [I, O*b/32]); fix: quant_method: awq, version: gemm"))
+    elif c.format not in (None, "awq"):
+        notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMM layout"))
+    if "g_idx" in t:
+        notes.append(("warning", "AWQ GEMM has no g_idx, but this module carries one"))
+    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += _bits_note(c, bits)
+    sym = c.sym if c.sym is not None else False
+    return Detected("awq", bits, group, sym, False, in_f, out, in_f * out, detail="AWQ gemm", notes=notes)
+
+
+def _awq_gemv(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    out = qw[0]
+    in_f = qw[1] * 8
+    zw = t["qzeros"][1][1]
+    group = c.group_size
+    if group is None:
+        fits = [g for g in (128, 64, 32, -1) if _calc_zeros_width(in_f, g) == zw]
+        group = fits[0] if fits else None
+    notes = [] if c.format in (None, "awq_gemv") else [("error", f"config says {c.format} but the tensors have the "
+                                                                "AWQ GEMV layout")]
+    notes += _bits_note(c, 4)
+    return Detected("awq_gemv", 4, group, c.sym if c.sym is not None else False, False, in_f, out, in_f * out,
+                    detail="AWQ gemv", notes=notes)
+
+
+def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    out = t["scales"][1][1]
+    in_f = qw[1] if len(qw) == 2 else None
+    notes: list[tuple[str, str]] = []
+    if len(qw) != 2 or qw[0] * 4 != out:
+        notes.append(("error", f"int16 qweight {list(qw)} is not [O/4, I] for O = {out}"))
+    group = c.group_size
+    if group is None and in_f:
+        rows = t["scales"][1][0]
+        fits = [g for g in (128, 64, 32, 16, -1) if _calc_zeros_width(in_f, g) * 8 == rows]
+        group = fits[0] if fits else None
+    if c.format not in (None, "awq_gemv_fast"):
+        notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMV_FAST layout "
+                               "(int16 qweight)"))
+    notes += _bits_note(c, 4)
+    return Detected("awq_gemv_fast", 4, group, c.sym if c.sym is not None else False, False, in_f, out,
+                    (in_f or 0) * out or None, detail="AWQ gemv_fast", notes=notes)
+
+
+def _marlin(t: dict[str, Sig], c: Claims) -> Detected:
+    bname = "B" if "B" in t else "qweight"
+    sname = "s" if "s" in t else "scales"
+    if sname not in t:
+        return Detected("unknown", notes=[("error", f"Marlin '{bname}' without scales ('s' or 'scales')")])
+    b = t[bname][1]
+    n_groups, n = t[sname][1] if len(t[sname][1]) == 2 else (1, t[sname][1][0])
+    k = b[0] * 16
+    bits = _div(b[1] * 32, n * 16)
+    notes: list[tuple[str, str]] = []
+    if bits not in (4, 8):
+        notes.append(("error", f"Marlin {bname} {list(b)} with {n} outputs gives {bits}-bit codes (4 or 8 expected)"))
+    if c.format not in (None, "marlin") and "B" in t:
+        notes.append(("error", f"config says {c.format} but the tensors are Marlin's B/s"))
+    group, gnote = _group_from(k, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += _bits_note(c, bits)
+    legacy = bname == "B"
+    sym = c.sym if c.sym is not None else ("qzeros" not in t)
+    desc = c.desc_act if c.desc_act is not None else None
+    return Detected("marlin", bits, group, sym, desc, k, n, k * n,
+                    detail="legacy marlin (B/s)" if legacy else "qtool marlin contract", notes=notes)
+
+
+def _ct_packed(name: str, t: dict[str, Sig], c: Claims) -> Detected:
+    wp_dt, wp = t["weight_packed"]
+    sc = t.get("weight_scale")
+    notes: list[tuple[str, str]] = []
+    weights, _gfmt, ignored = ct_scheme_for(c, name) if c.ct_groups else (None, None, False)
+    if ignored:
+        notes.append(("warning", "module is on the compressed-tensors ignore list but is quantized"))
+    if sc is None or len(wp) != 2:
+        return Detected("unknown", notes=[("error", "weight_packed without a 2-D weight_scale")])
+    o = wp[0]
+    if wp_dt == "U8" or "weight_global_scale" in t:
+        i = wp[1] * 2
+        n_groups = sc[1][1] if len(sc[1]) == 2 else 1
+        group = _div(i, n_groups) if n_groups > 1 else -1
+        if c.format not in (None, "ct_nvfp4"):
+            notes.append(("error", f"config says {c.format} but the tensors are NVFP4 (uint8 weight_packed + "
+                                   "weight_global_scale)"))
+        if group != 16:
+            notes.append(("warning", f"NVFP4 scales cover {group} inputs (16 expected)"))
+        return Detected("ct_nvfp4", 4, group, True, False, i, o, i * o, detail="nvfp4", notes=notes)
+    if wp_dt != "I32":
+        return Detected("unknown", notes=[("error", f"weight_packed is {wp_dt}; pack-quantized uses int32")])
+    cbits = cgroup = csym = None
+    cdesc = None
+    if weights:
+        cbits = weights.get("num_bits") if isinstance(weights.get("num_bits"), int) else None
+        cgroup = weights.get("group_size") if isinstance(weights.get("group_size"), int) else None
+        if weights.get("strategy") == "channel":
+            cgroup = -1
+        csym = weights.get("symmetric") if isinstance(weights.get("symmetric"), bool) else None
+        cdesc = weights.get("actorder") not in (None, False, "static", "weight")
+    else:
+        cbits, cgroup, csym, cdesc = c.bits, c.group_size, c.sym, c.desc_act
+    packing = "padded" if c.ct_version and _version_lt(c.ct_version, (0, 18)) else "dense"
+    n_groups = sc[1][1]
+    gi = t.get("weight_g_idx")
+    in_f = gi[1][0] if gi is not None and len(gi[1]) == 1 else None
+    bits = cbits
+    if in_f is not None:
+        fits = [b for b in range(2, 9) if _ct_words(in_f, b, packing) == wp[1]]
+        if bits is None and len(fits) == 1:
+            bits = fits[0]
+        elif bits is not None and bits not in fits:
+            notes.append(("error", f"config says {bits}-bit but weight_packed holds {wp[1]} words for {in_f} inputs"))
+    elif bits is not None:
+        if cgroup not in (None, -1) and n_groups > 1:
+            cand = [i for i in range((n_groups - 1) * cgroup + 1, n_groups * cgroup + 1)
+                    if _ct_words(i, bits, packing) == wp[1]]
+            in_f = cand[-1] if cand else None
+        else:
+            in_f = _div(wp[1] * 32, bits) if packing == "dense" else wp[1] * (32 // bits)
+        if in_f is None:
+            notes.append(("error", f"weight_packed {list(wp)} cannot hold {bits}-bit codes in {n_groups} groups of "
+                                   f"{cgroup}"))
+    else:
+        notes.append(("warning", "pack-quantized without num_bits in the config: bits unknown from the header"))
+    group, gnote = _group_from(in_f, n_groups, cgroup)
+    if gnote:
+        notes.append(("error", gnote))
+    sym = "weight_zero_point" not in t
+    if csym is False and sym:
+        notes.append(("error", "config says asymmetric but there is no weight_zero_point"))
+    if csym is True and not sym:
+        notes.append(("warning", "config says symmetric but the module stores weight_zero_point"))
+    desc = gi is not None
+    if cdesc is False and desc:
+        notes.append(("warning", "config has no act-order but the module stores weight_g_idx"))
+    if c.format not in (None, "ct"):
+        notes.append(("error", f"config says {c.format} but the tensors are pack-quantized (int32 weight_packed)"))
+    if "weight_shape" not in t:
+        notes.append(("error", "weight_shape missing: the unpacked [O, I] cannot be recovered"))
+    return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None, detail=f"pack-quantized ({packing})",
+                    notes=notes)
+
+
+def _ct_words(n: int, bits: int, packing: str) -> int:
+    return -(-n * bits // 32) if packing == "dense" else -(-n // (32 // bits))
+
+
+def _version_lt(v: str, ref: tuple[int, int]) -> bool:
+    nums = [int(x) for x in re.findall(r"\d+", v)[:2]]
+    return len(nums) == 2 and tuple(nums) < ref
+
+
+def _fp8(t: dict[str, Sig], c: Claims) -> Detected:
+    o, i = t["weight"][1]
+    notes: list[tuple[str, str]] = []
+    if "weight_scale_inv" in t:
+        fmt, scale = "fp8", t["weight_scale_inv"][1]
+    elif "weight_scale" in t:
+        fmt = "fp8" if c.quant_method == "fp8" else "ct_fp8"
+        scale = t["weight_scale"][1]
+    else:
+        return Detected("unknown", o and None, notes=[("error", "FP8 weight without weight_scale or "
+                                                                "weight_scale_inv")])
+    numel = 1
+    for d in scale:
+        numel *= d
+    if numel == 1:
+        group, detail = -1, "per-tensor scale"
+    elif tuple(scale) in ((o, 1), (o,)):
+        group, detail = -1, "per-channel scale"
+    elif len(scale) == 2:
+        bo = c.block_size[0] if c.block_size else _div_ceil_match(o, scale[0])
+        bi = c.block_size[1] if c.block_size else _div_ceil_match(i, scale[1])
+        group, detail = bi, f"block {bo}x{bi} scales"
+        if c.block_size and (-(-o // bo) != scale[0] or -(-i // bi) != scale[1]):
+            notes.append(("error", f"weight_block_size {list(c.block_size)} does not match scales {list(scale)} "
+                                   f"for weight [{o}, {i}]"))
+        if scale[1] == i // 16 and scale[0] == o:
+            group, detail = 16, "per-16 group scales"
+    else:
+        group, detail = None, f"scale shape {list(scale)}"
+    if c.format not in (None, fmt, "ct_fp8", "fp8"):
+        notes.append(("error", f"config says {c.format} but the tensors are FP8 ({t['weight'][0]})"))
+    return Detected(fmt, 8, group, True, False, i, o, i * o, detail=detail, notes=notes)
+
+
+def _div_ceil_match(n: int, blocks: int) -> int | None:
+    """The power-of-two block size b with ceil(n/b) == blocks (128 for DeepSeek-style files)."""
+    for b in (128, 64, 256, 32, 512, 16):
+        if -(-n // b) == blocks:
+            return b
+    return None
+
+
+def _bnb4(t: dict[str, Sig], c: Claims) -> Detected:
+    w = t.get("weight")
+    qs = [k for k in t if k.startswith("weight.quant_state.")]
+    kind = qs[0].rsplit("__", 1)[-1] if qs and "__" in qs[0] else "4bit"
+    n = w[1][0] * 2 if w is not None and len(w[1]) >= 1 else None
+    if w is not None and len(w[1]) == 2 and w[1][1] != 1:
+        n = w[1][0] * w[1][1] * 2
+    ab = t.get("weight.absmax")
+    group = c.bnb_blocksize
+    if group is None and ab is not None and n:
+        numel = 1
+        for d in ab[1]:
+            numel *= d
+        group = _div(n, numel)
+    notes = []
+    if c.format not in (None, "bnb"):
+        notes.append(("error", f"config says {c.format} but the tensors are bitsandbytes 4-bit"))
+    notes += _bits_note(c, 4)
+    return Detected("bnb", 4, group, True, False, None, None, n, detail=f"bitsandbytes {kind}", notes=notes)
+
+
+def _bnb8(t: dict[str, Sig]) -> Detected:
+    o, i = t["weight"][1] if len(t["weight"][1]) == 2 else (t["weight"][1][0], 1)
+    return Detected("bnb", 8, -1, True, False, i, o, i * o, detail="bitsandbytes LLM.int8 (SCB)")
+
+
+# --- GGUF types -----------------------------------------------------------------------------------------
+
+def detect_gguf(shape: tuple[int, ...], type_name: str, block: tuple[int, int] | None) -> Detected | None:
+    """A GGUF weight: dims [ne0 = I, ne1 = O, ...]; 1-D tensors (norms, biases) are not modules."""
+    from qtool.io.gguf_reader import ASYM_TYPES, FLOAT_TYPES, nominal_bits
+
+    if len(shape) < 2:
+        return None
+    i = shape[0]
+    o = 1
+    for d in shape[1:]:
+        o *= d
+    if type_name in FLOAT_TYPES:
+        return Detected("dense", nominal_bits(type_name), None, None, None, i, o, i * o, detail=type_name)
+    group = block[0] if block else None
+    return Detected(f"gguf:{type_name}", nominal_bits(type_name), group, type_name not in ASYM_TYPES, False, i, o,
+                    i * o, detail=type_name)

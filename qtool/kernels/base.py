@@ -1,0 +1,286 @@
+"""The kernel interface: `forward(x[M, K], layer) -> y[M, N]` over one packed GPTQ-v2 linear layer.
+
+A kernel is a class with an id (a stable string), a `check` that says why it cannot run a layer on a
+device (empty list = it can), a one-time `prepare` (what an engine does at load time: move tensors, or
+convert to the kernel's own runtime layout; never a dense weight for the packed kernels) and `forward`.
+
+    layer = PackedLayer.from_plain(plain).to("cuda")
+    k = get_kernel("triton-w4a16")
+    state = k.prepare(layer)                 # once
+    y = k.forward(x, state)                  # x fp16/bf16 [M, K] -> y [M, N], same dtype
+
+Kernels register with `@register`; `all_kernels()` imports the implementation modules lazily so that
+importing this module costs nothing beyond torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import torch
+
+from qtool.errors import DeviceError, FormatError, UsageError
+from qtool.formats.plain import Plain
+
+# Implementation modules, imported on first use of the registry.
+KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton")
+
+ACT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True, eq=False)
+class PackedLayer:
+    """The GPTQ v2 tensors of one linear layer y[M, N] = x[M, K] @ W[N, K]^T (FORMATS.md "GPTQ").
+
+    qweight: int32 [K*bits/32, N]   codes packed along the input rows, little-endian bit stream
+    qzeros:  int32 [n_groups, N*bits/32]  true (v2) zero points packed along the output columns
+    scales:  fp16/bf16/fp32 [n_groups, N]
+    g_idx:   int32 [K] group of each input row, or None when it is the trivial k // group_size
+    bits, group_size (-1 = one group over all K), in_features K, out_features N
+    """
+
+    qweight: torch.Tensor
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    g_idx: torch.Tensor | None
+    bits: int
+    group_size: int
+    in_features: int
+    out_features: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the GEMM's name for it
+        return self.in_features
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.out_features
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.scales.shape[0])
+
+    @property
+    def effective_group_size(self) -> int:
+        return self.in_features if self.group_size == -1 else self.group_size
+
+    @property
+    def desc_act(self) -> bool:
+        return self.g_idx is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def nbytes(self) -> int:
+        """Bytes a kernel must stream for the weight: qweight + qzeros + scales (+ g_idx)."""
+        n = sum(t.numel() * t.element_size() for t in (self.qweight, self.qzeros, self.scales))
+        if self.g_idx is not None:
+            n += self.g_idx.numel() * self.g_idx.element_size()
+        return n
+
+    def to(self, device: str | torch.device) -> PackedLayer:
+        mv = (lambda t: None if t is None else t.to(device))  # noqa: E731
+        return replace(self, qweight=mv(self.qweight), qzeros=mv(self.qzeros), scales=mv(self.scales),
+                       g_idx=mv(self.g_idx))
+
+    def clone(self) -> PackedLayer:
+        """A copy in fresh memory (the bench rotates copies so the weight is not served from L2)."""
+        cl = (lambda t: None if t is None else t.clone())  # noqa: E731
+        return replace(self, qweight=cl(self.qweight), qzeros=cl(self.qzeros), scales=cl(self.scales),
+                       g_idx=cl(self.g_idx))
+
+    def group_index(self) -> torch.Tensor:
+        """int64 [K] on the layer's device: the group of every input row."""
+        if self.g_idx is not None:
+            return self.g_idx.to(torch.int64)
+        k = torch.arange(self.in_features, device=self.device, dtype=torch.int64)
+        return k // self.effective_group_size
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], bits: int, group_size: int) -> PackedLayer:
+        """From a GPTQ v2 tensor dict ("qweight", "qzeros", "scales"[, "g_idx"]); a trivial g_idx is dropped."""
+        for name in ("qweight", "qzeros", "scales"):
+            if name not in tensors:
+                raise FormatError(f"gptq_v2 layer: missing tensor '{name}' (have {sorted(tensors)})", tensor=name)
+        qweight, qzeros, scales = tensors["qweight"], tensors["qzeros"], tensors["scales"]
+        if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+            raise FormatError("gptq_v2 layer: qweight and qzeros must be int32", tensor="qweight")
+        if 32 % bits:
+            raise FormatError(f"kernels read {bits}-bit GPTQ words only for bits dividing 32 (2, 4, 8)",
+                              fix="repack to 2, 4 or 8 bits")
+        k = qweight.shape[0] * 32 // bits
+        n = qweight.shape[1]
+        if scales.shape[1] != n or qzeros.shape[1] * 32 // bits != n or qzeros.shape[0] != scales.shape[0]:
+            raise FormatError(f"gptq_v2 layer: shapes disagree: qweight {tuple(qweight.shape)}, qzeros "
+                              f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}", tensor="scales")
+        g_idx = tensors.get("g_idx")
+        if g_idx is not None:
+            eff = k if group_size == -1 else group_size
+            trivial = torch.arange(k, device=g_idx.device, dtype=torch.int64) // eff
+            g_idx = None if torch.equal(g_idx.to(torch.int64), trivial) else g_idx.to(torch.int32).contiguous()
+        return cls(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), g_idx, bits, group_size, k, n)
+
+    @classmethod
+    def from_plain(cls, plain: Plain) -> PackedLayer:
+        """Pack a Plain [N, K] through the `gptq_v2` format (or the device-side packer when the weight
+        lives on an accelerator; both write the same bytes, a test says so)."""
+        if plain.qweight.device.type != "cpu":
+            return pack_gptq_v2(plain)
+        from qtool.formats import get_format
+
+        return cls.from_tensors(get_format("gptq_v2").pack(plain), plain.bits, plain.group_size)
+
+
+def _pack_along(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """uint8 codes -> int32 words along `dim`, for bits dividing 32; runs on any device.
+
+    Same little-endian stream as qtool.packing.bitstream.pack_stream, without its int64 staging so that
+    70B-sized layers pack on the GPU in milliseconds.
+    """
+    pf = 32 // bits
+    c = codes.movedim(dim, -1)
+    n = c.shape[-1]
+    if n % pf:
+        raise FormatError(f"{bits}-bit packing: packed dimension {n} is not a multiple of {pf}",
+                          fix=f"pad the dimension to a multiple of {pf}")
+    c = c.reshape(*c.shape[:-1], n // pf, pf).to(torch.int64)
+    words = torch.zeros(c.shape[:-1], dtype=torch.int64, device=c.device)
+    for j in range(pf):
+        words |= c[..., j] << (bits * j)
+    # int64 staging, then the explicit two's-complement view: int32 shifts into the sign bit overflow.
+    words = torch.where(words >= (1 << 31), words - (1 << 32), words).to(torch.int32)
+    return words.movedim(-1, dim).contiguous()
+
+
+def pack_gptq_v2(plain: Plain) -> PackedLayer:
+    """Plain [N, K] on any device -> PackedLayer on that device (bits 2, 4 or 8)."""
+    b = plain.bits
+    if 32 % b:
+        raise FormatError(f"device-side packing handles bits 2, 4, 8, not {b}", fix="pack on the CPU")
+    qweight = _pack_along(plain.qweight.t(), b, dim=0)
+    zeros = plain.zeros if plain.zeros is not None else torch.full(
+        plain.scales.shape, 1 << (b - 1), dtype=torch.uint8, device=plain.scales.device)
+    qzeros = _pack_along(zeros.t(), b, dim=1)
+    g_idx = plain.g_idx.to(torch.int32).contiguous() if plain.desc_act else None
+    return PackedLayer(qweight, qzeros, plain.scales.t().contiguous(), g_idx, b, plain.group_size,
+                       plain.in_features, plain.out_features)
+
+
+def unpack_gptq(layer: PackedLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the layer's device: codes int32 [K, N] and zeros int32 [n_groups, N] (bits dividing 32)."""
+    b, mask = layer.bits, (1 << layer.bits) - 1
+    pf = 32 // b
+    shifts = torch.arange(pf, device=layer.device, dtype=torch.int32) * b
+    codes = (layer.qweight.unsqueeze(1) >> shifts[None, :, None]) & mask  # [K/pf, pf, N]
+    codes = codes.reshape(layer.in_features, layer.out_features)
+    zeros = (layer.qzeros.unsqueeze(-1) >> shifts) & mask  # [G, N/pf, pf]
+    zeros = zeros.reshape(layer.n_groups, layer.out_features)
+    return codes, zeros
+
+
+def dequantize_packed(layer: PackedLayer, dtype: torch.dtype) -> torch.Tensor:
+    """W^T [K, N] in `dtype` = s[g(k), n] * (q[k, n] - z[g(k), n]), exact in fp32 then rounded once."""
+    codes, zeros = unpack_gptq(layer)
+    g = layer.group_index()
+    s = layer.scales.to(torch.float32).index_select(0, g)
+    z = zeros.index_select(0, g)
+    return ((codes - z).to(torch.float32) * s).to(dtype)
+
+
+class Kernel:
+    """Subclass per kernel; set the class attributes; implement `prepare` and `forward`.
+
+    id:       stable identifier ("torch-ref", "torch-int4-cpu", "triton-w4a16")
+    summary:  one line for --help, tables and the README
+    devices:  device types it runs on ("cpu", "cuda")
+    bits:     code widths it reads
+    dtypes:   activation dtypes
+    """
+
+    id: ClassVar[str]
+    summary: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]]
+    bits: ClassVar[tuple[int, ...]]
+    dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
+
+    def available(self, device: torch.device) -> str | None:
+        """Why this kernel cannot run at all on `device` (missing op, library, GPU), or None."""
+        if device.type not in self.devices:
+            return f"{self.id} runs on {'/'.join(self.devices)}, not {device.type}"
+        return None
+
+    def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
+        """Every reason this kernel refuses `layer` with `dtype` activations on `device`; [] = it runs."""
+        why = []
+        na = self.available(device)
+        if na:
+            why.append(na)
+        if layer.bits not in self.bits:
+            why.append(f"{self.id} reads {'/'.join(map(str, self.bits))}-bit codes, not {layer.bits}-bit")
+        if dtype not in self.dtypes:
+            names = "/".join(k for k, v in ACT_DTYPES.items() if v in self.dtypes)
+            why.append(f"{self.id} takes {names} activations, not {dtype}")
+        return why
+
+    def prepare(self, layer: PackedLayer) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, state: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] -> y [M, N] in x's dtype; `out` (optional, [M, N], x's dtype) receives the result."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def describe(self, state: Any, m: int) -> str:
+        """Which path / launch configuration `forward` takes at batch size m (for bench reports)."""
+        return ""
+
+
+_REGISTRY: dict[str, Kernel] = {}
+_LOADED = False
+
+
+def register(cls: type[Kernel]) -> type[Kernel]:
+    """Class decorator: one instance per kernel id."""
+    _REGISTRY[cls.id] = cls()
+    return cls
+
+
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    for mod in KERNEL_MODULES:
+        importlib.import_module(mod)
+    _LOADED = True
+
+
+def all_kernels() -> dict[str, Kernel]:
+    _load()
+    return dict(_REGISTRY)
+
+
+def get_kernel(name: str) -> Kernel:
+    _load()
+    if name not in _REGISTRY:
+        raise UsageError(f"unknown kernel '{name}'", fix=f"choose one of: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def resolve_device(spec: str | torch.device | None) -> torch.device:
+    """'cpu', 'cuda', 'cuda:N' -> torch.device, raising DeviceError when it is not there."""
+    dev = torch.device(spec or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device '{spec}' requested but torch sees no CUDA device",
+                              fix="use --device cpu, or run on a machine with a CUDA GPU")
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if idx >= torch.cuda.device_count():
+            raise DeviceError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s)",
+                              fix=f"use --device cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        dev = torch.device("cuda", idx)
+    elif dev.type != "cpu":
+        raise DeviceError(f"device '{spec}' is not supported by the kernels", fix="use --device cpu or cuda:N")
+    return dev

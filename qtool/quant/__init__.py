@@ -1,0 +1,110 @@
+"""Quantizers producing the canonical `Plain` (FORMATS.md "Canonical form").
+
+    quantize(weight float [O, I], bits, group_size, sym, method="rtn"|"mse", scale_dtype=fp16, g_idx=None)
+        -> Plain(qweight uint8 [O, I], scales scale_dtype [O, n_groups], zeros uint8 [O, n_groups] or None
+                 (sym), g_idx int32 [I] or None, bits, group_size)
+
+`rtn`: per-group min-max round to nearest (rtn.py). `mse`: per-group clip-ratio search minimising squared
+error (mse.py). Rows are processed in blocks of about CHUNK_ELEMENTS weights so peak memory stays bounded
+on large layers (a 4096x14336 layer never materialises more than a few block-sized float32 temporaries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.errors import InputError, UsageError
+from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.quant import mse, rtn
+
+METHODS = {"rtn": rtn.quantize_groups, "mse": mse.quantize_groups}
+BITS = range(2, 9)
+GROUP_RANGE = (16, 1024)
+CHUNK_ELEMENTS = 1 << 22
+
+
+def _where(name: str | None) -> str:
+    return f" for '{name}'" if name else ""
+
+
+def validate(in_features: int, bits: int, group_size: int, method: str = "rtn", name: str | None = None) -> None:
+    """Raise UsageError when bits / group_size / method cannot quantize a layer with this in_features."""
+    if method not in METHODS:
+        raise UsageError(f"unknown quantization method '{method}'", fix="use --method rtn or --method mse")
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in BITS:
+        raise UsageError(f"bits={bits!r} is outside 2..8{_where(name)}", fix="use --bits 2..8")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise UsageError(f"group_size={group_size!r} is not an integer", fix="use -1 or 16..1024")
+    if group_size == -1:
+        return
+    lo, hi = GROUP_RANGE
+    if not lo <= group_size <= hi:
+        raise UsageError(f"group_size={group_size} is outside {lo}..{hi}{_where(name)}",
+                         fix=f"use -1 (one group per row) or a size in {lo}..{hi} dividing in_features")
+    if in_features % group_size:
+        raise UsageError(f"group_size {group_size} does not divide in_features {in_features}{_where(name)}",
+                         fix="choose a group size that divides in_features, or -1")
+
+
+def _column_order(g_idx: torch.Tensor | None, in_features: int, group: int, name: str | None):
+    """Permutation that makes each group's columns contiguous (None = already trivial)."""
+    if g_idx is None:
+        return None
+    g = torch.as_tensor(g_idx).to(torch.int64)
+    if g.shape != (in_features,):
+        raise UsageError(f"g_idx has shape {tuple(g.shape)}, expected ({in_features},){_where(name)}")
+    perm = torch.argsort(g, stable=True)
+    if not torch.equal(g[perm], torch.arange(in_features) // group):
+        raise UsageError(f"g_idx must put exactly group_size={group} input channels in each group "
+                         f"0..{in_features // group - 1}{_where(name)}",
+                         fix="build g_idx as GPTQ act-order does: g_idx[perm[i]] = i // group_size")
+    return perm
+
+
+def quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool, method: str = "rtn",
+             scale_dtype: torch.dtype = torch.float16, g_idx: torch.Tensor | None = None,
+             name: str | None = None) -> Plain:
+    """Quantize weight [O, I] (fp16/bf16/fp32) to a Plain; see the module docstring for shapes.
+
+    g_idx (int [I], optional): act-order group map; every group must hold exactly group_size channels.
+    name: the tensor's name, used only in error messages.
+    """
+    if weight.dim() != 2:
+        raise UsageError(f"can only quantize 2-D weights [out, in], got shape {tuple(weight.shape)}{_where(name)}")
+    if not weight.is_floating_point():
+        raise UsageError(f"weight dtype {weight.dtype} is not floating point{_where(name)}")
+    if scale_dtype not in FLOAT_DTYPES:
+        raise UsageError(f"scale dtype {scale_dtype} is not fp16/bf16/fp32", fix="use --dtype fp16 or bf16")
+    out_features, in_features = weight.shape
+    validate(in_features, bits, group_size, method, name)
+    group = in_features if group_size == -1 else group_size
+    n_groups = in_features // group
+    perm = _column_order(g_idx, in_features, group, name)
+    fn = METHODS[method]
+
+    qweight = torch.empty(out_features, in_features, dtype=torch.uint8)
+    scales = torch.empty(out_features, n_groups, dtype=scale_dtype)
+    zeros = None if sym else torch.empty(out_features, n_groups, dtype=torch.uint8)
+    step = max(1, CHUNK_ELEMENTS // max(in_features, 1))
+    for r0 in range(0, out_features, step):
+        r1 = min(out_features, r0 + step)
+        w = weight[r0:r1].to(device="cpu", dtype=torch.float32)
+        if perm is not None:
+            w = w[:, perm]
+        if not torch.isfinite(w).all():
+            raise InputError(f"weight{_where(name)} holds NaN or inf (rows {r0}..{r1 - 1})",
+                             fix="fix or exclude this tensor")
+        q, s, z = fn(w.reshape(r1 - r0, n_groups, group), bits, sym, scale_dtype)
+        q = q.reshape(r1 - r0, in_features).to(torch.uint8)
+        if perm is not None:
+            qweight[r0:r1, perm] = q
+        else:
+            qweight[r0:r1] = q
+        scales[r0:r1] = s.squeeze(-1).to(scale_dtype)
+        if zeros is not None:
+            zeros[r0:r1] = z.squeeze(-1).to(torch.uint8)
+    gi = None if g_idx is None else torch.as_tensor(g_idx).to(torch.int32).contiguous()
+    return Plain(qweight, scales, zeros, gi, bits, group_size, meta={"method": method})
+
+
+__all__ = ["METHODS", "quantize", "validate"]
