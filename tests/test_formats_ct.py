@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FIXTURES
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -15,6 +14,7 @@ from safetensors.torch import load_file
 from qtool.errors import FormatError
 from qtool.formats import LayerParams, Plain, dequantize, get_format
 from qtool.formats.compressed_tensors import pack_codes, packed_words, packing_for_version, unpack_codes
+from tests.conftest import FIXTURES
 
 CT = get_format("ct")
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}

@@ -12,3 +12,19 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from qtool import __version__
+
+        typer.echo(f"qtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_version,
+                                 is_eager=True),
+) -> None:
+    """Toolchain for quantized LLM weights: pack, repack, inspect, select and bench."""

@@ -128,7 +128,11 @@ def sanitize(text: str) -> str:
 def stdout_console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    c = Console(highlight=False, soft_wrap=False)
+    if not c.is_terminal:
+        # Piped or captured output (CI logs, README examples): don't squeeze tables into 80 columns.
+        c = Console(highlight=False, soft_wrap=False, width=150)
+    return c
 
 
 def stderr_console():

@@ -167,7 +167,7 @@ class CompressedTensors(Format):
         elif params.sym is False:
             raise FormatError("ct: the config says asymmetric but 'weight_zero_point' is missing",
                               tensor="weight_zero_point", fix="the checkpoint is incomplete or mislabelled")
-        meta = {"ct_packing": packing}
+        meta = {"format": "ct", "ct_packing": packing}
         if params.extra.get("version"):
             meta["ct_version"] = str(params.extra["version"])
         return Plain(qweight, scales, zeros, g_idx, bits, group_size, meta)
@@ -208,3 +208,86 @@ class CompressedTensors(Format):
             raise FormatError(f"ct: weight_zero_point must be int32 (packed), got {zp.dtype}",
                               tensor="weight_zero_point")
         return unpack_codes(zp, bits, o, 0, packing, what="weight_zero_point")
+
+
+# --- direct conversions (same bytes as the composition, without unpacking codes) ----------------------------
+# GPTQ's qweight is the continuous little-endian stream along the input rows in runs of 32 codes; dense
+# pack-quantized is that same stream along the input of each output row. With I a multiple of 32 (GPTQ
+# needs it for 3-bit, and b | 32 makes every run whole anyway) weight_packed is qweight transposed, word for
+# word. Symmetric weights without act-order need nothing else but the scales transposed.
+def _uniform_word(bits: int, field: int) -> int:
+    w = 0
+    for j in range(32 // bits if 32 % bits == 0 else 0):
+        w |= field << (bits * j)
+    return w - (1 << 32) if w >= 1 << 31 else w
+
+
+def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, dst: str = "ct"
+              ) -> dict[str, torch.Tensor] | None:
+    """gptq / gptq_v2 -> ct (dense) for symmetric weights without act-order; None when it does not apply."""
+    if src not in ("gptq", "gptq_v2") or dst != "ct":
+        return None
+    qweight, qzeros, scales = (tensors.get(n) for n in ("qweight", "qzeros", "scales"))
+    if qweight is None or qzeros is None or scales is None or qweight.dtype != torch.int32 \
+            or qzeros.dtype != torch.int32 or scales.dim() != 2 or qweight.dim() != 2:
+        return None
+    n_groups, o = scales.shape
+    bits = params.bits
+    if bits not in (2, 4, 8) or qweight.shape[1] != o or qzeros.shape != (n_groups, o * bits // 32):
+        return None
+    i = qweight.shape[0] * 32 // bits
+    mid = 1 << (bits - 1)
+    if i % 32 or not bool((qzeros == _uniform_word(bits, mid - 1 if src == "gptq" else mid)).all()):
+        return None
+    g = tensors.get("g_idx")
+    group = params.group_size
+    if group is None:
+        return None
+    eff = i if group == -1 else group
+    if g is not None and not torch.equal(g.to(torch.int64), torch.arange(i, dtype=torch.int64) // eff):
+        return None
+    if -(-i // eff) != n_groups:
+        return None
+    return {
+        "weight_packed": qweight.t().contiguous(),
+        "weight_scale": scales.t().contiguous(),
+        "weight_shape": torch.tensor([o, i], dtype=torch.int64),
+    }
+
+
+def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "ct", dst: str = "gptq_v2"
+            ) -> dict[str, torch.Tensor] | None:
+    """ct -> gptq / gptq_v2 for symmetric weights without act-order, b in {2, 4, 8}; None otherwise."""
+    if src != "ct" or dst not in ("gptq", "gptq_v2"):
+        return None
+    if "weight_zero_point" in tensors or "weight_g_idx" in tensors:
+        return None
+    packed, scales, shape = (tensors.get(n) for n in ("weight_packed", "weight_scale", "weight_shape"))
+    bits, group = params.bits, params.group_size
+    if packed is None or scales is None or shape is None or bits not in (2, 4, 8) or group is None \
+            or packed.dtype != torch.int32 or packed.dim() != 2 or shape.numel() != 2:
+        return None
+    o, i = (int(v) for v in shape.reshape(-1).tolist())
+    pf = 32 // bits
+    eff = i if group == -1 else group
+    if packed.shape != (o, i // pf) or i % 32 or o % pf or i % eff or scales.shape != (o, i // eff):
+        return None
+    if scales.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    mid = 1 << (bits - 1)
+    return {
+        "qweight": packed.t().contiguous(),
+        "qzeros": torch.full((i // eff, o // pf), _uniform_word(bits, mid - 1 if dst == "gptq" else mid),
+                             dtype=torch.int32),
+        "scales": scales.t().contiguous(),
+        "g_idx": (torch.arange(i, dtype=torch.int32) // eff).to(torch.int32),
+    }
+
+
+# (source format, target format) -> fn(tensors, params, src, dst) -> dict | None (None: compose instead).
+FAST_PATHS = {
+    ("gptq", "ct"): from_gptq,
+    ("gptq_v2", "ct"): from_gptq,
+    ("ct", "gptq"): to_gptq,
+    ("ct", "gptq_v2"): to_gptq,
+}

@@ -222,7 +222,7 @@ class _GGUFBlocks(Format):
         raw = expect(tensors, "weight", self.type_name)
         d, m, v = decode_blocks(raw, self.spec.id)
         o, nb = d.shape
-        meta = {"gguf_type": self.type_name}
+        meta = {"format": self.spec.id, "gguf_type": self.type_name}
         if self.spec.id == "gguf_q4_0":
             return Plain((v + 8).to(torch.uint8).reshape(o, nb * QK), d, None, None, 4, QK, meta)
         if self.spec.id == "gguf_q8_0":

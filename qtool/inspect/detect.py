@@ -513,8 +513,7 @@ def _fp8(t: dict[str, Sig], c: Claims) -> Detected:
         fmt = "fp8" if c.quant_method == "fp8" else "ct_fp8"
         scale = t["weight_scale"][1]
     else:
-        return Detected("unknown", o and None, notes=[("error", "FP8 weight without weight_scale or "
-                                                                "weight_scale_inv")])
+        return Detected("unknown", notes=[("error", "FP8 weight without weight_scale or weight_scale_inv")])
     numel = 1
     for d in scale:
         numel *= d

@@ -165,7 +165,12 @@ def pack_gptq_v2(plain: Plain) -> PackedLayer:
     zeros = plain.zeros if plain.zeros is not None else torch.full(
         plain.scales.shape, 1 << (b - 1), dtype=torch.uint8, device=plain.scales.device)
     qzeros = _pack_along(zeros.t(), b, dim=1)
-    g_idx = plain.g_idx.to(torch.int32).contiguous() if plain.desc_act else None
+    g_idx = None
+    if plain.g_idx is not None:
+        eff = plain.effective_group_size
+        trivial = torch.arange(plain.in_features, device=plain.g_idx.device, dtype=torch.int64) // eff
+        if not torch.equal(plain.g_idx.to(torch.int64), trivial):  # Plain.desc_act compares on the CPU
+            g_idx = plain.g_idx.to(torch.int32).contiguous()
     return PackedLayer(qweight, qzeros, plain.scales.t().contiguous(), g_idx, b, plain.group_size,
                        plain.in_features, plain.out_features)
 

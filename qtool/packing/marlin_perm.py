@@ -20,8 +20,11 @@ This module knows bits and permutations, not formats; qtool.formats.marlin uses 
 
 from __future__ import annotations
 
+import ctypes
+import os
 import sys
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
 
 import torch
 
@@ -46,7 +49,7 @@ def _check_bits(bits: int) -> None:
 
 
 # --- tables ----------------------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def weight_perm(bits: int) -> torch.Tensor:
     """int64 [1024]: entry i = index, inside one 1024-run of the tile-major row, of the value stored i-th.
 
@@ -67,7 +70,7 @@ def weight_perm(bits: int) -> torch.Tensor:
     return perm.view(-1, len(il))[:, il].reshape(-1).contiguous()
 
 
-@lru_cache(maxsize=None)
+@cache
 def block_perm(bits: int) -> torch.Tensor:
     """int64 [1024]: `weight_perm` re-expressed as row*64 + col inside one [16, 64] block of q [K, N]."""
     p = weight_perm(bits)
@@ -75,26 +78,26 @@ def block_perm(bits: int) -> torch.Tensor:
     return (row * BLOCK_N + tile * TILE + col).contiguous()
 
 
-@lru_cache(maxsize=None)
+@cache
 def block_perm_inverse(bits: int) -> torch.Tensor:
     """int64 [1024]: inverse of `block_perm` (stored position of each block element)."""
     return torch.argsort(block_perm(bits))
 
 
-@lru_cache(maxsize=None)
+@cache
 def scale_perm() -> torch.Tensor:
     """int64 [64]: grouped-scale order, [i + 8*j for i in 0..7 for j in 0..7]."""
     return torch.tensor([i + 8 * j for i in range(8) for j in range(8)], dtype=torch.int64)
 
 
-@lru_cache(maxsize=None)
+@cache
 def scale_perm_single() -> torch.Tensor:
     """int64 [32]: channelwise-scale order, [2*i + j for i in 0..3 for j in (0, 1, 8, 9, 16, 17, 24, 25)]."""
     return torch.tensor([2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)],
                         dtype=torch.int64)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _inverse(name: str) -> torch.Tensor:
     return torch.argsort({"scale": scale_perm, "single": scale_perm_single}[name]())
 
@@ -182,12 +185,12 @@ def zeros_from_marlin(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 # 4-bit the two codes of one GPTQ byte (rows 2r, 2r+1 of a column) always land in the same Marlin word,
 # at nibbles p and p+4. So B = a byte gather of the GPTQ qweight, followed at 4-bit by one fixed nibble
 # shuffle inside each word. Both are cheap word operations on data that never leaves its packed form.
-@lru_cache(maxsize=None)
+@cache
 def _block_byte_index(bits: int) -> torch.Tensor:
-    """int64 [16*bits/8 * 64 / ... ]: for one 16-row x 64-column block, the GPTQ source byte of each B byte.
+    """int64 [16*64*bits/8]: for one 16-row x 64-column block, the GPTQ source byte of each B byte.
 
     Source bytes are numbered h*256 + col*4 + byte for word row h (16*bits/32 of them), column col.
-    At 4-bit the B bytes are numbered before the nibble shuffle (`_zip_nibbles`).
+    At 4-bit the B bytes are numbered before the nibble shuffle (`_unzip_nibbles_`).
     """
     pf = 32 // bits
     bp = block_perm(bits)
@@ -204,17 +207,15 @@ def _block_byte_index(bits: int) -> torch.Tensor:
 
 @lru_cache(maxsize=8)
 def _row_byte_index(bits: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index, inverse) int64 [N*bits*16/32 * 4 / ...]: `_block_byte_index` spread over a whole K/16 row.
+    """(index, inverse) int64 [N*16*bits/8]: `_block_byte_index` spread over one whole row of B.
 
     One B row (16 rows of q) is gathered from the 16*bits/32 GPTQ word rows it covers, viewed as one
     contiguous byte row of length rows*N*4.
     """
-    h = 16 * bits // 32
     blk = _block_byte_index(bits)
     word_row, rest = blk // 256, blk % 256  # rest = col*4 + byte inside the block
     m = torch.arange(n // BLOCK_N, dtype=torch.int64).unsqueeze(1)
     idx = (word_row * (n * 4) + m * (BLOCK_N * 4) + rest).reshape(-1)
-    assert idx.numel() == h * n * 4
     return idx, torch.argsort(idx)
 
 
@@ -261,8 +262,8 @@ def gptq_to_b(qweight: torch.Tensor, bits: int, perm: torch.Tensor | None = None
 
         q = unpack_stream(qweight, bits, k, dim=0).index_select(0, perm.to(torch.int64))
         return codes_to_b(q, bits)
-    if (ext := _extension()) is not None:
-        return ext.gptq_to_marlin(qweight.contiguous(), bits)
+    if (ext := _fast(qweight.numel())) is not None:
+        return ext.gptq_to_b(qweight, bits, k, n)
     return _gptq_to_b_torch(qweight, bits)
 
 
@@ -292,8 +293,8 @@ def b_to_gptq(b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
     if tuple(b.shape) != (k // TILE, n * TILE // pf) or b.dtype != torch.int32:
         raise FormatError(f"Marlin B {b.dtype} {tuple(b.shape)} does not match K={k}, N={n} at {bits}-bit "
                           f"(expected int32 {(k // TILE, n * TILE // pf)})")
-    if (ext := _extension()) is not None:
-        return ext.marlin_to_gptq(b.contiguous(), bits)
+    if (ext := _fast(b.numel())) is not None:
+        return ext.b_to_gptq(b, bits, k, n)
     return _b_to_gptq_torch(b, bits, k, n)
 
 
@@ -316,37 +317,96 @@ def _b_to_gptq_torch(b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor
 
 
 # --- optional C++ extension --------------------------------------------------------------------------------
-_EXT_STATE: dict = {"mode": "auto", "module": None, "tried": False}
+# csrc/marlin_repack.cpp does the same byte moves in one pass (the torch gather runs at ~0.1 GB/s on two
+# cores, far from the copy-speed target of benchmarks/repack_throughput.py). It is plain C ABI, built on
+# first use by torch.utils.cpp_extension and called through ctypes; any failure falls back to torch, which
+# gives identical bytes. QTOOL_MARLIN_EXT=0 turns it off, =1 makes a build failure an error.
+_CSRC = Path(__file__).resolve().parents[2] / "csrc" / "marlin_repack.cpp"
+_EXT_MIN_WORDS = 1 << 18  # below ~1 MiB the torch path is fast enough and no compiler is needed
+_EXT_ABI = 1
+_ext_state: dict = {"mode": None, "lib": None, "tried": False, "error": None}
 
 
-def use_extension(mode: str) -> None:
-    """"auto" (build/load csrc on first use when QTOOL_MARLIN_EXT=1), "on" (build now, raise on failure),
-    "off" (pure torch). Both paths produce identical bytes; tests run both."""
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(mode)
-    _EXT_STATE.update(mode=mode, module=None, tried=False)
+class _Ext:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        for name in ("qtool_gptq_to_marlin_4", "qtool_marlin_to_gptq_4",
+                     "qtool_gptq_to_marlin_8", "qtool_marlin_to_gptq_8"):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+
+    def gptq_to_b(self, qweight: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+        src = qweight.contiguous()
+        out = torch.empty(k // TILE, n * TILE * bits // 32, dtype=torch.int32)
+        getattr(self.lib, f"qtool_gptq_to_marlin_{bits}")(src.data_ptr(), out.data_ptr(), k, n,
+                                                            torch.get_num_threads())
+        return out
+
+    def b_to_gptq(self, b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+        src = b.contiguous()
+        out = torch.empty(k * bits // 32, n, dtype=torch.int32)
+        getattr(self.lib, f"qtool_marlin_to_gptq_{bits}")(src.data_ptr(), out.data_ptr(), k, n,
+                                                            torch.get_num_threads())
+        return out
+
+
+def use_extension(mode: str | None) -> bool:
+    """Choose the path for gptq_to_b / b_to_gptq: "on" (build now; raise if impossible), "off" (torch
+    only), None (default: QTOOL_MARLIN_EXT, else try the extension for large tensors). Returns whether the
+    extension is active."""
+    if mode not in (None, "on", "off"):
+        raise ValueError(f"use_extension: mode must be 'on', 'off' or None, not {mode!r}")
+    _ext_state.update(mode=mode, lib=None, tried=False, error=None)
     if mode == "on":
-        _EXT_STATE["module"] = _build_extension()
-        _EXT_STATE["tried"] = True
+        return _extension(required=True) is not None
+    return False
 
 
-def _extension():
-    st = _EXT_STATE
-    if st["mode"] == "off":
+def extension_status() -> str:
+    """One line for reports: which path converts Marlin words."""
+    if _ext_state["lib"] is not None:
+        return "C++ (csrc/marlin_repack.cpp)"
+    if _ext_state["error"]:
+        return f"torch (extension unavailable: {_ext_state['error']})"
+    return "torch"
+
+
+def _extension(required: bool = False) -> _Ext | None:
+    st = _ext_state
+    mode = st["mode"] or {"0": "off", "1": "on"}.get(os.environ.get("QTOOL_MARLIN_EXT", ""), "auto")
+    if mode == "off":
         return None
     if not st["tried"]:
         st["tried"] = True
-        import os
+        try:
+            st["lib"] = _build()
+        except Exception as e:  # noqa: BLE001 - the torch path exists and gives the same bytes
+            st["error"] = " ".join(str(e).split())[:200]
+            if required or mode == "on":
+                raise RuntimeError(f"cannot build {_CSRC}: {st['error']}") from e
+    return st["lib"]
 
-        if os.environ.get("QTOOL_MARLIN_EXT", "0") == "1":
-            try:
-                st["module"] = _build_extension()
-            except Exception:  # noqa: BLE001 - the torch path is always there and produces the same bytes
-                st["module"] = None
-    return st["module"]
+
+def _build() -> _Ext:
+    if not _CSRC.is_file():
+        raise FileNotFoundError(f"{_CSRC} not found (installed without csrc/)")
+    import contextlib
+    import io
+
+    from torch.utils import cpp_extension
+
+    # The build prints compiler chatter; the core never prints.
+    with contextlib.redirect_stdout(io.StringIO()):
+        path = cpp_extension.load(name="qtool_marlin_repack", sources=[str(_CSRC)],
+                                  extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                  is_python_module=False, verbose=False)
+    lib = ctypes.CDLL(path)
+    lib.qtool_marlin_repack_abi.restype = ctypes.c_int
+    if lib.qtool_marlin_repack_abi() != _EXT_ABI:
+        raise RuntimeError(f"stale build of {_CSRC.name} (ABI {lib.qtool_marlin_repack_abi()} != {_EXT_ABI})")
+    return _Ext(lib)
 
 
-def _build_extension():
-    from qtool.packing import _marlin_ext
-
-    return _marlin_ext.load()
+def _fast(numel: int) -> _Ext | None:
+    return _extension() if numel >= _EXT_MIN_WORDS or _ext_state["mode"] == "on" else None

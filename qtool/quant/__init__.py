@@ -20,7 +20,7 @@ from qtool.quant import mse, rtn
 METHODS = {"rtn": rtn.quantize_groups, "mse": mse.quantize_groups}
 BITS = range(2, 9)
 GROUP_RANGE = (16, 1024)
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 21
 
 
 def _where(name: str | None) -> str:

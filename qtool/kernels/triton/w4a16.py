@@ -15,10 +15,11 @@ multiplied with the matching strided columns of x. A dot product does not care i
 summed, so the codes never need to be rearranged into natural row order (no reshape, no shared-memory
 shuffle): each loaded word is used in place eight times.
 
-Dequantization: `0x6400 | q` is the fp16 bit pattern of 1024 + q (bf16: `0x4300 | q` is 128 + q), exact
-for q < 16, so (1024 + q) - (1024 + z) = q - z is exact in the 16-bit type and the one multiply by the
-scale rounds once — the same value torch's dequantize-then-round produces, without an int-to-float
-conversion (a quarter-rate instruction that would otherwise bound the M=1 kernel on an H200).
+Dequantization: fp16 bits `0x6400 | q` are 1024 + q, and fp32 bits `0x4B000000 | q` are 2^23 + q, both
+exact for q < 16, so (bias + q) - (bias + z) = q - z is exact and the one multiply by the scale rounds once
+— the same value torch's dequantize-then-round produces — without an int-to-float conversion (a
+quarter-rate instruction that would otherwise bound the M=1 kernel on an H200). bf16 always takes the fp32
+form (exact too: a bf16 scale times q - z fits fp32's significand), fp16 either (F32 picks).
 
 Modes (the launch table in configs.py chooses one per M bucket):
   MODE 0  M = 1 rows, no tensor cores: fp32 FMA into a [BLOCK_K/8, BLOCK_N] accumulator, reduced once at
@@ -38,13 +39,32 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _biased(words, shift, F32: tl.constexpr):
+    """The 4-bit field at `shift` of int32 `words` as a float holding bias + q, exactly, with no
+    int-to-float conversion: fp32 bits 0x4B000000 | q = 2^23 + q, fp16 bits 0x6400 | q = 1024 + q."""
+    q = (words >> shift) & 0xF
+    if F32:
+        return (q | 0x4B000000).to(tl.float32, bitcast=True)
+    else:
+        return (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _scale(s, F32: tl.constexpr):
+    if F32:
+        return s.to(tl.float32)
+    else:
+        return s.to(tl.float16)
+
+
 @triton.jit(do_not_specialize=["M"])
 def w4a16_kernel(
     x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, y_ptr,
     M, N, K, group_size, stride_xm, stride_ym, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MODE: tl.constexpr, GROUPS: tl.constexpr, ACT_ORDER: tl.constexpr, ATOMIC: tl.constexpr,
-    BF16: tl.constexpr,
+    BF16: tl.constexpr, F32: tl.constexpr,
 ):
     R: tl.constexpr = BLOCK_K // 8
     pid_m = tl.program_id(0)
@@ -52,10 +72,8 @@ def w4a16_kernel(
     pid_k = tl.program_id(2)
     if BF16:
         CT: tl.constexpr = tl.bfloat16
-        MAGIC: tl.constexpr = 0x4300
     else:
         CT: tl.constexpr = tl.float16
-        MAGIC: tl.constexpr = 0x6400
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -90,9 +108,8 @@ def w4a16_kernel(
 
         if GROUPS == 0:
             g = k0 // group_size
-            s_row = tl.load(scales_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(CT)
-            z_row = (tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=n_mask, other=0) >> zshift) & 0xF
-            z_row = (z_row | MAGIC).to(tl.int16).to(CT, bitcast=True)
+            s_row = _scale(tl.load(scales_ptr + g * N + offs_n, mask=n_mask, other=0.0), F32)
+            z_row = _biased(tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=n_mask, other=0), zshift, F32)
             if MODE == 2:
                 s = s_row[:, None]
                 zq = z_row[:, None]
@@ -102,13 +119,13 @@ def w4a16_kernel(
         elif GROUPS == 1:
             g = (k0 + 8 * offs_r) // group_size
             if MODE == 2:
-                s = tl.load(scales_ptr + g[None, :] * N + offs_n[:, None], mask=w_mask, other=0.0).to(CT)
+                s = _scale(tl.load(scales_ptr + g[None, :] * N + offs_n[:, None], mask=w_mask, other=0.0), F32)
                 zw = tl.load(qzeros_ptr + g[None, :] * n_words + (offs_n // 8)[:, None], mask=w_mask, other=0)
-                zq = (((zw >> zshift[:, None]) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
+                zq = _biased(zw, zshift[:, None], F32)
             else:
-                s = tl.load(scales_ptr + g[:, None] * N + offs_n[None, :], mask=w_mask, other=0.0).to(CT)
+                s = _scale(tl.load(scales_ptr + g[:, None] * N + offs_n[None, :], mask=w_mask, other=0.0), F32)
                 zw = tl.load(qzeros_ptr + g[:, None] * n_words + (offs_n // 8)[None, :], mask=w_mask, other=0)
-                zq = (((zw >> zshift[None, :]) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
+                zq = _biased(zw, zshift[None, :], F32)
 
         for j in tl.static_range(8):
             kj = k0 + 8 * offs_r + j
@@ -119,28 +136,27 @@ def w4a16_kernel(
                 else:
                     gj = kj // group_size
                 if MODE == 2:
-                    s = tl.load(scales_ptr + gj[None, :] * N + offs_n[:, None], mask=w_mask, other=0.0).to(CT)
+                    s = _scale(tl.load(scales_ptr + gj[None, :] * N + offs_n[:, None], mask=w_mask, other=0.0), F32)
                     zw = tl.load(qzeros_ptr + gj[None, :] * n_words + (offs_n // 8)[:, None], mask=w_mask,
                                  other=0)
-                    zq = (((zw >> zshift[:, None]) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
+                    zq = _biased(zw, zshift[:, None], F32)
                 else:
-                    s = tl.load(scales_ptr + gj[:, None] * N + offs_n[None, :], mask=w_mask, other=0.0).to(CT)
+                    s = _scale(tl.load(scales_ptr + gj[:, None] * N + offs_n[None, :], mask=w_mask, other=0.0), F32)
                     zw = tl.load(qzeros_ptr + gj[:, None] * n_words + (offs_n // 8)[None, :], mask=w_mask,
                                  other=0)
-                    zq = (((zw >> zshift[None, :]) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
-            wq = (((qw >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
-            w = (wq - zq) * s
+                    zq = _biased(zw, zshift[None, :], F32)
+            w = (_biased(qw, 4 * j, F32) - zq) * s  # exact (q - z), one rounding at the multiply
             if MODE == 0:
                 xj = tl.load(x_ptr + pid_m * stride_xm + kj, mask=k_mask, other=0.0)
                 acc += xj.to(tl.float32)[:, None] * w.to(tl.float32)
             elif MODE == 1:
                 xj = tl.load(x_ptr + offs_m[:, None] * stride_xm + kj[None, :],
                              mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-                acc = tl.dot(xj, w, acc)
+                acc = tl.dot(xj, w.to(CT), acc)
             else:
                 xj = tl.load(x_ptr + offs_m[None, :] * stride_xm + kj[:, None],
                              mask=k_mask[:, None] & m_mask[None, :], other=0.0)
-                acc = tl.dot(w, xj, acc)
+                acc = tl.dot(w.to(CT), xj, acc)
 
     if MODE == 0:
         out = tl.sum(acc, axis=0)
@@ -169,16 +185,10 @@ def w4a16_kernel(
 def dequant_kernel(
     qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, w_ptr,
     N, K, group_size,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, ACT_ORDER: tl.constexpr, BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, ACT_ORDER: tl.constexpr, F32: tl.constexpr,
 ):
-    """W^T [K, N] (x's dtype, row-major) from the packed tensors, in one pass: for the large-M path that
-    hands the product to cuBLAS. The dense weight lives only for the duration of one call."""
-    if BF16:
-        CT: tl.constexpr = tl.bfloat16
-        MAGIC: tl.constexpr = 0x4300
-    else:
-        CT: tl.constexpr = tl.float16
-        MAGIC: tl.constexpr = 0x6400
+    """W^T [K, N] (w_ptr's dtype, row-major) from the packed tensors, in one pass: for the large-M path
+    that hands the product to cuBLAS. The dense weight lives only for the duration of one call."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < K // 8)[:, None] & (offs_n < N)[None, :]
@@ -190,8 +200,7 @@ def dequant_kernel(
             g = tl.load(g_idx_ptr + k, mask=rows < K // 8, other=0)
         else:
             g = k // group_size
-        s = tl.load(scales_ptr + g[:, None] * N + offs_n[None, :], mask=mask, other=0.0).to(CT)
+        s = _scale(tl.load(scales_ptr + g[:, None] * N + offs_n[None, :], mask=mask, other=0.0), F32)
         zw = tl.load(qzeros_ptr + g[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
-        zq = (((zw >> zshift) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
-        wq = (((qw >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(CT, bitcast=True)
-        tl.store(w_ptr + k[:, None] * N + offs_n[None, :], (wq - zq) * s, mask=mask)
+        w = (_biased(qw, 4 * j, F32) - _biased(zw, zshift, F32)) * s
+        tl.store(w_ptr + k[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)

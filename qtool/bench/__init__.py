@@ -1,0 +1,1 @@
+"""Benchmarks: timing harness (timing.py), roofline (roofline.py), shapes, random layers, the bench run."""

@@ -1,0 +1,115 @@
+"""Render a BenchReport: rich tables (terminal), Markdown (benchmarks/results), and the PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qtool.bench import roofline
+from qtool.bench.run import DENSE, BenchReport
+
+
+def _f(v, fmt: str, dash: str = "-") -> str:
+    return dash if v is None else format(v, fmt)
+
+
+def headline(report: BenchReport) -> str:
+    d, r = report.device_info, report.roofline
+    return (f"{d.get('name')} ({d['type']}), torch {d['torch']}, triton {d.get('triton')}, "
+            f"{report.settings.dtype}, {report.settings.bits}-bit g{report.settings.group_size}; "
+            f"copy bandwidth {d['copy_bandwidth_gbs']:.0f} GB/s, matmul {d['matmul_peak_tflops']:.1f} TFLOP/s; "
+            f"M* theory {r['m_star_theory']:.0f} (b_eff {r['b_eff']:.3f})")
+
+
+def render_tables(report: BenchReport, console) -> None:
+    from rich.table import Table
+
+    from qtool.cli.common import sanitize
+
+    console.print(headline(report))
+    t = Table(show_lines=False)
+    for col in ("shape", "K x N", "M", "kernel", "path", "rel err (x base)", "us", "TFLOP/s", "GB/s",
+                "% copy BW", "x dense"):
+        t.add_column(col, justify="right" if col not in ("shape", "kernel", "path") else "left")
+    for r in report.rows:
+        if r.status != "ok":
+            err = f"{r.rel_err:.2g}" if r.rel_err is not None else "-"
+            t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, f"[red]{r.status}[/]: {sanitize(r.reason)}",
+                      err, "-", "-", "-", "-", "-")
+            continue
+        ratio = (r.rel_err / r.baseline_rel_err) if r.baseline_rel_err else None
+        err = f"{r.rel_err:.2g} ({ratio:.2f})" if ratio is not None else _f(r.rel_err, ".2g")
+        t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, sanitize(r.path), err, _f(r.median_us, ".1f"),
+                  _f(r.tflops, ".2f"), _f(r.gbs, ".0f"), _f(r.bw_fraction and 100 * r.bw_fraction, ".0f"),
+                  _f(r.speedup_vs_dense, ".2f"))
+    console.print(t)
+    s = Table(title="All shapes together (one decoder layer's projections)")
+    for col in ("kernel", "M", "total us", "x dense", "% copy BW", "min x dense", "M* measured"):
+        s.add_column(col, justify="left" if col == "kernel" else "right")
+    for kname, per_m in report.summary.get("per_m", {}).items():
+        mstar = report.summary["m_star_measured"].get(kname)
+        for m, e in per_m.items():
+            s.add_row(kname, m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
+                      f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}",
+                      _f(mstar, ".0f"))
+    console.print(s)
+
+
+def to_markdown(report: BenchReport) -> str:
+    lines = [f"- {headline(report)}", "",
+             "| shape | K x N | M | kernel | path | rel err | us | TFLOP/s | GB/s | % copy BW | x dense |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report.rows:
+        if r.status != "ok":
+            lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.status}: {r.reason} | "
+                         f"{_f(r.rel_err, '.2g')} | | | | | |")
+            continue
+        lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.path} | {_f(r.rel_err, '.2g')} | "
+                     f"{_f(r.median_us, '.1f')} | {_f(r.tflops, '.2f')} | {_f(r.gbs, '.0f')} | "
+                     f"{_f(r.bw_fraction and 100 * r.bw_fraction, '.0f')} | {_f(r.speedup_vs_dense, '.2f')} |")
+    lines += ["", "| kernel | M | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
+              "min x dense | M* measured |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for kname, per_m in report.summary.get("per_m", {}).items():
+        mstar = report.summary["m_star_measured"].get(kname)
+        for m, e in per_m.items():
+            lines.append(f"| {kname} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
+                         f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
+                         f"{_f(mstar, '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: BenchReport, path: Path) -> None:
+    """Speedup over dense vs M (all shapes together) per kernel, with the roofline's ideal speedup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s, r = report.settings, report.roofline
+    ms = sorted(s.batch_sizes)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kname, per_m in report.summary.get("per_m", {}).items():
+        if kname == DENSE:
+            continue
+        pts = sorted((int(m), e["total_speedup_vs_dense"]) for m, e in per_m.items())
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kname)
+    grid = sorted(set(ms) | {int(v) for v in (2 ** i for i in range(0, 14)) if ms[0] <= v <= ms[-1]})
+    ideal = []
+    for m in grid:
+        td = tq = 0.0
+        for sh in s.shapes:
+            sp = roofline.roofline_speedup(m, sh.K, sh.N, r["b_eff"], r["peak_flops"], r["bandwidth"])
+            t_dense = max((2 * sh.N * sh.K) / r["bandwidth"], 2.0 * m * sh.N * sh.K / r["peak_flops"])
+            td += t_dense
+            tq += t_dense / sp
+        ideal.append(td / tq)
+    ax.plot(grid, ideal, linestyle="--", color="gray", label="roofline (measured BW, matmul peak)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axvline(r["m_star_theory"], color="gray", linestyle=":", label=f"M* theory {r['m_star_theory']:.0f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (batch rows)")
+    ax.set_ylabel(f"speedup over dense {s.dtype}")
+    ax.set_title(f"W{s.bits}A16 g{s.group_size} on {report.device_info.get('name')}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,276 @@
+"""`qtool bench` core: for each shape x M x kernel, check against the float64 oracle, then time.
+
+Per (shape, M):
+- the oracle is y64 = x64 @ dequantize(plain, float64)^T; the honest baseline is the dense product in the
+  activation dtype (torch's F.linear with the weight dequantized and rounded once to that dtype); a kernel
+  passes when its relative error is within ERR_FACTOR of the baseline's (flash-attention style), with
+  every output element written (outputs are poisoned with NaN before the call);
+- a kernel that fails is reported (error, reason) and not timed;
+- the dense baseline and each passing kernel are timed with rotating weight copies (timing.py).
+Bytes counted per call: packed weight (qweight + qzeros + scales [+ g_idx]) or dense weight, plus
+activations in and outputs out.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import torch
+import torch.nn.functional as F
+
+from qtool.bench import roofline
+from qtool.bench.layers import random_plain
+from qtool.bench.shapes import Shape
+from qtool.bench.timing import rotation_count, time_calls
+from qtool.formats.plain import dequantize
+from qtool.kernels.base import ACT_DTYPES, PackedLayer, all_kernels, get_kernel, pack_gptq_v2
+
+ERR_FACTOR = 4.0
+ERR_FLOOR = 1e-6  # relative error below which any two implementations agree (fp32 kernels on the CPU)
+DENSE = "dense"
+
+
+@dataclass
+class BenchSettings:
+    device: torch.device
+    shapes: list[Shape]
+    batch_sizes: list[int]
+    kernels: list[str] | None = None  # None: every registered kernel available on the device
+    bits: int = 4
+    group_size: int = 128
+    dtype: str = "fp16"
+    graphs: bool = False
+    act_order: bool = False
+    seed: int = 0
+    max_seconds: float = 1.0  # per timed point
+
+    def to_dict(self) -> dict:
+        return {"device": str(self.device), "shapes": [s.to_dict() for s in self.shapes],
+                "batch_sizes": self.batch_sizes, "kernels": self.kernels, "bits": self.bits,
+                "group_size": self.group_size, "dtype": self.dtype, "graphs": self.graphs,
+                "act_order": self.act_order, "seed": self.seed}
+
+
+@dataclass
+class Row:
+    """One (shape, M, kernel) result. status: ok | failed (oracle check) | refused (kernel declined)."""
+
+    shape: str
+    K: int  # noqa: N815
+    N: int  # noqa: N815
+    M: int  # noqa: N815
+    kernel: str
+    status: str
+    reason: str = ""
+    path: str = ""
+    rel_err: float | None = None
+    baseline_rel_err: float | None = None
+    median_us: float | None = None
+    tflops: float | None = None
+    gbs: float | None = None
+    bw_fraction: float | None = None
+    speedup_vs_dense: float | None = None
+    bytes: int | None = None
+    rotation: int | None = None
+    graphs: bool | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BenchReport:
+    settings: BenchSettings
+    device_info: dict
+    roofline: dict
+    kernels: dict  # kernel id -> {"status": available|unavailable, "reason": str, "summary": str}
+    rows: list[Row] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status == "failed" for r in self.rows)
+
+    def to_dict(self) -> dict:
+        return {"schema": "qtool.bench/1", "settings": self.settings.to_dict(), "device": self.device_info,
+                "roofline": self.roofline, "kernels": self.kernels,
+                "results": [r.to_dict() for r in self.rows], "summary": self.summary}
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(y).all():
+        return float("inf")
+    d = (y.to(torch.float64) - ref).norm()
+    n = ref.norm()
+    return float(d / n) if n > 0 else float(d)
+
+
+def _device_info(dev: torch.device) -> dict:
+    info = {"type": dev.type, "torch": torch.__version__, "host": platform.node(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        info.update(name=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
+                    l2_bytes=int(getattr(p, "L2_cache_size", 0)), memory_bytes=int(p.total_memory),
+                    cuda=torch.version.cuda)
+    else:
+        info.update(name=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return info
+
+
+def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> BenchReport:
+    """Run the whole sweep; `step(description)` is called once per (shape, M) unit of work."""
+    dev = s.device
+    dtype = ACT_DTYPES[s.dtype]
+    torch.manual_seed(s.seed)
+    bw = roofline.copy_bandwidth(dev)
+    peak = roofline.matmul_peak(dev, dtype)
+    info = _device_info(dev)
+    info.update(copy_bandwidth_gbs=bw / 1e9, matmul_peak_tflops=peak / 1e12,
+                matmul_peak_dtype=s.dtype if dev.type == "cuda" else "fp32")
+
+    registry = all_kernels()
+    names = s.kernels if s.kernels else sorted(registry)
+    kern_info: dict = {}
+    chosen = []
+    for name in names:
+        k = get_kernel(name)
+        why = k.available(dev)
+        kern_info[name] = {"status": "unavailable" if why else "available", "reason": why or "",
+                           "summary": k.summary}
+        if why is None:
+            chosen.append(k)
+        elif s.kernels:  # asked for by name: keep it, its rows say why it did not run
+            chosen.append(k)
+
+    rows: list[Row] = []
+    for shape in s.shapes:
+        plain = random_plain(shape.N, shape.K, bits=s.bits, group_size=s.group_size, dtype=dtype,
+                             act_order=s.act_order, device=dev, seed=s.seed + shape.K * 7 + shape.N)
+        layer = PackedLayer.from_plain(plain) if dev.type == "cpu" else pack_gptq_v2(plain)
+        w64 = dequantize(plain, torch.float64)  # [N, K] oracle weight
+        w16 = dequantize(plain, dtype)  # what a 16-bit model holds
+        del plain
+        per_copy = layer.nbytes() + max(s.batch_sizes) * shape.K * 2
+        n_copies = rotation_count(dev, per_copy, cap=64 if dev.type == "cuda" else 4)
+        dense_copies = rotation_count(dev, w16.numel() * w16.element_size(), cap=64 if dev.type == "cuda" else 4)
+        w16s = [w16] + [w16.clone() for _ in range(dense_copies - 1)]
+
+        states: dict[str, list | str] = {}
+        for k in chosen:
+            why = k.check(layer, dtype, dev)
+            if why:
+                states[k.id] = "; ".join(why)
+                continue
+            layers = [layer] + [layer.clone() for _ in range(n_copies - 1)]
+            states[k.id] = [k.prepare(lay) for lay in layers]
+
+        for m in s.batch_sizes:
+            if step:
+                step(f"{shape.name} M={m}")
+            gen = torch.Generator(device=dev).manual_seed(s.seed + m)
+            xs = [torch.randn((m, shape.K), generator=gen, device=dev, dtype=torch.float32).to(dtype)
+                  for _ in range(max(n_copies, dense_copies))]
+            y64 = xs[0].to(torch.float64) @ w64.t()
+            base_err = rel_err(F.linear(xs[0], w16), y64)
+            flop = 2.0 * m * shape.N * shape.K
+            io_bytes = (m * shape.K + m * shape.N) * 2
+            dense_bytes = w16.numel() * 2 + io_bytes
+            t_dense = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev,
+                                 graphs=s.graphs, max_seconds=s.max_seconds)
+            dense_row = Row(shape.name, shape.K, shape.N, m, DENSE, "ok", path=f"torch F.linear {s.dtype}",
+                            rel_err=base_err, baseline_rel_err=base_err, median_us=t_dense.median_s * 1e6,
+                            bytes=dense_bytes, rotation=len(w16s), graphs=t_dense.graphs)
+            _rates(dense_row, flop, dense_bytes, t_dense.median_s, bw, t_dense.median_s)
+            rows.append(dense_row)
+            for k in chosen:
+                st = states.get(k.id)
+                if isinstance(st, str) or st is None:
+                    reason = kern_info[k.id]["reason"] or st or "not prepared"
+                    rows.append(Row(shape.name, shape.K, shape.N, m, k.id, "refused", reason=reason))
+                    continue
+                row = Row(shape.name, shape.K, shape.N, m, k.id, "ok", path=k.describe(st[0], m),
+                          baseline_rel_err=base_err)
+                try:
+                    out = torch.full((m, shape.N), float("nan"), dtype=dtype, device=dev)
+                    y = k.forward(xs[0], st[0], out=out)
+                    err = rel_err(y, y64)
+                except Exception as e:  # noqa: BLE001 - a crashing kernel is a result to report
+                    row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
+                    rows.append(row)
+                    continue
+                row.rel_err = err
+                if not err <= max(ERR_FACTOR * base_err, ERR_FLOOR):
+                    row.status = "failed"
+                    row.reason = (f"relative error {err:.3g} vs float64 oracle exceeds {ERR_FACTOR:g} x the "
+                                  f"dense {s.dtype} baseline's {base_err:.3g}")
+                    rows.append(row)
+                    continue
+                lay = st[0].layer if hasattr(st[0], "layer") else layer
+                q_bytes = lay.nbytes() + io_bytes
+                t = time_calls([(lambda x=x, st_=st_, k=k: k.forward(x, st_)) for x, st_ in zip(xs, st)], dev,
+                               graphs=s.graphs, max_seconds=s.max_seconds)
+                row.median_us = t.median_s * 1e6
+                row.bytes, row.rotation, row.graphs = q_bytes, len(st), t.graphs
+                _rates(row, flop, q_bytes, t.median_s, bw, t_dense.median_s)
+                rows.append(row)
+            del xs
+        del states, w16s, w64, w16, layer
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    be = roofline.b_eff(s.bits, s.group_size, s.shapes[0].K)
+    roof = {"formula": "M* = P * b_eff / (16 * BW)", "b_eff": be, "peak_flops": peak, "bandwidth": bw,
+            "m_star_theory": roofline.m_star(peak, bw, be), "dense_ridge_theory": roofline.dense_ridge(peak, bw),
+            "ideal_speedup_m1": 16.0 / be}
+    report = BenchReport(s, info, roof, kern_info, rows)
+    report.summary = summarize(report)
+    return report
+
+
+def _rates(row: Row, flop: float, nbytes: int, t: float, bw: float, t_dense: float) -> None:
+    row.tflops = flop / t / 1e12
+    row.gbs = nbytes / t / 1e9
+    row.bw_fraction = nbytes / t / bw
+    row.speedup_vs_dense = t_dense / t
+
+
+def summarize(report: BenchReport) -> dict:
+    """Per kernel and M: totals over all shapes (sum of times, bytes), and the measured M* per kernel.
+
+    total_speedup_vs_dense = sum(dense times) / sum(kernel times) over the shapes where both ran: the
+    speedup of a whole decoder layer's linear layers.
+    """
+    out: dict = {"per_m": {}, "m_star_measured": {}}
+    by_key: dict[tuple[str, int], list[Row]] = {}
+    for r in report.rows:
+        by_key.setdefault((r.kernel, r.M), []).append(r)
+    dense = {(r.shape, r.M): r for r in report.rows if r.kernel == DENSE}
+    bw = report.roofline["bandwidth"]
+    for (kname, m), rs in sorted(by_key.items()):
+        ok = [r for r in rs if r.status == "ok" and r.median_us]
+        if not ok:
+            continue
+        t = sum(r.median_us for r in ok)
+        td = sum(dense[(r.shape, m)].median_us for r in ok)
+        b = sum(r.bytes for r in ok)
+        entry = {"shapes": len(ok), "total_us": t, "total_speedup_vs_dense": td / t,
+                 "total_gbs": b / (t * 1e-6) / 1e9, "total_bw_fraction": b / (t * 1e-6) / bw,
+                 "min_speedup_vs_dense": min(r.speedup_vs_dense for r in ok),
+                 "min_bw_fraction": min(r.bw_fraction for r in ok),
+                 "max_bw_fraction": max(r.bw_fraction for r in ok)}
+        out["per_m"].setdefault(kname, {})[str(m)] = entry
+    for kname, per_m in out["per_m"].items():
+        times = {int(m): e["total_us"] for m, e in per_m.items()}
+        ms = roofline.measured_m_star(times)
+        out["m_star_measured"][kname] = ms
+    return out

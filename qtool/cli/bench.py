@@ -1,0 +1,103 @@
+"""`qtool bench`: time the W4A16 kernels against dense and the roofline, across batch sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app
+from qtool.cli.common import ConfigOpt, QuietOpt, apply_config, emit_json, progress, stderr_console, stdout_console
+
+EPILOG = """Examples:
+
+  qtool bench --device cpu
+
+  qtool bench --device cuda:0 --shapes llama-3-70b --batch-sizes 1 16 256 --graphs --json bench.json --plot bench.png
+
+  qtool bench --shapes 4096x14336,14336x4096 --kernels triton-w4a16 --dtype bf16 --json -
+"""
+
+
+@app.command("bench", help="Check each kernel against a float64 oracle, then time it per shape and batch size: "
+                           "TFLOP/s, GB/s, fraction of the measured copy bandwidth, speedup over dense, and the "
+                           "theoretical and measured crossover M*.", epilog=EPILOG)
+def bench_cmd(
+    ctx: typer.Context,
+    batch_sizes: Annotated[list[int] | None, typer.Option(
+        "--batch-sizes", help="Batch sizes M (several after one flag: --batch-sizes 1 16 256).",
+        show_default="1 16 256")] = None,
+    shapes: Annotated[str | None, typer.Option(
+        "--shapes", help="llama-3-8b | llama-3-70b | KxN list, comma-separated (default: llama-3-8b on a GPU, "
+                         "two small layers on the CPU).", show_default=False)] = None,
+    kernels: Annotated[list[str] | None, typer.Option(
+        "--kernels", help="Kernel ids, repeatable or comma-separated (default: all that run here).",
+        show_default=False)] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda[:N] (default: cuda if present).",
+                                               show_default=False)] = None,
+    bits: Annotated[int, typer.Option("--bits", help="Bits per weight of the random test layers.")] = 4,
+    group_size: Annotated[int, typer.Option("--group-size", help="Group size along K; -1 = one group.")] = 128,
+    dtype: Annotated[str, typer.Option("--dtype", help="Activation and scale dtype: fp16 or bf16.")] = "fp16",
+    act_order: Annotated[bool, typer.Option("--act-order", help="Random act-order g_idx in the test layers.")]
+    = False,
+    graphs: Annotated[bool, typer.Option("--graphs", help="Time CUDA-graph replays (no Python launch cost).")]
+    = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: speedup vs M per kernel with the "
+                                              "roofline.", metavar="FILE.png", show_default=False)] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as Markdown.",
+                                                  metavar="FILE.md", show_default=False)] = None,
+    seconds: Annotated[float, typer.Option("--seconds", help="Time budget per timed point.")] = 1.0,
+    config: ConfigOpt = None,
+    json_: Annotated[str | None, typer.Option("--json", help="Write the JSON report to FILE ('-' = stdout).",
+                                              metavar="FILE", show_default=False)] = None,
+    quiet: QuietOpt = False,
+) -> int:
+    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, bench_cmd)
+    from qtool.bench.report import render_tables, to_markdown
+    from qtool.bench.report import plot as write_plot
+    from qtool.bench.run import BenchSettings, run_bench
+    from qtool.bench.shapes import parse_shapes
+    from qtool.errors import UsageError
+    from qtool.kernels.base import all_kernels, resolve_device
+
+    dev = resolve_device(v["device"])
+    if v["dtype"] not in ("fp16", "bf16"):
+        raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
+    ms = list(v["batch_sizes"] or [1, 16, 256])
+    if any(m <= 0 for m in ms):
+        raise UsageError(f"--batch-sizes must be positive, got {ms}")
+    names = [n.strip() for item in (v["kernels"] or []) for n in item.split(",") if n.strip()]
+    known = all_kernels()
+    for n in names:
+        if n not in known:
+            raise UsageError(f"--kernels: unknown kernel '{n}'", fix=f"choose from: {', '.join(sorted(known))}")
+    if v["group_size"] != -1 and v["group_size"] <= 0:
+        raise UsageError(f"--group-size {v['group_size']} must be positive or -1")
+    settings = BenchSettings(device=dev, shapes=parse_shapes(v["shapes"], dev.type), batch_sizes=sorted(set(ms)),
+                             kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
+                             graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"])
+    to_stdout = v["json_"] == "-"
+    with progress(v["quiet"] or to_stdout) as bar:
+        task = bar.add_task("bench", total=len(settings.shapes) * len(settings.batch_sizes))
+
+        def step(desc: str) -> None:
+            bar.update(task, advance=1, description=f"bench {desc}")
+
+        report = run_bench(settings, step)
+    if v["json_"] and not to_stdout:
+        import json
+
+        Path(v["json_"]).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if v["markdown"]:
+        Path(v["markdown"]).write_text(to_markdown(report), encoding="utf-8")
+    if v["plot"]:
+        write_plot(report, Path(v["plot"]))
+    if to_stdout:
+        emit_json(report.to_dict())
+    elif not v["quiet"]:
+        render_tables(report, stdout_console())
+    if report.failed:
+        stderr_console().print("[red]some kernels failed the oracle check (see the table)[/]")
+        return 1
+    return 0

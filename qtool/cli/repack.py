@@ -1,0 +1,90 @@
+"""`qtool repack`: convert a quantized checkpoint to another layout, exactly where the layouts allow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app
+from qtool.cli.common import (ConfigOpt, DryRunOpt, ForceOpt, JsonOpt, QuietOpt, apply_config, emit_json,
+                              progress, stderr_console, stdout_console)
+
+EPILOG = """Examples:
+
+  qtool repack model-gptq/ --to marlin --dry-run
+
+  qtool repack model-gptq/ --to ct -o model-ct
+
+  qtool repack model-marlin/ --to gptq -o model-gptq-again
+
+  qtool repack model-gptq-g32/ --to q4_0 -o model.gguf
+
+  qtool repack model.gguf --to gptq_v2 --allow-lossy --group-size 128
+"""
+
+TARGETS = "gptq (v1), gptq_v2, gptq_p, awq, ct, marlin, q4_0, q4_1, q8_0"
+
+
+@app.command("repack", help="Convert a quantized checkpoint to another layout. Every module is planned first "
+                            "(exact / near-exact / lossy / impossible); lossy or impossible modules stop the run "
+                            "unless --allow-lossy, and nothing is written.", epilog=EPILOG)
+def repack_cmd(
+    ctx: typer.Context,
+    src: Annotated[Path, typer.Argument(help="Quantized .safetensors file, HF directory, index.json or .gguf.",
+                                        show_default=False)],
+    to: Annotated[str, typer.Option("--to", help=f"Target layout: {TARGETS}.", show_default=False)] = "",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory (or .gguf file); default "
+                                             "<src>-<format> beside the source.", show_default=False)] = None,
+    allow_lossy: Annotated[bool, typer.Option("--allow-lossy", help="Requantize modules the target cannot hold "
+                                              "exactly (their error is reported).")] = False,
+    bits: Annotated[int | None, typer.Option("--bits", help="Target bits (wider is exact; narrower requantizes).",
+                                             show_default=False)] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="Target group size (a divisor of the "
+                                                   "source's is exact; others requantize).",
+                                                   show_default=False)] = None,
+    include: Annotated[list[str] | None, typer.Option("--include", help="Regex of modules to convert.")] = None,
+    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Regex of modules to leave as they are.")]
+    = None,
+    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="Shard size limit, e.g. 4GB.")] = "4GB",
+    force: ForceOpt = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> int:
+    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, repack_cmd)
+    from qtool.errors import UsageError
+    from qtool.repack.plan import RepackJob
+    from qtool.repack.report import render
+    from qtool.repack.run import Refused, run_repack
+
+    if not v["to"]:
+        raise UsageError("missing --to", fix=f"choose a target layout: {TARGETS}")
+    job = RepackJob(src=v["src"], to=v["to"], out=v["out"], allow_lossy=v["allow_lossy"], bits=v["bits"],
+                    group_size=v["group_size"], include=tuple(v["include"] or ()), exclude=tuple(v["exclude"] or ()),
+                    dry_run=v["dry_run"], force=v["force"], max_shard_size=v["max_shard_size"])
+    human = stderr_console() if v["json_"] else stdout_console()
+    try:
+        with progress(v["quiet"] or v["json_"]) as bar:
+            task = bar.add_task("repacking", total=None)
+
+            def tick(name: str, k: int, n: int) -> None:
+                bar.update(task, completed=k, total=n, description=f"repacking {name[-40:]}")
+
+            report = run_repack(job, tick)
+    except Refused as e:
+        from qtool.repack.run import RepackReport
+
+        refused = RepackReport(e.plan)
+        if v["json_"]:
+            emit_json(refused.to_dict() | {"refused": True})
+        elif not v["quiet"]:
+            render(refused, stderr_console(), refused=True)
+        raise
+    if v["json_"]:
+        emit_json(report.to_dict())
+    elif not v["quiet"]:
+        render(report, human)
+    return 0

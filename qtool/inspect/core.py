@@ -1,0 +1,304 @@
+"""`inspect_path`: header-only description of a safetensors or GGUF checkpoint, with anomalies.
+
+No tensor data is read unless `deep=True` (then see deep.py). The safetensors path does not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qtool.inspect.detect import Claims, Detected, claims_from, detect_gguf, detect_module, group_modules
+from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow
+
+# Tensors that are part of a module's packed layout; any other tensor of a module (bias) adds parameters.
+LAYOUT_NAMES = frozenset({
+    "qweight", "qzeros", "scales", "g_idx", "B", "s", "workspace", "perm", "weight_packed", "weight_scale",
+    "weight_zero_point", "weight_g_idx", "weight_shape", "weight_global_scale", "input_global_scale",
+    "input_scale", "weight", "weight_scale_inv", "SCB", "weight_format", "output_scale", "k_scale", "v_scale",
+})
+MAX_STRING = 2048
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> list:
+    """`layers.2` before `layers.10`."""
+    return [int(p) if p.isdigit() else p for p in _DIGITS.split(name)]
+
+
+def is_gguf_path(p: Path) -> bool:
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return True
+        try:
+            with p.open("rb") as f:
+                return f.read(4) == b"GGUF"
+        except OSError:
+            return False
+    if p.is_dir():
+        # A directory with a safetensors model (model.safetensors or an index) is that model, even when a
+        # .gguf sits beside it; otherwise any .gguf makes it a GGUF directory.
+        if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
+            return False
+        return any(p.glob("*.gguf"))
+    return False
+
+
+def inspect_path(path: str | Path, deep: bool = False,
+                 on_progress: Callable[[int, int], None] | None = None) -> InspectReport:
+    """Describe the checkpoint at `path` (.safetensors, directory, *.index.json, .gguf or split GGUF).
+
+    deep: also read tensor data and check it (deep.py); on_progress(done, total) is called per module then.
+    Raises InputError only when nothing can be read; every other problem is an anomaly in the report.
+    """
+    p = Path(path)
+    if is_gguf_path(p):
+        report, gset = _inspect_gguf(p)
+        if deep:
+            from qtool.inspect.deep import deep_gguf
+
+            deep_gguf(report, gset, on_progress)
+    else:
+        report, src, claims = _inspect_safetensors(p)
+        if deep:
+            from qtool.inspect.deep import deep_safetensors
+
+            deep_safetensors(report, src, claims, on_progress)
+    report.deep = deep
+    _finish(report)
+    return report
+
+
+# --- shared ------------------------------------------------------------------------------------------
+
+def _merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
+    """(severity, module, message) -> one anomaly per distinct finding, naming the first module and a count."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for sev, mod, msg in notes:
+        seen.setdefault((sev, msg), []).append(mod)
+    out = []
+    for (sev, msg), mods in seen.items():
+        more = f" ({len(mods)} modules)" if len(mods) > 1 else ""
+        out.append(Anomaly(sev, mods[0], msg + more))
+    return out
+
+
+def _dominant(modules: list[ModuleReport]) -> str:
+    counts: dict[str, list[int]] = {}
+    for m in modules:
+        if m.quantized:
+            c = counts.setdefault(m.format, [0, 0])
+            c[0] += 1
+            c[1] += m.n_weights or 0
+    if not counts:
+        return "dense" if modules else "empty"
+    return max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))[0]
+
+
+def _finish(report: InspectReport) -> None:
+    order = {"error": 0, "warning": 1, "info": 2}
+    report.anomalies.sort(key=lambda a: order.get(a.severity, 3))
+    report.format = _dominant(report.modules)
+    params = sum(m.n_weights or 0 for m in report.modules) + report.other_bytes_params[1]
+    report.bpw = 8.0 * report.bytes_total / params if params else None
+
+
+def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tensor_names: tuple[str, ...]
+                   ) -> ModuleReport:
+    n = (d.n_weights or 0) + extra_params or None
+    return ModuleReport(name=name, format=d.format, bits=d.bits, group_size=d.group_size, sym=d.sym,
+                        desc_act=d.desc_act, in_features=d.in_features, out_features=d.out_features, bytes=nbytes,
+                        n_weights=n, detail=d.detail, tensor_names=tensor_names)
+
+
+# --- safetensors -------------------------------------------------------------------------------------
+
+def _inspect_safetensors(p: Path):
+    from qtool.errors import InputError
+    from qtool.inspect.sources import open_source
+    from qtool.io.qconfig import parse_quant_config
+
+    src = open_source(p)
+    anomalies = list(src.anomalies)
+    qc = None
+    if src.quant_raw is not None:
+        try:
+            qc = parse_quant_config(src.quant_raw, source=src.root / (src.quant_source or "config"))
+        except InputError as e:
+            anomalies.append(Anomaly("error", None, f"{src.quant_source}: {e.problem}"))
+    claims = claims_from(qc, src.quant_raw, src.metadata, src.quant_source or "")
+
+    # Header order is arbitrary (safetensors writers sort by dtype or registration); show a natural order.
+    sigs = {n: (src.tensors[n].dtype, src.tensors[n].shape) for n in sorted(src.tensors, key=natural_key)}
+    groups = group_modules(sigs)
+    modules: list[ModuleReport] = []
+    notes: list[tuple[str, str, str]] = []
+    module_of: dict[str, str] = {}
+    other_bytes = other_params = 0
+    for prefix, t in groups.items():
+        pre = f"{prefix}." if prefix else ""
+        names = tuple(pre + s for s in t)
+        d = detect_module(prefix, t, claims)
+        if d is None:
+            for n in names:
+                other_bytes += src.tensors[n].nbytes
+                other_params += src.tensors[n].numel
+            continue
+        nbytes = sum(src.tensors[n].nbytes for n in names)
+        extra = sum(src.tensors[pre + s].numel for s in t if s not in LAYOUT_NAMES and not s.startswith("weight."))
+        modules.append(_module_report(prefix, d, nbytes, extra, names))
+        for n in names:
+            module_of[n] = prefix
+        notes += [(sev, prefix, msg) for sev, msg in d.notes]
+    anomalies += _merge_notes(notes)
+    anomalies += _file_level(claims, modules, src)
+
+    rows = [TensorRow(n, src.tensors[n].dtype, src.tensors[n].shape, src.tensors[n].nbytes, src.tensors[n].file.name,
+                      n not in src.incomplete, module_of.get(n)) for n in sigs]
+    metadata: dict[str, Any] = dict(src.quant_raw or {})
+    extra_meta = {k: v for k, v in src.metadata.items() if k != "format"}
+    if extra_meta:
+        metadata["__metadata__"] = extra_meta
+    info = {}
+    if claims is not None and claims.format:
+        info["config format"] = claims.format + (f" ({claims.checkpoint_format})" if claims.checkpoint_format
+                                                 and claims.checkpoint_format != claims.format else "")
+    report = InspectReport(
+        path=str(p), container="safetensors", format="", modules=modules, tensor_count=len(src.tensors),
+        bytes_total=sum(t.nbytes for t in src.tensors.values()), bpw=None, metadata=metadata,
+        anomalies=anomalies, files=[str(f) for f in src.files], tensors=rows,
+        other_bytes_params=(other_bytes, other_params), config_source=src.quant_source, info=info)
+    return report, src, claims
+
+
+def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list[Anomaly]:
+    out = []
+    quantized = [m for m in modules if m.quantized]
+    if quantized and claims is None:
+        out.append(Anomaly("warning", None, "no quantization config (config.json quantization_config or "
+                                            "quantize_config.json): format details are inferred from tensor "
+                                            "shapes; a GPTQ file is assumed v1 (run --deep to check its zeros)"))
+    if claims is not None and claims.quantized and not quantized and modules:
+        out.append(Anomaly("error", None, f"the config says {claims.format or claims.quant_method} but no module "
+                                          "holds quantized tensors"))
+    if quantized:
+        from qtool.inspect.detect import collapse_layers
+
+        qpat = {collapse_layers(m.name) for m in quantized}
+        dense_in_layers = [m for m in modules if m.format == "dense" and "#" in collapse_layers(m.name)
+                           and collapse_layers(m.name) not in qpat]
+        if dense_in_layers:
+            out.append(Anomaly("info", dense_in_layers[0].name,
+                               f"{len(dense_in_layers)} linear weights inside numbered layers are dense (not "
+                               "quantized)"))
+        mixed = {collapse_layers(m.name) for m in modules if m.format == "dense"} & qpat
+        for pat in sorted(mixed)[:5]:
+            first = next(m for m in modules if m.format == "dense" and collapse_layers(m.name) == pat)
+            out.append(Anomaly("warning", first.name, f"'{pat}' is quantized in some layers and dense in others"))
+    return out
+
+
+# --- GGUF --------------------------------------------------------------------------------------------
+
+def _json_value(v: Any) -> Any:
+    from qtool.io.gguf_reader import ArraySummary
+
+    if isinstance(v, ArraySummary):
+        d = v.to_dict()
+        d["preview"] = [_json_value(x) for x in d["preview"]]
+        return d
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    if isinstance(v, str) and len(v) > MAX_STRING:
+        return v[:MAX_STRING] + f"... ({len(v)} chars)"
+    if isinstance(v, float) and v != v:
+        return None
+    return v
+
+
+def _inspect_gguf(p: Path):
+    from qtool.io.gguf_reader import file_type_name, read_gguf
+
+    gs = read_gguf(p)
+    anomalies: list[Anomaly] = []
+    for m in gs.missing:
+        anomalies.append(Anomaly("error", None, f"split file {m.name} is missing; fix: download it next to the "
+                                                "others"))
+    for h in gs.headers:
+        label = h.path.name if len(gs.headers) > 1 or gs.missing else None
+        for sev, tensor, msg in h.problems:
+            anomalies.append(Anomaly(sev, tensor, f"{label}: {msg}" if label else msg))
+        tm = h.truncation_message()
+        if tm:
+            anomalies.append(Anomaly("error", None, f"{h.path.name}: {tm}"))
+    kv = gs.kv
+    n_split = kv.get("split.count")
+    if isinstance(n_split, int) and n_split != len(gs.headers) + len(gs.missing):
+        anomalies.append(Anomaly("error", None, f"split.count says {n_split} files but the set names "
+                                                f"{len(gs.headers) + len(gs.missing)}"))
+    n_split_t = kv.get("split.tensors.count")
+    if isinstance(n_split_t, int) and not gs.missing and n_split_t != sum(h.tensor_count for h in gs.headers):
+        anomalies.append(Anomaly("error", None, f"split.tensors.count says {n_split_t} tensors but the files hold "
+                                                f"{sum(h.tensor_count for h in gs.headers)}"))
+
+    tensors = gs.tensors
+    by_name = {}
+    for t in tensors:
+        if t.name in by_name:
+            anomalies.append(Anomaly("error", t.name, "tensor name appears twice; the second entry is ignored"))
+            continue
+        by_name[t.name] = t
+    groups = group_modules({n: (t.type_name, t.shape) for n, t in by_name.items()})
+    modules: list[ModuleReport] = []
+    module_of: dict[str, str] = {}
+    other_bytes = other_params = 0
+    for prefix, members in groups.items():
+        pre = f"{prefix}." if prefix else ""
+        w = by_name.get(pre + "weight")
+        d = detect_gguf(w.shape, w.type_name, w.block) if w is not None else None
+        names = tuple(pre + s for s in members)
+        if d is None:
+            for n in names:
+                other_bytes += by_name[n].nbytes or 0
+                other_params += by_name[n].n_elements
+            continue
+        nbytes = sum(by_name[n].nbytes or 0 for n in names)
+        extra = sum(by_name[n].n_elements for n in names if n != pre + "weight")
+        modules.append(_module_report(prefix, d, nbytes, extra, names))
+        for n in names:
+            module_of[n] = prefix
+
+    hist: dict[str, list] = {}
+    for t in by_name.values():
+        h = hist.setdefault(t.type_name, [0, 0, t.bpw])
+        h[0] += 1
+        h[1] += t.nbytes or 0
+    histogram = [(name, v[0], v[1], v[2]) for name, v in sorted(hist.items(), key=lambda kv: -kv[1][1])]
+
+    metadata = {k: _json_value(v) for k, v in kv.items()}
+    first = gs.headers[0]
+    ftype = kv.get("general.file_type")
+    metadata["qtool.gguf"] = {
+        "version": first.version, "byte_order": first.byte_order, "alignment": first.alignment,
+        "file_type_name": file_type_name(ftype) if isinstance(ftype, int) else None,
+        "split_files": len(gs.headers) + len(gs.missing),
+        "tensor_types": {name: {"tensors": n, "bytes": b, "bpw": None if bpw is None else round(bpw, 4)}
+                         for name, n, b, bpw in histogram},
+    }
+    info = {"architecture": kv.get("general.architecture", "?"),
+            "file type": f"{file_type_name(ftype)} ({ftype})" if isinstance(ftype, int) else "?",
+            "quantization version": kv.get("general.quantization_version", "?"),
+            "gguf": f"v{first.version}, {first.byte_order}-endian, alignment {first.alignment}, "
+                    f"{len(kv)} metadata keys"}
+    if kv.get("general.name"):
+        info["name"] = kv["general.name"]
+    rows = [TensorRow(t.name, t.type_name, t.shape, t.nbytes or 0, t.file.name, t.complete, module_of.get(t.name))
+            for t in by_name.values()]
+    report = InspectReport(
+        path=str(p), container="gguf", format="", modules=modules, tensor_count=len(by_name),
+        bytes_total=sum(t.nbytes or 0 for t in by_name.values()), bpw=None, metadata=metadata,
+        anomalies=anomalies, files=[str(f) for f in gs.files], tensors=rows,
+        other_bytes_params=(other_bytes, other_params), info=info, type_histogram=histogram)
+    return report, gs

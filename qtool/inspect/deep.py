@@ -1,0 +1,318 @@
+"""`inspect --deep`: read tensor data and check it.
+
+Per module: scales finite, non-zero and positive; codes and zeros within 2^bits; g_idx values inside the
+groups, every group present, group sizes consistent; the GPTQ zero convention (v1 stores z - 1, v2 stores z)
+judged from the data against the config's claim; dequantized weight statistics (mean, std, absmax) through
+the format's own `unpack` and the shared `dequantize`. GGUF tensors are dequantized by the `gguf` package.
+
+Findings are merged across modules (one anomaly per distinct message, with a module count), and each
+module's `sym` / `desc_act` are replaced by what the data says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from qtool.inspect.detect import Claims
+from qtool.inspect.report import InspectReport, ModuleReport
+
+Notes = list[tuple[str, str, str]]   # (severity, module, message)
+
+_SCALE_NAMES = ("scales", "weight_scale", "s", "weight_scale_inv")
+_GIDX_NAMES = ("g_idx", "weight_g_idx")
+
+
+def _stats(w) -> dict[str, float]:
+    import torch
+
+    w = w.to(torch.float64)
+    finite = torch.isfinite(w)
+    v = w[finite] if not bool(finite.all()) else w.reshape(-1)
+    if v.numel() == 0:
+        return {"mean": float("nan"), "std": float("nan"), "absmax": float("nan")}
+    return {"mean": float(v.mean()), "std": float(v.std(unbiased=False)), "absmax": float(v.abs().max())}
+
+
+def _check_weight(w, mod: str, notes: Notes) -> dict[str, float]:
+    import torch
+
+    bad = int((~torch.isfinite(w)).sum())
+    if bad:
+        notes.append(("error", mod, "dequantized weight has NaN/Inf values"))
+    return _stats(w)
+
+
+def check_scales(s, mod: str, name: str, notes: Notes, allow_negative: bool = False) -> None:
+    """NaN/Inf (error), zero (warning: the whole group collapses to 0), negative (warning)."""
+    import torch
+
+    s = s.float()
+    if int((~torch.isfinite(s)).sum()):
+        notes.append(("error", mod, f"'{name}' has NaN/Inf values"))
+    zeros = int((s == 0).sum())
+    if zeros:
+        notes.append(("warning", mod, f"'{name}' has zero scales (their groups dequantize to 0)"))
+    if not allow_negative and int((s < 0).sum()):
+        notes.append(("warning", mod, f"'{name}' has negative scales (quantizers write positive ones)"))
+
+
+def check_g_idx(g, in_features: int, n_groups: int, group_size: int | None, mod: str, name: str,
+                notes: Notes) -> bool | None:
+    """Validate a group map int [I]. Returns desc_act (True when not the trivial i // G), None if invalid."""
+    import torch
+
+    if g.dim() != 1 or g.shape[0] != in_features:
+        notes.append(("error", mod, f"'{name}' has shape {list(g.shape)}, expected [{in_features}]"))
+        return None
+    if g.dtype.is_floating_point:
+        notes.append(("error", mod, f"'{name}' is {g.dtype}, expected int32"))
+        return None
+    g = g.to(torch.int64)
+    lo, hi = int(g.min()), int(g.max())
+    if lo < 0 or hi >= n_groups:
+        notes.append(("error", mod, f"'{name}' values span [{lo}, {hi}] but there are {n_groups} groups"))
+        return None
+    counts = torch.bincount(g, minlength=n_groups)
+    empty = int((counts == 0).sum())
+    if empty:
+        notes.append(("error", mod, f"'{name}' leaves {empty} of {n_groups} groups without input channels"))
+    G = in_features if group_size in (None, -1) else group_size
+    if group_size not in (None, -1) and n_groups > 0:
+        want = torch.full((n_groups,), G, dtype=torch.int64)
+        want[-1] = in_features - (n_groups - 1) * G
+        if not torch.equal(counts, want):
+            notes.append(("warning", mod, f"'{name}' group sizes range {int(counts.min())}..{int(counts.max())}, "
+                                          f"not {G} per group"))
+    trivial = torch.arange(in_features, dtype=torch.int64) // max(G, 1)
+    return not torch.equal(g, trivial)
+
+
+# --- safetensors ---------------------------------------------------------------------------------------
+
+def deep_safetensors(report: InspectReport, src, claims: Claims | None,
+                     on_progress: Callable[[int, int], None] | None = None) -> None:
+    from qtool.inspect.core import _merge_notes
+
+    ckpt = src.checkpoint()
+    notes: Notes = []
+    total = len(report.modules)
+    for k, m in enumerate(report.modules):
+        cut = [n for n in m.tensor_names if n in src.incomplete]
+        if cut:
+            notes.append(("error", m.name, "data truncated: module not checked"))
+        elif m.format != "unknown":
+            try:
+                _deep_module(m, ckpt, claims, notes)
+            except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
+                from qtool.errors import QtoolError
+
+                msg = e.problem if isinstance(e, QtoolError) else f"{type(e).__name__}: {e}"
+                notes.append(("error", m.name, f"cannot decode as {m.format}: {msg}"))
+        if on_progress:
+            on_progress(k + 1, total)
+    ckpt.close()
+    report.anomalies += _merge_notes(notes)
+
+
+def _params(m: ModuleReport, claims: Claims | None, fmt: str):
+    from qtool.formats.base import LayerParams
+
+    extra: dict[str, Any] = {}
+    if claims is not None and claims.ct_version:
+        extra["version"] = claims.ct_version
+    return LayerParams(bits=m.bits, group_size=m.group_size, sym=m.sym if fmt.startswith("ct") else None,
+                       desc_act=m.desc_act, extra=extra)
+
+
+def _deep_module(m: ModuleReport, ckpt, claims: Claims | None, notes: Notes) -> None:
+    from qtool.formats.base import get_format
+    from qtool.formats.plain import dequantize
+    from qtool.inspect.detect import split_name
+
+    t = ckpt.module_tensors(m.name, names=[split_name(n)[1] for n in m.tensor_names])
+    fmt = m.format
+    if fmt == "dense":
+        m.stats = _check_weight(t["weight"].float(), m.name, notes)
+        return
+    for sname in _SCALE_NAMES:
+        if sname in t and t[sname].dtype.is_floating_point:
+            check_scales(t[sname], m.name, sname, notes)
+    if fmt in ("fp8", "ct_fp8"):
+        m.stats = _check_weight(_dequant_fp8(t), m.name, notes)
+        return
+    if fmt == "ct_nvfp4":
+        if "weight_global_scale" in t:
+            check_scales(t["weight_global_scale"], m.name, "weight_global_scale", notes)
+        m.stats = _check_weight(_dequant_nvfp4(t), m.name, notes)
+        return
+    try:
+        f = get_format(fmt)
+    except Exception:  # noqa: BLE001 - the registry says which formats exist
+        notes.append(("info", m.name, f"deep check unavailable for format {fmt} (no decoder in qtool.formats)"))
+        return
+    read_fmt = fmt
+    if fmt in ("gptq", "gptq_v2") and "qzeros" in t and m.bits:
+        read_fmt = _gptq_convention(m, t, claims, notes)
+        f = get_format(read_fmt)
+    for gname in _GIDX_NAMES:
+        if gname in t and m.in_features:
+            n_groups = t["scales"].shape[0] if "scales" in t else t["weight_scale"].shape[1]
+            desc = check_g_idx(t[gname], m.in_features, n_groups, m.group_size, m.name, gname, notes)
+            if desc is None:
+                return
+            if claims is not None and claims.desc_act is False and desc:
+                notes.append(("warning", m.name, "config says desc_act false but g_idx is not i // group_size "
+                                                 "(act-order data)"))
+            m.desc_act = desc
+    plain = f.unpack(t, _params(m, claims, read_fmt))
+    for p in plain.check_ranges():
+        notes.append(("error", m.name, p))
+    sym = plain.sym
+    if claims is not None and claims.sym is True and not sym:
+        notes.append(("warning", m.name, "config says sym but the zero points vary (asymmetric data)"))
+    m.sym = sym
+    m.desc_act = plain.desc_act
+    # In the scales' dtype, as the format's own dequantizer returns it (the fixtures' references), so the
+    # statistics describe the weights an engine would compute.
+    m.stats = _check_weight(dequantize(plain), m.name, notes)
+
+
+def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
+    """Judge v1 vs v2 from the qzeros; returns the format id to read the module with."""
+    from qtool.formats.gptq import zero_convention_evidence
+
+    ev = zero_convention_evidence(t["qzeros"], m.bits, m.out_features)
+    mid = 1 << (m.bits - 1)
+    claimed = "v2" if m.format == "gptq_v2" else "v1"
+    said = claims is not None and claims.format in ("gptq", "gptq_v2")
+    if ev.verdict is None:
+        if claimed == "v1" and ev.word_field_diff:
+            notes.append(("info", m.name, f"v1 zero fields read differently by the whole-word (GPTQModel) and "
+                                          f"per-field conventions; qtool reads whole-word (a zero of 0 borrows "
+                                          f"from its neighbour)"))
+        if not said:
+            notes.append(("warning", m.name, "no config and asymmetric zeros: v1 and v2 both read validly; "
+                                             "assuming gptq (v1)"))
+        return m.format
+    if ev.verdict == claimed:
+        return m.format
+    if not said:
+        notes.append(("info", m.name, f"no config: zeros read as {mid} under {ev.verdict} (symmetric), so the "
+                                      f"file is {'gptq_v2' if ev.verdict == 'v2' else 'gptq (v1)'}"))
+    elif claimed == "v1":
+        notes.append(("error", m.name, f"config says gptq (v1) but zeros decode to {mid + 1} under v1 — it is v2; "
+                                       f"fix: checkpoint_format: gptq_v2"))
+    else:
+        notes.append(("error", m.name, f"config says gptq_v2 but zeros decode to {mid - 1} under v2 — it is v1; "
+                                       f"fix: checkpoint_format: gptq"))
+    fmt = "gptq_v2" if ev.verdict == "v2" else "gptq"
+    m.format = fmt
+    return fmt
+
+
+def _expand_scale(s, o: int, i: int):
+    """Scale of any granularity -> [O, I] (per tensor, per channel [O, 1], block [ceil(O/bo), ceil(I/bi)],
+    or per group [O, I/g])."""
+    import torch
+
+    s = s.float()
+    if s.numel() == 1:
+        return s.reshape(1, 1).expand(o, i)
+    if s.dim() == 1 and s.shape[0] == o:
+        return s.reshape(o, 1).expand(o, i)
+    if s.dim() == 2:
+        bo = -(-o // s.shape[0])
+        bi = -(-i // s.shape[1])
+        return torch.repeat_interleave(torch.repeat_interleave(s, bo, 0), bi, 1)[:o, :i]
+    raise ValueError(f"scale shape {list(s.shape)} does not fit weight [{o}, {i}]")
+
+
+def _dequant_fp8(t: dict):
+    w = t["weight"].float()
+    s = t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"]
+    return w * _expand_scale(s, *w.shape)
+
+
+# E2M1 values of the 4-bit code (bit 3 is the sign).
+_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _dequant_nvfp4(t: dict):
+    """weight_packed uint8 [O, I/2] (element 2i low nibble), weight_scale E4M3 [O, I/16], global scale."""
+    import torch
+
+    p = t["weight_packed"].to(torch.int64)
+    codes = torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1)
+    w = torch.tensor(_FP4, dtype=torch.float32)[codes]
+    s = _expand_scale(t["weight_scale"], *w.shape)
+    g = t["weight_global_scale"].float().reshape(-1)[0]
+    return w * s / g
+
+
+# --- GGUF ----------------------------------------------------------------------------------------------
+
+# Types whose blocks begin with an fp16 scale d.
+_LEADING_D = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"})
+
+
+def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], None] | None = None) -> None:
+    import numpy as np
+
+    from qtool.inspect.core import _merge_notes
+
+    by_name = {t.name: t for t in gset.tensors}
+    notes: Notes = []
+    total = len(report.modules)
+    for k, m in enumerate(report.modules):
+        t = by_name.get(f"{m.name}.weight" if m.name else "weight")
+        if t is None or not t.complete:
+            notes.append(("error", m.name, "data truncated: module not checked"))
+        else:
+            try:
+                w = _gguf_tensor(t, notes, m.name)
+                if w is not None:
+                    bad = int((~np.isfinite(w)).sum())
+                    if bad:
+                        notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
+                    v = w[np.isfinite(w)].astype(np.float64) if bad else w.reshape(-1).astype(np.float64)
+                    m.stats = {"mean": float(v.mean()), "std": float(v.std()), "absmax": float(np.abs(v).max())} \
+                        if v.size else None
+            except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
+                notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
+        if on_progress:
+            on_progress(k + 1, total)
+    report.anomalies += _merge_notes(notes)
+
+
+def _gguf_tensor(t, notes: Notes, mod: str):
+    import numpy as np
+
+    rows = 1
+    for d in t.shape[1:]:
+        rows *= d
+    raw = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
+    name = t.type_name
+    if name == "BF16":
+        u = np.asarray(raw).view(np.uint16).astype(np.uint32) << 16
+        return u.view(np.float32).reshape(rows, -1)
+    try:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+    except ImportError:  # pragma: no cover - gguf is a dependency
+        notes.append(("info", mod, "deep check unavailable for GGUF (the gguf package is not installed)"))
+        return None
+    blk = t.block
+    if name in _LEADING_D and blk is not None:
+        d = np.asarray(raw).reshape(-1, blk[1])[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
+        if int((~np.isfinite(d)).sum()):
+            notes.append(("error", mod, f"{name} block scales have NaN/Inf values"))
+        if int((d == 0).sum()):
+            notes.append(("info", mod, f"{name} blocks with scale 0 (all-zero blocks)"))
+    try:
+        qtype = GGMLQuantizationType(t.type_id)
+        w = dequantize(np.asarray(raw).reshape(rows, -1), qtype)
+    except NotImplementedError:
+        notes.append(("info", mod, f"deep check unavailable for format gguf:{name} (gguf cannot dequantize it)"))
+        return None
+    return np.asarray(w, dtype=np.float32).reshape(rows, -1)

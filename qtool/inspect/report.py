@@ -1,0 +1,292 @@
+"""What `qtool inspect` found: dataclasses with `to_dict()` (the --json schema) and rich renderings.
+
+JSON schema (README "qtool inspect --json"); keys marked (opt) appear only with the flag named:
+
+    path         str          what was inspected
+    container    str          "safetensors" | "gguf"
+    format       str          dominant module format ("gptq", "gptq_v2", "awq", "ct", "gguf:Q4_0", "dense", ...)
+    modules      list[obj]    one per linear weight: name, format, bits, group_size, sym, desc_act,
+                              in_features, out_features, bytes (+ stats {mean, std, absmax} (opt, --deep))
+    tensor_count int
+    bytes_total  int          sum of tensor data bytes (what the headers declare)
+    bpw          float|null   8 * bytes_total / logical parameter count
+    metadata     obj          GGUF key/values (arrays summarised) or the quantization config
+    anomalies    list[obj]    severity ("error" | "warning" | "info"), tensor (str|null), message
+    tensors      list[obj]    (opt, --tensors) name, dtype, shape, bytes, file, complete
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("error", "warning", "info")
+MODULE_KEYS = ("name", "format", "bits", "group_size", "sym", "desc_act", "in_features", "out_features", "bytes")
+REPORT_KEYS = ("path", "container", "format", "modules", "tensor_count", "bytes_total", "bpw", "metadata",
+               "anomalies")
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    severity: str
+    tensor: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "tensor": self.tensor, "message": self.message}
+
+
+@dataclass
+class ModuleReport:
+    """One linear weight. The attribute names are the contract `select` reads.
+
+    bits / group_size / sym / desc_act / in_features / out_features are None where the header cannot tell
+    (e.g. GPTQ sym without a config; --deep fills sym and desc_act from the data). bytes = all tensors of
+    the module (packed weight, scales, zeros, g_idx, bias). n_weights = logical I*O (bits-per-weight).
+    """
+
+    name: str
+    format: str
+    bits: int | None
+    group_size: int | None
+    sym: bool | None
+    desc_act: bool | None
+    in_features: int | None
+    out_features: int | None
+    bytes: int
+    n_weights: int | None = None
+    detail: str | None = None
+    tensor_names: tuple[str, ...] = ()
+    stats: dict[str, float] | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.format not in ("dense", "unknown")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in MODULE_KEYS}
+        if self.stats is not None:
+            d["stats"] = dict(self.stats)
+        return d
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+    file: str
+    complete: bool = True
+    module: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "bytes": self.bytes,
+                "file": self.file, "complete": self.complete}
+
+
+@dataclass
+class PatternRow:
+    pattern: str
+    count: int
+    format: str
+    shape: str
+
+
+@dataclass
+class InspectReport:
+    """Everything `inspect` says about one checkpoint. `to_dict()` is the --json schema above."""
+
+    path: str
+    container: str
+    format: str
+    modules: list[ModuleReport]
+    tensor_count: int
+    bytes_total: int
+    bpw: float | None
+    metadata: dict[str, Any]
+    anomalies: list[Anomaly]
+    files: list[str] = field(default_factory=list)
+    tensors: list[TensorRow] = field(default_factory=list)
+    other_bytes_params: tuple[int, int] = (0, 0)      # (bytes, params) of tensors outside modules
+    config_source: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # container facts for the summary (GGUF version, ...)
+    type_histogram: list[tuple[str, int, int, float | None]] = field(default_factory=list)
+    deep: bool = False
+
+    # --- derived ------------------------------------------------------------------------------------
+    @property
+    def quantized_modules(self) -> list[ModuleReport]:
+        return [m for m in self.modules if m.quantized]
+
+    @property
+    def quantized_bytes(self) -> int:
+        return sum(m.bytes for m in self.quantized_modules)
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.bytes_total - self.quantized_bytes
+
+    @property
+    def quantized_bpw(self) -> float | None:
+        q = [m for m in self.quantized_modules if m.n_weights]
+        n = sum(m.n_weights for m in q)
+        return 8.0 * sum(m.bytes for m in q) / n if n else None
+
+    def has_errors(self) -> bool:
+        return any(a.severity == "error" for a in self.anomalies)
+
+    def summary_value(self, attr: str) -> Any:
+        """One value over the quantized modules, "mixed (a, b)" when they differ, None when unknown."""
+        vals = {getattr(m, attr) for m in self.quantized_modules}
+        vals.discard(None)
+        if not vals:
+            return None
+        if len(vals) == 1:
+            return next(iter(vals))
+        return "mixed (" + ", ".join(str(v) for v in sorted(vals, key=str)) + ")"
+
+    def format_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in self.modules:
+            out[m.format] = out.get(m.format, 0) + 1
+        return out
+
+    def patterns(self) -> list[PatternRow]:
+        """Modules and loose tensors grouped by name with layer numbers collapsed, then format and shape."""
+        from qtool.inspect.detect import collapse_layers
+
+        rows: dict[tuple[str, str, str], int] = {}
+        for m in self.modules:
+            shape = f"{m.out_features} x {m.in_features}" if m.in_features and m.out_features else "?"
+            key = (collapse_layers(m.name), m.format, shape)
+            rows[key] = rows.get(key, 0) + 1
+        for t in self.tensors:
+            if t.module is None:
+                key = (collapse_layers(t.name), t.dtype, " x ".join(map(str, t.shape)) or "scalar")
+                rows[key] = rows.get(key, 0) + 1
+        return [PatternRow(p, n, f, s) for (p, f, s), n in rows.items()]
+
+    def to_dict(self, tensors: bool = False) -> dict[str, Any]:
+        d = {
+            "path": self.path,
+            "container": self.container,
+            "format": self.format,
+            "modules": [m.to_dict() for m in self.modules],
+            "tensor_count": self.tensor_count,
+            "bytes_total": self.bytes_total,
+            "bpw": None if self.bpw is None else round(self.bpw, 4),
+            "metadata": self.metadata,
+            "anomalies": [a.to_dict() for a in self.anomalies],
+        }
+        if tensors:
+            d["tensors"] = [t.to_dict() for t in self.tensors]
+        return d
+
+
+# --- rendering ----------------------------------------------------------------------------------------
+
+_SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+MAX_STATS_ROWS = 60
+
+
+def _b(v: Any) -> str:
+    if v is None:
+        return "?"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def renderables(report: InspectReport, show_tensors: bool = False) -> list:
+    """Rich renderables for the terminal: summary, [GGUF type histogram], pattern table, [deep stats],
+    [tensors], anomalies. Every string read from the file goes through `sanitize`."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from qtool.cli.common import sanitize
+    from qtool.report.common import human_bytes
+
+    out: list = []
+    s = Table(title=f"qtool inspect: {sanitize(report.path)}", show_header=False, title_justify="left",
+              box=None, padding=(0, 2))
+    s.add_column("key", style="bold")
+    s.add_column("value")
+    nfiles = len(report.files)
+    s.add_row("container", f"{report.container} ({nfiles} file{'s' if nfiles != 1 else ''})")
+    for k, v in report.info.items():
+        s.add_row(k, sanitize(str(v)))
+    counts = report.format_counts()
+    fmt = report.format
+    if len([f for f in counts if f not in ("dense",)]) > 1:
+        fmt += "  [" + ", ".join(f"{sanitize(f)}: {n}" for f, n in sorted(counts.items(), key=lambda x: -x[1])) + "]"
+    s.add_row("format", sanitize(fmt))
+    if report.quantized_modules:
+        s.add_row("bits", _b(report.summary_value("bits")))
+        g = report.summary_value("group_size")
+        s.add_row("group size", _b(g) + (" (per channel)" if g == -1 else ""))
+        s.add_row("sym", _b(report.summary_value("sym")))
+        s.add_row("act-order", _b(report.summary_value("desc_act")))
+    nq = len(report.quantized_modules)
+    s.add_row("modules", f"{len(report.modules)} ({nq} quantized, {len(report.modules) - nq} dense)")
+    s.add_row("tensors", str(report.tensor_count))
+    s.add_row("bytes", f"{report.bytes_total:,} ({human_bytes(report.bytes_total)}): quantized "
+                       f"{human_bytes(report.quantized_bytes)}, dense {human_bytes(report.dense_bytes)}")
+    bpw = "?" if report.bpw is None else f"{report.bpw:.3f}"
+    if report.quantized_bpw is not None:
+        bpw += f" (quantized modules {report.quantized_bpw:.3f})"
+    s.add_row("bits/weight", bpw)
+    if report.config_source:
+        s.add_row("config", sanitize(report.config_source))
+    out.append(s)
+
+    if report.type_histogram:
+        h = Table(title="tensor types", title_justify="left")
+        for c in ("type", "tensors", "bytes", "bits/weight"):
+            h.add_column(c, justify="left" if c == "type" else "right")
+        for name, n, nbytes, bpw_t in report.type_histogram:
+            h.add_row(sanitize(name), str(n), human_bytes(nbytes), "?" if bpw_t is None else f"{bpw_t:.3f}")
+        out.append(h)
+
+    p = Table(title="tensor-name patterns (# = layer number)", title_justify="left")
+    p.add_column("pattern")
+    p.add_column("count", justify="right")
+    p.add_column("format")
+    p.add_column("shape (out x in)")
+    for r in report.patterns():
+        p.add_row(sanitize(r.pattern), str(r.count), sanitize(r.format), r.shape)
+    out.append(p)
+
+    stats = [m for m in report.modules if m.stats]
+    if stats:
+        d = Table(title="dequantized weight statistics (--deep)", title_justify="left")
+        for c in ("module", "format", "mean", "std", "absmax"):
+            d.add_column(c, justify="left" if c in ("module", "format") else "right")
+        for m in stats[:MAX_STATS_ROWS]:
+            d.add_row(sanitize(m.name), sanitize(m.format), f"{m.stats['mean']:.4g}", f"{m.stats['std']:.4g}",
+                      f"{m.stats['absmax']:.4g}")
+        if len(stats) > MAX_STATS_ROWS:
+            d.add_row(f"... {len(stats) - MAX_STATS_ROWS} more (see --json)", "", "", "", "")
+        out.append(d)
+
+    if show_tensors:
+        t = Table(title="tensors", title_justify="left")
+        for c in ("name", "dtype", "shape", "bytes", "file"):
+            t.add_column(c, justify="right" if c == "bytes" else "left")
+        for r in report.tensors:
+            t.add_row(sanitize(r.name) + ("" if r.complete else " [red](incomplete)[/red]"), sanitize(r.dtype),
+                      "[" + ", ".join(map(str, r.shape)) + "]", f"{r.bytes:,}", sanitize(r.file))
+        out.append(t)
+
+    if report.anomalies:
+        a = Table(title="anomalies", title_justify="left")
+        a.add_column("severity")
+        a.add_column("tensor")
+        a.add_column("message")
+        for an in report.anomalies:
+            a.add_row(Text(an.severity, style=_SEV_STYLE.get(an.severity, "")), sanitize(an.tensor or "-"),
+                      sanitize(an.message))
+        out.append(a)
+    else:
+        out.append(Text("no anomalies", style="green"))
+    return out

@@ -1,0 +1,226 @@
+"""Opening a safetensors checkpoint for inspection: like `qtool.io.checkpoint.open_checkpoint`, but a broken
+checkpoint is something to describe, not a reason to stop.
+
+A missing shard, an index naming a tensor no shard holds, a truncated file, or two configs that disagree
+become anomalies; whatever can still be read is returned. Only headers are read.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qtool.errors import InputError
+from qtool.inspect.report import Anomaly
+from qtool.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, SINGLE_NAME, Checkpoint, read_json
+from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, _entry, read_header
+
+
+@dataclass
+class Source:
+    """What could be read. `incomplete`: tensors whose data runs past the end of their file."""
+
+    path: Path
+    root: Path
+    files: list[Path]
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    config: dict | None
+    quant_raw: dict | None
+    quant_source: str | None
+    index: dict | None
+    incomplete: set[str] = field(default_factory=set)
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+    def checkpoint(self) -> Checkpoint:
+        """A Checkpoint over the complete tensors, for reading data under --deep."""
+        ok = {n: t for n, t in self.tensors.items() if n not in self.incomplete}
+        return Checkpoint(path=self.path, root=self.root, files=self.files, tensors=ok, metadata=self.metadata,
+                          config=self.config, quant_config=self.quant_raw, index=self.index)
+
+
+def _err(anoms: list[Anomaly], msg: str, tensor: str | None = None, severity: str = "error") -> None:
+    anoms.append(Anomaly(severity, tensor, msg))
+
+
+def open_source(path: Path) -> Source:
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", path=p, fix="check the path")
+    if p.is_file() and p.suffix in PICKLE_SUFFIXES:
+        raise InputError("pickle checkpoints are never loaded (loading one can run arbitrary code)", path=p,
+                         fix="convert it to safetensors in a trusted environment first")
+    anoms: list[Anomaly] = []
+    index = None
+    index_path = None
+    if p.is_dir():
+        root = p
+        if (p / INDEX_NAME).is_file():
+            index_path = p / INDEX_NAME
+    elif p.name.endswith(".index.json"):
+        root, index_path = p.parent, p
+    elif p.suffix == ".safetensors":
+        root = p.parent
+    else:
+        raise InputError("not a .safetensors file, a .gguf file, a directory, or a *.index.json", path=p,
+                         fix="give a checkpoint file or directory")
+
+    files: list[Path] = []
+    weight_map: dict[str, str] = {}
+    if index_path is not None:
+        index = read_json(index_path)
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+            raise InputError("index has no valid 'weight_map' {tensor: shard}", path=index_path,
+                             fix="regenerate model.safetensors.index.json")
+        weight_map = wm
+        for shard in dict.fromkeys(wm.values()):
+            if Path(shard).name != shard:
+                _err(anoms, f"index names shard '{shard}' outside the checkpoint directory; not read")
+                continue
+            sp = root / shard
+            if sp.is_file():
+                files.append(sp)
+            else:
+                n = sum(1 for v in wm.values() if v == shard)
+                _err(anoms, f"shard '{shard}' named by the index is missing ({n} tensors unavailable); fix: "
+                            "download the missing shard")
+    elif p.is_dir():
+        if (p / SINGLE_NAME).is_file():
+            files = [p / SINGLE_NAME]
+        else:
+            files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise InputError("no .safetensors or .gguf files in the directory", path=p,
+                             fix="point at a checkpoint directory, a .safetensors file or a .gguf file")
+    else:
+        files = [p]
+
+    tensors: dict[str, TensorInfo] = {}
+    incomplete: set[str] = set()
+    metadata: dict[str, str] = {}
+    read_files = []
+    for i, f in enumerate(files):
+        try:
+            infos, meta = read_header(f)
+            cut = set()
+        except InputError as e:
+            got = _tolerant_header(f)
+            if got is None:
+                _err(anoms, f"{f.name}: unreadable header: {e.problem}")
+                continue
+            infos, meta, cut, msg = got
+            _err(anoms, f"{f.name}: {msg}")
+        read_files.append(f)
+        if not metadata:
+            metadata = meta
+        for name, info in infos.items():
+            if name in tensors:
+                _err(anoms, f"tensor appears in two shards ({tensors[name].file.name}, {f.name}); the second "
+                            "copy is ignored", tensor=name)
+                continue
+            tensors[name] = info
+        incomplete |= cut
+    if weight_map:
+        missing_files = {f.name for f in files} - {f.name for f in read_files}
+        absent = []
+        for name, shard in weight_map.items():
+            info = tensors.get(name)
+            if shard in missing_files or not (root / shard).is_file():
+                continue
+            if info is None or info.file.name != shard:
+                absent.append((name, shard))
+        for name, shard in absent[:20]:
+            _err(anoms, f"index maps this tensor to '{shard}', which does not hold it; fix: correct the index "
+                        "or restore the tensor", tensor=name)
+        if len(absent) > 20:
+            _err(anoms, f"... and {len(absent) - 20} more tensors the index maps to shards that lack them")
+        extra = [n for n in tensors if n not in weight_map]
+        if extra:
+            _err(anoms, f"{len(extra)} tensors are in shards but not in the index (e.g. '{extra[0]}'); loaders "
+                        "that follow the index will not see them", severity="warning")
+
+    config, quant_raw, quant_source = _configs(root, anoms)
+    return Source(path=p, root=root, files=read_files, tensors=tensors, metadata=metadata, config=config,
+                  quant_raw=quant_raw, quant_source=quant_source, index=index, incomplete=incomplete,
+                  anomalies=anoms)
+
+
+_COMPARE = ("quant_method", "bits", "group_size", "sym", "desc_act", "checkpoint_format")
+
+
+def _configs(root: Path, anoms: list[Anomaly]) -> tuple[dict | None, dict | None, str | None]:
+    config = None
+    a = b = None
+    if (root / "config.json").is_file():
+        try:
+            config = read_json(root / "config.json")
+        except InputError as e:
+            _err(anoms, f"config.json: {e.problem}")
+        if config is not None and not isinstance(config, dict):
+            _err(anoms, "config.json is not a JSON object")
+            config = None
+        if config is not None:
+            a = config.get("quantization_config")
+            if a is not None and not isinstance(a, dict):
+                _err(anoms, "config.json quantization_config is not an object")
+                a = None
+    if (root / "quantize_config.json").is_file():
+        try:
+            b = read_json(root / "quantize_config.json")
+        except InputError as e:
+            _err(anoms, f"quantize_config.json: {e.problem}")
+        if b is not None and not isinstance(b, dict):
+            _err(anoms, "quantize_config.json is not a JSON object")
+            b = None
+    if a is not None and b is not None:
+        for k in _COMPARE:
+            if k in a and k in b and a[k] != b[k]:
+                _err(anoms, f"config.json says {k}={a[k]!r} but quantize_config.json says {b[k]!r}; loaders "
+                            "disagree on which file wins (transformers reads config.json)", severity="warning")
+    if a is not None:
+        return config, a, "config.json quantization_config"
+    if b is not None:
+        return config, b, "quantize_config.json"
+    return config, None, None
+
+
+def _tolerant_header(f: Path):
+    """Parse a header whose data is cut: (infos of every entry, metadata, names past the end, message),
+    or None when the header itself is unreadable."""
+    try:
+        size = f.stat().st_size
+        with f.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return None
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                return None
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        meta = {}
+    meta = {str(k): str(v) for k, v in meta.items()}
+    base = 8 + n
+    data_len = size - base
+    infos, cut = {}, set()
+    try:
+        for name, entry in header.items():
+            info = _entry(f, name, entry, base, 1 << 62)  # validate everything except the end of the file
+            infos[name] = info
+            if info.end - base > data_len:
+                cut.add(name)
+    except InputError:
+        return None
+    if not cut:
+        return None
+    need = max(t.end for t in infos.values())
+    msg = f"truncated: {size} of {need} bytes; {len(infos) - len(cut)} of {len(infos)} tensors complete"
+    return infos, meta, cut, msg

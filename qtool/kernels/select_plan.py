@@ -1,0 +1,299 @@
+"""The layers `qtool select` asks about: from a checkpoint, a model name, or bare K,N shapes.
+
+Everything here turns a source into `LayerGroup`s (one per distinct layer pattern + quantization + shape,
+with layer numbers collapsed to '#'), applies the engine's view of the model (vLLM fuses q/k/v and
+gate/up into one layer), and runs `select_kernel` once per group into a `SelectReport`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import InputError, UsageError
+from qtool.kernels.decls import (
+    EngineDecls,
+    is_int,
+    is_str,
+    list_of,
+    load_engine,
+    load_yaml,
+    map_of,
+    one_of,
+    record,
+    validate,
+)
+from qtool.kernels.devices import Device
+from qtool.kernels.select import LayerQuant, select_kernel
+from qtool.paths import CONFIG_DIR
+from qtool.report.select import SelectReport, layer_row
+
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
+          "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+SIZE_KEYS = ("hidden_size", "intermediate_size", "q_size", "kv_size")
+
+_WIDTH = lambda v, where: v if isinstance(v, int) and not isinstance(v, bool) else one_of(*SIZE_KEYS)(v, where)  # noqa: E731
+
+MODELS_FILE = record({
+    "schema": one_of("qtool.models/v1"),
+    "architectures": map_of(is_str, record({
+        "prefix": is_str,
+        "layers": list_of(record({"name": is_str, "in": _WIDTH, "out": _WIDTH,
+                                  "parallel": one_of("column", "row", "replicated")},
+                                 required=("name", "in", "out", "parallel"))),
+        "fused": list_of(record({"name": is_str, "parts": list_of(is_str)}, required=("name", "parts"))),
+    }, required=("prefix", "layers"))),
+    "parallel_rules": record({"column": list_of(is_str), "row": list_of(is_str)}),
+    "models": map_of(is_str, record({
+        "arch": is_str, "hidden_size": is_int, "intermediate_size": is_int, "num_attention_heads": is_int,
+        "num_key_value_heads": is_int, "head_dim": is_int, "num_hidden_layers": is_int,
+        "dtype": one_of("fp16", "bf16", "fp32"),
+    }, required=("arch", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "num_hidden_layers"))),
+}, required=("schema", "architectures", "models"))
+
+_LAYER_NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Identical layers: `pattern` is the module name with layer numbers as '#', `count` how many."""
+
+    pattern: str
+    count: int
+    layer: LayerQuant
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """The quantization asked for with --model / --layer (a checkpoint carries its own)."""
+
+    format: str = "gptq"
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    desc_act: bool = False
+
+
+# ------------------------------------------------------------------------------------------------------
+# models.yaml
+# ------------------------------------------------------------------------------------------------------
+
+def load_models(config_dir: Path | None = None) -> dict[str, Any]:
+    return _models_cached(str((config_dir or CONFIG_DIR) / "models.yaml"))
+
+
+@lru_cache(maxsize=4)
+def _models_cached(path: str) -> dict[str, Any]:
+    p = Path(path)
+    data = validate(load_yaml(p), MODELS_FILE, p)
+    for name, m in data["models"].items():
+        if m["arch"] not in data["architectures"]:
+            from qtool.errors import SpecError
+
+            raise SpecError(f"model {name!r} names undeclared architecture {m['arch']!r}", path=p)
+    return data
+
+
+def collapse(name: str) -> str:
+    """'model.layers.12.mlp.down_proj' -> 'model.layers.#.mlp.down_proj'."""
+    return _LAYER_NUMBER.sub("#", name)
+
+
+def parallel_of(name: str, rules: dict[str, Sequence[str]]) -> str:
+    """column / row / replicated for a module name, by the longest matching name suffix."""
+    parts = name.split(".")
+    best, best_len = "replicated", 0
+    for kind in ("column", "row"):
+        for rule in rules.get(kind, ()):
+            r = rule.split(".")
+            if len(r) > best_len and parts[-len(r):] == r:
+                best, best_len = kind, len(r)
+    return best
+
+
+def dtype_name(flag: str | None, default: str = "float16") -> str:
+    if flag is None:
+        return default
+    try:
+        return DTYPES[flag.lower()]
+    except KeyError:
+        raise UsageError(f"unknown --dtype {flag!r}", fix="use fp16, bf16 or fp32") from None
+
+
+def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
+                 config_dir: Path | None = None) -> list[LayerGroup]:
+    """One group per linear layer of one decoder block, counted over all blocks."""
+    data = load_models(config_dir)
+    if model not in data["models"]:
+        close = difflib.get_close_matches(model, list(data["models"]), n=1, cutoff=0.5)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"unknown model '{model}'",
+                         fix=f"{guess}models: {', '.join(data['models'])} (configs/models.yaml)")
+    m = data["models"][model]
+    arch = data["architectures"][m["arch"]]
+    sizes = {"hidden_size": m["hidden_size"], "intermediate_size": m["intermediate_size"],
+             "q_size": m["num_attention_heads"] * m["head_dim"],
+             "kv_size": m["num_key_value_heads"] * m["head_dim"]}
+    act = dtype_name(dtype, DTYPES[m.get("dtype", "bf16")])
+    prefix = arch["prefix"].replace("{i}", "#")
+    out = []
+    for row in arch["layers"]:
+        k = sizes[row["in"]] if isinstance(row["in"], str) else row["in"]
+        n = sizes[row["out"]] if isinstance(row["out"], str) else row["out"]
+        name = f"{prefix}.{row['name']}"
+        layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
+                           group_size=q.group_size, sym=q.sym, desc_act=q.desc_act, act_dtype=act,
+                           parallel=row["parallel"])
+        out.append(LayerGroup(name, m["num_hidden_layers"], layer))
+    return out
+
+
+def layer_groups(specs: Iterable[str], q: QuantSpec, dtype: str | None = None) -> list[LayerGroup]:
+    """`--layer K,N[,row|col]` -> one group each (default column-parallel)."""
+    out = []
+    for i, spec in enumerate(specs):
+        parts = [p.strip() for p in spec.split(",")]
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            k, n = int(parts[0]), int(parts[1])
+            parallel = {"row": "row", "col": "column", "column": "column",
+                        "none": "replicated"}[parts[2].lower()] if len(parts) == 3 else "column"
+            if k <= 0 or n <= 0:
+                raise ValueError
+        except (ValueError, KeyError):
+            raise UsageError(f"bad --layer {spec!r}",
+                             fix="write K,N or K,N,row / K,N,col, e.g. --layer 28672,8192,row") from None
+        name = f"layer{i}[K={k},N={n},{parallel}]"
+        layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
+                           group_size=q.group_size, sym=q.sym, desc_act=q.desc_act,
+                           act_dtype=dtype_name(dtype), parallel=parallel)
+        out.append(LayerGroup(name, 1, layer))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Checkpoints (through qtool.inspect)
+# ------------------------------------------------------------------------------------------------------
+
+def inspect_modules(path: Path) -> list[Any]:
+    """The per-module view of a checkpoint: objects with name, format, bits, group_size, sym, desc_act,
+    in_features, out_features (qtool.inspect's ModuleReport). The one place select depends on inspect."""
+    from qtool.inspect import inspect_path
+
+    return list(inspect_path(path, deep=False).modules)
+
+
+def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | None = None,
+                config_dir: Path | None = None) -> tuple[list[LayerGroup], list[str]]:
+    """Distinct (pattern, quantization, shape) groups of a checkpoint's quantized linear modules, plus
+    notes about modules left out (dense, or missing a shape)."""
+    mods = inspect_modules(path) if modules is None else list(modules)
+    rules = load_models(config_dir).get("parallel_rules", {})
+    act = dtype_name(dtype)
+    groups: dict[tuple, list] = {}
+    skipped: dict[str, int] = {}
+    for m in mods:
+        fmt = str(m.format)
+        if fmt in ("dense", "unknown") or m.bits is None or m.in_features is None or m.out_features is None:
+            skipped[fmt] = skipped.get(fmt, 0) + 1
+            continue
+        layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
+                           format=fmt, bits=int(m.bits),
+                           group_size=int(m.group_size) if m.group_size is not None else -1,
+                           sym=True if m.sym is None else bool(m.sym), desc_act=bool(m.desc_act),
+                           act_dtype=act, parallel=parallel_of(str(m.name), rules))
+        key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
+               layer.group_size, layer.sym, layer.desc_act)
+        groups.setdefault(key, []).append(layer)
+    if not groups and not skipped:
+        raise InputError("no linear modules found", path=path, fix="run `qtool inspect` on it to see what it holds")
+    out = [LayerGroup(key[0], len(layers), layers[0]) for key, layers in groups.items()]
+    notes = [f"{n} {fmt} module(s) not quantized or without a shape: skipped" for fmt, n in skipped.items()]
+    if dtype is None:
+        notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
+    return out, notes
+
+
+# ------------------------------------------------------------------------------------------------------
+# vLLM's fused layers
+# ------------------------------------------------------------------------------------------------------
+
+def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None) -> tuple[list[LayerGroup], list[str]]:
+    """Merge groups vLLM builds as one layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj): same K, same
+    quantization, N summed. Parts that are missing or differ stay separate."""
+    data = load_models(config_dir)
+    rules = [f for arch in data["architectures"].values() for f in arch.get("fused", ())]
+    by_pattern = {g.pattern: g for g in groups}
+    used: set[str] = set()
+    merged: dict[str, LayerGroup] = {}
+    notes = []
+    for rule in rules:
+        for g in groups:
+            first = rule["parts"][0]
+            if not (g.pattern == first or g.pattern.endswith("." + first)):
+                continue
+            prefix = g.pattern[: len(g.pattern) - len(first)]
+            parts = [by_pattern.get(prefix + p) for p in rule["parts"]]
+            if any(p is None or p.pattern in used for p in parts):
+                continue
+            lay = [p.layer for p in parts]
+            same = {(x.in_features, x.format, x.bits, x.group_size, x.sym, x.desc_act) for x in lay}
+            if len(same) != 1 or len({p.count for p in parts}) != 1:
+                notes.append(f"{prefix + rule['name']}: parts differ in shape or quantization; kept separate")
+                continue
+            name = prefix + rule["name"]
+            fused = replace(lay[0], name=name, out_features=sum(x.out_features for x in lay), parallel="column")
+            merged[parts[0].pattern] = LayerGroup(name, parts[0].count, fused)
+            used.update(p.pattern for p in parts)
+    out = []
+    for g in groups:
+        if g.pattern in merged:
+            out.append(merged[g.pattern])
+        elif g.pattern not in used:
+            out.append(g)
+    if merged:
+        notes.append("vLLM fuses " + ", ".join(sorted({g.pattern.rsplit('.', 1)[-1] for g in merged.values()}))
+                     + " into one layer each (N summed)")
+    return out, notes
+
+
+# ------------------------------------------------------------------------------------------------------
+# The report
+# ------------------------------------------------------------------------------------------------------
+
+def check_disabled(disabled: Iterable[str], decls: EngineDecls) -> frozenset[str]:
+    names = set(decls.names())
+    for d in disabled:
+        if d not in names:
+            close = difflib.get_close_matches(d, sorted(names), n=1, cutoff=0.6)
+            guess = f"did you mean '{close[0]}'? " if close else ""
+            raise UsageError(f"--disable {d!r}: no such {decls.engine} kernel",
+                             fix=f"{guess}see configs/kernels/{decls.engine}.yaml for names")
+    return frozenset(disabled)
+
+
+def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmodel", tp: int = 1,
+                disabled: Iterable[str] = (), notes: Sequence[str] = (), source: str | None = None,
+                config_dir: Path | None = None) -> SelectReport:
+    """Run `select_kernel` for every group and collect the verdicts into one report."""
+    if tp < 1:
+        raise UsageError(f"--tp {tp}: tensor-parallel size must be >= 1")
+    decls = load_engine(engine, config_dir)
+    off = check_disabled(disabled, decls)
+    notes = list(notes)
+    if decls.engine == "vllm":
+        groups, fuse_notes = fuse_groups(groups, config_dir)
+        notes += fuse_notes
+    if decls.engine == "gptqmodel" and tp > 1:
+        notes.append("GPTQModel has no tensor parallelism of its own: per-rank shapes are shown as if each "
+                     "rank loaded a shard (sharded_load)")
+    rows = [layer_row(g.pattern, g.count, select_kernel(g.layer, device, decls, off, tp)) for g in groups]
+    return SelectReport(engine=decls.engine, device=device, tp=tp, layers=rows, source=source,
+                        disabled=sorted(off), notes=notes)

@@ -1,0 +1,154 @@
+"""Launch configurations for the Triton W4A16 kernel, bucketed by M, and the call itself.
+
+Why the buckets look the way they do (seed 002, "crossover" and the M-bucketed dispatchers):
+- Small M is pure weight streaming; there is no reuse to exploit, so the aim is every SM pulling weight
+  bytes at once: narrow N tiles, deep K blocks, and split-K when N / BLOCK_N programs cannot fill the
+  device (Llama k/v projections have N = 1024: 16 tiles of 64 on 132 SMs).
+- From M ~ 64 the tensor cores start to matter: wider tiles, the weight as the first (register) operand.
+- Past the crossover the fused kernel may lose to dequantize-into-a-temporary + cuBLAS; that path is taken
+  where the table says so and reported as such ("dequant+cublas"). The temporary lives for one call.
+
+The numbers in TABLE come from benchmarks/tune_w4a16.py on an H200 (benchmarks/results/bench.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FUSED = "fused"
+DEQUANT_GEMM = "dequant+cublas"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One launch: mode (0 FMA rows, 1 mma x@W, 2 swapped W^T x^T), tile sizes, split-K, warps, stages,
+    or path = "dequant+cublas" (then only the dequant tiles matter)."""
+
+    mode: int = 1
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    f32: bool = False  # dequantize in fp32 (always for bf16; an option for fp16)
+    path: str = FUSED
+
+    def label(self) -> str:
+        if self.path == DEQUANT_GEMM:
+            return "dequant+cublas"
+        return (f"mode{self.mode} {self.block_m}x{self.block_n}x{self.block_k} splitk{self.split_k} "
+                f"w{self.num_warps} s{self.num_stages}" + (" f32" if self.f32 else ""))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Applies to max_m >= M (first match); split-K is chosen at run time to reach `programs_per_sm`."""
+
+    max_m: int
+    config: LaunchConfig
+    programs_per_sm: float = 2.0
+
+
+# M buckets at 1 / 16 / 64 / 128 / larger, as the dispatchers in seed 002 do.
+TABLE: tuple[Bucket, ...] = (
+    Bucket(1, LaunchConfig(mode=0, block_m=1, block_n=64, block_k=256, num_warps=4, num_stages=2)),
+    Bucket(16, LaunchConfig(mode=1, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
+    Bucket(64, LaunchConfig(mode=1, block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
+    Bucket(128, LaunchConfig(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
+    Bucket(1 << 62, LaunchConfig(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
+)
+
+
+def _pow2_floor(v: int) -> int:
+    p = 1
+    while p * 2 <= v:
+        p *= 2
+    return p
+
+
+def choose_config(m: int, n: int, k: int, n_sm: int, table: tuple[Bucket, ...] = TABLE) -> LaunchConfig:
+    """The launch for an [m, k] x [k, n] product on a device with n_sm multiprocessors."""
+    bucket = next(b for b in table if m <= b.max_m)
+    cfg = bucket.config
+    if cfg.path != FUSED:
+        return cfg
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    k_blocks = -(-k // cfg.block_k)
+    want = max(1, int(bucket.programs_per_sm * n_sm) // max(tiles, 1))
+    split = min(_pow2_floor(want), _pow2_floor(k_blocks), 16)
+    if split == cfg.split_k:
+        return cfg
+    from dataclasses import replace
+
+    return replace(cfg, split_k=split)
+
+
+def group_mode(group_size: int, block_k: int, act_order: bool) -> int:
+    """GROUPS constexpr of the kernel (see w4a16.py)."""
+    if act_order:
+        return 2
+    if group_size % block_k == 0:
+        return 0
+    if group_size % 8 == 0:
+        return 1
+    return 2
+
+
+def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+              g_idx: torch.Tensor | None, group_size: int, cfg: LaunchConfig,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(qweight...) (shapes in w4a16.py); x fp16/bf16, 4-bit codes.
+
+    group_size: the effective size (K for -1). g_idx: int32 [K] under act-order, else None.
+    """
+    import triton
+
+    from qtool.kernels.triton.w4a16 import dequant_kernel, w4a16_kernel
+
+    m, k = x.shape
+    n = qweight.shape[1]
+    bf16 = x.dtype == torch.bfloat16
+    act = g_idx is not None
+    gi = g_idx if act else qweight  # any int32 pointer; never read when ACT_ORDER is False
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if cfg.path == DEQUANT_GEMM:
+        w = torch.empty((k, n), dtype=x.dtype, device=x.device)
+        block_n, block_r = 128, 8
+        grid = (triton.cdiv(k // 8, block_r), triton.cdiv(n, block_n))
+        dequant_kernel[grid](qweight, qzeros, scales, gi, w, n, k, group_size, BLOCK_N=block_n,
+                             BLOCK_R=block_r, ACT_ORDER=act, F32=bf16, num_warps=4)
+        if out is None:
+            return x @ w
+        return torch.matmul(x, w, out=out)
+
+    split = cfg.split_k
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
+    split = triton.cdiv(k, k_per_split)
+    atomic = split > 1
+    if atomic:
+        y = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    elif out is not None and out.stride(1) == 1:
+        y = out
+    else:
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split)
+    w4a16_kernel[grid](
+        x, qweight, qzeros, scales, gi, y,
+        m, n, k, group_size, x.stride(0), y.stride(0), k_per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        MODE=cfg.mode, GROUPS=group_mode(group_size, cfg.block_k, act), ACT_ORDER=act, ATOMIC=atomic,
+        BF16=bf16, F32=bf16 or cfg.f32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if atomic:
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y.to(x.dtype)
+    if out is not None and y is not out:
+        out.copy_(y)
+        return out
+    return y

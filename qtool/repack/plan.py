@@ -1,0 +1,429 @@
+"""Deciding, per module and before any byte is written, how exactly a repack can be done.
+
+Kinds (ModulePlan.kind):
+    exact       the target stores the same quantization (same codes, scales, zeros, groups); dequantized
+                weights are bit-identical
+    near-exact  only the fp16 rounding of a stored float moves weights (GGUF d / Q4_1 m); max_error says by
+                how much
+    lossy       the target cannot hold this quantization; converting means dequantize + requantize
+                (only with --allow-lossy; the error is measured when it runs)
+    impossible  not even requantization helps (shapes the target cannot tile, a source qtool cannot read)
+    keep        not selected by --include/--exclude: copied in the source layout, unchanged
+
+How a verdict is reached (ModulePlan.decided_by):
+    "header"  from the header and config facts (bits, group size, sym, act-order, shape) by asking the target
+              format's `check` about a stand-in Plain of that shape (zero-stride tensors, no data); the real
+              Plain is checked again while converting and a disagreement stops the run before anything is
+              renamed into place;
+    "data"    where exactness depends on values: GGUF targets (q - z ranges, fp16 d), GPTQ v1 targets of
+              asymmetric sources (a zero of 0 has no v1 encoding), GGUF Q4_1 sources (is -m/d an integer?),
+              and any module whose facts the header leaves open. The module is unpacked and checked.
+
+Exact transformations of a Plain (applied when --bits / --group-size ask for them):
+    widen    b -> b' > b: q' = q + c, z' = z + c with c = 2^(b'-1) - 2^(b-1) (the symmetric midpoint moves
+             with it), so s * (q' - z') = s * (q - z);
+    regroup  G -> G' dividing G (or G = -1 -> G' dividing I): scales and zeros repeated G/G' times.
+Fewer bits, or groups merged, change the quantization: lossy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from qtool.errors import UsageError
+from qtool.formats.base import Format
+from qtool.formats.plain import Plain
+
+KINDS = ("exact", "near-exact", "lossy", "impossible", "keep")
+GGUF_TARGETS = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
+TARGET_ALIASES = {"q4_0": "gguf_q4_0", "q4_1": "gguf_q4_1", "q8_0": "gguf_q8_0", "compressed-tensors": "ct",
+                  "compressed_tensors": "ct", "gptq_v1": "gptq", "awq_gemm": "awq"}
+_ST_FLOATS = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+
+
+def target_id(name: str) -> str:
+    key = name.strip().lower().replace("-", "_")
+    return TARGET_ALIASES.get(key, TARGET_ALIASES.get(name.strip().lower(), key))
+
+
+@dataclass(frozen=True)
+class RepackJob:
+    """Everything `qtool repack` was asked (the CLI flags, one to one)."""
+
+    src: Path
+    to: str
+    out: Path | None = None
+    allow_lossy: bool = False
+    bits: int | None = None
+    group_size: int | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    dry_run: bool = False
+    force: bool = False
+    max_shard_size: str = "4GB"
+    method: str = "rtn"
+
+
+@dataclass
+class ModulePlan:
+    """What happens to one module. Source facts, target parameters, the verdict and its reasons.
+
+    steps: exact Plain transformations on the way ("regroup 128->32", "widen 4->8") or "requantize".
+    fast:  True when a direct tensor-to-tensor path (same bytes as the composition) will be used.
+    max_error: near-exact: max |w_target - w_source| predicted; lossy: measured max after the run.
+    rel_error: lossy: ||W_target - W_source|| / ||W_source||, measured.
+    """
+
+    module: str
+    src_format: str
+    dst_format: str
+    shape: list[int] | None
+    bits: int | None
+    group_size: int | None
+    sym: bool | None
+    desc_act: bool | None
+    kind: str = "exact"
+    reasons: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    to_bits: int | None = None
+    to_group_size: int | None = None
+    to_sym: bool | None = None
+    decided_by: str = "header"
+    copy: bool = False
+    fast: bool = False
+    max_error: float | None = None
+    rel_error: float | None = None
+    target_meta: dict | None = None
+
+    @property
+    def converts(self) -> bool:
+        return self.kind in ("exact", "near-exact", "lossy")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("target_meta")
+        return d
+
+
+@dataclass
+class RepackPlan:
+    job: RepackJob
+    target: str
+    out: Path
+    modules: list[ModulePlan]
+    passthrough: int
+    source_format: str
+    container: str
+    warnings: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        c = {k: 0 for k in KINDS}
+        for m in self.modules:
+            c[m.kind] += 1
+        return c
+
+    def blocking(self) -> list[ModulePlan]:
+        """Modules that stop the run: impossible ones always, lossy ones without --allow-lossy."""
+        return [m for m in self.modules
+                if m.kind == "impossible" or (m.kind == "lossy" and not self.job.allow_lossy)]
+
+    def refusal_message(self) -> str:
+        bad = self.blocking()
+        lossy = [m for m in bad if m.kind == "lossy"]
+        head = f"{len(bad)} of {len(self.modules)} modules cannot be converted exactly to {self.target}"
+        items = [f"{m.module} [{m.kind}]: {'; '.join(m.reasons) or m.kind}" for m in bad[:4]]
+        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
+        return f"{head}: " + " | ".join(items) + more + "; nothing was written"
+
+    def refusal_fix(self) -> str:
+        bad = self.blocking()
+        if any(m.kind == "lossy" for m in bad) and not any(m.kind == "impossible" for m in bad):
+            return "pass --allow-lossy to requantize them (the error is reported), or --exclude them"
+        return "--exclude those modules or choose another --to" + (
+            "; --allow-lossy requantizes the lossy ones" if any(m.kind == "lossy" for m in bad) else "")
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "out": str(self.out), "source_format": self.source_format,
+                "container": self.container, "counts": self.counts(), "passthrough_tensors": self.passthrough,
+                "warnings": list(self.warnings), "modules": [m.to_dict() for m in self.modules]}
+
+
+# --- exact transformations ---------------------------------------------------------------------------------
+def can_regroup(group: int, in_features: int, to_group: int, desc_act: bool) -> bool:
+    """True when every new group lies inside one old group (the old scale/zero just repeats)."""
+    if to_group == group:
+        return True
+    if desc_act or to_group == -1 or to_group <= 0 or in_features % to_group:
+        return False
+    return group == -1 or (in_features % group == 0 and group % to_group == 0)
+
+
+def regroup(p: Plain, to_group: int) -> Plain:
+    """Same weights, smaller groups: scales/zeros repeated (exact; see can_regroup)."""
+    if to_group == p.group_size:
+        return p
+    r = p.effective_group_size // to_group
+    zeros = None if p.zeros is None else p.zeros.repeat_interleave(r, dim=1)
+    return p.with_(scales=p.scales.repeat_interleave(r, dim=1), zeros=zeros, g_idx=None, group_size=to_group)
+
+
+def widen(p: Plain, to_bits: int) -> Plain:
+    """Same weights, wider codes: q and z shifted together so the midpoint stays the midpoint (exact)."""
+    if to_bits == p.bits:
+        return p
+    c = (1 << (to_bits - 1)) - (1 << (p.bits - 1))
+    q = (p.qweight.to(torch.int16) + c).to(torch.uint8)
+    z = None if p.zeros is None else (p.zeros.to(torch.int16) + c).to(torch.uint8)
+    return p.with_(qweight=q, zeros=z, bits=to_bits)
+
+
+def apply_steps(p: Plain, m: ModulePlan) -> Plain:
+    """The exact transformations the plan chose, in order (widen, then regroup)."""
+    if m.to_bits is not None and m.to_bits > p.bits:
+        p = widen(p, m.to_bits)
+    if m.to_group_size is not None and m.to_group_size != p.group_size and can_regroup(
+            p.group_size, p.in_features, m.to_group_size, p.desc_act):
+        p = regroup(p, m.to_group_size)
+    return p
+
+
+def stand_in(o: int, i: int, bits: int, group: int, sym: bool, g_idx: torch.Tensor | None = None,
+             scale_dtype: torch.dtype = torch.float16, meta: dict | None = None) -> Plain:
+    """A Plain of the given shape and facts whose tensors are zero-stride views (no memory, no data):
+    format checks look at shapes, flags and (cheaply) ranges. Asymmetric zeros are 1: neither the midpoint
+    nor the 0 a v1 target cannot store."""
+    ng = 1 if group == -1 else -(-i // group)
+    q = torch.zeros((), dtype=torch.uint8).expand(o, i)
+    s = torch.ones((), dtype=scale_dtype).expand(o, ng)
+    z = None if sym else torch.ones((), dtype=torch.uint8).expand(o, ng)
+    return Plain(q, s, z, g_idx, bits, group, dict(meta or {}))
+
+
+# --- the planner ---------------------------------------------------------------------------------------------
+def _compile(regex: str, flag: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise UsageError(f"{flag} '{regex}' is not a valid regular expression ({e})") from None
+
+
+def default_out(src: Path, target: str) -> Path:
+    """`<src>-<format>` beside the source (`.gguf` added for GGUF targets)."""
+    src = Path(src)
+    stem = src.stem if src.is_file() else src.name
+    if src.name.endswith(".index.json"):
+        src = src.parent
+        stem = src.name
+    short = target.removeprefix("gguf_")
+    base = src.parent / f"{stem}-{short}"
+    return base.with_name(base.name + ".gguf") if target in GGUF_TARGETS else base
+
+
+def make_plan(source, job: RepackJob) -> RepackPlan:
+    """Decide every module of `source` (qtool.repack.source.Source) for `job`."""
+    from qtool.formats import all_formats, get_format
+
+    target = target_id(job.to)
+    dst = get_format(target)
+    if target in GGUF_TARGETS and (job.bits is not None or job.group_size is not None):
+        raise UsageError(f"--bits/--group-size do not apply to {target}: GGUF blocks fix them (32 inputs per "
+                         "block, the type's own code width)", fix="drop --bits/--group-size")
+    if job.bits is not None and job.bits not in dst.spec.bits:
+        raise UsageError(f"{target} holds {', '.join(map(str, dst.spec.bits))}-bit codes, not --bits {job.bits}")
+    incl = [_compile(r, "--include") for r in job.include]
+    excl = [_compile(r, "--exclude") for r in job.exclude]
+    known = all_formats()
+    plans = []
+    for m in source.modules:
+        mp = ModulePlan(m.name, m.format, target, list(m.shape) if m.shape else None, m.bits, m.group_size,
+                        m.sym, m.desc_act)
+        if (incl and not any(r.search(m.name) for r in incl)) or any(r.search(m.name) for r in excl):
+            mp.kind, mp.copy = "keep", True
+            mp.reasons.append("not selected by --include/--exclude: copied in the source layout")
+        elif m.format not in known and not m.format.startswith("gguf:"):
+            mp.kind = "impossible"
+            mp.reasons.append(f"qtool cannot read '{m.format}' modules")
+        else:
+            _decide(source, m, mp, dst, job, known)
+        plans.append(mp)
+    out = Path(job.out) if job.out else default_out(job.src, target)
+    fmts = sorted({m.format for m in source.modules})
+    return RepackPlan(job, target, out, plans, len(source.passthrough), ",".join(fmts) or "none",
+                      source.container, list(source.warnings))
+
+
+def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:
+    target = dst.spec.id
+    if m.format.startswith("gguf:"):
+        mp.kind = "lossy"
+        mp.reasons.append(f"GGUF {m.format[5:]} is read only by dequantizing; integer layouts need "
+                          "requantization")
+        _lossy_target(m, mp, dst, job)
+        return
+    tb = job.bits if job.bits is not None else m.bits
+    tg = job.group_size if job.group_size is not None else m.group_size
+    if m.format == target and tb == m.bits and tg == m.group_size:
+        mp.copy = True
+        mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+        mp.reasons.append("same layout: tensors copied byte for byte")
+        return
+    facts_known = None not in (m.bits, m.group_size, m.sym, m.desc_act, m.shape)
+    needs_data = (target in GGUF_TARGETS or m.format == "gguf_q4_1" or not facts_known
+                  or (target == "gptq" and m.sym is not True))
+    if not needs_data:
+        _decide_from_header(source, m, mp, dst, job, tb, tg)
+    else:
+        _decide_from_data(source, m, mp, dst, job, known)
+
+
+def _transform_reasons(bits: int, group: int, in_features: int, desc_act: bool, tb: int | None,
+                       tg: int | None) -> tuple[list[str], list[str]]:
+    """(exact steps, lossy reasons) for changing bits/group size."""
+    steps, lossy = [], []
+    if tb is not None and tb != bits:
+        if tb > bits:
+            steps.append(f"widen {bits}->{tb} bits")
+        else:
+            lossy.append(f"--bits {tb} is narrower than the source's {bits}-bit codes")
+    if tg is not None and tg != group:
+        if can_regroup(group, in_features, tg, desc_act):
+            steps.append(f"regroup {group}->{tg}")
+        else:
+            lossy.append(f"group size {group} -> {tg} merges or splits groups across scales"
+                         + (" (act-order)" if desc_act else ""))
+    return steps, lossy
+
+
+def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, tb: int, tg: int) -> None:
+    o, i = m.shape
+    steps, lossy = _transform_reasons(m.bits, m.group_size, i, m.desc_act, tb, tg)
+    if lossy:
+        mp.kind, mp.reasons = "lossy", lossy
+        _lossy_target(m, mp, dst, job)
+        return
+    g_idx = None
+    if m.desc_act:
+        g_idx = _read_g_idx(source, m)
+        if g_idx is None:
+            _decide_from_data(source, m, mp, dst, job, None)
+            return
+    scale_dtype = _ST_FLOATS.get(m.scale_dtype or "F16", torch.float16)
+    bits = tb if tb > m.bits else m.bits
+    group = tg if steps and tg != m.group_size else m.group_size
+    probe = stand_in(o, i, bits, group, m.sym, g_idx if group == m.group_size else None, scale_dtype,
+                     {"format": m.format})
+    why = dst.check(probe)
+    mp.steps = steps
+    mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, m.sym
+    if why:
+        mp.kind, mp.reasons = "lossy", why
+        _lossy_target(m, mp, dst, job)
+        return
+    mp.kind = "exact"
+    mp.target_meta = _target_meta(dst, probe)
+
+
+def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict | None) -> None:
+    """Unpack the module and ask the target about the real Plain."""
+    from qtool.errors import NotRepresentable
+    from qtool.formats import get_format
+
+    mp.decided_by = "data"
+    try:
+        plain = get_format(m.format).unpack(source.load(m), m.params)
+    except NotRepresentable as e:  # e.g. GGUF Q4_1 whose offsets are not integer zero points
+        mp.kind, mp.reasons = "lossy", [e.problem]
+        _lossy_target(m, mp, dst, job)
+        return
+    mp.bits, mp.group_size, mp.sym, mp.desc_act = plain.bits, plain.group_size, plain.sym, plain.desc_act
+    mp.shape = [plain.out_features, plain.in_features]
+    if dst.spec.id in GGUF_TARGETS:
+        a = dst.assess(plain)
+        mp.to_bits, mp.to_group_size, mp.to_sym = plain.bits, plain.group_size, plain.sym
+        if a.kind == "impossible":
+            mp.kind, mp.reasons = "lossy", list(a.reasons)
+            _lossy_target(m, mp, dst, job)
+        else:
+            mp.kind, mp.max_error = a.kind, a.max_error
+            if a.kind == "near-exact":
+                mp.reasons.append("d (and Q4_1's m) rounded to fp16")
+        return
+    tb = job.bits if job.bits is not None else plain.bits
+    tg = job.group_size if job.group_size is not None else plain.group_size
+    steps, lossy = _transform_reasons(plain.bits, plain.group_size, plain.in_features, plain.desc_act, tb, tg)
+    if lossy:
+        mp.kind, mp.reasons = "lossy", lossy
+        _lossy_target(m, mp, dst, job)
+        return
+    mp.steps = steps
+    mp.to_bits, mp.to_group_size, mp.to_sym = tb, tg, plain.sym
+    plain = apply_steps(plain, mp)
+    why = dst.check(plain)
+    if why:
+        mp.kind, mp.reasons = "lossy", why
+        _lossy_target(m, mp, dst, job)
+        return
+    mp.kind = "exact"
+    mp.target_meta = _target_meta(dst, plain)
+
+
+def _read_g_idx(source, m) -> torch.Tensor | None:
+    for short in ("g_idx", "weight_g_idx"):
+        if short in m.layout and source.container == "safetensors":
+            g = source.get(m.layout[short])
+            if g.dim() == 1 and not g.dtype.is_floating_point:
+                return g.to(torch.int32)
+    return None
+
+
+def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
+    """Parameters a requantization would use, and whether the target can take even that."""
+    spec = dst.spec
+    mp.steps = ["requantize"]
+    if spec.id in GGUF_TARGETS:
+        mp.to_bits = {"gguf_q8_0": 8}.get(spec.id, 4)
+        mp.to_group_size, mp.to_sym = 32, spec.id != "gguf_q4_1"
+        if m.in_features is not None and m.in_features % 32:
+            mp.kind = "impossible"
+            mp.reasons.append(f"in_features {m.in_features} is not a multiple of the 32-input GGUF block")
+        return
+    o, i = (m.shape or (None, None))
+    bits = job.bits or (m.bits if m.bits in spec.bits else
+                        min((b for b in spec.bits if m.bits is not None and b >= m.bits), default=max(spec.bits)))
+    if job.group_size is not None:
+        group = job.group_size
+    else:
+        allowed = spec.group_sizes
+        group = m.group_size if m.group_size not in (None,) else 128
+        if allowed is not None and group not in allowed:
+            group = 128 if 128 in allowed else allowed[0]
+        if i is not None and group != -1 and i % group:
+            group = -1
+    sym = m.sym if m.sym is not None else True
+    if not spec.asym:
+        sym = True
+    elif not spec.sym:
+        sym = False
+    mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, sym
+    if o is None:
+        return
+    why = dst.check(stand_in(o, i, bits, group, sym, meta={"format": m.format}))
+    if why:
+        mp.kind = "impossible"
+        mp.reasons.append("even requantized: " + "; ".join(why))
+    else:
+        mp.target_meta = _target_meta(dst, stand_in(o, i, bits, group, sym, meta={"format": m.format}))
+
+
+def _target_meta(dst: Format, plain: Plain) -> dict | None:
+    """Per-module facts a target's file contract records (Marlin: source, shape, padding)."""
+    if dst.spec.id == "marlin":
+        from qtool.formats import marlin
+
+        return marlin.module_meta(plain)
+    return None
+

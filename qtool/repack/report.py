@@ -1,0 +1,60 @@
+"""Rendering a repack plan/report: a rich table of every module's verdict, then a summary."""
+
+from __future__ import annotations
+
+from qtool.report.common import human_bytes
+
+_STYLE = {"exact": "green", "near-exact": "cyan", "lossy": "yellow", "impossible": "red", "keep": "dim"}
+
+
+def _err(m) -> str:
+    if m.kind == "near-exact" and m.max_error is not None:
+        return f"max {m.max_error:.3g}"
+    if m.kind == "lossy":
+        if m.rel_error is not None:
+            return f"rel {m.rel_error:.3%}, max {m.max_error:.3g}"
+        return "measured when run"
+    return ""
+
+
+def _how(m) -> str:
+    if m.copy:
+        return "copy"
+    if m.kind in ("impossible", "keep"):
+        return "-"
+    parts = list(m.steps) or ["relayout"]
+    if m.fast:
+        parts.append("direct")
+    return ", ".join(parts)
+
+
+def render(report, console, *, refused: bool = False) -> None:
+    from rich.table import Table
+
+    from qtool.cli.common import sanitize
+
+    plan = report.plan
+    t = Table(title=f"repack {sanitize(str(plan.job.src))} -> {plan.target}", show_lines=False)
+    for h in ("module", "from", "shape", "bits/group", "kind", "how", "error", "why"):
+        t.add_column(h, overflow="fold")
+    for m in plan.modules:
+        bg = f"{m.bits}/{m.group_size}"
+        if m.to_bits is not None and (m.to_bits, m.to_group_size) != (m.bits, m.group_size):
+            bg += f" -> {m.to_bits}/{m.to_group_size}"
+        style = _STYLE.get(m.kind, "")
+        t.add_row(sanitize(m.module), m.src_format, "x".join(map(str, m.shape or [])) or "?", bg,
+                  f"[{style}]{m.kind}[/{style}]" if style else m.kind, _how(m), _err(m),
+                  sanitize("; ".join(m.reasons)))
+    console.print(t)
+    c = plan.counts()
+    summary = ", ".join(f"{n} {k}" for k, n in c.items() if n)
+    console.print(f"{len(plan.modules)} modules: {summary}; {plan.passthrough} other tensors copied byte for byte")
+    for w in plan.warnings:
+        console.print(f"warning: {sanitize(w)}")
+    if refused:
+        return
+    if plan.job.dry_run:
+        console.print(f"dry run: nothing written (would write {sanitize(str(plan.out))})")
+    else:
+        console.print(f"wrote {sanitize(str(plan.out))}: {human_bytes(report.bytes_in)} -> "
+                      f"{human_bytes(report.bytes_out)} in {report.seconds:.2f} s")

@@ -1,0 +1,461 @@
+"""`qtool repack`: convert a quantized checkpoint to another layout, module by module, streaming.
+
+Order of work: open the source (headers), plan every module (plan.py), refuse before writing anything if a
+module is lossy without --allow-lossy or impossible, then stream: for each tensor in source order either copy
+its bytes (passthrough, unchanged modules) or convert its module and write the result. Peak memory is one
+module's tensors (and its canonical Plain), never the model. Output is built under a temporary name and
+renamed into place only when complete.
+
+Conversion of one module: a registered direct path when the plan is an exact relayout and one applies (its
+bytes equal the composition's, tested), else `B.pack(steps(A.unpack(x)))`; lossy modules are dequantized and
+requantized (qtool.quant for integer layouts, gguf.quants for GGUF types) and their error is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qtool.errors import NotRepresentable, UsageError
+from qtool.repack.plan import GGUF_TARGETS, ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+
+GGUF_TYPE = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
+GGUF_FILE_TYPE = {"gguf_q4_0": 2, "gguf_q4_1": 3, "gguf_q8_0": 7}  # LlamaFileType.MOSTLY_*
+HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
+
+
+class Refused(NotRepresentable):
+    """The plan has lossy (without --allow-lossy) or impossible modules; nothing was written."""
+
+    def __init__(self, plan: RepackPlan):
+        self.plan = plan
+        super().__init__(plan.refusal_message(), path=plan.job.src, fix=plan.refusal_fix())
+
+
+@dataclass
+class RepackReport:
+    plan: RepackPlan
+    written: bool = False
+    files: list[str] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = self.plan.to_dict()
+        d.update({"dry_run": self.plan.job.dry_run, "allow_lossy": self.plan.job.allow_lossy,
+                  "written": self.written, "files": self.files, "bytes_in": self.bytes_in,
+                  "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3)})
+        return d
+
+
+def fast_paths() -> dict:
+    """(src, dst) -> direct conversion, gathered from the format modules that offer them."""
+    import importlib
+
+    out = {}
+    for mod in ("compressed_tensors", "marlin", "gptq", "awq", "gptq_planar", "gguf_blocks"):
+        try:
+            m = importlib.import_module(f"qtool.formats.{mod}")
+        except ModuleNotFoundError:
+            continue
+        out.update(getattr(m, "FAST_PATHS", {}) or {})
+    return out
+
+
+def plan_repack(job: RepackJob):
+    """(source, plan) without writing anything."""
+    from qtool.repack.source import open_source
+
+    source = open_source(job.src)
+    if not source.modules:
+        raise UsageError("no quantized modules to convert", path=job.src,
+                         fix="repack converts quantized checkpoints; use `qtool pack` for dense ones")
+    return source, make_plan(source, job)
+
+
+def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | None = None,
+               use_fast_paths: bool = True) -> RepackReport:
+    """Plan; refuse (Refused) or, unless dry_run, convert and write atomically. Returns the report."""
+    t0 = time.perf_counter()
+    source, plan = plan_repack(job)
+    report = RepackReport(plan, bytes_in=sum(source.tensor_nbytes(n) for n in source.order))
+    if plan.blocking():
+        raise Refused(plan)
+    if job.dry_run:
+        report.seconds = time.perf_counter() - t0
+        return report
+    if plan.out.exists() and not job.force:
+        from qtool.errors import OutputError
+
+        raise OutputError("destination exists", path=plan.out, fix="choose another -o, or pass --force to replace it")
+    conv = ModuleConverter(source, plan, fast_paths() if use_fast_paths else {})
+    try:
+        if plan.target in GGUF_TARGETS:
+            _write_gguf(source, plan, conv, report, on_progress)
+        else:
+            _write_hf(source, plan, conv, report, on_progress)
+    finally:
+        source.close()
+    report.written = True
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+# --- one module --------------------------------------------------------------------------------------------
+class ModuleConverter:
+    """Converts one source module to the target's tensors, following its ModulePlan."""
+
+    def __init__(self, source, plan: RepackPlan, fast: dict):
+        from qtool.formats import get_format
+
+        self.source, self.plan, self.fast = source, plan, fast
+        self.dst = get_format(plan.target)
+
+    def source_plain(self, m):
+        """The module's canonical Plain (None for GGUF types readable only by dequantizing)."""
+        from qtool.formats import get_format
+
+        if m.format.startswith("gguf:"):
+            return None
+        p = get_format(m.format).unpack(self.source.load(m), m.params)
+        if "format" not in p.meta:
+            p = p.with_(meta={**p.meta, "format": m.format})
+        return p
+
+    def source_weight(self, m, plain):
+        """float32 [O, I]: the source's dequantized weight (what its engine computes, widened)."""
+        import torch
+
+        from qtool.formats import dequantize
+
+        if plain is not None:
+            return dequantize(plain, torch.float32)
+        import gguf
+
+        raw = self.source.load(m)["weight"]
+        qt = gguf.GGMLQuantizationType[m.format[5:]]
+        try:
+            w = gguf.quants.dequantize(raw.numpy(), qt)
+        except NotImplementedError:
+            raise NotRepresentable(f"the gguf package cannot dequantize {m.format[5:]}", tensor=m.name,
+                                   fix="--exclude this module") from None
+        return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
+
+    def convert(self, m, mp: ModulePlan) -> dict:
+        """Target tensors {short name: tensor} (GGUF: {"weight": uint8 [O, row_bytes]})."""
+        if mp.kind in ("exact", "near-exact") and not mp.steps:
+            fn = self.fast.get((m.format, self.dst.spec.id))
+            if fn is not None:
+                out = fn(self.source.load(m), m.params, m.format, self.dst.spec.id)
+                if out is not None:
+                    mp.fast = True
+                    return out
+        plain = self.source_plain(m) if not (mp.kind == "lossy" and m.format.startswith("gguf:")) else None
+        if mp.kind in ("exact", "near-exact"):
+            return self._relayout(m, mp, plain)
+        return self._requantize(m, mp, plain)
+
+    def _relayout(self, m, mp: ModulePlan, plain) -> dict:
+        plain = apply_steps(plain, mp)
+        if self.dst.spec.id in GGUF_TARGETS:
+            why = list(self.dst.assess(plain).reasons)
+        else:
+            why = self.dst.check(plain)
+        if why:
+            raise NotRepresentable(
+                f"{m.name}: planned as {mp.kind} from the header ({mp.src_format} {mp.bits}-bit, sym={mp.sym}, "
+                f"desc_act={mp.desc_act}) but the data cannot be stored as {self.dst.spec.id}: {'; '.join(why)}; "
+                "nothing was written", tensor=m.name,
+                fix="the config misdescribes this module; rerun with --allow-lossy or --exclude it")
+        return self.dst.pack(plain)
+
+    def _requantize(self, m, mp: ModulePlan, plain) -> dict:
+        import torch
+
+        from qtool.formats import dequantize
+
+        w = self.source_weight(m, plain)
+        ref = w.to(torch.float64)
+        if self.dst.spec.id in GGUF_TARGETS:
+            import gguf
+
+            from qtool.formats.gguf_blocks import dequantize_blocks
+
+            qt = gguf.GGMLQuantizationType[GGUF_TYPE[self.dst.spec.id]]
+            raw = torch.from_numpy(gguf.quants.quantize(w.numpy(), qt).copy())
+            got = dequantize_blocks(raw, self.dst.spec.id).to(torch.float64)
+            out = {"weight": raw}
+        else:
+            from qtool.quant import quantize
+
+            sdt = plain.scales.dtype if plain is not None and plain.scales.dtype in (torch.float16,
+                                                                                    torch.bfloat16) else torch.float16
+            q = quantize(w, mp.to_bits, mp.to_group_size, bool(mp.to_sym), method=self.plan.job.method,
+                         scale_dtype=sdt, name=m.name)
+            q = q.with_(meta={**q.meta, "format": m.format})
+            why = self.dst.check(q)
+            if why:
+                raise NotRepresentable(f"{m.name}: requantized weight still cannot be stored as {self.dst.spec.id}: "
+                                       + "; ".join(why), tensor=m.name, fix="--exclude this module")
+            got = dequantize(q, torch.float64)
+            out = self.dst.pack(q)
+        diff = got - ref
+        mp.max_error = float(diff.abs().max()) if diff.numel() else 0.0
+        mp.rel_error = float(torch.linalg.vector_norm(diff) / max(float(torch.linalg.vector_norm(ref)), 1e-300))
+        return out
+
+
+# --- Hugging Face directory targets -------------------------------------------------------------------------
+def _target_metadata(plan: RepackPlan) -> dict[str, str]:
+    from qtool import __version__
+
+    conv = [m for m in plan.modules if m.converts]
+    meta = {"qtool.version": __version__, "qtool.format": plan.target, "qtool.repack.source": plan.source_format}
+    for key, attr in (("qtool.bits", "to_bits"), ("qtool.group_size", "to_group_size")):
+        vals = {getattr(m, attr) for m in conv}
+        if len(vals) == 1 and None not in vals:
+            meta[key] = str(vals.pop())
+    if plan.target == "marlin":
+        from qtool.formats import marlin
+
+        metas = {m.module: m.target_meta for m in conv if m.target_meta}
+        if metas:
+            meta.update(marlin.contract(marlin.summarize(metas)))
+    return meta
+
+
+def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
+    from qtool.io.writer import ShardedWriter, atomic_output, parse_size, write_json
+
+    by_first, skip = _module_order(source)
+    plans = {m.module: m for m in plan.modules}
+    total = len(source.order)
+    with atomic_output(plan.out, plan.job.force) as tmp:
+        w = ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan))
+        try:
+            for k, name in enumerate(source.order):
+                if on_progress:
+                    on_progress(name, k, total)
+                m = by_first.get(name)
+                if m is None:
+                    if name in skip:
+                        continue
+                    if source.container == "gguf":
+                        w.add(name, source.get(name) if source.tensor_info(name).type_name in ("F32", "F16",
+                              "BF16") else source.gguf_bytes(name))
+                    else:
+                        w.add_raw(name, source.tensor_info(name))
+                    continue
+                mp = plans[m.name]
+                if mp.copy:
+                    for short, full in m.layout.items():
+                        if source.container == "gguf":
+                            w.add(full, source.gguf_bytes(full))
+                        else:
+                            w.add_raw(full, source.tensor_info(full))
+                    continue
+                for short, t in conv.convert(m, mp).items():
+                    w.add(f"{m.name}.{short}" if m.name else short, t)
+            files = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        report.files = [f.name for f in files]
+        report.bytes_out = sum(f.stat().st_size for f in files)
+        _write_configs(tmp, source, plan)
+        for extra in source.other_files:
+            shutil.copy2(extra, tmp / extra.name)
+        write_json(tmp / "qtool_repack.json", report.to_dict() | {"written": True})
+    if on_progress:
+        on_progress("", total, total)
+
+
+def _module_order(source):
+    """{first layout tensor name: module}, and the other layout tensor names (written with their module)."""
+    by_first, skip = {}, set()
+    for m in source.modules:
+        names = [n for n in source.order if n in set(m.layout.values())]
+        if names:
+            by_first[names[0]] = m
+            skip.update(names[1:])
+    return by_first, skip
+
+
+def _majority(values):
+    return Counter(values).most_common(1)[0][0]
+
+
+def _write_configs(tmp: Path, source, plan: RepackPlan) -> None:
+    from qtool.io.writer import write_json
+
+    conv = [m for m in plan.modules if m.converts]
+    qcfg = None
+    if plan.target in HF_CONFIG_TARGETS:
+        qcfg = gptq_family_config(plan.target, conv)
+    elif plan.target == "ct":
+        qcfg = ct_config(conv, source)
+    elif plan.target == "marlin":
+        from qtool.formats import marlin
+
+        metas = {m.module: m.target_meta for m in conv if m.target_meta}
+        qcfg = marlin.quantization_config(marlin.summarize(metas))
+    cfg = dict(source.config or {})
+    if qcfg is not None:
+        cfg["quantization_config"] = qcfg
+    write_json(tmp / "config.json", cfg)
+    if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
+        write_json(tmp / "quantize_config.json", qcfg)
+
+
+def gptq_family_config(target: str, conv: list[ModulePlan]) -> dict:
+    """quantization_config for gptq/gptq_v2/gptq_p/awq: the majority scheme, GPTQModel `dynamic` overrides
+    for modules that differ."""
+    from qtool.io.qconfig import quantization_config_for
+
+    def scheme(m):
+        return (m.to_bits, m.to_group_size, bool(m.to_sym), bool(m.desc_act) and "requantize" not in m.steps)
+
+    base = _majority([scheme(m) for m in conv])
+    dynamic = {}
+    for m in conv:
+        s = scheme(m)
+        if s != base:
+            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), s, base, strict=True)
+                    if v != b}
+            dynamic[f"+:^{re.escape(m.module)}$"] = over
+    bits, group, sym, desc = base
+    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False,
+                                   {"dynamic": dynamic} if dynamic else None)
+
+
+def ct_config(conv: list[ModulePlan], source) -> dict:
+    """compressed-tensors quantization_config: one config group per (bits, group size, sym, act-order) scheme,
+    targeting its modules by exact name."""
+    from qtool.formats.compressed_tensors import DENSE_SINCE
+
+    groups: dict[tuple, list[str]] = {}
+    for m in conv:
+        desc = bool(m.desc_act) and "requantize" not in m.steps
+        groups.setdefault((m.to_bits, m.to_group_size, bool(m.to_sym), desc), []).append(m.module)
+    config_groups = {}
+    for k, ((bits, group, sym, desc), mods) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+        config_groups[f"group_{k}"] = {
+            "targets": mods,
+            "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
+                        "group_size": None if group == -1 else group,
+                        "strategy": "channel" if group == -1 else "group",
+                        "actorder": "group" if desc else None, "dynamic": False, "observer": "minmax",
+                        "observer_kwargs": {}, "block_structure": None},
+            "input_activations": None, "output_activations": None, "format": "pack-quantized",
+        }
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
+            "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
+            "transform_config": {}, "global_compression_ratio": None}
+
+
+# --- GGUF targets -------------------------------------------------------------------------------------------
+def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
+    import torch
+
+    from qtool.formats import dequantize
+    from qtool.formats.gguf_blocks import BLOCKS
+    from qtool.io.gguf_writer import (
+        GGUFTensorSpec,
+        carried_fields,
+        hparams_from_config,
+        name_mapper,
+        resolve_arch,
+        write_gguf,
+    )
+    from qtool.io.writer import atomic_output
+
+    gguf_src = source.container == "gguf"
+    arch = resolve_arch(source.config, source.architecture if gguf_src else None)
+    n_blocks = None
+    if source.config and isinstance(source.config.get("num_hidden_layers"), int):
+        n_blocks = source.config["num_hidden_layers"]
+    elif gguf_src and arch and isinstance(source.metadata.get(f"{arch}.block_count"), int):
+        n_blocks = source.metadata[f"{arch}.block_count"]
+    mapped = name_mapper(arch, n_blocks or _guess_blocks(source.order))
+    by_first, skip = _module_order(source)
+    plans = {m.module: m for m in plan.modules}
+    nbytes_blk, _, tname = BLOCKS[plan.target]
+    specs, jobs = [], []
+    _ST_GGML = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I32": "I32", "I64": "I64", "I8": "I8", "I16": "I16"}
+    for name in source.order:
+        m = by_first.get(name)
+        if m is None:
+            if name in skip:
+                continue
+            info = source.tensor_info(name)
+            if gguf_src:
+                specs.append(GGUFTensorSpec(name, tuple(reversed(info.shape)), info.type_name, info.nbytes))
+                jobs.append(("raw", name, None))
+            elif info.dtype in _ST_GGML:
+                specs.append(GGUFTensorSpec(mapped(name), tuple(info.shape), _ST_GGML[info.dtype], info.nbytes))
+                jobs.append(("raw", name, None))
+            else:
+                plan.warnings.append(f"{name}: dtype {info.dtype} has no GGUF type; left out")
+            continue
+        mp = plans[m.name]
+        o, i = mp.shape
+        out_name = mapped(f"{m.name}.weight") if not gguf_src else f"{m.name}.weight"
+        if mp.copy and gguf_src:
+            info = source.tensor_info(m.layout["weight"])
+            specs.append(GGUFTensorSpec(out_name, (o, i), info.type_name, info.nbytes))
+            jobs.append(("raw", m.layout["weight"], None))
+        elif mp.kind == "keep":
+            # GGUF cannot hold the source's integer layout: write what it decodes to, exactly, as a float tensor
+            sd = {"F16": "F16", "BF16": "BF16"}.get(m.scale_dtype or "F16", "F32")
+            specs.append(GGUFTensorSpec(out_name, (o, i), sd, o * i * (4 if sd == "F32" else 2)))
+            jobs.append(("dense", m, mp))
+            plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
+        else:
+            specs.append(GGUFTensorSpec(out_name, (o, i), tname, o * (i // 32) * nbytes_blk))
+            jobs.append(("convert", m, mp))
+
+    def data():
+        tdt = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+        for k, (kind, a, mp) in enumerate(jobs):
+            if on_progress:
+                on_progress(specs[k].name, k, len(jobs))
+            if kind == "raw":
+                t = source.gguf_bytes(a) if gguf_src else source.get(a)
+                yield t.contiguous().view(torch.uint8).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+            elif kind == "dense":
+                w = dequantize(conv.source_plain(a), tdt[specs[k].type_name])
+                yield w.view(torch.uint8).numpy() if w.dtype == torch.bfloat16 else w.numpy()
+            else:
+                yield conv.convert(a, mp)["weight"].numpy()
+
+    kv = carried_fields(source.path if source.path.is_file() else next(iter(source._gguf.values())).file) \
+        if gguf_src else []
+    hp = [] if gguf_src else hparams_from_config(source.config)
+    name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
+    for key, value, _t, _s in kv:
+        if key == "general.name":
+            name = None
+    with atomic_output(plan.out, plan.job.force, directory=False) as tmp:
+        write_gguf(tmp, arch or "unknown", specs, data(), GGUF_FILE_TYPE[plan.target], kv,
+                   [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
+    report.files = [plan.out.name]
+    report.bytes_out = plan.out.stat().st_size
+    if on_progress:
+        on_progress("", len(jobs), len(jobs))
+
+
+def _guess_blocks(names: list[str]) -> int:
+    nums = [int(x) for n in names for x in re.findall(r"\.(\d+)\.", n)]
+    return max(nums) + 1 if nums else 0
+
+
+def report_json(report: RepackReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,253 @@
+"""The source side of a repack: which modules are quantized in what layout, and reading their tensors.
+
+Detection is `qtool.inspect.inspect_path` (header-only: format, bits, group size, sym, desc_act, shape per
+module); this module adds what a conversion needs on top: the LayerParams each reader wants, the tensors that
+belong to the layout versus those copied as they are (bias), and tensor data one module at a time.
+
+Two containers:
+- safetensors (file, directory, index): module tensors by short name, read through `Checkpoint.get`;
+- GGUF (one file or a split set): a module is `<prefix>.weight`, read as its raw block bytes uint8
+  [O, I/block*block_bytes] (GGUF dims are [ne0 = I, ne1 = O]); Q4_0/Q4_1/Q8_0 map to the `gguf_*` formats,
+  every other quantized type is readable only through the gguf package's dequantizer (`gguf:<TYPE>`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import InputError
+from qtool.formats.base import LayerParams
+
+# inspect's "gguf:<TYPE>" -> qtool format ids that hold those blocks exactly
+GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
+GGUF_FLOAT = {"F32", "F16", "BF16"}
+# A module's tensors that are not part of any packed layout: copied as they are.
+NOT_LAYOUT = frozenset({"bias"})
+
+
+@dataclass
+class SourceModule:
+    """One quantized linear module of the source.
+
+    format:   qtool format id ("gptq", "ct", "gguf_q4_0", ...) or "gguf:<TYPE>" (dequantize-only GGUF type)
+    layout:   {short name: full tensor name} of the packed layout (read, converted)
+    others:   full names of the module's other tensors (bias ...); they are in Source.passthrough too
+    bits / group_size / sym / desc_act / in_features / out_features: what the header and config say (None =
+              not known without reading data)
+    """
+
+    name: str
+    format: str
+    layout: dict[str, str]
+    others: list[str]
+    params: LayerParams
+    bits: int | None
+    group_size: int | None
+    sym: bool | None
+    desc_act: bool | None
+    in_features: int | None
+    out_features: int | None
+    nbytes: int = 0
+    scale_dtype: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        if self.in_features is None or self.out_features is None:
+            return None
+        return (self.out_features, self.in_features)
+
+
+@dataclass
+class Source:
+    """A checkpoint opened for repacking. `passthrough`: tensors outside every quantized module, in file
+    order (embeddings, norms, dense weights ...); they are copied byte for byte."""
+
+    path: Path
+    container: str  # "safetensors" | "gguf"
+    modules: list[SourceModule]
+    passthrough: list[str]
+    order: list[str]  # every tensor name in source order
+    config: dict | None = None
+    quant_config: dict | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    root: Path | None = None
+    other_files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    _ck: Any = None
+    _gguf: dict = field(default_factory=dict)  # name -> GGUFTensor
+
+    # --- facts -----------------------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str | None:
+        """Model architecture name: GGUF general.architecture, or config.json model_type."""
+        if self.container == "gguf":
+            a = self.metadata.get("general.architecture")
+            return a if isinstance(a, str) else None
+        if self.config:
+            mt = self.config.get("model_type")
+            return mt if isinstance(mt, str) else None
+        return None
+
+    def tensor_nbytes(self, name: str) -> int:
+        if self.container == "gguf":
+            return self._gguf[name].nbytes or 0
+        return self._ck.tensors[name].nbytes
+
+    # --- data --------------------------------------------------------------------------------------------
+    def load(self, m: SourceModule) -> dict:
+        """{short name: torch.Tensor} of one module's layout tensors."""
+        if self.container == "gguf":
+            return {"weight": self.gguf_bytes(m.layout["weight"])}
+        return {short: self._ck.get(full) for short, full in m.layout.items()}
+
+    def get(self, name: str):
+        """One tensor as torch (GGUF: float tensors in numpy order [ne_last, ..., ne0], others raw bytes)."""
+        if self.container == "gguf":
+            return self.gguf_float(name)
+        return self._ck.get(name)
+
+    def tensor_info(self, name: str):
+        """safetensors TensorInfo (for byte-for-byte copies) or the GGUFTensor entry."""
+        return self._gguf[name] if self.container == "gguf" else self._ck.tensors[name]
+
+    def gguf_bytes(self, name: str):
+        """uint8 [rows, row_bytes] raw data of a GGUF tensor (rows = product of ne1..)."""
+        import numpy as np
+        import torch
+
+        t = self._gguf[name]
+        if t.nbytes is None or not t.complete:
+            raise InputError("tensor data is missing or truncated", path=t.file, tensor=name)
+        rows = 1
+        for d in t.shape[1:]:
+            rows *= d
+        mm = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
+        return torch.from_numpy(np.array(mm).reshape(rows, t.nbytes // rows))
+
+    def gguf_float(self, name: str):
+        """A GGUF F32/F16/BF16 tensor as torch, numpy-order shape (reversed GGUF dims)."""
+        import torch
+
+        t = self._gguf[name]
+        raw = self.gguf_bytes(name).reshape(-1)
+        dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(t.type_name)
+        if dt is None:
+            raise InputError(f"GGUF tensor of type {t.type_name} is not a float tensor", path=t.file, tensor=name)
+        return raw.view(dt).reshape(tuple(reversed(t.shape)))
+
+    def close(self) -> None:
+        if self._ck is not None:
+            self._ck.close()
+
+
+# --- opening -------------------------------------------------------------------------------------------------
+def open_source(path: str | Path) -> Source:
+    """Open a safetensors checkpoint or a GGUF model for repacking."""
+    from qtool.inspect import inspect_path
+    from qtool.inspect.core import is_gguf_path
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", path=p, fix="check the path")
+    report = inspect_path(p)
+    errors = [a for a in report.anomalies if a.severity == "error"]
+    if is_gguf_path(p):
+        return _open_gguf(p, report, errors)
+    return _open_safetensors(p, report, errors)
+
+
+def _anomaly_text(a) -> str:
+    return f"{a.module}: {a.message}" if getattr(a, "module", None) else a.message
+
+
+def _open_safetensors(p: Path, report, errors) -> Source:
+    from qtool.io.checkpoint import open_checkpoint
+
+    ck = open_checkpoint(p)
+    raw = ck.quant_config or {}
+    version = raw.get("version") if raw.get("quant_method") == "compressed-tensors" else None
+    dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
+    modules, in_module = [], set()
+    for mr in report.modules:
+        if not mr.quantized:
+            continue
+        pre = f"{mr.name}." if mr.name else ""
+        layout, others = {}, []
+        for full in mr.tensor_names:
+            short = full[len(pre):]
+            if short in NOT_LAYOUT:
+                others.append(full)
+            else:
+                layout[short] = full
+                in_module.add(full)
+        bits, group = mr.bits, mr.group_size
+        for pat, over in dynamic.items():  # GPTQModel per-module overrides ("+:regex" or bare regex)
+            if isinstance(over, dict) and not pat.startswith("-:"):
+                rx = pat[2:] if pat.startswith("+:") else pat
+                try:
+                    if re.match(rx, mr.name):
+                        bits = over.get("bits", bits)
+                        group = over.get("group_size", group)
+                except re.error:
+                    pass
+        extra = {"quant_config": raw, "metadata": dict(ck.metadata)}
+        if version:
+            extra["version"] = str(version)
+        sdt = _scale_dtype(ck, layout)
+        modules.append(SourceModule(
+            name=mr.name, format=mr.format, layout=layout, others=others,
+            params=LayerParams(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
+            bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, in_features=mr.in_features,
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt))
+    order = list(ck.tensors)
+    passthrough = [n for n in order if n not in in_module]
+    warnings = [_anomaly_text(a) for a in errors]
+    return Source(path=p, container="safetensors", modules=modules, passthrough=passthrough, order=order,
+                  config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
+                  other_files=ck.other_files(), warnings=warnings, _ck=ck)
+
+
+def _scale_dtype(ck, layout: dict[str, str]) -> str | None:
+    for short in ("scales", "weight_scale", "s"):
+        if short in layout:
+            return ck.tensors[layout[short]].dtype
+    return None
+
+
+def _open_gguf(p: Path, report, errors) -> Source:
+    from qtool.io.gguf_reader import read_gguf
+
+    gs = read_gguf(p)
+    if gs.missing:
+        raise InputError(f"split file {gs.missing[0].name} is missing", path=p, fix="download it next to the others")
+    by_name = {}
+    for t in gs.tensors:
+        by_name.setdefault(t.name, t)
+    for t in by_name.values():
+        if not t.complete:
+            raise InputError("tensor data is missing or truncated", path=t.file, tensor=t.name,
+                             fix="re-download the file")
+    modules, in_module = [], set()
+    for mr in report.modules:
+        if not mr.quantized:
+            continue
+        pre = f"{mr.name}." if mr.name else ""
+        weight = pre + "weight"
+        fmt = GGUF_FORMATS.get(mr.format, mr.format)
+        others = [n for n in mr.tensor_names if n != weight]
+        exact_src = fmt in GGUF_FORMATS.values()
+        modules.append(SourceModule(
+            name=mr.name, format=fmt, layout={"weight": weight}, others=others,
+            params=LayerParams(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
+                               sym=mr.sym, desc_act=False, extra={"gguf_type": by_name[weight].type_name}),
+            bits=mr.bits, group_size=mr.group_size, sym=mr.sym, desc_act=False, in_features=mr.in_features,
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16"))
+        in_module.add(weight)
+    order = list(by_name)
+    passthrough = [n for n in order if n not in in_module]
+    return Source(path=p, container="gguf", modules=modules, passthrough=passthrough, order=order,
+                  metadata=dict(gs.kv), warnings=[_anomaly_text(a) for a in errors], _gguf=by_name,
+                  root=p.parent)

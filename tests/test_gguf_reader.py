@@ -1,0 +1,232 @@
+"""qtool's bounded GGUF header reader: agreement with the gguf package, truncation, split sets, hostile headers."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qtool.errors import InputError
+from qtool.io.gguf_reader import (ARRAY_INLINE_LIMIT, ArraySummary, read_gguf, read_gguf_header, split_siblings)
+from tests.conftest import fixture_path
+
+gguf = pytest.importorskip("gguf")
+T = gguf.GGMLQuantizationType
+
+# (name, type, [O, I]); I is a multiple of 256 so Q6_K fits.
+TENSORS = [("blk.0.attn_q.weight", T.Q4_0, (8, 256)), ("blk.0.attn_k.weight", T.Q4_1, (8, 256)),
+           ("blk.0.ffn_up.weight", T.Q8_0, (16, 256)), ("blk.0.ffn_down.weight", T.Q6_K, (8, 512)),
+           ("blk.0.attn_norm.weight", T.F32, (256,))]
+
+
+def q6_k_blocks(shape: tuple[int, int], rng) -> np.ndarray:
+    """Raw Q6_K rows uint8 [O, I/256*210]: gguf.quants has no Q6_K quantizer, so the blocks are built from
+    random ql/qh/int8 scales and a finite fp16 d (the block's last two bytes)."""
+    o, i = shape
+    blocks = rng.integers(0, 256, size=(o * i // 256, 210), dtype=np.uint8)
+    d = rng.uniform(1e-3, 1e-2, size=(blocks.shape[0], 1)).astype(np.float16)
+    blocks[:, 208:] = d.view(np.uint8)
+    return blocks.reshape(o, -1)
+
+
+def write_gguf(path: Path, tensors=TENSORS, vocab: int = 1000, split_max_tensors: int = 0,
+               endianess=None, seed: int = 0) -> dict[str, np.ndarray]:
+    """A GGUF written by the gguf package's own writer; returns {name: raw data written (quantized bytes or
+    fp32)}. Q4_0/Q4_1/Q8_0 come from gguf.quants.quantize."""
+    rng = np.random.default_rng(seed)
+    kw = {"split_max_tensors": split_max_tensors}
+    if endianess is not None:
+        kw["endianess"] = endianess
+    w = gguf.GGUFWriter(str(path), "llama", **kw)
+    w.add_name("test model")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_quantization_version(2)
+    w.add_block_count(1)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"tok{i}" for i in range(vocab)])
+    w.add_token_scores([float(-i) for i in range(vocab)])
+    w.add_array("test.small", [1, 2, 3])
+    src = {}
+    for name, qtype, shape in tensors:
+        x = rng.standard_normal(shape).astype(np.float32)
+        if qtype == T.F32:
+            data = x
+            w.add_tensor(name, x)
+        else:
+            data = q6_k_blocks(shape, rng) if qtype == T.Q6_K else gguf.quants.quantize(x, qtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
+        src[name] = data
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return src
+
+
+@pytest.fixture(scope="module")
+def gfile(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    write_gguf(p)
+    return p
+
+
+def test_agrees_with_gguf_reader(gfile):
+    h = read_gguf_header(gfile)
+    ref = gguf.GGUFReader(str(gfile))
+    assert h.complete and not h.truncated and h.problems == []
+    assert h.tensor_count == len(ref.tensors) == len(TENSORS)
+    assert h.data_start == ref.data_offset
+    for mine, theirs in zip(h.tensors, ref.tensors):
+        assert mine.name == theirs.name
+        assert mine.shape == tuple(int(x) for x in theirs.shape)
+        assert mine.type_id == int(theirs.tensor_type)
+        assert mine.start == theirs.data_offset
+        assert mine.nbytes == theirs.n_bytes
+        assert mine.complete
+    # metadata values equal what the writer put in
+    assert h.kv["general.architecture"] == "llama"
+    assert h.kv["general.name"] == "test model"
+    assert h.kv["general.file_type"] == 2
+    assert h.kv_types["general.file_type"] == "UINT32"
+    assert h.kv["test.small"] == [1, 2, 3]
+    toks = h.kv["tokenizer.ggml.tokens"]
+    assert isinstance(toks, ArraySummary) and toks.count == 1000 and toks.item_type == "STRING"
+    assert toks.preview[:3] == ("tok0", "tok1", "tok2")
+    assert toks.nbytes == sum(8 + len(f"tok{i}") for i in range(1000))
+    sc = h.kv["tokenizer.ggml.scores"]
+    assert sc.count == 1000 and sc.nbytes == 4000 and sc.preview[1] == -1.0
+    assert 1000 > ARRAY_INLINE_LIMIT
+
+
+def test_bits_per_weight_from_type_table(gfile):
+    h = read_gguf_header(gfile)
+    bpw = {t.type_name: t.bpw for t in h.tensors}
+    assert bpw == {"Q4_0": 4.5, "Q4_1": 5.0, "Q8_0": 8.5, "Q6_K": 6.5625, "F32": 32.0}
+
+
+def test_fixture_header(fixtures_dir):
+    h = read_gguf_header(fixture_path("gguf-q4_0-q4_1-q8_0/gguf-q4_0-q4_1-q8_0.gguf"))
+    types = {t.name: t.type_name for t in h.tensors}
+    assert types["blk.0.attn_q.weight"] == "Q4_0" and types["blk.0.ffn_up.weight"] == "Q4_1"
+    assert types["blk.0.ffn_down.weight"] == "Q8_0" and types["blk.0.ffn_down.bias"] == "F32"
+    assert h.expected_size == h.file_size == 142592
+    assert h.kv["general.quantization_version"] == 2
+
+
+@pytest.mark.parametrize("frac", [0.999, 0.9, 0.6, 0.3])
+def test_truncated_data_reports_instead_of_raising(gfile, tmp_path, frac):
+    raw = gfile.read_bytes()
+    full = read_gguf_header(gfile)
+    cut = int(full.data_start + (len(raw) - full.data_start) * frac)
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(raw[:cut])
+    h = read_gguf_header(p)
+    assert h.complete and h.truncated
+    k = sum(1 for t in full.tensors if t.start + t.nbytes <= cut)
+    assert h.tensors_complete == k
+    assert h.truncation_message() == f"truncated: {cut} of {len(raw)} bytes; {k} of {len(TENSORS)} tensors complete"
+
+
+@pytest.mark.parametrize("cut", [30, 200, 5000, 18560])
+def test_truncated_header_reports_partial(gfile, tmp_path, cut):
+    full = read_gguf_header(gfile)
+    assert cut < full.data_start
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(gfile.read_bytes()[:cut])
+    h = read_gguf_header(p)
+    assert not h.complete and h.truncated and h.tensors_complete == 0
+    assert h.problems and h.problems[0][0] == "error"
+    msg = h.truncation_message()
+    assert msg.startswith(f"truncated: {cut} of at least ") and f"0 of {len(TENSORS)} tensors complete" in msg
+    # what was parsed before the cut is right
+    for k, v in h.kv.items():
+        assert repr(v) == repr(full.kv[k])
+
+
+def test_every_cut_point_is_handled(gfile, tmp_path):
+    """No cut point raises anything but InputError (only below the 24-byte fixed header)."""
+    raw = gfile.read_bytes()
+    p = tmp_path / "cut.gguf"
+    full = read_gguf_header(gfile)
+    for cut in list(range(0, 64, 3)) + list(range(64, full.data_start + 64, 97)):
+        p.write_bytes(raw[:cut])
+        if cut < 24:
+            with pytest.raises(InputError):
+                read_gguf_header(p)
+            continue
+        h = read_gguf_header(p)
+        assert h.truncated and h.tensors_complete == 0
+
+
+def test_split_set_and_missing_member(tmp_path):
+    base = tmp_path / "model.gguf"
+    write_gguf(base, split_max_tensors=2)
+    files = sorted(tmp_path.glob("model-*-of-*.gguf"))
+    assert [f.name for f in files] == ["model-00001-of-00003.gguf", "model-00002-of-00003.gguf",
+                                       "model-00003-of-00003.gguf"]
+    assert split_siblings(files[1]) == files
+    s = read_gguf(files[0])
+    assert [t.name for t in s.tensors] == [t[0] for t in TENSORS]
+    assert s.missing == [] and s.kv["split.count"] == 3 and s.kv["split.tensors.count"] == len(TENSORS)
+    files[1].unlink()
+    s = read_gguf(files[2])  # any member names the set
+    assert s.missing == [files[1]]
+    assert [t.name for t in s.tensors] == [TENSORS[0][0], TENSORS[1][0], TENSORS[4][0]]
+
+
+def test_big_endian(tmp_path):
+    p = tmp_path / "be.gguf"
+    write_gguf(p, tensors=[("w.weight", T.F32, (4, 32))], endianess=gguf.GGUFEndian.BIG)
+    h = read_gguf_header(p)
+    assert h.byte_order == "big" and h.complete
+    assert h.kv["general.file_type"] == 2 and h.tensors[0].shape == (32, 4)
+    assert h.kv["tokenizer.ggml.tokens"].count == 1000
+
+
+def _header(kvs: bytes, n_kv: int, tensors: bytes, n_t: int) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, n_t, n_kv) + kvs + tensors
+
+
+def _str(s: str) -> bytes:
+    return struct.pack("<Q", len(s)) + s.encode()
+
+
+def test_hostile_lengths_are_bounded(tmp_path):
+    p = tmp_path / "h.gguf"
+    # a string claiming 2^62 bytes
+    p.write_bytes(_header(struct.pack("<Q", 1 << 62) + b"x" * 40, 1, b"", 0))
+    h = read_gguf_header(p)
+    assert not h.complete and "needs 4611686018427387904 bytes" in h.problems[0][2]
+    # an array of 2^40 strings in a tiny file: refused before the loop
+    kv = _str("a") + struct.pack("<IIQ", 9, 8, 1 << 40)
+    p.write_bytes(_header(kv, 1, b"", 0))
+    h = read_gguf_header(p)
+    assert not h.complete and "strings need at least" in h.problems[0][2]
+    # a tensor with 9 dims
+    t = _str("w") + struct.pack("<I", 9) + b"\0" * 80
+    p.write_bytes(_header(b"", 0, t, 1))
+    h = read_gguf_header(p)
+    assert not h.complete and "claims 9 dims" in h.problems[0][2]
+    # absurd counts: corrupt, not a model
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 50, 0) + b"\0" * 16)
+    with pytest.raises(InputError, match="corrupt"):
+        read_gguf_header(p)
+    p.write_bytes(b"GGML" + b"\0" * 40)
+    with pytest.raises(InputError, match="not a GGUF file"):
+        read_gguf_header(p)
+
+
+def test_unknown_type_and_bad_row_are_problems(tmp_path):
+    p = tmp_path / "t.gguf"
+    t = (_str("a.weight") + struct.pack("<I2QIQ", 2, 32, 2, 99, 0)
+         + _str("b.weight") + struct.pack("<I2QIQ", 2, 33, 2, int(T.Q4_0), 64))
+    raw = _header(b"", 0, t, 2)
+    raw += b"\0" * (-len(raw) % 32) + b"\0" * 256
+    p.write_bytes(raw)
+    h = read_gguf_header(p)
+    msgs = {(n, m) for _s, n, m in h.problems}
+    assert ("a.weight", "unknown tensor type id 99") in msgs
+    assert ("b.weight", "row size 33 is not a multiple of the Q4_0 block size (32)") in msgs
+    assert h.tensors[0].nbytes is None and h.tensors[0].type_name == "UNKNOWN_99"

@@ -1,0 +1,162 @@
+"""Kernels against the float64 oracle (dequantize(plain, float64) @ x in float64), on the CPU.
+
+Error bound (flash-attention style): a kernel's relative error may be at most ERR_FACTOR times the error of
+the same-precision torch baseline (weight dequantized and rounded to the activation dtype, F.linear).
+Outputs are poisoned with NaN before each call, so an unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qtool.bench.layers import random_plain
+from qtool.errors import UsageError
+from qtool.formats import get_format
+from qtool.formats.plain import dequantize
+from qtool.kernels.base import (PackedLayer, all_kernels, dequantize_packed, get_kernel, pack_gptq_v2,
+                                resolve_device)
+
+ERR_FACTOR = 4.0
+CPU = torch.device("cpu")
+
+# (N, K, group_size, act_order, sym): N not a multiple of 64, K = group x odd, act-order, one group.
+AWKWARD = [
+    (96, 192, 64, False, False),
+    (96, 192, 64, True, False),
+    (48, 160, 32, False, True),
+    (112, 96, 32, True, True),
+    (80, 128, -1, False, False),
+    (64, 384, 128, True, False),
+]
+
+
+def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(y).all(), "output has NaN/inf (unwritten or overflow)"
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def check_kernel(name: str, n, k, g, act, sym, dtype, m=5, seed=0):
+    plain = random_plain(n, k, group_size=g, act_order=act, sym=sym, dtype=dtype, seed=seed)
+    layer = PackedLayer.from_plain(plain)
+    kern = get_kernel(name)
+    assert kern.check(layer, dtype, CPU) == []
+    state = kern.prepare(layer)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    ref = x.double() @ dequantize(plain, torch.float64).t()
+    base = rel(F.linear(x.float(), dequantize(plain, dtype).float()).to(dtype), ref)
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    y = kern.forward(x, state, out=out)
+    assert y.shape == (m, n) and y.dtype == dtype
+    err = rel(y, ref)
+    assert err <= ERR_FACTOR * base, f"{name} {n}x{k} g{g} act={act}: err {err:.3g} vs baseline {base:.3g}"
+    y2 = kern.forward(x, state)  # the allocating path gives the same values
+    assert torch.equal(y2, y)
+    return err, base
+
+
+def test_device_packer_matches_gptq_v2_format():
+    for n, k, g, act, sym in AWKWARD:
+        plain = random_plain(n, k, group_size=g, act_order=act, sym=sym, seed=3)
+        ref = get_format("gptq_v2").pack(plain)
+        mine = pack_gptq_v2(plain)
+        assert torch.equal(mine.qweight, ref["qweight"])
+        assert torch.equal(mine.qzeros, ref["qzeros"])
+        assert torch.equal(mine.scales, ref["scales"])
+        assert (mine.g_idx is not None) == act
+        if act:
+            assert torch.equal(mine.g_idx, ref["g_idx"])
+
+
+def test_dequantize_packed_is_plain_dequantize():
+    for n, k, g, act, sym in AWKWARD:
+        plain = random_plain(n, k, group_size=g, act_order=act, sym=sym, seed=4)
+        layer = PackedLayer.from_plain(plain)
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            assert torch.equal(dequantize_packed(layer, dt).t(), dequantize(plain, dt))
+
+
+@pytest.mark.parametrize("shape", AWKWARD)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_ref_vs_oracle(shape, dtype):
+    err, base = check_kernel("torch-ref", *shape, dtype)
+    assert err == pytest.approx(base, rel=0.05)  # it is the baseline (up to summation order)
+
+
+@pytest.mark.parametrize("shape", [s for s in AWKWARD if s[2] == -1 or s[2] % 32 == 0])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_int4_cpu_vs_oracle(shape, dtype):
+    kern = get_kernel("torch-int4-cpu")
+    if kern.available(CPU):
+        pytest.skip(kern.available(CPU))
+    n, k, g, act, sym = shape
+    if g == -1 and k % 32:
+        pytest.skip("one group of K rows needs K % 32 == 0")
+    check_kernel("torch-int4-cpu", n, k, g, act, sym, dtype)
+
+
+def test_torch_int4_cpu_affine_offset_matters():
+    """The zero offset handed to ATen is (8 - z) * s; handing it the raw zero code gives wrong results."""
+    kern = get_kernel("torch-int4-cpu")
+    if kern.available(CPU):
+        pytest.skip(kern.available(CPU))
+    plain = random_plain(64, 256, group_size=64, dtype=torch.float32, seed=5)
+    st = kern.prepare(PackedLayer.from_plain(plain))
+    x = torch.randn(3, 256)
+    ref = x.double() @ dequantize(plain, torch.float64).t()
+    assert rel(kern.forward(x, st), ref) < 1e-5
+    zeros = plain.zeros.t().to(torch.float32)  # [G, N]
+    wrong = st.scale_offset.clone()
+    wrong[..., 1] = zeros.repeat_interleave(64 // st.qgroup, 0)
+    bad = torch.ops.aten._weight_int4pack_mm_for_cpu(x, st.packed, st.qgroup, wrong)
+    assert rel(bad, ref) > 0.1
+
+
+def test_refusals_name_the_constraint():
+    plain3 = random_plain(64, 256, bits=8, group_size=64, seed=6)
+    layer8 = PackedLayer.from_plain(plain3)
+    why = get_kernel("torch-int4-cpu").check(layer8, torch.float16, CPU)
+    assert any("4-bit" in w and "8-bit" in w for w in why)
+    why = get_kernel("triton-w4a16").check(layer8, torch.float16, CPU)
+    assert any("8-bit" in w for w in why)
+    odd = PackedLayer.from_plain(random_plain(64, 192, group_size=48, seed=7))
+    why = get_kernel("torch-int4-cpu").check(odd, torch.float16, CPU)
+    assert any("multiple of 32" in w for w in why)
+    # torch-ref reads 8-bit words too, and agrees with the oracle
+    kern = get_kernel("torch-ref")
+    assert kern.check(layer8, torch.float16, CPU) == []
+    x = torch.randn(2, 256, dtype=torch.float16)
+    ref = x.double() @ dequantize(plain3, torch.float64).t()
+    base = rel(F.linear(x.float(), dequantize(plain3, torch.float16).float()).half(), ref)
+    assert rel(kern.forward(x, kern.prepare(layer8)), ref) <= ERR_FACTOR * base
+
+
+def test_act_order_with_uneven_groups_refused_by_int4_cpu():
+    plain = random_plain(64, 256, group_size=64, act_order=True, seed=8)
+    g = plain.g_idx.clone()
+    g[:2] = 0  # group 0 now has more than 64 rows; sorting cannot make groups of 64
+    layer = PackedLayer.from_plain(plain.with_(g_idx=g))
+    why = get_kernel("torch-int4-cpu").check(layer, torch.float16, CPU)
+    assert any("exactly 64 rows" in w for w in why)
+
+
+def test_registry_and_device_errors():
+    names = set(all_kernels())
+    assert {"torch-ref", "torch-int4-cpu", "triton-w4a16"} <= names
+    with pytest.raises(UsageError, match="unknown kernel"):
+        get_kernel("marlin-9000")
+    assert resolve_device("cpu") == CPU
+    if not torch.cuda.is_available():
+        from qtool.errors import DeviceError
+
+        with pytest.raises(DeviceError, match="no CUDA"):
+            resolve_device("cuda:0")
+        why = get_kernel("triton-w4a16").available(torch.device("cuda"))
+        assert why is None or "cuda" in why.lower() or "compute capability" in why
+
+
+def test_triton_unavailable_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    why = get_kernel("triton-w4a16").available(CPU)
+    assert why and "TRITON_INTERPRET" in why

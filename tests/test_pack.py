@@ -1,0 +1,204 @@
+"""`qtool pack` end to end: plans, outputs that foreign readers open, values decoded by layout facts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+import qtool.cli.main  # noqa: F401  (registers the commands)
+from qtool.cli.app import app
+from qtool.errors import InputError, OutputError, SpecError, UsageError
+from tests.oracles.layouts import awq_weight, gptq_weight
+
+O, I = 128, 256
+
+
+def make_model(root, seed=0, heavy=False):
+    """A tiny Llama-shaped dense checkpoint directory with config, tokenizer file, embeddings and norms."""
+    g = torch.Generator().manual_seed(seed)
+    root.mkdir(parents=True, exist_ok=True)
+
+    def w(o, i):
+        x = torch.randn(o, i, generator=g)
+        if heavy:  # heavy tails make clipping matter
+            x = x * torch.randn(o, i, generator=g).abs().pow(2)
+        return x.to(torch.float16)
+
+    t = {"model.embed_tokens.weight": w(100, I), "model.norm.weight": torch.ones(I, dtype=torch.float16),
+         "lm_head.weight": w(100, I)}
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        t[p + "self_attn.q_proj.weight"] = w(O, I)
+        t[p + "self_attn.o_proj.weight"] = w(I, O)
+        t[p + "self_attn.o_proj.bias"] = torch.randn(I, generator=g).half()
+        t[p + "mlp.down_proj.weight"] = w(I, 128)
+        t[p + "input_layernorm.weight"] = torch.ones(I, dtype=torch.float16)
+    save_file(t, root / "model.safetensors", metadata={"format": "pt"})
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    (root / "tokenizer.json").write_text('{"vocab": {}}')
+    return t
+
+
+def invoke(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    if r.exception and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return r
+
+
+def load(out):
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def decode(fmt, tensors, module, bits, group):
+    q = lambda s: tensors[f"{module}.{s}"].numpy()  # noqa: E731
+    if fmt == "awq":
+        return awq_weight(q("qweight"), q("qzeros"), tensors[f"{module}.scales"].float().numpy(), group)
+    return gptq_weight(q("qweight"), q("qzeros"), tensors[f"{module}.scales"].float().numpy(), q("g_idx"), bits,
+                       planar=fmt == "gptq_p", v1=fmt == "gptq")
+
+
+@pytest.mark.parametrize("fmt,bits,sym", [("gptq", 4, True), ("gptq_v2", 4, False), ("gptq_p", 3, False),
+                                          ("awq", 4, False), ("gptq", 8, True), ("gptq_v2", 2, False)])
+def test_pack_formats_decode_to_reported_error(tmp_path, fmt, bits, sym):
+    src = make_model(tmp_path / "src")
+    out = tmp_path / "out"
+    r = invoke("pack", tmp_path / "src", "-o", out, "--to", fmt, "--bits", bits, "--group-size", 64,
+               "--sym" if sym else "--asym", "--json")
+    report = json.loads(r.stdout)
+    tensors, meta = load(out)
+    assert meta["format"] == "pt" and meta["qtool.format"] == fmt
+    linear = [m for m in (f"model.layers.{k}.{n}" for k in range(2)
+                          for n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"))]
+    assert sorted(t["module"] for t in report["tensors"]) == sorted(linear)
+    for t in report["tensors"]:
+        m = t["module"]
+        assert f"{m}.weight" not in tensors
+        w = src[f"{m}.weight"].double().numpy()
+        what = decode(fmt, tensors, m, bits, 64)
+        rel = np.linalg.norm(w - what) / np.linalg.norm(w)
+        assert rel == pytest.approx(t["rel_error"], rel=1e-9, abs=1e-12)
+        assert 0 < rel < {2: 0.7, 3: 0.3, 4: 0.15, 8: 0.01}[bits]
+    # untouched tensors are byte-identical; embeddings, lm_head and norms stay dense
+    for k in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.self_attn.o_proj.bias"):
+        assert torch.equal(tensors[k].view(torch.int16), src[k].view(torch.int16))
+    cfg = json.loads((out / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert (q["quant_method"], q["bits"], q["group_size"], q["sym"]) == (
+        "awq" if fmt == "awq" else "gptq", bits, 64, sym)
+    assert cfg["model_type"] == "llama"
+    assert json.loads((out / "quantize_config.json").read_text()) == q
+    assert (out / "tokenizer.json").read_text() == '{"vocab": {}}'
+    assert json.loads((out / "report.json").read_text())["totals"] == report["totals"]
+    assert "| module |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_mse_beats_rtn(tmp_path, bits):
+    make_model(tmp_path / "src", heavy=True)
+    errs = {}
+    for method in ("rtn", "mse"):
+        r = invoke("pack", tmp_path / "src", "-o", tmp_path / method, "--to", "gptq_v2", "--bits", bits,
+                   "--asym", "--method", method, "--json")
+        errs[method] = json.loads(r.stdout)["totals"]["rel_error_mean"]
+    assert errs["mse"] < errs["rtn"]
+
+
+def test_tensor_type_override_and_dynamic_config(tmp_path):
+    make_model(tmp_path / "src")
+    out = tmp_path / "out"
+    r = invoke("pack", tmp_path / "src", "-o", out, "--to", "gptq_v2", "--tensor-type", r"mlp\.down_proj=8:32",
+               "--exclude", r"layers\.1\.self_attn\.q_proj", "--json")
+    rep = json.loads(r.stdout)
+    by = {t["module"]: t for t in rep["tensors"]}
+    assert by["model.layers.0.mlp.down_proj"]["bits"] == 8 and by["model.layers.0.mlp.down_proj"]["group_size"] == 32
+    assert by["model.layers.0.self_attn.q_proj"]["bits"] == 4
+    assert "model.layers.1.self_attn.q_proj" not in by
+    tensors, _ = load(out)
+    assert tensors["model.layers.0.mlp.down_proj.qweight"].shape == (128 * 8 // 32, I)
+    assert "model.layers.1.self_attn.q_proj.weight" in tensors
+    dyn = json.loads((out / "config.json").read_text())["quantization_config"]["dynamic"]
+    assert dyn[r"+:^model\.layers\.0\.mlp\.down_proj$"] == {"bits": 8, "group_size": 32}
+    assert r"-:^model\.layers\.1\.self_attn\.q_proj$" in dyn
+
+
+def test_sharded_output(tmp_path):
+    make_model(tmp_path / "src")
+    out = tmp_path / "out"
+    invoke("pack", tmp_path / "src", "-o", out, "--max-shard-size", "40KB", "-q")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == set(shards)
+    from qtool.io.checkpoint import open_checkpoint
+
+    ck = open_checkpoint(out)
+    assert "model.layers.0.mlp.down_proj.qweight" in ck.tensors
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    make_model(tmp_path / "src")
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "out", "--dry-run", "--json")
+    plan = {p["module"]: p for p in json.loads(r.stdout)["plan"]}
+    assert plan["model.embed_tokens"]["action"] == "keep" and "embedding" in plan["model.embed_tokens"]["reason"]
+    assert plan["lm_head"]["action"] == "keep"
+    assert plan["model.layers.0.mlp.down_proj"]["action"] == "quantize"
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_destination_refused_then_forced(tmp_path):
+    make_model(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious").write_text("x")
+    with pytest.raises(OutputError, match="destination exists"):
+        invoke("pack", tmp_path / "src", "-o", out)
+    assert (out / "precious").exists()
+    invoke("pack", tmp_path / "src", "-o", out, "--force", "-q")
+    assert not (out / "precious").exists() and (out / "model.safetensors").exists()
+
+
+def test_config_file_and_flag_override(tmp_path):
+    make_model(tmp_path / "src")
+    job = tmp_path / "job.yaml"
+    job.write_text("to: gptq_p\nbits: 3\ngroup_size: 32\nsym: false\n")
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "out", "--config", job, "--bits", "5", "--json")
+    rep = json.loads(r.stdout)
+    assert rep["format"] == "gptq_p" and {t["bits"] for t in rep["tensors"]} == {5}
+    assert {t["group_size"] for t in rep["tensors"]} == {32} and rep["sym"] is False
+
+
+@pytest.mark.parametrize("args,err,msg", [
+    (["{missing}"], InputError, "no such file"),
+    (["{notst}"], InputError, "not a .safetensors"),
+    (["{src}", "--to", "exl9"], UsageError, "pack cannot write 'exl9'"),
+    (["{src}", "--bits", "9"], UsageError, "--bits 9 is outside 2..8"),
+    (["{src}", "--group-size", "96"], UsageError, "group size 96 does not divide in_features"),
+    (["{src}", "--to", "awq", "--bits", "3"], UsageError, "awq cannot hold 3-bit"),
+    (["{src}", "--config", "{badyaml}"], SpecError, "unknown key 'bitz'"),
+    (["{src}", "--include", "("], UsageError, "not a valid regular expression"),
+])
+def test_bad_inputs(tmp_path, args, err, msg):
+    make_model(tmp_path / "src")
+    (tmp_path / "x.txt").write_text("hello")
+    (tmp_path / "bad.yaml").write_text("bitz: 4\n")
+    fill = {"{src}": tmp_path / "src", "{missing}": tmp_path / "nope", "{notst}": tmp_path / "x.txt",
+            "{badyaml}": tmp_path / "bad.yaml"}
+    argv = ["pack"] + [str(fill.get(a, a)) for a in args] + ["-o", str(tmp_path / "out")]
+    r = CliRunner().invoke(app, argv)
+    assert isinstance(r.exception, err), (r.exception, r.output)
+    assert msg in str(r.exception) and "\n" not in str(r.exception)
+    assert not (tmp_path / "out").exists()
+
+
+def test_source_already_quantized_is_refused(tmp_path):
+    make_model(tmp_path / "src")
+    invoke("pack", tmp_path / "src", "-o", tmp_path / "q", "-q")
+    with pytest.raises(InputError, match="already quantized"):
+        invoke("pack", tmp_path / "q", "-o", tmp_path / "q2")
