@@ -158,28 +158,37 @@ def make_safetensors_70b(root: Path, shards: int = 30) -> int:
 
 # --- timing ---------------------------------------------------------------------------------------------
 
-def time_inproc(path: Path, repeat: int) -> tuple[float, float, object]:
+def time_inproc(path: Path, repeat: int) -> tuple[float, float, float, object]:
+    """(median wall, best wall, median CPU seconds, report). CPU time is reported too because a shared
+    machine's wall clock includes other processes' time slices."""
     from qtool.inspect import inspect_path
 
     report = inspect_path(path)  # warm (imports, page cache)
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         report = inspect_path(path)
         times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times), report
+        cpu.append(time.process_time() - c)
+    return statistics.median(times), min(times), statistics.median(cpu), report
 
 
-def time_cli(path: Path, repeat: int) -> float:
+def time_cli(path: Path, repeat: int, args: tuple[str, ...] = ("inspect",)) -> tuple[float, float]:
+    """(median wall, median user+sys CPU) of a whole `qtool ...` process."""
+    import resource
+
     exe = REPO / ".venv" / "bin" / "qtool"
-    cmd = [str(exe), "inspect", str(path), "--json"] if exe.exists() else \
-        [sys.executable, "-m", "qtool", "inspect", str(path), "--json"]
-    times = []
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "qtool"]
+    cmd = base + list(args) + ([str(path), "--json"] if path else ["--help"])
+    times, cpu = [], []
     for _ in range(repeat):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def time_gguf_reader(path: Path) -> float:
@@ -202,21 +211,25 @@ def main() -> None:
     st = a.dir / "synthetic-70b-gptq"
     ssize = make_safetensors_70b(st)
     rows = []
-    med, best, rep = time_inproc(g, a.repeat)
-    cli = time_cli(g, 3)
-    rows.append(("7B GGUF (291 tensors, 32000-entry vocab)", gsize, rep.tensor_count, med, best, cli))
-    med2, best2, rep2 = time_inproc(st, a.repeat)
-    cli2 = time_cli(st, 3)
-    rows.append((f"70B GPTQ safetensors ({len(rep2.files)} shards)", ssize, rep2.tensor_count, med2, best2, cli2))
+    med, best, cpu, rep = time_inproc(g, a.repeat)
+    rows.append(("7B GGUF (291 tensors, 32000-entry vocab)", gsize, rep.tensor_count, med, best, cpu,
+                 *time_cli(g, 5)))
+    med2, best2, cpu2, rep2 = time_inproc(st, a.repeat)
+    rows.append((f"70B GPTQ safetensors ({len(rep2.files)} shards)", ssize, rep2.tensor_count, med2, best2, cpu2,
+                 *time_cli(st, 5)))
+    help_wall, help_cpu = time_cli(None, 5, ())
     print(f"- date: {date.today()}; machine: {platform.machine()} {os.cpu_count()} cores, {platform.platform()}; "
           f"python {platform.python_version()}")
     print(f"- command: `.venv/bin/python benchmarks/inspect_speed.py --repeat {a.repeat}"
           f"{' --compare-gguf' if a.compare_gguf else ''}`\n")
-    print("| file | size | tensors | inspect_path median | best | `qtool inspect --json` wall (process) |")
-    print("|---|---|---|---|---|---|")
-    for name, size, n, m, b_, c in rows:
-        print(f"| {name} | {size / 2**30:.1f} GiB (sparse) | {n} | {m * 1000:.1f} ms | {b_ * 1000:.1f} ms | "
-              f"{c * 1000:.0f} ms |")
+    print("| file | size | tensors | `inspect_path` wall median (best) | CPU median | "
+          "`qtool inspect --json` process wall | process CPU |")
+    print("|---|---|---|---|---|---|---|")
+    for name, size, n, m, b_, c, pw, pc in rows:
+        print(f"| {name} | {size / 2**30:.1f} GiB (sparse) | {n} | {m * 1000:.1f} ms ({b_ * 1000:.1f} ms) | "
+              f"{c * 1000:.1f} ms | {pw * 1000:.0f} ms | {pc * 1000:.0f} ms |")
+    print(f"\nBaseline `qtool --help` process: wall {help_wall * 1000:.0f} ms, CPU {help_cpu * 1000:.0f} ms "
+          "(interpreter + Typer start-up, common to every command).")
     print(f"\nDetected: GGUF format {rep.format}, {len(rep.modules)} modules, bpw {rep.bpw:.3f}; "
           f"safetensors format {rep2.format}, {len(rep2.modules)} modules, bpw {rep2.bpw:.3f}; "
           f"anomalies {len(rep.anomalies)} / {len(rep2.anomalies)}")

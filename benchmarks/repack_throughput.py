@@ -10,8 +10,8 @@ then alternates
     repack: `qtool repack SRC --to marlin -o DST --force --quiet` in a subprocess (peak RSS from wait4)
 
 and reports medians. Until the repack command exists (or with --emulate), the repack step runs this
-script's own streaming loop instead: per tensor, read the bytes with plain file reads (no mmap, so RSS is
-what the process really holds), convert with qtool.formats.marlin.from_gptq (the direct path, identical
+script's own streaming loop instead: per tensor, map only that tensor's bytes (unmapped after use, so RSS
+stays bounded), convert with qtool.formats.marlin.from_gptq (the direct path, identical
 bytes to the composition), and write with qtool.io.writer.ShardedWriter.
 
     .venv/bin/python benchmarks/repack_throughput.py [--dir /tmp/qtool-bench] [--layers 32] [--repeat 3]
@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import platform
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from datetime import date
 from pathlib import Path
 
@@ -111,45 +115,82 @@ def emulate(src: Path, out: Path) -> None:
     infos = {}
     for f in files:
         infos.update(read_header(src / f)[0])
+    # Read-only maps become read-only-in-spirit tensors; nothing here writes to them.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
     dtypes = {"I32": torch.int32, "F16": torch.float16}
     params = LayerParams(bits=BITS, group_size=GROUP)
-    handles: dict = {}
+    fds: dict = {}
+    page = mmap.ALLOCATIONGRANULARITY
 
     def read(info):
-        f = handles.get(info.file) or handles.setdefault(info.file, open(info.file, "rb", buffering=0))  # noqa: SIM115
-        buf = bytearray(info.nbytes)
-        f.seek(info.start)
-        f.readinto(buf)
-        return torch.frombuffer(buf, dtype=dtypes[info.dtype]).view(info.shape)
+        # Map just this tensor and drop the map after use: the conversion reads the page cache directly
+        # (no copy into a private buffer), and mapped pages leave RSS when the map is closed.
+        fd = fds.get(info.file) or fds.setdefault(info.file, os.open(info.file, os.O_RDONLY))
+        base = info.start - info.start % page
+        m = mmap.mmap(fd, info.end - base, prot=mmap.PROT_READ, offset=base)
+        t = torch.frombuffer(memoryview(m)[info.start - base:], dtype=dtypes[info.dtype]).view(info.shape)
+        return t, m
 
     modules: dict[str, dict] = {}
     for name, info in infos.items():
         pre, _, short = name.rpartition(".")
         modules.setdefault(pre, {})[short] = info
     metas = {}
+    # Writing overlaps converting: the writer thread drains a short queue (memory stays bounded by a few
+    # tensors); file writes and the ctypes conversion both release the GIL.
+    jobs: queue.Queue = queue.Queue(maxsize=3)
+    failure: list = []
+
+    def writer_loop(w):
+        try:
+            while (item := jobs.get()) is not None:
+                kind, name, obj = item
+                if kind == "raw":
+                    w.add_raw(name, obj)
+                else:
+                    w.add(name, obj)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failure.append(e)
+            while jobs.get() is not None:
+                pass
+
     with atomic_output(out, force=True) as tmp:
         w = ShardedWriter(tmp, 4 << 30, {})
-        for pre, parts in modules.items():
-            if "qweight" not in parts:
+        thread = threading.Thread(target=writer_loop, args=(w,))
+        thread.start()
+        try:
+            for pre, parts in modules.items():
+                if "qweight" not in parts:
+                    for short, info in parts.items():
+                        jobs.put(("raw", f"{pre}.{short}", info))
+                    continue
+                tensors, maps = {}, []
                 for short, info in parts.items():
-                    w.add_raw(f"{pre}.{short}", info)
-                continue
-            tensors = {short: read(info) for short, info in parts.items()}
-            packed = M.from_gptq(tensors, params, "gptq")
-            n, k = tensors["scales"].shape[1], tensors["qweight"].shape[0] * 32 // BITS
-            n_pad, k_pad = M.padded_nk(n, k, GROUP)
-            metas[pre] = {M.SOURCE_KEY: "gptq", "bits": BITS, "group_size": GROUP, "act_order": False,
-                          "zero_points": False, "shape": [n, k], "padded_shape": [n_pad, k_pad]}
-            for short, t in packed.items():
-                w.add(f"{pre}.{short}", t)
+                    tensors[short], m = read(info)
+                    maps.append(m)
+                packed = M.from_gptq(tensors, params, "gptq")  # new tensors: nothing points into the maps
+                n, k = tensors["scales"].shape[1], tensors["qweight"].shape[0] * 32 // BITS
+                del tensors
+                for m in maps:
+                    m.close()
+                n_pad, k_pad = M.padded_nk(n, k, GROUP)
+                metas[pre] = {M.SOURCE_KEY: "gptq", "bits": BITS, "group_size": GROUP, "act_order": False,
+                              "zero_points": False, "shape": [n, k], "padded_shape": [n_pad, k_pad]}
+                for short, t in packed.items():
+                    jobs.put(("tensor", f"{pre}.{short}", t))
+        finally:
+            jobs.put(None)
+            thread.join()
+        if failure:
+            raise failure[0]
         summary = M.summarize(metas)
         w.metadata.update(M.contract(summary))
         w.close()
         cfg = json.loads((src / "config.json").read_text())
         cfg["quantization_config"] = M.quantization_config(summary)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    for f in handles.values():
-        f.close()
+    for fd in fds.values():
+        os.close(fd)
 
 
 # --- timing -------------------------------------------------------------------------------------------------
@@ -201,8 +242,9 @@ def main() -> int:
         from qtool.packing import marlin_perm as mp
 
         mp.use_extension("on")
-    copies, repacks, rss = [], [], []
+    copies, repacks, rss, loads = [], [], [], []
     for _ in range(a.repeat):
+        loads.append(os.getloadavg()[0])
         shutil.rmtree(copy_dst, ignore_errors=True)
         os.sync()
         copies.append(run_measured(["cp", "-r", str(src), str(copy_dst)])[0])
@@ -232,6 +274,8 @@ def main() -> int:
         f"- repack step: {'`qtool repack --to marlin` (CLI)' if use_cli else 'emulated streaming loop in this script (the CLI did not exist yet): plain reads, marlin.from_gptq, ShardedWriter'}",
         f"- word conversion: {path}",
         f"- check: {verified}",
+        f"- 1-minute load average before each run: {', '.join(f'{x:.1f}' for x in loads)} "
+        f"(other work on the machine inflates both columns)",
         "",
         "| step | runs (s) | median (s) | GB/s |",
         "|---|---|---|---|",

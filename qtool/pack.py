@@ -208,7 +208,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     """Plan, then (unless dry_run) quantize, pack and write atomically. Returns the report."""
     import torch
 
-    from qtool.formats import dequantize, get_format
+    from qtool.formats import get_format
+    from qtool.formats.plain import relative_error
     from qtool.io.qconfig import quantization_config_for
     from qtool.io.writer import ShardedWriter, atomic_output, parse_size, write_json
     from qtool.quant import quantize
@@ -259,13 +260,11 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
             for short, t in packed.items():
                 w.add(f"{plan.module}.{short}", t)
                 after += t.numel() * t.element_size()
-            w64 = weight.to(torch.float64)
-            err = float(torch.linalg.vector_norm(w64 - dequantize(p, torch.float64)) /
-                        max(float(torch.linalg.vector_norm(w64)), 1e-300))
+            err = relative_error(weight, p)
             o, i = plan.shape
             report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
                                                8 * after / (o * i), err))
-            del weight, p, packed, w64
+            del weight, p, packed
         files = w.close()
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]

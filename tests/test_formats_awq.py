@@ -3,6 +3,9 @@
 Hand words follow FORMATS.md: nibble i (shift 4i) of word c holds output column 8c + [0,2,4,6,1,3,5,7][i].
 """
 
+# O and I are FORMATS.md's notation for out_features and in_features.
+# ruff: noqa: E741
+
 from __future__ import annotations
 
 import hashlib

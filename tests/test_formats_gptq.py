@@ -4,6 +4,9 @@ Expected words below were worked out by hand from FORMATS.md (code j of a run of
 [j*b, (j+1)*b)), or by an independent pure-Python bit loop (golden digests), never by the code under test.
 """
 
+# O and I are FORMATS.md's notation for out_features and in_features.
+# ruff: noqa: E741
+
 from __future__ import annotations
 
 import hashlib
@@ -352,3 +355,10 @@ def test_unpack_rejects_bad_shapes():
         V2.unpack(dict(t, qweight=t["qweight"].to(torch.int64)), LayerParams())
     with pytest.raises(FormatError, match="8-bit"):
         V2.unpack(t, LayerParams(bits=8, group_size=32))
+
+
+def test_unpack_rejects_group_size_mismatch():
+    t = V2.pack(random_plain(0, 4, 32, 128, 32, False, True))
+    with pytest.raises(FormatError, match="4 scale rows do not match in_features 128 with group_size 64"):
+        V2.unpack(t, LayerParams(bits=4, group_size=64))
+    assert V2.unpack(t, LayerParams(bits=4)).group_size == 32  # inferred: 128 rows / 4 groups

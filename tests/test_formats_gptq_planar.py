@@ -6,6 +6,9 @@ words, word k holding codes [k*32/w, (k+1)*32/w) at shifts w*j, low plane first)
 independent pure-Python bit loop (digests).
 """
 
+# O and I are FORMATS.md's notation for out_features and in_features.
+# ruff: noqa: E741
+
 from __future__ import annotations
 
 import hashlib

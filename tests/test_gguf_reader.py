@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qtool.errors import InputError
-from qtool.io.gguf_reader import (ARRAY_INLINE_LIMIT, ArraySummary, read_gguf, read_gguf_header, split_siblings)
+from qtool.io.gguf_reader import ARRAY_INLINE_LIMIT, ArraySummary, read_gguf, read_gguf_header, split_siblings
 from tests.conftest import fixture_path
 
 gguf = pytest.importorskip("gguf")
@@ -78,7 +78,7 @@ def test_agrees_with_gguf_reader(gfile):
     assert h.complete and not h.truncated and h.problems == []
     assert h.tensor_count == len(ref.tensors) == len(TENSORS)
     assert h.data_start == ref.data_offset
-    for mine, theirs in zip(h.tensors, ref.tensors):
+    for mine, theirs in zip(h.tensors, ref.tensors, strict=True):
         assert mine.name == theirs.name
         assert mine.shape == tuple(int(x) for x in theirs.shape)
         assert mine.type_id == int(theirs.tensor_type)

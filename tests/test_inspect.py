@@ -22,6 +22,14 @@ from tests.conftest import fixture_path
 
 runner = CliRunner()
 
+
+def cli(*args: str):
+    """(result, exit code the command returns); main() turns that return value into the process status."""
+    res = runner.invoke(app, list(args), standalone_mode=False)
+    if res.exception is not None:
+        raise res.exception
+    return res, res.return_value or 0
+
 # fixture folder -> (format, bits, group_size, sym)
 FIXTURES = {
     "gptqmodel-gptq-v1-4bit-g128-sym": ("gptq", 4, 128, True),
@@ -188,8 +196,8 @@ def test_mislabelled_v1_v2_found_by_deep(tmp_path, stored, claim, bad):
     want = "gptq_v2" if stored == "v2" else "gptq"
     assert {(m.format, m.sym) for m in r.modules if m.quantized} == {(want, True)}
     # strict CLI exits 1, plain exits 0
-    assert runner.invoke(app, ["inspect", str(root), "--deep"]).exit_code == 0
-    assert runner.invoke(app, ["inspect", str(root), "--deep", "--strict"]).exit_code == 1
+    assert cli("inspect", str(root), "--deep")[1] == 0
+    assert cli("inspect", str(root), "--deep", "--strict")[1] == 1
 
 
 def test_no_config_infers_convention_from_data(tmp_path):
@@ -243,16 +251,19 @@ def test_truncated_safetensors(tmp_path):
     root = write_gptq(tmp_path / "m", "v2", "gptq_v2")
     f = root / "model.safetensors"
     raw = f.read_bytes()
-    f.write_bytes(raw[:len(raw) - 3000])
+    cut_at = len(raw) - 60
+    f.write_bytes(raw[:cut_at])
     r = inspect_path(root, deep=True)
     errs = [a.message for a in r.anomalies if a.severity == "error"]
     n = r.tensor_count
-    cut = [t for t in r.tensors if not t.complete]
-    assert cut and r.tensor_count == len(load_file_names(raw))
-    assert f"model.safetensors: truncated: {len(raw) - 3000} of {len(raw)} bytes; {n - len(cut)} of {n} tensors " \
-           "complete" in errs
+    cut = {t.name for t in r.tensors if not t.complete}
+    assert cut and n == len(load_file_names(raw))
+    assert f"model.safetensors: truncated: {cut_at} of {len(raw)} bytes; {n - len(cut)} of {n} tensors complete" \
+        in errs
     assert any(m.startswith("data truncated: module not checked") for m in errs)
-    # modules with complete data were still checked
+    # every module whose tensors are all complete was still decoded and checked
+    for m in r.modules:
+        assert (m.stats is not None) == (not cut & set(m.tensor_names)), m.name
     assert sum(1 for m in r.modules if m.stats) >= 3
 
 
@@ -283,8 +294,8 @@ def test_missing_shard_and_bad_index(tmp_path):
     r = inspect_path(root2)
     assert [(a.severity, a.tensor) for a in r.anomalies] == [("error", "model.layers.9.mlp.down_proj.qweight")]
     assert "does not hold it" in r.anomalies[0].message
-    res = runner.invoke(app, ["inspect", str(root2), "--strict"])
-    assert res.exit_code == 1 and "does not hold it" in res.output
+    res, code = cli("inspect", str(root2), "--strict")
+    assert code == 1 and "does not hold it" in res.stdout
 
 
 def test_truncated_and_split_gguf(tmp_path, fixtures_dir):
@@ -302,8 +313,8 @@ def test_truncated_and_split_gguf(tmp_path, fixtures_dir):
             in {(a.severity, a.tensor, a.message) for a in r.anomalies})
     assert sum(1 for m in r.modules if m.stats) == sum(1 for t in h.tensors if t.name.endswith(".weight")
                                                         and t.start + t.nbytes <= 100000)
-    res = runner.invoke(app, ["inspect", str(p), "--json", "--strict"])
-    assert res.exit_code == 1 and json.loads(res.stdout)["container"] == "gguf"
+    res, code = cli("inspect", str(p), "--json", "--strict")
+    assert code == 1 and json.loads(res.stdout)["container"] == "gguf"
 
 
 def test_split_gguf_missing_member(tmp_path):
@@ -371,7 +382,8 @@ def test_json_schema_cli(tmp_path, fixtures_dir):
                                        "--json"]).stdout)
     assert d["format"] == "gptq" and d["tensor_count"] == 30 and d["bytes_total"] == 116800
     assert d["metadata"]["checkpoint_format"] == "gptq" and d["anomalies"] == []
-    assert d["modules"][0] == {"name": "encoder.layer.0.attention.self.query", "format": "gptq", "bits": 4,
+    assert [m["name"] for m in d["modules"]] == sorted(f"encoder.layer.0.{k}" for k in SHAPES)
+    assert d["modules"][2] == {"name": "encoder.layer.0.attention.self.query", "format": "gptq", "bits": 4,
                                "group_size": 128, "sym": True, "desc_act": False, "in_features": 384,
                                "out_features": 64, "bytes": 12288 + 96 + 384 + 1536 + 128}
     d = json.loads(runner.invoke(app, ["inspect", str(fixture_path(GGUF_FIXTURE)), "--json", "--tensors",
@@ -419,3 +431,50 @@ def test_not_a_checkpoint(tmp_path):
     with pytest.raises(InputError, match="not a GGUF file"):
         inspect_path(p)
     shutil.rmtree(tmp_path)
+
+
+def test_qtool_marlin_checkpoint(tmp_path):
+    """A Marlin file written with the marlin format module and its metadata contract: detected as marlin with
+    the unpadded shape and act-order; --deep decodes it back to the packed Plain's statistics."""
+    from qtool.formats import Plain, dequantize, get_format
+    from qtool.formats import marlin as mf
+
+    gen = torch.Generator().manual_seed(3)
+    o, i, g = 96, 192, 64
+    plain = Plain(torch.randint(0, 16, (o, i), generator=gen, dtype=torch.uint8),
+                  (torch.rand(o, i // g, generator=gen) * 0.01 + 0.001).half(), None,
+                  (torch.randperm(i, generator=gen) // g).to(torch.int32), 4, g)
+    tensors = {f"layer.q.{k}": v for k, v in get_format("marlin").pack(plain).items()}
+    root = tmp_path / "marlin"
+    root.mkdir()
+    save_file(tensors, str(root / "model.safetensors"),
+              metadata=mf.contract(mf.summarize({"layer.q": mf.module_meta(plain)})))
+    r = inspect_path(root, deep=True)
+    assert [(m.name, m.format, m.bits, m.group_size, m.sym, m.desc_act, m.in_features, m.out_features)
+            for m in r.modules] == [("layer.q", "marlin", 4, 64, True, True, i, o)]
+    assert r.config_source is None and not [a for a in r.anomalies if a.severity != "info"], r.anomalies
+    assert _close(r.modules[0].stats, _ref_stats(dequantize(plain)))
+
+
+@pytest.mark.parametrize("to,sym", [("gptq", True), ("gptq_v2", False), ("gptq_p", False), ("awq", False)])
+def test_checkpoints_packed_by_qtool(tmp_path, to, sym):
+    """`qtool pack` output is recognised as what was asked for, and --deep decodes it to weights close to
+    the dense source."""
+    gen = torch.Generator().manual_seed(1)
+    src = tmp_path / "dense"
+    src.mkdir()
+    dense = {f"model.layers.{k}.mlp.up_proj.weight": torch.randn(64, 256, generator=gen).half() for k in range(2)}
+    dense["model.norm.weight"] = torch.ones(256, dtype=torch.float16)
+    save_file(dense, str(src / "model.safetensors"))
+    out = tmp_path / to
+    res = runner.invoke(app, ["pack", str(src), "-o", str(out), "--to", to, "--bits", "4", "--group-size", "64",
+                              "--sym" if sym else "--asym", "-q"])
+    assert res.exit_code == 0, res.output
+    r = inspect_path(out, deep=True)
+    assert r.format == to and not [a for a in r.anomalies if a.severity != "info"], r.anomalies
+    for m in r.modules:
+        assert (m.format, m.bits, m.group_size, m.in_features, m.out_features) == (to, 4, 64, 256, 64)
+        assert m.desc_act is False and m.sym is sym
+        ref = _ref_stats(dense[m.name + ".weight"])
+        assert abs(m.stats["std"] - ref["std"]) < 0.05 * ref["std"]
+        assert abs(m.stats["mean"] - ref["mean"]) < 0.02

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from qtool.inspect.detect import (Claims, collapse_layers, ct_scheme_for, detect_gguf, detect_module,
-                                  group_modules, split_name)
+from qtool.inspect.detect import (
+    Claims,
+    collapse_layers,
+    ct_scheme_for,
+    detect_gguf,
+    detect_module,
+    group_modules,
+    split_name,
+)
 
 
 def gptq_sigs(i: int, o: int, bits: int, g: int) -> dict:
@@ -66,10 +73,15 @@ def test_marlin_legacy_and_contract():
     # K=256, N=128, 4-bit: B [K/16, N*16/8] = [16, 256]; s [K/128, N]
     t = {"B": ("I32", (16, 256)), "s": ("F16", (2, 128)), "workspace": ("I32", (32,))}
     d = detect_module("m", t, None)
-    assert fields(d) == ("marlin", 4, 128, True, None, 256, 128) and d.detail.startswith("legacy")
-    t = {"qweight": ("I32", (16, 512)), "scales": ("F16", (1, 128))}
+    assert fields(d) == ("marlin", 4, 128, True, False, 256, 128) and d.detail.startswith("legacy")
+    t = {"qweight": ("I32", (16, 512)), "scales": ("F16", (1, 128)), "shape": ("I64", (2,))}
     d = detect_module("m", t, Claims(format="marlin", sym=True, desc_act=False))
     assert fields(d) == ("marlin", 8, -1, True, False, 256, 128)
+    # padded act-order module: the contract's padding entry gives the true [N, K]
+    t = {"qweight": ("I32", (16, 256)), "scales": ("F16", (4, 128)), "qzeros": ("I32", (4, 16)),
+         "g_idx": ("I32", (256,)), "perm": ("I32", (256,)), "shape": ("I64", (2,))}
+    c = Claims(format="marlin", bits=4, group_size=64, marlin_padding={"m": [100, 250, 128, 256]})
+    assert fields(detect_module("m", t, c)) == ("marlin", 4, 64, False, True, 250, 100)
 
 
 def test_compressed_tensors_pack_quantized():

@@ -159,12 +159,14 @@ def progress(quiet: bool):
     """A rich progress bar on stderr (so --json stdout stays clean); disabled under --quiet."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = stderr_console()
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=stderr_console(),
-        disable=quiet,
+        console=console,
+        # Only on a terminal: in logs and pipes a bar is noise (and rich leaves a blank line behind).
+        disable=quiet or not console.is_terminal,
         transient=True,
     )

@@ -146,7 +146,10 @@ class _GGUFBlocks(Format):
                        f"({plain.bits}-bit, {'sym' if plain.sym else 'asym'})"]
         return v, []
 
-    def _encode(self, plain: Plain) -> tuple[torch.Tensor | None, list[str]]:
+    def encode(self, plain: Plain) -> tuple[torch.Tensor | None, list[str]]:
+        """(raw block rows uint8 [O, nb*bytes], []) or (None, reasons it cannot be stored)."""
+        if plain.bits not in self.spec.bits:
+            return None, [f"{self.type_name} holds codes of at most {max(self.spec.bits)} bits, not {plain.bits}"]
         bg, why = self._block_groups(plain)
         if bg is None:
             return None, why
@@ -175,20 +178,15 @@ class _GGUFBlocks(Format):
 
     def check(self, plain: Plain) -> list[str]:
         """Reasons the Plain cannot be stored at all without requantization (reads the data)."""
-        why = []
         if plain.bits not in self.spec.bits:
-            why.append(f"{self.type_name} holds codes of at most {max(self.spec.bits)} bits, not {plain.bits}")
-            return why
+            return [f"{self.type_name} holds codes of at most {max(self.spec.bits)} bits, not {plain.bits}"]
         bg, why = self._block_groups(plain)
-        if bg is None:
-            return why
-        return self._values(plain, bg)[1]
+        return why if bg is None else self._values(plain, bg)[1]
 
     def pack(self, plain: Plain) -> dict[str, torch.Tensor]:
         """Plain -> {"weight": uint8 [O, I/32*block_bytes]}; raises NotRepresentable when impossible.
         Rounds d (and Q4_1's m) to fp16; `assess` says how far that moves any weight."""
-        why = self.check(plain)
-        raw, why = (None, why) if why else self._encode(plain)
+        raw, why = self.encode(plain)
         if raw is None:
             raise NotRepresentable(f"cannot store as GGUF {self.type_name}: {'; '.join(why)}",
                                    fix="pass --allow-lossy to requantize")
@@ -196,10 +194,7 @@ class _GGUFBlocks(Format):
 
     def assess(self, plain: Plain, rows_per_chunk: int = 256) -> Assessment:
         """Exactness of pack(plain): decode what pack writes and compare with dequantize(plain) in float64."""
-        why = self.check(plain)
-        if why:
-            return Assessment("impossible", None, tuple(why))
-        raw, why = self._encode(plain)
+        raw, why = self.encode(plain)
         if raw is None:
             return Assessment("impossible", None, tuple(why))
         err = 0.0

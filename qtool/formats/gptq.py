@@ -301,6 +301,11 @@ class GptqFamily(Format):
         in_features = qweight.shape[0] * 32 // bits
         group_size = params.group_size if params.group_size is not None else \
             infer_group_size(in_features, n_groups, fid)
+        expected = 1 if group_size == -1 else -(-in_features // max(group_size, 1))
+        if group_size == 0 or group_size < -1 or n_groups != expected:
+            raise FormatError(f"{fid}: {n_groups} scale rows do not match in_features {in_features} with "
+                              f"group_size {group_size} (expected {expected})", tensor="scales",
+                              fix="check group_size in the checkpoint config")
         g_idx = read_g_idx(tensors, in_features, n_groups, group_size, fid)
         codes = self._unpack_codes(qweight, bits, in_features, dim=0).t().contiguous()
         zeros, conv = self._decode_zeros(qzeros, bits, out_features, params)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from qtool.formats.base import FormatSpec, LayerParams, register
-from qtool.formats.gptq import META_KEY, V2, GptqFamily
+from qtool.formats.gptq import V2, GptqFamily
 from qtool.packing.bitstream import pack_planar, unpack_planar
 
 PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)
@@ -54,4 +54,4 @@ class GptqPlanar(GptqFamily):
         return unpack_planar(qzeros, bits, out_features, dim=1), V2
 
 
-__all__ = ["GptqPlanar", "META_KEY", "PLANAR_BITS"]
+__all__ = ["GptqPlanar", "PLANAR_BITS"]

@@ -108,7 +108,8 @@ def plan(plain: Plain) -> MarlinPlan:
     n_pad, k_pad = padded_nk(n, k, plain.group_size if plain.n_groups > 1 else -1)
     g_eff = plain.effective_group_size
     extra_groups = 0 if plain.n_groups == 1 else (k_pad - k) // g_eff
-    zero_points = (not plain.sym) or src == "awq"
+    # An AWQ source keeps its qzeros even when every zero is the midpoint: the file stays AWQ-Marlin.
+    zero_points = (not plain.sym) or (src == "awq" and plain.bits == 4)
     return MarlinPlan(plain.bits, plain.group_size, n, k, n_pad, k_pad, plain.n_groups,
                       plain.n_groups + extra_groups, g_eff, zero_points, plain.desc_act, src)
 

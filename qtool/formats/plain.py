@@ -155,17 +155,36 @@ class Plain:
         )
 
 
-def dequantize(p: Plain, dtype: torch.dtype | None = None) -> torch.Tensor:
+def dequantize(p: Plain, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
     """W[O, I] = s[:, g] * (q - z[:, g]), computed exactly, then rounded once to `dtype`.
 
-    Default dtype is the scales' dtype: that is what GPTQModel, AutoAWQ and compressed-tensors return,
-    and the product of a 16-bit scale and an integer below 2^9 is exact in fp32, so computing in fp32
-    (float64 when asked for) and rounding once reproduces their bits.
+    Default dtype is the scales' dtype: that is what GPTQModel, AutoAWQ and compressed-tensors return.
+    For fp16/bf16 scales the product of the scale and an integer below 2^9 is exact in fp32, so fp32 work
+    reproduces their bits and also gives the exact float64 value; fp32 scales are multiplied in float64 and
+    rounded once. `rows` restricts the work to a slice of output rows (bounded memory on large layers).
     """
     out_dtype = dtype or p.scales.dtype
-    work = torch.float64 if out_dtype == torch.float64 or p.scales.dtype == torch.float32 else torch.float32
-    g = p.group_index()
-    s = p.scales.to(work).index_select(1, g)
-    z = p.zeros_or_midpoint().to(work).index_select(1, g)
-    w = (p.qweight.to(work) - z) * s
+    work = torch.float64 if p.scales.dtype == torch.float32 else torch.float32
+    sl = rows if rows is not None else slice(None)
+    q = p.qweight[sl]
+    s = p.scales[sl].to(work)
+    z = p.zeros_or_midpoint()[sl].to(work)
+    if p.g_idx is None and p.in_features % p.effective_group_size == 0:
+        # trivial groups: broadcast per group instead of gathering a full [O, I] scale matrix
+        o, g = q.shape[0], p.n_groups
+        w = (q.to(work).view(o, g, -1) - z.unsqueeze(-1)).mul_(s.unsqueeze(-1)).view(o, -1)
+    else:
+        gi = p.group_index()
+        w = (q.to(work) - z.index_select(1, gi)).mul_(s.index_select(1, gi))
     return w.to(out_dtype)
+
+
+def relative_error(weight: torch.Tensor, p: Plain, block_rows: int = 512) -> float:
+    """‖W − dequantize(p)‖ / ‖W‖ in float64, a block of rows at a time (bounded memory)."""
+    num = den = 0.0
+    for r in range(0, weight.shape[0], block_rows):
+        sl = slice(r, r + block_rows)
+        w = weight[sl].to(torch.float64)
+        num += float(torch.sum((w - dequantize(p, torch.float64, sl)) ** 2))
+        den += float(torch.sum(w * w))
+    return (num ** 0.5) / max(den ** 0.5, 1e-300)

@@ -162,14 +162,21 @@ def _inspect_safetensors(p: Path):
     if extra_meta:
         metadata["__metadata__"] = extra_meta
     info = {}
-    if claims is not None and claims.format:
-        info["config format"] = claims.format + (f" ({claims.checkpoint_format})" if claims.checkpoint_format
-                                                 and claims.checkpoint_format != claims.format else "")
+    if src.quant_source and claims is not None:
+        said = [f"{k} {v}" for k, v in (("quant_method", claims.quant_method), ("format", claims.format),
+                                        ("bits", claims.bits), ("group_size", claims.group_size),
+                                        ("sym", claims.sym), ("desc_act", claims.desc_act)) if v is not None]
+        src_line = f"{src.quant_source}: " + ", ".join(said)
+    elif claims is not None:
+        src_line = f"{claims.source}: format {claims.format}"
+    else:
+        src_line = None
     report = InspectReport(
         path=str(p), container="safetensors", format="", modules=modules, tensor_count=len(src.tensors),
         bytes_total=sum(t.nbytes for t in src.tensors.values()), bpw=None, metadata=metadata,
         anomalies=anomalies, files=[str(f) for f in src.files], tensors=rows,
         other_bytes_params=(other_bytes, other_params), config_source=src.quant_source, info=info)
+    report.info_tail = {"config": src_line} if src_line else {}
     return report, src, claims
 
 

@@ -94,7 +94,6 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
                      on_progress: Callable[[int, int], None] | None = None) -> None:
     from qtool.inspect.core import _merge_notes
 
-    ckpt = src.checkpoint()
     notes: Notes = []
     total = len(report.modules)
     for k, m in enumerate(report.modules):
@@ -103,7 +102,7 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
             notes.append(("error", m.name, "data truncated: module not checked"))
         elif m.format != "unknown":
             try:
-                _deep_module(m, ckpt, claims, notes)
+                _deep_module(m, src, claims, notes)
             except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
                 from qtool.errors import QtoolError
 
@@ -111,13 +110,19 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
                 notes.append(("error", m.name, f"cannot decode as {m.format}: {msg}"))
         if on_progress:
             on_progress(k + 1, total)
-    ckpt.close()
+    src.close()
     report.anomalies += _merge_notes(notes)
 
 
-def _params(m: ModuleReport, claims: Claims | None, fmt: str):
+def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
     from qtool.formats.base import LayerParams
 
+    if fmt == "marlin" and src is not None:
+        from qtool.formats.marlin import params_from_contract
+
+        p = params_from_contract(src.metadata, src.quant_raw)
+        return LayerParams(bits=p.bits or m.bits, group_size=p.group_size if p.group_size is not None else
+                           m.group_size, desc_act=p.desc_act, extra=p.extra)
     extra: dict[str, Any] = {}
     if claims is not None and claims.ct_version:
         extra["version"] = claims.ct_version
@@ -125,23 +130,23 @@ def _params(m: ModuleReport, claims: Claims | None, fmt: str):
                        desc_act=m.desc_act, extra=extra)
 
 
-def _deep_module(m: ModuleReport, ckpt, claims: Claims | None, notes: Notes) -> None:
+def _deep_module(m: ModuleReport, src, claims: Claims | None, notes: Notes) -> None:
     from qtool.formats.base import get_format
     from qtool.formats.plain import dequantize
     from qtool.inspect.detect import split_name
 
-    t = ckpt.module_tensors(m.name, names=[split_name(n)[1] for n in m.tensor_names])
+    t = {split_name(n)[1]: src.get(n) for n in m.tensor_names}
     fmt = m.format
     if fmt == "dense":
         m.stats = _check_weight(t["weight"].float(), m.name, notes)
         return
-    for sname in _SCALE_NAMES:
-        if sname in t and t[sname].dtype.is_floating_point:
-            check_scales(t[sname], m.name, sname, notes)
+    sname = next((n for n in _SCALE_NAMES if n in t), "scales")
     if fmt in ("fp8", "ct_fp8"):
+        check_scales(t[sname], m.name, sname, notes)
         m.stats = _check_weight(_dequant_fp8(t), m.name, notes)
         return
     if fmt == "ct_nvfp4":
+        check_scales(t[sname], m.name, sname, notes)
         if "weight_global_scale" in t:
             check_scales(t["weight_global_scale"], m.name, "weight_global_scale", notes)
         m.stats = _check_weight(_dequant_nvfp4(t), m.name, notes)
@@ -165,7 +170,9 @@ def _deep_module(m: ModuleReport, ckpt, claims: Claims | None, notes: Notes) -> 
                 notes.append(("warning", m.name, "config says desc_act false but g_idx is not i // group_size "
                                                  "(act-order data)"))
             m.desc_act = desc
-    plain = f.unpack(t, _params(m, claims, read_fmt))
+    plain = f.unpack(t, _params(m, claims, read_fmt, src))
+    # Checked in canonical form: padding (Marlin) is cropped and every layout's scales look alike.
+    check_scales(plain.scales, m.name, sname, notes)
     for p in plain.check_ranges():
         notes.append(("error", m.name, p))
     sym = plain.sym
@@ -188,9 +195,9 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
     said = claims is not None and claims.format in ("gptq", "gptq_v2")
     if ev.verdict is None:
         if claimed == "v1" and ev.word_field_diff:
-            notes.append(("info", m.name, f"v1 zero fields read differently by the whole-word (GPTQModel) and "
-                                          f"per-field conventions; qtool reads whole-word (a zero of 0 borrows "
-                                          f"from its neighbour)"))
+            notes.append(("info", m.name, "v1 zero fields read differently by the whole-word (GPTQModel) and "
+                                          "per-field conventions; qtool reads whole-word (a zero of 0 borrows "
+                                          "from its neighbour)"))
         if not said:
             notes.append(("warning", m.name, "no config and asymmetric zeros: v1 and v2 both read validly; "
                                              "assuming gptq (v1)"))

@@ -23,6 +23,7 @@ Rules (FORMATS.md; I = in_features, O = out_features, b = bits, pf = 32/b, nG = 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,7 @@ class Claims:
     ct_version: str | None = None
     block_size: tuple[int, int] | None = None
     bnb_blocksize: int | None = None
+    marlin_padding: dict[str, list[int]] = field(default_factory=dict)   # module -> [N, K, Np, Kp]
     raw: dict = field(default_factory=dict)
 
     @property
@@ -130,19 +132,35 @@ def claims_from(qc: Any, raw: dict | None, metadata: dict[str, str] | None, sour
             c.block_size = (bs[0], bs[1])
         if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
             c.bnb_blocksize = r["bnb_4bit_blocksize"]
-    qf = meta.get("qtool.format")
+    # qtool's Marlin contract may also be repeated in the config's "qtool" entry.
+    md = dict(meta)
+    q = (raw or {}).get("qtool")
+    if isinstance(q, dict):
+        for k, v in q.items():
+            md.setdefault(f"qtool.{k}", str(v).lower() if isinstance(v, bool) else str(v))
+    qf = md.get("qtool.format") or ("marlin" if "qtool.marlin.contract" in md else None)
     if qf:
         c = c or Claims(source="safetensors metadata")
         c.format = qf
         c.source = "safetensors metadata (qtool.format)"
-        for key, attr in (("qtool.bits", "bits"), ("qtool.group_size", "group_size")):
-            v = meta.get(key)
-            if v is not None and re.fullmatch(r"-?\d+", v):
+        for key, attr in (("bits", "bits"), ("group_size", "group_size")):
+            v = md.get(f"qtool.{qf}.{key}", md.get(f"qtool.{key}"))
+            if v is not None and re.fullmatch(r"-?\d+", str(v)):
                 setattr(c, attr, int(v))
-        for key, attr in (("qtool.sym", "sym"), ("qtool.desc_act", "desc_act")):
-            v = meta.get(key)
-            if v in ("true", "false", "True", "False", "1", "0"):
-                setattr(c, attr, v in ("true", "True", "1"))
+        act = md.get(f"qtool.{qf}.act_order", md.get("qtool.desc_act"))
+        if act is not None:
+            c.desc_act = str(act).lower() == "true"
+        zp = md.get(f"qtool.{qf}.zero_points")
+        if zp is not None:
+            c.sym = str(zp).lower() != "true"
+        pad = md.get("qtool.marlin.padding")
+        if pad:
+            try:
+                d = json.loads(pad)
+                c.marlin_padding = {str(k): list(v) for k, v in d.items()
+                                    if isinstance(v, list) and len(v) == 4} if isinstance(d, dict) else {}
+            except (ValueError, TypeError):
+                c.marlin_padding = {}
     return c
 
 
@@ -231,7 +249,7 @@ def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detect
     s = set(t)
     meta_marlin = c.format == "marlin"
     if "qweight" in s and meta_marlin or {"B", "s"} <= s:
-        return _marlin(t, c)
+        return _marlin(name, t, c)
     if "qweight" in s:
         return _qweight(t, c)
     if "weight_packed" in s:
@@ -395,7 +413,7 @@ def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
                     (in_f or 0) * out or None, detail="AWQ gemv_fast", notes=notes)
 
 
-def _marlin(t: dict[str, Sig], c: Claims) -> Detected:
+def _marlin(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     bname = "B" if "B" in t else "qweight"
     sname = "s" if "s" in t else "scales"
     if sname not in t:
@@ -409,13 +427,21 @@ def _marlin(t: dict[str, Sig], c: Claims) -> Detected:
         notes.append(("error", f"Marlin {bname} {list(b)} with {n} outputs gives {bits}-bit codes (4 or 8 expected)"))
     if c.format not in (None, "marlin") and "B" in t:
         notes.append(("error", f"config says {c.format} but the tensors are Marlin's B/s"))
-    group, gnote = _group_from(k, n_groups, c.group_size)
+    # Padded modules: the contract records [N, K, Np, Kp]; the shapes here are the padded ones.
+    pad = c.marlin_padding.get(name) or (c.marlin_padding.get("") if len(c.marlin_padding) == 1 else None)
+    k_pad = k
+    if pad and pad[2:] == [n, k]:
+        n, k = pad[0], pad[1]
+    group, gnote = _group_from(k_pad, n_groups, c.group_size)
     if gnote:
         notes.append(("error", gnote))
     notes += _bits_note(c, bits)
     legacy = bname == "B"
-    sym = c.sym if c.sym is not None else ("qzeros" not in t)
-    desc = c.desc_act if c.desc_act is not None else None
+    sym = "qzeros" not in t
+    desc = "perm" in t or "g_idx" in t
+    if c.desc_act is not None and c.desc_act != desc and not legacy:
+        notes.append(("warning", f"contract says act_order {str(c.desc_act).lower()} but the module "
+                                 f"{'has' if desc else 'has no'} perm/g_idx"))
     return Detected("marlin", bits, group, sym, desc, k, n, k * n,
                     detail="legacy marlin (B/s)" if legacy else "qtool marlin contract", notes=notes)
 

@@ -111,6 +111,7 @@ class InspectReport:
     other_bytes_params: tuple[int, int] = (0, 0)      # (bytes, params) of tensors outside modules
     config_source: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # container facts for the summary (GGUF version, ...)
+    info_tail: dict[str, Any] = field(default_factory=dict)  # shown after the totals (what the config says)
     type_histogram: list[tuple[str, int, int, float | None]] = field(default_factory=list)
     deep: bool = False
 
@@ -236,8 +237,10 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     if report.quantized_bpw is not None:
         bpw += f" (quantized modules {report.quantized_bpw:.3f})"
     s.add_row("bits/weight", bpw)
-    if report.config_source:
-        s.add_row("config", sanitize(report.config_source))
+    for k, v in report.info_tail.items():
+        s.add_row(k, sanitize(str(v)))
+    if report.container == "safetensors" and not report.info_tail:
+        s.add_row("config", "none")
     out.append(s)
 
     if report.type_histogram:

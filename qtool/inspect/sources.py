@@ -33,12 +33,48 @@ class Source:
     index: dict | None
     incomplete: set[str] = field(default_factory=set)
     anomalies: list[Anomaly] = field(default_factory=list)
+    cut_files: set[Path] = field(default_factory=set)
+    _ckpt: Checkpoint | None = None
 
     def checkpoint(self) -> Checkpoint:
         """A Checkpoint over the complete tensors, for reading data under --deep."""
-        ok = {n: t for n, t in self.tensors.items() if n not in self.incomplete}
-        return Checkpoint(path=self.path, root=self.root, files=self.files, tensors=ok, metadata=self.metadata,
-                          config=self.config, quant_config=self.quant_raw, index=self.index)
+        if self._ckpt is None:
+            ok = {n: t for n, t in self.tensors.items() if n not in self.incomplete}
+            self._ckpt = Checkpoint(path=self.path, root=self.root, files=self.files, tensors=ok,
+                                    metadata=self.metadata, config=self.config, quant_config=self.quant_raw,
+                                    index=self.index)
+        return self._ckpt
+
+    def get(self, name: str):
+        """One complete tensor as torch.Tensor. Files cut short are refused by safetensors' own reader, so
+        their complete tensors are read here from the validated offsets."""
+        info = self.tensors[name]
+        if info.file not in self.cut_files:
+            return self.checkpoint().get(name)
+        import torch
+
+        with info.file.open("rb") as f:
+            f.seek(info.start)
+            raw = bytearray(f.read(info.nbytes))
+        if len(raw) != info.nbytes:
+            raise InputError("data truncated", path=info.file, tensor=name)
+        return torch.frombuffer(raw, dtype=_torch_dtype(info.dtype)).reshape(info.shape) if raw else \
+            torch.empty(info.shape, dtype=_torch_dtype(info.dtype))
+
+    def close(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt.close()
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    table = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+             "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+    if name not in table:
+        raise InputError(f"dtype {name} cannot be read into torch")
+    return table[name]
 
 
 def _err(anoms: list[Anomaly], msg: str, tensor: str | None = None, severity: str = "error") -> None:
@@ -102,7 +138,8 @@ def open_source(path: Path) -> Source:
     incomplete: set[str] = set()
     metadata: dict[str, str] = {}
     read_files = []
-    for i, f in enumerate(files):
+    cut_files: set[Path] = set()
+    for f in files:
         try:
             infos, meta = read_header(f)
             cut = set()
@@ -112,6 +149,7 @@ def open_source(path: Path) -> Source:
                 _err(anoms, f"{f.name}: unreadable header: {e.problem}")
                 continue
             infos, meta, cut, msg = got
+            cut_files.add(f)
             _err(anoms, f"{f.name}: {msg}")
         read_files.append(f)
         if not metadata:
@@ -145,7 +183,7 @@ def open_source(path: Path) -> Source:
     config, quant_raw, quant_source = _configs(root, anoms)
     return Source(path=p, root=root, files=read_files, tensors=tensors, metadata=metadata, config=config,
                   quant_raw=quant_raw, quant_source=quant_source, index=index, incomplete=incomplete,
-                  anomalies=anoms)
+                  anomalies=anoms, cut_files=cut_files)
 
 
 _COMPARE = ("quant_method", "bits", "group_size", "sym", "desc_act", "checkpoint_format")

@@ -451,7 +451,7 @@ def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int,
         if nbytes:
             spans.append((start, start + nbytes, name))
     spans.sort()
-    for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+    for (_s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
         if s1 < e0:
             h.problems.append(("error", n1, f"data [{s1}, ...) overlaps tensor '{n0}' ending at {e0}"))
 

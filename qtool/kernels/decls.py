@@ -240,6 +240,7 @@ ENGINE_FILE = record({
     "source": is_str,
     "formats": map_of(is_str, is_str),
     "pack_dtype_by_format": map_of(is_str, one_of(*PACK_DTYPES)),
+    "base_checks": record({"group_full_k_alias": is_bool, "group_divides_k_unless_auto_padding": is_bool}),
     "methods": list_of(METHOD_ROW),
     "lists": map_of(one_of(*PLATFORMS), list_of(is_str, nonempty=False)),
     "gates": list_of(KERNEL_ROW),
@@ -336,6 +337,7 @@ class EngineDecls:
     methods: tuple[MethodDecl, ...] = ()
     lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
     gates: tuple[KernelDecl, ...] = ()
+    base_checks: dict[str, bool] = field(default_factory=dict)   # checks the engine applies to every row
 
     def kernel(self, name: str) -> KernelDecl:
         for k in self.kernels:
@@ -386,7 +388,7 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     return EngineDecls(
         engine=d["engine"], walk=d["walk"], path=path, kernels=kernels, source=d.get("source", ""),
         formats=dict(d.get("formats", {})), pack_dtype_by_format=dict(d.get("pack_dtype_by_format", {})),
-        methods=methods, lists=lists, gates=gates,
+        methods=methods, lists=lists, gates=gates, base_checks=dict(d.get("base_checks", {})),
     )
 
 

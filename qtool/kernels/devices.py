@@ -203,10 +203,19 @@ def live_cuda(index: int, profiles: dict[str, Device] | None = None) -> Device:
     props = torch.cuda.get_device_properties(index)
     rocm = getattr(torch.version, "hip", None) is not None
     smem = getattr(props, "shared_memory_per_block_optin", None)
+    # Bandwidth and peaks are not readable through torch: borrow them from the profile whose name the
+    # marketing name contains ("NVIDIA H100 80GB HBM3" -> h100), when there is one.
+    squashed = props.name.lower().replace(" ", "").replace("-", "")
+    twin = next((d for n, d in (profiles or {}).items() if d.platform in ("cuda", "rocm") and n in squashed), None)
     return Device(
         name=f"cuda:{index}", platform="rocm" if rocm else "cuda", description=props.name,
         cc=(props.major, props.minor),
         arch=getattr(props, "gcnArchName", None) if rocm else f"sm_{props.major}{props.minor}",
         sm_count=props.multi_processor_count, smem_optin=smem,
-        memory_gb=round(props.total_memory / 1e9, 1), live=True, **_software(),
+        memory_gb=round(props.total_memory / 1e9, 1), live=True,
+        hbm_gbps=twin.hbm_gbps if twin else None,
+        peak_bf16_tflops=twin.peak_bf16_tflops if twin else None,
+        peak_fp16_tflops=twin.peak_fp16_tflops if twin else None,
+        peak_fp8_tflops=twin.peak_fp8_tflops if twin else None,
+        **_software(),
     )

@@ -222,7 +222,8 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
         layer=layer, device=device, tp=tp, k_part=k_part, n_part=n_part, k_split=k_split, n_split=n_split,
         tp_failures=tuple(tp_fail), engine_format=engine_format, weight_type=weight_type,
         zero_points=zero_points, pack_dtype=pack_dtype,
-        group_full_k_alias=decls.engine == "gptqmodel", group_divides_k_base=decls.engine == "gptqmodel",
+        group_full_k_alias=decls.base_checks.get("group_full_k_alias", False),
+        group_divides_k_base=decls.base_checks.get("group_divides_k_unless_auto_padding", False),
     )
     return facts, method, method_failures
 
@@ -367,14 +368,15 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
         fail("device", f"rejects platform {plat}")
     if plat == "cuda" and dev.cc is not None:
         cc = dev.cc
-        if k.min_cc is not None and cc < k.min_cc:
-            fail("device", f"CC {_cc(cc)} < {_cc(k.min_cc)}")
+        # An exact target list or a range implies the floor; one message per capability refusal.
         if k.exact_cc is not None and cc not in k.exact_cc:
             want = _cc(k.exact_cc[0]) if len(k.exact_cc) == 1 else _fmt([_cc(c) for c in k.exact_cc])
             fail("device", f"CC {_cc(cc)} != {want} (exact targets only)" if len(k.exact_cc) == 1
                  else f"CC {_cc(cc)} not in {want} (exact targets only)")
-        if k.cc_range is not None and not (k.cc_range[0] <= cc <= k.cc_range[-1]):
+        elif k.cc_range is not None and not (k.cc_range[0] <= cc <= k.cc_range[-1]):
             fail("device", f"CC {_cc(cc)} outside {_cc(k.cc_range[0])}..{_cc(k.cc_range[-1])}")
+        elif k.min_cc is not None and cc < k.min_cc:
+            fail("device", f"CC {_cc(cc)} < {_cc(k.min_cc)}")
         if k.min_smem_optin is not None:
             if dev.smem_optin is None:
                 notes.append("opt-in shared memory unknown for this device")
@@ -585,6 +587,8 @@ def _method_hint(layer: LayerQuant, failures: list[Failure]) -> str | None:
                 hints.append("gptq_p at 2/4/8 bits is bit-identical to gptq: relabel it (qtool repack --to gptq)")
             elif family in ("gptq_p", "marlin"):
                 hints.append("repack to gptq (qtool repack --to gptq); vLLM repacks to its kernels at load")
+            elif family in ("gguf", "bnb"):
+                hints.append("vLLM's method list at the seed's pin has no gguf or bitsandbytes (SGLang loads them)")
         elif f.category == "bits":
             hints.append("re-quantize to 4-bit or 8-bit")
         elif f.category == "sym":

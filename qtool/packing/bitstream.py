@@ -77,14 +77,44 @@ def _unpack_last(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return c.reshape(*lead, n).to(torch.uint8)
 
 
+def _pack_dim(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Fast path for widths dividing 32: OR shifted int32 slices in place, along `dim`, without transposing.
+    (ATen shifts signed integers through their unsigned type, so bit 31 is set without overflow.)"""
+    pf = 32 // bits
+    d = dim % codes.dim()
+    n = codes.shape[d]
+    _check_len(n, pf, f"{bits}-bit packing")
+    c = codes.contiguous().reshape(*codes.shape[:d], n // pf, pf, *codes.shape[d + 1:])
+    acc = c.select(d + 1, 0).to(torch.int32)
+    for j in range(1, pf):
+        acc |= c.select(d + 1, j).to(torch.int32) << (bits * j)
+    return acc.contiguous()
+
+
+def _unpack_dim(words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
+    pf = 32 // bits
+    d = dim % words.dim()
+    nw = words.shape[d]
+    if nw * pf < n:
+        raise FormatError(f"{nw} words hold {nw * pf} {bits}-bit codes, need {n}")
+    mask = (1 << bits) - 1
+    parts = [((words >> (bits * j)) & mask).to(torch.uint8) for j in range(pf)]
+    c = torch.stack(parts, dim=d + 1).reshape(*words.shape[:d], nw * pf, *words.shape[d + 1:])
+    return c.narrow(d, 0, n).contiguous()
+
+
 def pack_stream(codes: torch.Tensor, bits: int, dim: int = -1) -> torch.Tensor:
     """uint8 codes [..., n, ...] -> int32 words [..., n*bits/32, ...] (continuous little-endian stream)."""
+    if 32 % bits == 0:
+        return _pack_dim(codes, bits, dim)
     c = codes.movedim(dim, -1)
     return _pack_last(c, bits).movedim(-1, dim).contiguous()
 
 
 def unpack_stream(words: torch.Tensor, bits: int, n: int, dim: int = -1) -> torch.Tensor:
     """int32 words -> uint8 codes, the first n along `dim` (inverse of pack_stream)."""
+    if 32 % bits == 0:
+        return _unpack_dim(words, bits, n, dim)
     w = words.movedim(dim, -1)
     return _unpack_last(w, bits, n).movedim(-1, dim).contiguous()
 

@@ -21,6 +21,7 @@ This module knows bits and permutations, not formats; qtool.formats.marlin uses 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import sys
 from functools import cache, lru_cache
@@ -388,20 +389,40 @@ def _extension(required: bool = False) -> _Ext | None:
     return st["lib"]
 
 
+_CFLAGS = ("-O3", "-fopenmp")
+
+
+def _build_dir() -> Path:
+    """A build folder keyed by the source, flags and torch version, so a stale library is never loaded."""
+    key = hashlib.sha256(_CSRC.read_bytes() + repr((_CFLAGS, torch.__version__)).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("QTOOL_CACHE") or Path.home() / ".cache" / "qtool")
+    return root / "ext" / f"marlin_repack-{key}"
+
+
 def _build() -> _Ext:
     if not _CSRC.is_file():
         raise FileNotFoundError(f"{_CSRC} not found (installed without csrc/)")
-    import contextlib
-    import io
+    build = _build_dir()
+    lib_path = build / "qtool_marlin_repack.so"
+    lib = None
+    if lib_path.is_file():
+        # Loading the cached library directly skips importing torch.utils.cpp_extension (seconds).
+        try:
+            lib = ctypes.CDLL(str(lib_path))
+        except OSError:
+            lib = None  # half-written by a concurrent build: build (cpp_extension locks) and retry
+    if lib is None:
+        import contextlib
+        import io
 
-    from torch.utils import cpp_extension
+        from torch.utils import cpp_extension
 
-    # The build prints compiler chatter; the core never prints.
-    with contextlib.redirect_stdout(io.StringIO()):
-        path = cpp_extension.load(name="qtool_marlin_repack", sources=[str(_CSRC)],
-                                  extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                                  is_python_module=False, verbose=False)
-    lib = ctypes.CDLL(path)
+        build.mkdir(parents=True, exist_ok=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # compiler chatter; the core never prints
+            path = cpp_extension.load(name="qtool_marlin_repack", sources=[str(_CSRC)],
+                                      extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
+                                      build_directory=str(build), is_python_module=False, verbose=False)
+        lib = ctypes.CDLL(path)
     lib.qtool_marlin_repack_abi.restype = ctypes.c_int
     if lib.qtool_marlin_repack_abi() != _EXT_ABI:
         raise RuntimeError(f"stale build of {_CSRC.name} (ABI {lib.qtool_marlin_repack_abi()} != {_EXT_ABI})")

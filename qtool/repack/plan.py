@@ -42,6 +42,8 @@ KINDS = ("exact", "near-exact", "lossy", "impossible", "keep")
 GGUF_TARGETS = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
 TARGET_ALIASES = {"q4_0": "gguf_q4_0", "q4_1": "gguf_q4_1", "q8_0": "gguf_q8_0", "compressed-tensors": "ct",
                   "compressed_tensors": "ct", "gptq_v1": "gptq", "awq_gemm": "awq"}
+# per-module counts inside reasons, blanked so identical reasons group together in a refusal
+_COUNTS = re.compile(r"\b[0-9]+ (groups|weights|of [0-9]+ blocks)")
 _ST_FLOATS = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 
 
@@ -132,12 +134,18 @@ class RepackPlan:
                 if m.kind == "impossible" or (m.kind == "lossy" and not self.job.allow_lossy)]
 
     def refusal_message(self) -> str:
+        """One line: how many modules block the run, grouped by reason (modules named, a few per reason)."""
         bad = self.blocking()
-        lossy = [m for m in bad if m.kind == "lossy"]
-        head = f"{len(bad)} of {len(self.modules)} modules cannot be converted exactly to {self.target}"
-        items = [f"{m.module} [{m.kind}]: {'; '.join(m.reasons) or m.kind}" for m in bad[:4]]
-        more = f"; and {len(bad) - 4} more" if len(bad) > 4 else ""
-        return f"{head}: " + " | ".join(items) + more + "; nothing was written"
+        by_reason: dict[str, list[str]] = {}
+        for m in bad:
+            why = _COUNTS.sub(r"N \1", "; ".join(m.reasons) or m.kind)
+            by_reason.setdefault(f"[{m.kind}] {why}", []).append(m.module)
+        parts = []
+        for why, mods in by_reason.items():
+            names = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
+            parts.append(f"{why} ({len(mods)} module{'s' if len(mods) > 1 else ''}: {names})")
+        return (f"{len(bad)} of {len(self.modules)} modules cannot be converted exactly to {self.target}: "
+                + " | ".join(parts) + "; nothing was written")
 
     def refusal_fix(self) -> str:
         bad = self.blocking()
@@ -404,8 +412,8 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
         if i is not None and group != -1 and i % group:
             group = -1
     sym = m.sym if m.sym is not None else True
-    if not spec.asym:
-        sym = True
+    if not spec.asym or spec.id == "gptq":
+        sym = True  # GPTQ v1 cannot store a zero of 0, which asymmetric min-max produces on one-signed groups
     elif not spec.sym:
         sym = False
     mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, sym

@@ -29,13 +29,19 @@ def _how(m) -> str:
 
 
 def render(report, console, *, refused: bool = False) -> None:
+    """The plan table (one row per module), then reasons, a summary and the outcome. On refusal only the
+    blocking modules are listed, one line each (the error line follows)."""
     from rich.table import Table
 
     from qtool.cli.common import sanitize
 
     plan = report.plan
+    if refused:
+        for m in plan.blocking():
+            console.print(f"{m.kind:>10}  {sanitize(m.module)}: {sanitize('; '.join(m.reasons))}")
+        return
     t = Table(title=f"repack {sanitize(str(plan.job.src))} -> {plan.target}", show_lines=False)
-    for h in ("module", "from", "shape", "bits/group", "kind", "how", "error", "why"):
+    for h in ("module", "from", "shape", "bits/group", "kind", "how", "error"):
         t.add_column(h, overflow="fold")
     for m in plan.modules:
         bg = f"{m.bits}/{m.group_size}"
@@ -43,16 +49,16 @@ def render(report, console, *, refused: bool = False) -> None:
             bg += f" -> {m.to_bits}/{m.to_group_size}"
         style = _STYLE.get(m.kind, "")
         t.add_row(sanitize(m.module), m.src_format, "x".join(map(str, m.shape or [])) or "?", bg,
-                  f"[{style}]{m.kind}[/{style}]" if style else m.kind, _how(m), _err(m),
-                  sanitize("; ".join(m.reasons)))
+                  f"[{style}]{m.kind}[/{style}]" if style else m.kind, _how(m), _err(m))
     console.print(t)
+    for m in plan.modules:
+        if m.reasons and not m.copy:
+            console.print(f"{m.kind}: {sanitize(m.module)}: {sanitize('; '.join(m.reasons))}")
     c = plan.counts()
     summary = ", ".join(f"{n} {k}" for k, n in c.items() if n)
     console.print(f"{len(plan.modules)} modules: {summary}; {plan.passthrough} other tensors copied byte for byte")
     for w in plan.warnings:
         console.print(f"warning: {sanitize(w)}")
-    if refused:
-        return
     if plan.job.dry_run:
         console.print(f"dry run: nothing written (would write {sanitize(str(plan.out))})")
     else:

@@ -165,7 +165,9 @@ class ModuleConverter:
     def _relayout(self, m, mp: ModulePlan, plain) -> dict:
         plain = apply_steps(plain, mp)
         if self.dst.spec.id in GGUF_TARGETS:
-            why = list(self.dst.assess(plain).reasons)
+            raw, why = self.dst.encode(plain)  # the check and the bytes in one pass
+            if raw is not None:
+                return {"weight": raw}
         else:
             why = self.dst.check(plain)
         if why:
@@ -199,8 +201,13 @@ class ModuleConverter:
                                                                                     torch.bfloat16) else torch.float16
             q = quantize(w, mp.to_bits, mp.to_group_size, bool(mp.to_sym), method=self.plan.job.method,
                          scale_dtype=sdt, name=m.name)
-            q = q.with_(meta={**q.meta, "format": m.format})
             why = self.dst.check(q)
+            if why and not mp.to_sym:  # e.g. a zero point the target cannot store: symmetric never has one
+                q2 = quantize(w, mp.to_bits, mp.to_group_size, True, method=self.plan.job.method,
+                              scale_dtype=sdt, name=m.name)
+                if not self.dst.check(q2):
+                    q, why, mp.to_sym = q2, [], True
+            q = q.with_(meta={**q.meta, "format": m.format})
             if why:
                 raise NotRepresentable(f"{m.name}: requantized weight still cannot be stored as {self.dst.spec.id}: "
                                        + "; ".join(why), tensor=m.name, fix="--exclude this module")

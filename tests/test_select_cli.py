@@ -1,0 +1,144 @@
+"""`qtool select` through the CLI: JSON schema, exit codes, PATH via inspect (real and fake modules)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+import qtool.cli.main  # noqa: F401  (registers the commands)
+from qtool.cli.app import app
+from qtool.errors import DeviceError, UsageError
+from qtool.kernels.devices import profile
+from qtool.kernels.select_plan import path_groups, plan_select
+from tests.conftest import fixture_path
+
+runner = CliRunner()
+
+LAYER_KEYS = {"name", "in_features", "out_features", "in_features_per_partition", "out_features_per_partition",
+              "chosen", "candidates"}
+CANDIDATE_KEYS = {"kernel", "ok", "reason", "hint"}
+
+
+def _check_schema(d: dict) -> None:
+    assert {"engine", "device", "tp", "layers"} <= set(d)
+    assert isinstance(d["engine"], str) and isinstance(d["device"], str) and isinstance(d["tp"], int)
+    for layer in d["layers"]:
+        assert LAYER_KEYS <= set(layer)
+        for key in ("in_features", "out_features", "in_features_per_partition", "out_features_per_partition"):
+            assert isinstance(layer[key], int) and layer[key] > 0
+        assert layer["chosen"] is None or isinstance(layer["chosen"], str)
+        assert layer["candidates"], layer["name"]
+        for c in layer["candidates"]:
+            assert CANDIDATE_KEYS <= set(c)
+            assert isinstance(c["ok"], bool) and isinstance(c["reason"], str)
+            assert c["reason"].startswith(c["kernel"] + ": ")
+            assert c["hint"] is None or isinstance(c["hint"], str)
+        if layer["chosen"] is not None:
+            chosen = next(c for c in layer["candidates"] if c["kernel"] == layer["chosen"])
+            assert chosen["ok"]
+
+
+def test_json_llama3_70b_tp2_vllm_h100():
+    r = runner.invoke(app, ["select", "--model", "llama-3-70b", "--format", "gptq", "--bits", "4",
+                            "--group-size", "128", "--device", "h100", "--engine", "vllm", "--tp", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    _check_schema(d)
+    assert (d["engine"], d["device"], d["tp"]) == ("vllm", "h100", 2)
+    down = next(x for x in d["layers"] if x["name"] == "model.layers.#.mlp.down_proj")
+    assert (down["in_features"], down["out_features"]) == (28672, 8192)
+    assert (down["in_features_per_partition"], down["out_features_per_partition"]) == (14336, 8192)
+    assert down["chosen"] == "MacheteLinearKernel" and down["count"] == 80
+    o_proj = next(x for x in d["layers"] if x["name"].endswith("o_proj"))
+    assert o_proj["in_features_per_partition"] == 4096
+
+
+def test_group_2048_on_cpu_exits_1_and_lists_every_refusal():
+    # standalone_mode=False hands back the command's return value (main() turns it into the exit code)
+    r = runner.invoke(app, ["select", "--layer", "4096,4096", "--group-size", "2048", "--device", "cpu",
+                            "--json"], standalone_mode=False)
+    assert r.return_value == 1
+    d = json.loads(r.stdout)
+    _check_schema(d)
+    (layer,) = d["layers"]
+    assert layer["chosen"] is None and len(layer["candidates"]) == 14
+    assert all("group_size 2048 not in" in c["reason"] for c in layer["candidates"])
+
+
+def test_exit_code_through_main():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "qtool", "select", "--layer", "4096,4096", "--device", "h100", "-q"]
+    assert subprocess.run(cmd + ["--group-size", "2048"], capture_output=True).returncode == 1
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def test_human_output_and_quiet():
+    r = runner.invoke(app, ["select", "--layer", "19110,8192,row", "--group-size", "-1", "--device", "h100",
+                            "--engine", "vllm", "--tp", "2"])
+    assert r.exit_code == 0, r.output
+    assert "K_part 9555 % 64 != 0" in r.stdout and "MarlinLinearKernel" in r.stdout and "8192x9600" in r.stdout
+    q = runner.invoke(app, ["select", "--layer", "4096,4096", "--device", "h100", "-q"])
+    assert q.exit_code == 0 and q.stdout == ""
+
+
+def test_path_on_the_packed_fixture(tmp_path):
+    src = str(fixture_path("gptqmodel-gptq-v1-4bit-g128-sym"))
+    r = runner.invoke(app, ["select", src, "--device", "h100", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    _check_schema(d)
+    names = {x["name"] for x in d["layers"]}
+    assert "encoder.layer.#.attention.self.query" in names
+    # truncated fixture rows: out_features 64 is not a multiple of Machete's 128 -> Marlin
+    q = next(x for x in d["layers"] if x["name"].endswith("self.query"))
+    assert (q["in_features"], q["out_features"]) == (384, 64)
+    assert q["chosen"] == "MarlinLinear"
+    machete = next(c for c in q["candidates"] if c["kernel"] == "MacheteLinear")
+    assert machete["reason"] == "MacheteLinear: N 64 % 128 != 0"
+
+
+def test_path_with_fake_inspect_modules():
+    # The contract select codes against: objects with name/format/bits/group_size/sym/desc_act/in/out.
+    mods = [SimpleNamespace(name=f"model.layers.{i}.mlp.down_proj", format="gptq", bits=4, group_size=128,
+                            sym=True, desc_act=False, in_features=28672, out_features=8192) for i in range(3)]
+    mods += [SimpleNamespace(name="model.layers.0.mlp.gate_proj", format="awq", bits=4, group_size=128,
+                             sym=False, desc_act=False, in_features=8192, out_features=28672),
+             SimpleNamespace(name="lm_head", format="dense", bits=None, group_size=None, sym=None,
+                             desc_act=None, in_features=8192, out_features=128256)]
+    groups, notes = path_groups(None, "bf16", modules=mods)
+    assert [(g.pattern, g.count, g.layer.parallel) for g in groups] == [
+        ("model.layers.#.mlp.down_proj", 3, "row"), ("model.layers.#.mlp.gate_proj", 1, "column")]
+    assert any("1 dense module" in n for n in notes)
+    rep = plan_select(groups, profile("h100"), "vllm", tp=2)
+    down, gate = (r.selection for r in rep.layers)
+    assert (down.chosen, down.in_features_per_partition) == ("MacheteLinearKernel", 14336)
+    assert (gate.chosen, gate.out_features_per_partition) == ("MacheteLinearKernel", 14336)
+
+
+def test_usage_and_device_errors():
+    r = runner.invoke(app, ["select", "--device", "h100"])
+    assert isinstance(r.exception, UsageError) and "nothing to select for" in str(r.exception)
+    r = runner.invoke(app, ["select", "--model", "llama-3-8b", "--layer", "1,2", "--device", "h100"])
+    assert isinstance(r.exception, UsageError) and "exactly one of" in str(r.exception)
+    r = runner.invoke(app, ["select", "--model", "llama-3-8b", "--device", "h1000"])
+    assert isinstance(r.exception, DeviceError) and "did you mean 'h100'" in str(r.exception)
+    r = runner.invoke(app, ["select", "--model", "lama-3-8b", "--device", "h100"])
+    assert isinstance(r.exception, UsageError) and "did you mean 'llama-3-8b'" in str(r.exception)
+    r = runner.invoke(app, ["select", "--layer", "4096", "--device", "h100"])
+    assert isinstance(r.exception, UsageError) and "K,N" in str(r.exception)
+
+
+def test_config_file(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("model: llama-3-8b\ndevice: b200\nengine: vllm\n"
+                    "disable: [MarlinLinearKernel, ConchLinearKernel]\n")
+    r = runner.invoke(app, ["select", "--config", str(spec), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    # Machete: not Hopper; Marlin and Conch disabled; Exllama: bf16 model -> Triton W4A16
+    assert d["device"] == "b200" and d["disabled"] == ["ConchLinearKernel", "MarlinLinearKernel"]
+    assert {x["chosen"] for x in d["layers"]} == {"TritonW4A16LinearKernel"}
