@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -430,7 +429,6 @@ def test_not_a_checkpoint(tmp_path):
     p.write_bytes(b"NOPE" * 10)
     with pytest.raises(InputError, match="not a GGUF file"):
         inspect_path(p)
-    shutil.rmtree(tmp_path)
 
 
 def test_qtool_marlin_checkpoint(tmp_path):
@@ -478,3 +476,17 @@ def test_checkpoints_packed_by_qtool(tmp_path, to, sym):
         ref = _ref_stats(dense[m.name + ".weight"])
         assert abs(m.stats["std"] - ref["std"]) < 0.05 * ref["std"]
         assert abs(m.stats["mean"] - ref["mean"]) < 0.02
+
+
+def test_unreadable_safetensors_is_an_input_error(tmp_path):
+    from qtool.errors import InputError
+
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    with pytest.raises(InputError, match="nothing readable: bad.safetensors: unreadable header"):
+        inspect_path(p)
+    from qtool.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["inspect", str(p)])
+    assert e.value.code == 2

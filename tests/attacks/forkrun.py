@@ -15,5 +15,7 @@ if __name__ == "__main__":
     request = json.loads(sys.stdin.read())
     # The children write to their own files; keep this process's stdout for the result alone.
     real_stdout = os.dup(1)
+    os.dup2(2, 1)
     results = serve(request)
-    os.write(real_stdout, json.dumps(results).encode())
+    with os.fdopen(real_stdout, "wb") as f:
+        f.write(json.dumps(results).encode())

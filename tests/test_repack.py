@@ -1,0 +1,382 @@
+"""`qtool repack` core: any-to-any by composition, exactness decided before writing, refusals that write
+nothing, direct paths equal to the composition, foreign fixtures converted bit-exactly, GGUF targets read back
+by the gguf package."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from qtool.errors import NotRepresentable, OutputError
+from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.io.qconfig import quantization_config_for
+from qtool.repack.plan import RepackJob, can_regroup, regroup, widen
+from qtool.repack.run import Refused, fast_paths, run_repack
+from qtool.repack.source import open_source
+from tests.conftest import FIXTURES
+from tests.test_formats_ct import random_plain, raw_equal
+
+HF_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "ct", "marlin")
+
+
+def params(p: Plain) -> LayerParams:
+    return LayerParams(bits=p.bits, group_size=p.group_size)
+
+
+def decode_all(path) -> dict[str, Plain]:
+    """Every quantized module of a checkpoint read back through qtool's own detection and readers."""
+    src = open_source(path)
+    try:
+        return {m.name: get_format(m.format).unpack(src.load(m), m.params) for m in src.modules}
+    finally:
+        src.close()
+
+
+# --- any-to-any on Plains ---------------------------------------------------------------------------------
+PLAINS = {
+    "sym4-g128": dict(o=128, i=256, bits=4, group_size=128, sym=True),
+    "asym4-g64-zero0": dict(o=128, i=256, bits=4, group_size=64, sym=False),
+    "sym8-channel": dict(o=64, i=128, bits=8, group_size=-1, sym=True),
+    "asym3-g32": dict(o=64, i=128, bits=3, group_size=32, sym=False),
+    "sym4-actorder": dict(o=128, i=256, bits=4, group_size=64, sym=True, act_order=True),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAINS))
+def test_every_pair_of_formats_converts_exactly_or_refuses(case):
+    p = random_plain(11, **PLAINS[case])
+    for a in HF_FORMATS:
+        fa = get_format(a)
+        if fa.check(p):
+            continue
+        xa = fa.pack(p)
+        pa = fa.unpack(xa, params(p))
+        assert pa.equal(p), (case, a)
+        for b in HF_FORMATS:
+            fb = get_format(b)
+            why = fb.check(pa)
+            if why:
+                with pytest.raises(NotRepresentable):
+                    fb.pack(pa)
+                continue
+            pb = fb.unpack(fb.pack(pa), params(p))
+            assert pb.equal(p), (case, a, b)
+            back = fa.pack(pb.with_(meta=pa.meta))  # and home again, byte for byte (meta: A's bookkeeping)
+            assert list(back) == list(xa) and all(torch.equal(back[k], xa[k]) for k in xa), (case, a, b)
+
+
+@given(seed=st.integers(0, 2**16), a=st.sampled_from(HF_FORMATS), b=st.sampled_from(HF_FORMATS),
+       bits=st.sampled_from([2, 3, 4, 8]), group=st.sampled_from([32, 64, 128, -1]), sym=st.booleans(),
+       o=st.sampled_from([64, 96, 128]))
+def test_random_pairs_round_trip(seed, a, b, bits, group, sym, o):
+    p = random_plain(seed, o, 128, bits, group, sym)
+    fa, fb = get_format(a), get_format(b)
+    if fa.check(p) or fb.check(p):
+        return
+    xa = fa.pack(p)
+    pb = fb.unpack(fb.pack(fa.unpack(xa, params(p))), params(p))
+    assert pb.equal(p)
+    back = fa.pack(pb.with_(meta=fa.unpack(xa, params(p)).meta))
+    assert all(torch.equal(back[k], xa[k]) for k in xa)
+
+
+def test_gptq_awq_ct_exact_including_zero_0_and_the_v1_refusal():
+    p = random_plain(3, 64, 256, 4, 128, sym=False)
+    assert int(p.zeros.min()) == 0 and int(p.zeros.max()) == 15
+    chain = ["gptq_v2", "awq", "ct", "gptq_v2"]
+    x = get_format(chain[0]).pack(p)
+    cur = p
+    for a, b in zip(chain, chain[1:]):
+        cur = get_format(b).unpack(get_format(b).pack(get_format(a).unpack(get_format(a).pack(cur), params(p))),
+                                   params(p))
+        assert cur.equal(p)
+    assert all(torch.equal(get_format("gptq_v2").pack(cur)[k], x[k]) for k in x)
+    why = get_format("gptq").check(p)
+    assert any("zero point of 0" in w for w in why)
+    with pytest.raises(NotRepresentable, match="gptq_v2"):
+        get_format("gptq").pack(p)
+
+
+# --- exact transformations ---------------------------------------------------------------------------------
+@given(seed=st.integers(0, 2**16), bits=st.sampled_from([2, 3, 4]), to_bits=st.sampled_from([4, 5, 8]),
+       sym=st.booleans(), group=st.sampled_from([-1, 64, 128]), to_group=st.sampled_from([32, 64]))
+def test_widen_and_regroup_keep_every_weight(seed, bits, to_bits, sym, group, to_group):
+    p = random_plain(seed, 16, 128, bits, group, sym)
+    ref = dequantize(p, torch.float64)
+    if to_bits >= bits:
+        w = widen(p, to_bits)
+        assert w.bits == to_bits and torch.equal(dequantize(w, torch.float64), ref) and w.sym == p.sym
+    assert can_regroup(group, 128, to_group, False)
+    r = regroup(p, to_group)
+    assert r.group_size == to_group and torch.equal(dequantize(r, torch.float64), ref)
+
+
+def test_regroup_refuses_merging_groups_and_act_order():
+    assert not can_regroup(32, 256, 64, False)
+    assert not can_regroup(64, 256, 32, True)
+    assert not can_regroup(64, 256, -1, False)
+
+
+# --- direct paths = composition ------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(128, 256), (96, 192)])
+def test_every_fast_path_equals_the_composition(shape):
+    o, i = shape
+    paths = fast_paths()
+    assert {("gptq", "ct"), ("ct", "gptq_v2"), ("gptq_v2", "marlin"), ("marlin", "gptq")} <= set(paths)
+    for (src, dst), fn in paths.items():
+        for bits in (4, 8):
+            p = random_plain(bits + o, o, i, bits, 64 if i % 64 == 0 else -1, sym=True)
+            fs, fd = get_format(src), get_format(dst)
+            if fs.check(p):
+                continue
+            tensors = fs.pack(p)
+            lp = LayerParams(bits=bits, group_size=p.group_size)
+            direct = fn(tensors, lp, src, dst)
+            composed = fd.pack(fs.unpack(tensors, lp))
+            assert direct is not None, (src, dst, bits, shape)
+            assert list(direct) == list(composed), (src, dst)
+            for k in composed:
+                assert direct[k].dtype == composed[k].dtype and torch.equal(direct[k], composed[k]), (src, dst, k)
+
+
+def test_fast_path_declines_asymmetric_and_act_order():
+    p = random_plain(5, 128, 256, 4, 64, sym=False)
+    lp = LayerParams(bits=4, group_size=64)
+    for (src, dst), fn in fast_paths().items():
+        if get_format(src).check(p):
+            continue
+        assert fn(get_format(src).pack(p), lp, src, dst) is None, (src, dst)
+    q = random_plain(6, 128, 256, 4, 64, sym=True, act_order=True)
+    for (src, dst), fn in fast_paths().items():
+        if not get_format(src).check(q):
+            assert fn(get_format(src).pack(q), lp, src, dst) is None, (src, dst)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------
+MODULES = {"model.layers.0.self_attn.q_proj": (128, 256), "model.layers.0.self_attn.o_proj": (256, 128),
+           "model.layers.0.mlp.down_proj": (256, 128)}
+
+
+def make_checkpoint(root: Path, fmt="gptq_v2", bits=4, group=128, sym=True, seed=0, modules=None
+                    ) -> dict[str, Plain]:
+    """A tiny Llama-shaped quantized checkpoint (dense embeddings, norms, a bias) and its Plains."""
+    root.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    t = {"model.embed_tokens.weight": torch.randn(50, 256, generator=g).half(),
+         "model.norm.weight": torch.rand(256, generator=g).half()}
+    plains = {}
+    for k, (name, (o, i)) in enumerate((modules or MODULES).items()):
+        p = random_plain(seed + k, o, i, bits, group, sym)
+        plains[name] = p
+        for short, v in get_format(fmt).pack(p).items():
+            t[f"{name}.{short}"] = v
+    t["model.layers.0.self_attn.o_proj.bias"] = torch.randn(256, generator=g).half()
+    save_file(t, root / "model.safetensors", metadata={"format": "pt"})
+    cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 256,
+           "quantization_config": quantization_config_for(fmt, bits, group, sym, False)}
+    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "tokenizer.json").write_text("{}")
+    return plains
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def test_marlin_round_trip_is_byte_identical_and_dense_tensors_are_copied(tmp_path):
+    make_checkpoint(tmp_path / "src", "gptq", 4, 128, True)
+    r1 = run_repack(RepackJob(tmp_path / "src", "marlin", tmp_path / "m"))
+    assert r1.plan.counts()["exact"] == 3 and all(m.fast for m in r1.plan.modules)
+    r2 = run_repack(RepackJob(tmp_path / "m", "gptq", tmp_path / "back"))
+    assert r2.plan.counts()["exact"] == 3
+    a, b = read_tensors(tmp_path / "src"), read_tensors(tmp_path / "back")
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["quantization_config"]["checkpoint_format"] == "marlin" and cfg["model_type"] == "llama"
+    assert (tmp_path / "m" / "tokenizer.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("dst", ["ct", "marlin"])
+def test_direct_and_composed_runs_write_identical_files(tmp_path, dst):
+    make_checkpoint(tmp_path / "src", "gptq_v2", 4, 64, True)
+    run_repack(RepackJob(tmp_path / "src", dst, tmp_path / "fast"))
+    slow = run_repack(RepackJob(tmp_path / "src", dst, tmp_path / "slow"), use_fast_paths=False)
+    assert not any(m.fast for m in slow.plan.modules)
+    assert (tmp_path / "fast" / "model.safetensors").read_bytes() == (tmp_path / "slow" / "model.safetensors").read_bytes()
+
+
+def test_ct_output_config_and_values(tmp_path):
+    plains = make_checkpoint(tmp_path / "src", "awq", 4, 64, False)
+    run_repack(RepackJob(tmp_path / "src", "ct", tmp_path / "ct"))
+    q = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
+    (grp,) = q["config_groups"].values()
+    assert sorted(grp["targets"]) == sorted(MODULES)
+    assert {"num_bits": 4, "group_size": 64, "symmetric": False, "strategy": "group"}.items() <= grp["weights"].items()
+    assert not (tmp_path / "ct" / "quantize_config.json").exists()
+    got = decode_all(tmp_path / "ct")
+    assert all(got[n].equal(p) for n, p in plains.items())
+
+
+def test_widen_and_regroup_through_the_command(tmp_path):
+    plains = make_checkpoint(tmp_path / "src", "gptq_v2", 4, 128, False)
+    r = run_repack(RepackJob(tmp_path / "src", "ct", tmp_path / "out", bits=8, group_size=32))
+    assert {m.kind for m in r.plan.modules} == {"exact"}
+    assert all(m.steps == ["widen 4->8 bits", "regroup 128->32"] for m in r.plan.modules)
+    got = decode_all(tmp_path / "out")
+    for n, p in plains.items():
+        assert got[n].bits == 8 and got[n].group_size == 32
+        assert torch.equal(dequantize(got[n], torch.float64), dequantize(p, torch.float64))
+
+
+# --- refusals and --allow-lossy ------------------------------------------------------------------------------
+def test_lossy_without_allow_lossy_writes_nothing_and_names_modules(tmp_path):
+    make_checkpoint(tmp_path / "src", "gptq_v2", 4, 128, False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(Refused) as e:
+        run_repack(RepackJob(tmp_path / "src", "gptq", tmp_path / "out"))
+    msg = str(e.value)
+    assert "3 of 3 modules cannot be converted exactly to gptq" in msg and "zero point of 0" in msg
+    assert "model.layers.0.self_attn.q_proj" in msg and "--allow-lossy" in msg and "nothing was written" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temporary left behind
+    assert e.value.exit_code == 2
+
+
+def test_narrower_bits_are_lossy_and_allow_lossy_reports_the_error(tmp_path):
+    plains = make_checkpoint(tmp_path / "src", "gptq_v2", 4, 64, True)
+    with pytest.raises(Refused, match="narrower"):
+        run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "out", bits=2))
+    assert not (tmp_path / "out").exists()
+    r = run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "out", bits=2, allow_lossy=True))
+    got = decode_all(tmp_path / "out")
+    for m in r.plan.modules:
+        assert m.kind == "lossy" and m.steps == ["requantize"] and got[m.module].bits == 2
+        ref = dequantize(plains[m.module], torch.float64)
+        new = dequantize(got[m.module], torch.float64)
+        assert m.rel_error == pytest.approx(float(torch.linalg.vector_norm(new - ref) / torch.linalg.vector_norm(ref)),
+                                            rel=1e-9)
+        assert 0 < m.rel_error < 0.7 and m.max_error == pytest.approx(float((new - ref).abs().max()), rel=1e-12)
+    rep = json.loads((tmp_path / "out" / "qtool_repack.json").read_text())
+    assert rep["counts"]["lossy"] == 3 and rep["written"]
+
+
+def test_impossible_is_refused_even_with_allow_lossy(tmp_path):
+    mods = dict(MODULES) | {"model.layers.0.mlp.up_proj": (64, 40)}  # 40 inputs: no whole 32-input GGUF block
+    make_checkpoint(tmp_path / "src", "gptq_v2", 4, -1, True, modules=mods)
+    with pytest.raises(Refused) as e:
+        run_repack(RepackJob(tmp_path / "src", "q4_0", tmp_path / "o.gguf", allow_lossy=True))
+    assert "1 of 4 modules" in str(e.value) and "[impossible]" in str(e.value) and "mlp.up_proj" in str(e.value)
+    assert "not a multiple of the 32-input GGUF block" in str(e.value)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_excluded_modules_are_kept_and_existing_destination_is_refused(tmp_path):
+    make_checkpoint(tmp_path / "src", "gptq_v2", 4, 128, False)
+    r = run_repack(RepackJob(tmp_path / "src", "awq", tmp_path / "out", exclude=("o_proj",)))
+    kinds = {m.module: m.kind for m in r.plan.modules}
+    assert kinds["model.layers.0.self_attn.o_proj"] == "keep" and list(kinds.values()).count("exact") == 2
+    src, out = read_tensors(tmp_path / "src"), read_tensors(tmp_path / "out")
+    assert torch.equal(src["model.layers.0.self_attn.o_proj.qweight"], out["model.layers.0.self_attn.o_proj.qweight"])
+    with pytest.raises(OutputError, match="destination exists"):
+        run_repack(RepackJob(tmp_path / "src", "awq", tmp_path / "out"))
+    run_repack(RepackJob(tmp_path / "src", "awq", tmp_path / "out", force=True))
+
+
+# --- foreign fixtures -------------------------------------------------------------------------------------------
+FIXTURE_TARGETS = [
+    ("gptqmodel-gptq-v1-4bit-g128-asym-wordborrow", "awq"),
+    ("gptqmodel-gptq-v2-4bit-g128-asym", "ct"),
+    ("gptqmodel-awq-gemm-4bit-g128", "gptq_v2"),
+    ("gptqmodel-awq-gemm-4bit-g128", "marlin"),
+    ("compressed-tensors-w4a16-g128-asym", "awq"),
+    ("compressed-tensors-w4a16-g128", "gptq"),
+    ("gptqmodel-gptq-v1-4bit-g128-sym", "ct"),
+    ("gptqmodel-gptq-3bit-g128-asym", "ct"),
+    ("gptqmodel-gptq_p-5bit-g64-asym", "ct"),
+]
+
+
+@pytest.mark.parametrize("name,dst", FIXTURE_TARGETS)
+def test_fixture_converts_bit_exactly(tmp_path, name, dst):
+    r = run_repack(RepackJob(FIXTURES / name, dst, tmp_path / "out"))
+    assert {m.kind for m in r.plan.modules} == {"exact"}
+    ref = load_file(FIXTURES / name / "reference.safetensors")
+    got = decode_all(tmp_path / "out")
+    assert len(got) == 6
+    for mod, p in got.items():
+        assert raw_equal(dequantize(p), ref[mod + ".weight"]), mod
+
+
+def test_fixture_v1_target_refused_for_zero_0_across_formats(tmp_path):
+    for name in ("gptqmodel-awq-gemm-4bit-g128", "compressed-tensors-w4a16-g128-asym"):
+        with pytest.raises(Refused, match="zero point of 0"):
+            run_repack(RepackJob(FIXTURES / name, "gptq", tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+# --- GGUF --------------------------------------------------------------------------------------------------------
+GGML = {"gguf_q4_0": gguf.GGMLQuantizationType.Q4_0, "gguf_q4_1": gguf.GGMLQuantizationType.Q4_1,
+        "gguf_q8_0": gguf.GGMLQuantizationType.Q8_0}
+LLAMA_NAMES = {"model.layers.0.self_attn.q_proj": "blk.0.attn_q", "model.layers.0.self_attn.o_proj": "blk.0.attn_output",
+               "model.layers.0.mlp.down_proj": "blk.0.ffn_down"}
+
+
+@pytest.mark.parametrize("bits,sym,dst", [(4, True, "gguf_q4_0"), (8, True, "gguf_q8_0"), (4, False, "gguf_q4_1")])
+def test_gptq_to_gguf_is_read_back_by_the_gguf_package(tmp_path, bits, sym, dst):
+    plains = make_checkpoint(tmp_path / "src", "gptq_v2", bits, 32, sym)
+    r = run_repack(RepackJob(tmp_path / "src", dst, tmp_path / "o.gguf"))
+    reader = gguf.GGUFReader(tmp_path / "o.gguf")
+    tensors = {t.name: t for t in reader.tensors}
+    src = load_file(tmp_path / "src" / "model.safetensors")
+    for m in r.plan.modules:
+        t = tensors[LLAMA_NAMES[m.module] + ".weight"]
+        assert t.tensor_type == GGML[dst]
+        got = torch.from_numpy(gguf.quants.dequantize(np.array(t.data), t.tensor_type).copy())
+        want = dequantize(plains[m.module], torch.float32)
+        if dst == "gguf_q4_1":
+            assert m.kind in ("exact", "near-exact")
+            err = float((got.double() - dequantize(plains[m.module], torch.float64)).abs().max())
+            assert err == m.max_error
+            p = plains[m.module]
+            dz = (p.scales.double() * p.zeros.double()).abs().max()
+            assert err <= float(dz) * 2.0**-11
+        else:
+            assert m.kind == "exact" and raw_equal(got, want), m.module
+    # dense tensors copied under llama.cpp names, bytes unchanged
+    emb = tensors["token_embd.weight"]
+    assert np.array_equal(np.array(emb.data), src["model.embed_tokens.weight"].numpy())
+    assert np.array_equal(np.array(tensors["blk.0.attn_output.bias"].data),
+                          src["model.layers.0.self_attn.o_proj.bias"].numpy())
+    kv = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert kv["general.architecture"] == "llama" and kv["llama.block_count"] == 1
+    assert kv["general.file_type"] == {"gguf_q4_0": 2, "gguf_q4_1": 3, "gguf_q8_0": 7}[dst]
+
+
+def test_gguf_fixture_to_gptq(tmp_path):
+    src = FIXTURES / "gguf-q4_0-q4_1-q8_0" / "gguf-q4_0-q4_1-q8_0.gguf"
+    with pytest.raises(Refused, match=r"Q4_1 offset m is not -d\*z"):
+        run_repack(RepackJob(src, "gptq_v2", tmp_path / "out"))
+    r = run_repack(RepackJob(src, "gptq_v2", tmp_path / "out", exclude=("attn_output", "ffn_up")))
+    assert {m.module: m.kind for m in r.plan.modules if m.kind != "keep"} == {
+        "blk.0.attn_q": "exact", "blk.0.attn_k": "exact", "blk.0.attn_v": "exact", "blk.0.ffn_down": "exact"}
+    ref = load_file(FIXTURES / "gguf-q4_0-q4_1-q8_0" / "reference.safetensors")
+    got = decode_all(tmp_path / "out")
+    assert set(got) == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
+    for mod, p in got.items():
+        assert p.group_size == 32 and raw_equal(dequantize(p, torch.float32), ref[mod + ".weight"]), mod
+    r = run_repack(RepackJob(src, "gptq_v2", tmp_path / "lossy", allow_lossy=True))
+    lossy = [m for m in r.plan.modules if m.kind == "lossy"]
+    assert {m.module for m in lossy} == {"blk.0.attn_output", "blk.0.ffn_up"}
+    assert all(0 < m.rel_error < 0.2 for m in lossy)
