@@ -10,3 +10,6 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
 step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-4bit" --to gptq --bits 4 --group-size 128
+step "$QT" inspect "$OUT/minilm-gptq-4bit"
+step "$QT" select "$OUT/minilm-gptq-4bit" --device h100
+step "$QT" select "$OUT/minilm-gptq-4bit" --device cpu

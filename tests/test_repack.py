@@ -95,7 +95,7 @@ def test_gptq_awq_ct_exact_including_zero_0_and_the_v1_refusal():
     chain = ["gptq_v2", "awq", "ct", "gptq_v2"]
     x = get_format(chain[0]).pack(p)
     cur = p
-    for a, b in zip(chain, chain[1:]):
+    for a, b in zip(chain, chain[1:], strict=False):
         cur = get_format(b).unpack(get_format(b).pack(get_format(a).unpack(get_format(a).pack(cur), params(p))),
                                    params(p))
         assert cur.equal(p)

@@ -52,8 +52,10 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
     out = dict(values)
     for key, raw in data.items():
         name = key.replace("-", "_")
+        if name not in schema and name + "_" in schema:  # Python names that shadow a builtin: json_
+            name += "_"
         if name not in schema:
-            valid = ", ".join(sorted(schema))
+            valid = ", ".join(sorted(k.rstrip("_") for k in schema))
             raise SpecError(f"unknown key '{key}'", path=config, fix=f"valid keys: {valid}")
         if _given_on_command_line(ctx, name):
             continue

@@ -453,13 +453,15 @@ def _sym_word(bits: int, stored: int) -> int:
     return w - (1 << 32) if w >= 1 << 31 else w
 
 
-def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, dst: str = "marlin"
-              ) -> dict[str, torch.Tensor] | None:
+def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, dst: str = "marlin", *,
+              out: torch.Tensor | None = None) -> dict[str, torch.Tensor] | None:
     """gptq / gptq_v2 -> marlin for symmetric weights without act-order, moving packed bytes only.
 
     Returns exactly `Marlin().pack(get_format(src).unpack(tensors, params))`, or None when this path does not
     apply (asymmetric zeros, act-order, other bits, or anything the composition would refuse) — the caller
     then composes, which also produces the right error.
+    out: optional int32 buffer with at least qweight's element count (Marlin B has the same count when no
+    padding is needed); B is written into its front, so a streaming caller can reuse one buffer.
     """
     from qtool.formats import gptq as gq
 
@@ -495,11 +497,16 @@ def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, d
         # Padding in word space: a word of midpoints is a row/column of codes that decode to 0.
         words = torch.full((k_pad * bits // 32, n_pad), _sym_word(bits, mid), dtype=torch.int32)
         words[: qweight.shape[0], :n] = qweight
-    out = {"qweight": mp.gptq_to_b(words, bits)}
+    b_shape = (k_pad // mp.TILE, n_pad * mp.TILE * bits // 32)
+    target = None
+    if out is not None and out.dtype == torch.int32 and out.is_contiguous() and \
+            out.numel() >= b_shape[0] * b_shape[1]:
+        target = out.view(-1)[: b_shape[0] * b_shape[1]].view(b_shape)
+    res = {"qweight": mp.gptq_to_b(words, bits, out=target)}
     s = _pad2(scales, n_groups_pad, n_pad, 0)
-    out["scales"] = mp.permute_scales(s, n_groups_pad == 1).contiguous()
-    out["shape"] = torch.tensor([n, k], dtype=torch.int64)
-    return out
+    res["scales"] = mp.permute_scales(s, n_groups_pad == 1).contiguous()
+    res["shape"] = torch.tensor([n, k], dtype=torch.int64)
+    return res
 
 
 def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "marlin", dst: str = "gptq"

@@ -245,11 +245,14 @@ def _zip_nibbles_(x: torch.Tensor, tmp: torch.Tensor) -> None:
 _CHUNK_BYTES = 1 << 18
 
 
-def gptq_to_b(qweight: torch.Tensor, bits: int, perm: torch.Tensor | None = None) -> torch.Tensor:
+def gptq_to_b(qweight: torch.Tensor, bits: int, perm: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """GPTQ qweight int32 [K*bits/32, N] (continuous LE stream along K) -> Marlin B int32 [K/16, N*16*bits/32].
 
     perm: optional int64/int32 [K], act-order row gather (B holds rows q[perm]); with it the rows are
     unpacked and re-packed (a row gather cannot move whole words), so it is the slower path.
+    out:  optional contiguous int32 tensor of B's shape to write into (a streaming caller reuses one
+          buffer: freshly allocated memory costs a page fault per 4 KiB on first touch).
     Equal, byte for byte, to codes_to_b(unpack_stream(qweight)).
     """
     _check_bits(bits)
@@ -258,22 +261,32 @@ def gptq_to_b(qweight: torch.Tensor, bits: int, perm: torch.Tensor | None = None
     pf = 32 // bits
     k, n = qweight.shape[0] * pf, qweight.shape[1]
     _check_kn(k, n, "gptq_to_b")
+    out = _check_out(out, (k // TILE, n * TILE // pf))
     if perm is not None:
         from qtool.packing.bitstream import unpack_stream
 
         q = unpack_stream(qweight, bits, k, dim=0).index_select(0, perm.to(torch.int64))
-        return codes_to_b(q, bits)
+        return out.copy_(codes_to_b(q, bits))
     if (ext := _fast(qweight.numel())) is not None:
-        return ext.gptq_to_b(qweight, bits, k, n)
-    return _gptq_to_b_torch(qweight, bits)
+        return ext.gptq_to_b(qweight, bits, k, n, out)
+    return _gptq_to_b_torch(qweight, bits, out)
 
 
-def _gptq_to_b_torch(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+def _check_out(out: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=torch.int32)
+    if out.dtype != torch.int32 or tuple(out.shape) != shape or not out.is_contiguous():
+        raise FormatError(f"out must be a contiguous int32 tensor of shape {shape}, got {out.dtype} "
+                          f"{tuple(out.shape)}")
+    return out
+
+
+def _gptq_to_b_torch(qweight: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> torch.Tensor:
     pf = 32 // bits
     k, n = qweight.shape[0] * pf, qweight.shape[1]
     idx, _ = _row_byte_index(bits, n)
     src = qweight.contiguous().view(torch.uint8).view(k // TILE, -1)  # one row = 16 rows of q
-    out = torch.empty(k // TILE, n * TILE // pf, dtype=torch.int32)
+    out = _check_out(out, (k // TILE, n * TILE // pf))
     out_bytes = out.view(torch.uint8)
     step = max(1, _CHUNK_BYTES // src.shape[1])
     tmp = torch.empty(step, out.shape[1], dtype=torch.int32) if bits == 4 else None
@@ -285,24 +298,26 @@ def _gptq_to_b_torch(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     return out
 
 
-def b_to_gptq(b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+def b_to_gptq(b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Marlin B int32 [K/16, N*16*bits/32] -> GPTQ qweight int32 [K*bits/32, N] (inverse of gptq_to_b
-    without perm; act-order rows are restored by the caller from the codes)."""
+    without perm; act-order rows are restored by the caller from the codes). out: as in gptq_to_b."""
     _check_bits(bits)
     pf = 32 // bits
     _check_kn(k, n, "b_to_gptq")
     if tuple(b.shape) != (k // TILE, n * TILE // pf) or b.dtype != torch.int32:
         raise FormatError(f"Marlin B {b.dtype} {tuple(b.shape)} does not match K={k}, N={n} at {bits}-bit "
                           f"(expected int32 {(k // TILE, n * TILE // pf)})")
+    out = _check_out(out, (k * bits // 32, n))
     if (ext := _fast(b.numel())) is not None:
-        return ext.b_to_gptq(b, bits, k, n)
-    return _b_to_gptq_torch(b, bits, k, n)
+        return ext.b_to_gptq(b, bits, k, n, out)
+    return _b_to_gptq_torch(b, bits, k, n, out)
 
 
-def _b_to_gptq_torch(b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+def _b_to_gptq_torch(b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tensor | None = None
+                     ) -> torch.Tensor:
     pf = 32 // bits
     _, inv = _row_byte_index(bits, n)
-    out = torch.empty(k // pf, n, dtype=torch.int32)
+    out = _check_out(out, (k // pf, n))
     dst = out.view(torch.uint8).view(k // TILE, -1)
     step = max(1, _CHUNK_BYTES // dst.shape[1])
     work = torch.empty(step, b.shape[1], dtype=torch.int32)
@@ -337,16 +352,14 @@ class _Ext:
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
 
-    def gptq_to_b(self, qweight: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+    def gptq_to_b(self, qweight: torch.Tensor, bits: int, k: int, n: int, out: torch.Tensor) -> torch.Tensor:
         src = qweight.contiguous()
-        out = torch.empty(k // TILE, n * TILE * bits // 32, dtype=torch.int32)
         getattr(self.lib, f"qtool_gptq_to_marlin_{bits}")(src.data_ptr(), out.data_ptr(), k, n,
                                                             torch.get_num_threads())
         return out
 
-    def b_to_gptq(self, b: torch.Tensor, bits: int, k: int, n: int) -> torch.Tensor:
+    def b_to_gptq(self, b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tensor) -> torch.Tensor:
         src = b.contiguous()
-        out = torch.empty(k * bits // 32, n, dtype=torch.int32)
         getattr(self.lib, f"qtool_marlin_to_gptq_{bits}")(src.data_ptr(), out.data_ptr(), k, n,
                                                             torch.get_num_threads())
         return out

@@ -260,8 +260,13 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
         plans.append(mp)
     out = Path(job.out) if job.out else default_out(job.src, target)
     fmts = sorted({m.format for m in source.modules})
+    warnings = list(source.warnings)
+    kept = [m for m in plans if m.kind == "keep"]
+    if kept and target not in GGUF_TARGETS:
+        warnings.append(f"{len(kept)} module(s) kept in their source layout ({', '.join(sorted({m.src_format for m in kept}))}); "
+                        f"the {target} config written does not describe them")
     return RepackPlan(job, target, out, plans, len(source.passthrough), ",".join(fmts) or "none",
-                      source.container, list(source.warnings))
+                      source.container, warnings)
 
 
 def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:

@@ -137,9 +137,13 @@ class ModuleConverter:
 
         if plain is not None:
             return dequantize(plain, torch.float32)
+        raw = self.source.load(m)["weight"]
+        if m.format in GGUF_TYPE:
+            from qtool.formats.gguf_blocks import dequantize_blocks
+
+            return dequantize_blocks(raw, m.format)
         import gguf
 
-        raw = self.source.load(m)["weight"]
         qt = gguf.GGMLQuantizationType[m.format[5:]]
         try:
             w = gguf.quants.dequantize(raw.numpy(), qt)
@@ -157,9 +161,12 @@ class ModuleConverter:
                 if out is not None:
                     mp.fast = True
                     return out
-        plain = self.source_plain(m) if not (mp.kind == "lossy" and m.format.startswith("gguf:")) else None
         if mp.kind in ("exact", "near-exact"):
-            return self._relayout(m, mp, plain)
+            return self._relayout(m, mp, self.source_plain(m))
+        try:
+            plain = None if m.format.startswith("gguf:") else self.source_plain(m)
+        except NotRepresentable:  # e.g. GGUF Q4_1 offsets: no Plain, but the blocks still dequantize
+            plain = None
         return self._requantize(m, mp, plain)
 
     def _relayout(self, m, mp: ModulePlan, plain) -> dict:
@@ -262,7 +269,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                     continue
                 mp = plans[m.name]
                 if mp.copy:
-                    for short, full in m.layout.items():
+                    for full in m.layout.values():
                         if source.container == "gguf":
                             w.add(full, source.gguf_bytes(full))
                         else:
@@ -447,7 +454,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         if gguf_src else []
     hp = [] if gguf_src else hparams_from_config(source.config)
     name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
-    for key, value, _t, _s in kv:
+    for key, _value, _t, _s in kv:
         if key == "general.name":
             name = None
     with atomic_output(plan.out, plan.job.force, directory=False) as tmp:

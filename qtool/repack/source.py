@@ -26,6 +26,8 @@ GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0":
 GGUF_FLOAT = {"F32", "F16", "BF16"}
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
+# qtool's own reports about the source checkpoint: stale for the converted one, so not copied
+QTOOL_REPORTS = frozenset({"report.json", "report.md", "qtool_repack.json"})
 
 
 @dataclass
@@ -196,6 +198,13 @@ def _open_safetensors(p: Path, report, errors) -> Source:
         extra = {"quant_config": raw, "metadata": dict(ck.metadata)}
         if version:
             extra["version"] = str(version)
+        if mr.format == "marlin":  # the checkpoint's own contract names the layout it converts back to
+            from qtool.formats.marlin import params_from_contract
+
+            contract = params_from_contract(ck.metadata, ck.quant_config)
+            extra.update(contract.extra)
+            bits = contract.bits if contract.bits is not None else bits
+            group = contract.group_size if contract.group_size is not None else group
         sdt = _scale_dtype(ck, layout)
         modules.append(SourceModule(
             name=mr.name, format=mr.format, layout=layout, others=others,
@@ -207,7 +216,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     warnings = [_anomaly_text(a) for a in errors]
     return Source(path=p, container="safetensors", modules=modules, passthrough=passthrough, order=order,
                   config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
-                  other_files=ck.other_files(), warnings=warnings, _ck=ck)
+                  other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS], warnings=warnings,
+                  _ck=ck)
 
 
 def _scale_dtype(ck, layout: dict[str, str]) -> str | None:

@@ -41,7 +41,9 @@ class TritonState:
         if self.override is not None:
             return self.override
         if m not in self.configs:
-            self.configs[m] = choose_config(m, self.layer.out_features, self.layer.in_features, self.n_sm)
+            lay = self.layer
+            self.configs[m] = choose_config(m, lay.out_features, lay.in_features, self.n_sm,
+                                            lay.effective_group_size, lay.g_idx is not None)
         return self.configs[m]
 
 

@@ -62,6 +62,10 @@ TABLE: tuple[Bucket, ...] = (
 )
 
 
+# Act-order or odd group sizes at M = 1: the generic FMA kernel (gathers a scale per element).
+GEMV_FALLBACK = LaunchConfig(mode=0, block_m=1, block_n=64, block_k=256, num_warps=4, num_stages=1)
+
+
 def _pow2_floor(v: int) -> int:
     p = 1
     while p * 2 <= v:
@@ -69,12 +73,20 @@ def _pow2_floor(v: int) -> int:
     return p
 
 
-def choose_config(m: int, n: int, k: int, n_sm: int, table: tuple[Bucket, ...] = TABLE) -> LaunchConfig:
+def gemv_ok(group_size: int, block_k: int, act_order: bool) -> bool:
+    """Mode 3 reads one zero/scale per word: no act-order, and groups of whole words."""
+    return not act_order and group_size % 8 == 0
+
+
+def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_order: bool = False,
+                  table: tuple[Bucket, ...] = TABLE) -> LaunchConfig:
     """The launch for an [m, k] x [k, n] product on a device with n_sm multiprocessors."""
     bucket = next(b for b in table if m <= b.max_m)
     cfg = bucket.config
     if cfg.path != FUSED:
         return cfg
+    if cfg.mode == 3 and not gemv_ok(group_size, cfg.block_k, act_order):
+        cfg = GEMV_FALLBACK
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_blocks = -(-k // cfg.block_k)
     want = max(1, int(bucket.programs_per_sm * n_sm) // max(tiles, 1))
@@ -125,6 +137,8 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
             return x @ w
         return torch.matmul(x, w, out=out)
 
+    if cfg.mode == 3:
+        return _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out)
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
     split = triton.cdiv(k, k_per_split)
@@ -148,6 +162,55 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
             out.copy_(y)
             return out
         return y.to(x.dtype)
+    if out is not None and y is not out:
+        out.copy_(y)
+        return out
+    return y
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(device: torch.device, n_split: int, m: int, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partials [n_split, m, n] and int32 arrival counters [tiles] (kept zero by the kernel itself).
+
+    Shared by every layer of one shape on one device; launches on one stream are ordered, so sharing is
+    safe there (not across concurrent streams).
+    """
+    key = (str(device), n_split, m, n, tiles)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (torch.empty((n_split, m, n), dtype=torch.float32, device=device),
+                            torch.zeros((tiles,), dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
+
+
+def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
+    import triton
+
+    from qtool.kernels.triton import interpreter_on
+    from qtool.kernels.triton.w4a16 import w4a16_gemv_kernel
+
+    m, k = x.shape
+    n = qweight.shape[1]
+    if x.stride(0) % 2 or x.storage_offset() % 2:
+        x = x.contiguous()  # the kernel reads activations in 32-bit pairs
+    sc = scales if scales.dtype == x.dtype else scales.to(x.dtype)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    n_split = triton.cdiv(k, k_per_split)
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    y = out if (out is not None and out.stride(1) == 1) else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if n_split > 1:
+        ws, sem = _workspace(x.device, n_split, m, n, m * n_tiles)
+    else:
+        ws, sem = y, qweight  # never touched
+    groups = 0 if group_size % cfg.block_k == 0 else 1
+    w4a16_gemv_kernel[(m, n_tiles, n_split)](
+        x.view(torch.int32), qweight, qzeros, sc.view(torch.int16), y, ws, sem,
+        m, n, k, group_size, x.stride(0) // 2, y.stride(0), k_per_split, n_split,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUPS=groups, SPLIT=n_split > 1,
+        BF16=x.dtype == torch.bfloat16, USE_ASM=not interpreter_on(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     if out is not None and y is not out:
         out.copy_(y)
         return out

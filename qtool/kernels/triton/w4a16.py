@@ -204,3 +204,219 @@ def dequant_kernel(
         zw = tl.load(qzeros_ptr + g[:, None] * (N // 8) + (offs_n // 8)[None, :], mask=mask, other=0)
         w = (_biased(qw, 4 * j, F32) - _biased(zw, zshift, F32)) * s
         tl.store(w_ptr + k[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# M = 1: the GEMV kernel. At one row the weight is read once and every weight is used once, so the kernel is
+# a race between HBM and the instruction issue rate: on an H200, 4.8 TB/s of 4-bit weights is ~9.6e12
+# weights/s against ~3.4e13 lane-instructions/s, a budget of ~3.5 instructions per weight for everything.
+# The generic path spends ~8 (field extraction, 16-bit packing, fp16->fp32 conversion, one FMA each), so
+# here one int32 word (8 weights of one column) goes through one PTX block of ~22 instructions:
+#   lop3 (q & 0x000F000F) | 0x64006400 turns nibbles j and j+4 into the fp16 pair (1024+q_j, 1024+q_j+4),
+#   sub.f16x2 (1024+z, 1024+z) makes them exact (q - z), mul.f16x2 by the scale pair rounds once (the
+#   fp16 weight torch would hold), fma.f16x2 against the activation pair (x_j, x_j+4) sums 4 products per
+#   half, and the two halves are added in fp32.
+# Products are summed in 16-bit only within a word (4 terms per half); everything else accumulates in fp32.
+# bf16 uses the same sequence with the bf16 bias 128 (0x4300) and fma.rn.bf16x2 for sub/mul (sm_80).
+# The interpreter cannot run PTX, so USE_ASM=False computes the same quantities with Triton ops.
+# ---------------------------------------------------------------------------------------------------------
+
+_GEMV_ASM_F16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, u, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+lop3.b32 t0, $1, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 4;
+lop3.b32 t1, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 8;
+lop3.b32 t2, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 12;
+lop3.b32 t3, u, 0x000f000f, 0x64006400, 0xea;
+sub.f16x2 t0, t0, $6;
+sub.f16x2 t1, t1, $6;
+sub.f16x2 t2, t2, $6;
+sub.f16x2 t3, t3, $6;
+mul.f16x2 t0, t0, $7;
+mul.f16x2 t1, t1, $7;
+mul.f16x2 t2, t2, $7;
+mul.f16x2 t3, t3, $7;
+mul.f16x2 a, t0, $2;
+fma.rn.f16x2 a, t1, $3, a;
+fma.rn.f16x2 a, t2, $4, a;
+fma.rn.f16x2 a, t3, $5, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+# $6 holds -(128 + z) in both halves here (a negated bias: sub via fma), $7 the bf16 scale pair.
+_GEMV_ASM_BF16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, u, a, one, nz, flo, fhi;
+mov.b32 one, 0x3f803f80;
+mov.b32 nz, 0x80008000;
+lop3.b32 t0, $1, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 4;
+lop3.b32 t1, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 8;
+lop3.b32 t2, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 12;
+lop3.b32 t3, u, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 t0, t0, one, $6;
+fma.rn.bf16x2 t1, t1, one, $6;
+fma.rn.bf16x2 t2, t2, one, $6;
+fma.rn.bf16x2 t3, t3, one, $6;
+fma.rn.bf16x2 t0, t0, $7, nz;
+fma.rn.bf16x2 t1, t1, $7, nz;
+fma.rn.bf16x2 t2, t2, $7, nz;
+fma.rn.bf16x2 t3, t3, $7, nz;
+fma.rn.bf16x2 a, t0, $2, nz;
+fma.rn.bf16x2 a, t1, $3, a;
+fma.rn.bf16x2 a, t2, $4, a;
+fma.rn.bf16x2 a, t3, $5, a;
+shl.b32 flo, a, 16;
+and.b32 fhi, a, 0xffff0000;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _bits_to_f32(b, BF16: tl.constexpr):
+    """int32 holding a 16-bit float's bits in its low half -> fp32 value (exact)."""
+    if BF16:
+        return (b << 16).to(tl.float32, bitcast=True)
+    else:
+        return b.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _gemv_operands(x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0, k_end, N, group_size, stride_xm,
+                   offs_r, offs_n, n_mask, zshift, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
+                   BF16: tl.constexpr):
+    """Everything block k0 needs: words [R, BN], activation pairs (x_j | x_j+4 << 16) [R] for j < 4, and the
+    zero / scale pairs ([BN] when the block is in one group, else [R, BN]); all int32 bit patterns."""
+    rows = k0 // 8 + offs_r
+    r_mask = rows < k_end // 8
+    w_mask = r_mask[:, None] & n_mask[None, :]
+    qw = tl.load(qweight_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0,
+                 eviction_policy="evict_first")
+    # x as int32 words (two 16-bit activations each): 4 loads per word row, regrouped into (x_j, x_j+4)
+    xrow = x_ptr + pid_m * stride_xm + k0 // 2 + 4 * offs_r
+    xw0 = tl.load(xrow + 0, mask=r_mask, other=0)
+    xw1 = tl.load(xrow + 1, mask=r_mask, other=0)
+    xw2 = tl.load(xrow + 2, mask=r_mask, other=0)
+    xw3 = tl.load(xrow + 3, mask=r_mask, other=0)
+    xp0 = (xw0 & 0xFFFF) | (xw2 << 16)
+    xp1 = ((xw0 >> 16) & 0xFFFF) | (xw2 & -65536)
+    xp2 = (xw1 & 0xFFFF) | (xw3 << 16)
+    xp3 = ((xw1 >> 16) & 0xFFFF) | (xw3 & -65536)
+    n_words = N // 8
+    if GROUPS == 0:
+        g = k0 // group_size
+        live = n_mask & ((offs_n * 0 + k0) < k_end)
+        zw = tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=live, other=0)
+        sb = tl.load(sbits_ptr + g * N + offs_n, mask=live, other=0).to(tl.int32) & 0xFFFF
+        z = (zw >> zshift) & 0xF
+    else:
+        g = (k0 + 8 * offs_r) // group_size
+        zw = tl.load(qzeros_ptr + g[:, None] * n_words + (offs_n // 8)[None, :], mask=w_mask, other=0)
+        sb = tl.load(sbits_ptr + g[:, None] * N + offs_n[None, :], mask=w_mask, other=0).to(tl.int32) & 0xFFFF
+        z = (zw >> zshift[None, :]) & 0xF
+    if BF16:
+        zb = (z | 0x4300) | 0x8000  # -(128 + z): the bf16 asm subtracts by fma with +1
+    else:
+        zb = z | 0x6400
+    zz = zb | (zb << 16)
+    ss = sb | (sb << 16)
+    return qw, xp0, xp1, xp2, xp3, zz, ss
+
+
+@triton.jit
+def _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp32 [R, BN]: for each word, scale * sum over its 8 rows of x * (q - z) (see the block comment)."""
+    if USE_ASM:
+        if BF16:
+            part = tl.inline_asm_elementwise(_GEMV_ASM_BF16, "=r,r,r,r,r,r,r,r",
+                                             [qw, xp0[:, None], xp1[:, None], xp2[:, None], xp3[:, None], zz, ss],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            part = tl.inline_asm_elementwise(_GEMV_ASM_F16, "=r,r,r,r,r,r,r,r",
+                                             [qw, xp0[:, None], xp1[:, None], xp2[:, None], xp3[:, None], zz, ss],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        s = _bits_to_f32(ss & 0xFFFF, BF16)
+        if BF16:
+            z = ((zz & 0xFFFF) ^ 0x8000) - 0x4300
+        else:
+            z = (zz & 0xFFFF) - 0x6400
+        zf = (z | 0x4B000000).to(tl.float32, bitcast=True)
+        part = tl.zeros(qw.shape, dtype=tl.float32)
+        for j in tl.static_range(8):
+            if j < 4:
+                xb = (xp0 if j == 0 else (xp1 if j == 1 else (xp2 if j == 2 else xp3))) & 0xFFFF
+            else:
+                xb = ((xp0 if j == 4 else (xp1 if j == 5 else (xp2 if j == 6 else xp3))) >> 16) & 0xFFFF
+            qf = (((qw >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            w = (qf - zf) * s
+            if BF16:
+                w = w.to(tl.bfloat16).to(tl.float32)
+            else:
+                w = w.to(tl.float16).to(tl.float32)
+            part += _bits_to_f32(xb, BF16)[:, None] * w
+    return part
+
+
+@triton.jit(do_not_specialize=["M"])
+def w4a16_gemv_kernel(
+    x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, y_ptr, ws_ptr, sem_ptr,
+    M, N, K, group_size, stride_xm, stride_ym, k_per_split, n_split,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, SPLIT: tl.constexpr,
+    BF16: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """y[m, :] for one row m per program (grid: M, N / BLOCK_N, n_split), K loop double-buffered by hand
+    (the next block's loads are issued before the current block's arithmetic).
+
+    x_ptr: int32 view of x [M, K] (pairs of activations; stride_xm in int32 words); sbits_ptr: int16 view of
+    the scales [n_groups, N] in x's dtype.
+    Split-K (SPLIT): each program writes its fp32 partial to ws [n_split, M, N]; the last program of a tile
+    to arrive (counted with an acq_rel atomic on sem [M * cdiv(N, BLOCK_N)], int32, zero between calls)
+    sums the partials, writes y and resets the counter: one launch, no memset, no second kernel.
+    """
+    R: tl.constexpr = BLOCK_K // 8
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_r = tl.arange(0, R)
+    zshift = (offs_n % 8) * 4
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+
+    acc = tl.zeros((R, BLOCK_N), dtype=tl.float32)
+    qw, xp0, xp1, xp2, xp3, zz, ss = _gemv_operands(
+        x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start, k_end, N, group_size, stride_xm, offs_r,
+        offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss = _gemv_operands(
+            x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K, k_end, N, group_size, stride_xm,
+            offs_r, offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16)
+        acc += _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16, USE_ASM)
+        qw, xp0, xp1, xp2, xp3, zz, ss = nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss
+    out = tl.sum(acc, axis=0)
+
+    y_ptrs = y_ptr + pid_m * stride_ym + offs_n
+    if SPLIT:
+        tl.store(ws_ptr + (pid_k * M + pid_m) * N + offs_n, out, mask=n_mask)
+        tl.debug_barrier()  # every thread's partial is issued before the counter moves
+        tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
+        arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_split - 1:
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in range(0, n_split):
+                total += tl.load(ws_ptr + (s * M + pid_m) * N + offs_n, mask=n_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=n_mask)
+            tl.atomic_xchg(sem_ptr + tile, 0)
+    else:
+        tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=n_mask)
