@@ -29,29 +29,18 @@ from qtool.kernels.triton.launch import DEQUANT_GEMM, LaunchConfig  # noqa: E402
 def candidates(m: int) -> list[LaunchConfig]:
     c: list[LaunchConfig] = []
     if m == 1:
-        for bn, bk, w in [(32, 256, 4), (64, 256, 4), (64, 512, 4), (128, 256, 4), (128, 256, 8), (64, 128, 2),
-                          (32, 512, 4), (128, 512, 8), (256, 256, 8)]:
-            for f32 in (False, True):
-                c.append(LaunchConfig(mode=0, block_m=1, block_n=bn, block_k=bk, num_warps=w, num_stages=1,
-                                      f32=f32))
-        c += [LaunchConfig(mode=0, block_m=1, block_n=64, block_k=256, num_warps=4, num_stages=3),
-              LaunchConfig(mode=0, block_m=1, block_n=128, block_k=256, num_warps=4, num_stages=3, f32=True)]
-    if m <= 16:
-        for bn, bk, w, st in [(32, 128, 4, 3), (64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 4, 3),
-                              (128, 256, 8, 3), (64, 128, 4, 5), (32, 256, 4, 4), (64, 256, 4, 2)]:
-            c.append(LaunchConfig(mode=1, block_m=16, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
-        c += [LaunchConfig(mode=1, block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=3, f32=True),
-              LaunchConfig(mode=2, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3),
-              LaunchConfig(mode=2, block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3),
-              LaunchConfig(mode=2, block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3)]
+        for bn, bk, w in [(512, 64, 4), (256, 64, 4), (256, 128, 4), (256, 128, 8), (128, 128, 4), (512, 64, 8),
+                          (1024, 64, 8), (128, 256, 4)]:
+            c.append(LaunchConfig(mode=3, block_m=1, block_n=bn, block_k=bk, num_warps=w, num_stages=1))
+        c.append(LaunchConfig(mode=0, block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1))
+    if 1 < m <= 16:
+        for mode, bn, bk, w, st in [(2, 128, 128, 4, 3), (2, 64, 128, 4, 3), (1, 128, 128, 4, 3), (2, 128, 256, 8, 3),
+                                    (2, 128, 128, 4, 4), (2, 256, 128, 8, 3)]:
+            c.append(LaunchConfig(mode=mode, block_m=16, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
+        c.append(LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1))
     if m > 16:
-        for bm, bn, bk, w, st in [(64, 128, 128, 4, 3), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3),
-                                  (64, 256, 128, 8, 3), (128, 128, 256, 8, 3), (128, 128, 128, 8, 4),
-                                  (256, 128, 128, 8, 3), (128, 64, 128, 4, 4)]:
+        for bm, bn, bk, w, st in [(128, 256, 128, 8, 3), (64, 128, 128, 4, 3), (128, 128, 128, 8, 4)]:
             c.append(LaunchConfig(mode=2, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
-        for bm, bn, bk, w, st in [(64, 128, 128, 4, 3), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3),
-                                  (64, 64, 128, 4, 4)]:
-            c.append(LaunchConfig(mode=1, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=st))
         c.append(LaunchConfig(path=DEQUANT_GEMM))
     return c
 
@@ -63,7 +52,7 @@ def with_split(cfg: LaunchConfig, m: int, n: int, k: int, n_sm: int, pps: float)
     kb = -(-k // cfg.block_k)
     want = max(1, int(pps * n_sm) // tiles)
     split = 1
-    while split * 2 <= min(want, kb, 16):
+    while split * 2 <= min(want, kb, 64 if cfg.mode == 3 else 16):
         split *= 2
     return replace(cfg, split_k=split)
 
@@ -112,7 +101,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="llama-3-70b,llama-3-8b")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 256])
     ap.add_argument("--dtype", default="fp16")
-    ap.add_argument("--pps", type=float, nargs="+", default=[1.0, 2.0, 4.0],
+    ap.add_argument("--pps", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0],
                     help="split-K targets: programs per SM")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))

@@ -22,6 +22,9 @@ INTERP_CASES = [
     (3, 192, 96, 64, True, False, "bf16", dict(mode=0, block_m=1, block_n=32, block_k=128, f32=True)),
     (2, 160, 40, 32, False, True, "fp16", dict(mode=0, block_m=1, block_n=32, block_k=64, f32=True)),
     (3, 256, 96, 64, False, False, "fp16", dict(path="dequant+cublas")),
+    (2, 256, 96, 64, False, False, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, split_k=4)),
+    (1, 384, 64, 32, False, False, "bf16", dict(mode=3, block_m=1, block_n=64, block_k=128)),
+    (1, 512, 64, 128, False, True, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, split_k=2)),
     (1, 256, 96, 32, False, False, "fp16", None),
 ]
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from qtool.errors import NotRepresentable
+from qtool.errors import FormatError, NotRepresentable
 from qtool.formats import LayerParams, Plain, dequantize, get_format
 from qtool.formats import marlin as M
 from qtool.io.qconfig import parse_quant_config
@@ -349,6 +349,18 @@ def test_fast_paths_equal_composition(src, bits, n, k, g):
         back = get_format(dst).pack(MARLIN.unpack(composed, params))
         assert _same(M.FAST_PATHS[("marlin", dst)](composed, params, "marlin", dst), back)
     assert _same(M.to_gptq(composed, params, "marlin", src), tensors)  # source bytes, exactly
+
+
+def test_from_gptq_writes_into_a_reused_buffer():
+    plain = _plain(64, 256, 4, 128, seed=11, meta={})
+    tensors = get_format("gptq").pack(plain)
+    params = LayerParams(bits=4, group_size=128)
+    buf = torch.full((tensors["qweight"].numel() + 100,), -1, dtype=torch.int32)
+    into = M.from_gptq(tensors, params, "gptq", out=buf)
+    assert _same(into, M.from_gptq(tensors, params, "gptq"))
+    assert into["qweight"].data_ptr() == buf.data_ptr()
+    with pytest.raises(FormatError, match="out must be"):
+        mp.gptq_to_b(tensors["qweight"], 4, out=torch.empty(3, dtype=torch.int32))
 
 
 def test_fast_paths_decline_what_they_cannot_do():

@@ -24,6 +24,9 @@ _MODES = [
     dict(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=2),
     dict(mode=1, block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
     dict(path="dequant+cublas"),
+    dict(mode=3, block_m=1, block_n=512, block_k=64),
+    dict(mode=3, block_m=1, block_n=256, block_k=128, num_warps=8, split_k=8),
+    dict(mode=3, block_m=1, block_n=128, block_k=64, split_k=4),
     None,
 ]
 _LAYERS = [  # (K, N, group_size, act_order, sym): awkward and realistic
@@ -43,7 +46,7 @@ def test_triton_w4a16_all_modes_vs_oracle(dtype, m):
     cases = []
     for k, n, g, act, sym in _LAYERS:
         for cfg in _MODES:
-            if cfg is not None and cfg.get("mode") == 0 and m > 16:
+            if cfg is not None and cfg.get("mode") in (0, 3) and m > 16:
                 continue  # the FMA kernel re-reads the weight per row; the table never picks it there
             cases.append((m, k, n, g, act, sym, dtype, cfg))
     for res, case in zip(run_cases("cuda", cases), cases):

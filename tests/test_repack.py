@@ -380,3 +380,31 @@ def test_gguf_fixture_to_gptq(tmp_path):
     lossy = [m for m in r.plan.modules if m.kind == "lossy"]
     assert {m.module for m in lossy} == {"blk.0.attn_output", "blk.0.ffn_up"}
     assert all(0 < m.rel_error < 0.2 for m in lossy)
+
+
+def test_old_padded_ct_source_is_read_by_version_and_written_dense(tmp_path):
+    from qtool.repack.run import ct_config
+
+    root = tmp_path / "old"
+    root.mkdir()
+    plains, t = {}, {}
+    for k, (name, (o, i)) in enumerate(MODULES.items()):
+        p = random_plain(20 + k, o, i, 3, 64, sym=False)
+        plains[name] = p
+        t |= {f"{name}.{s}": v for s, v in get_format("ct").pack(p, packing="padded").items()}
+    save_file(t, root / "model.safetensors")
+    words = t["model.layers.0.self_attn.q_proj.weight_packed"].shape[1]
+    assert words == -(-256 // 10)  # 10 codes per word, not the dense ceil(256*3/32) = 24
+    from qtool.repack.plan import ModulePlan
+
+    q = ct_config([ModulePlan(n, "ct", "ct", None, 3, 64, False, False, to_bits=3, to_group_size=64, to_sym=False)
+                   for n in MODULES], None)
+    q["version"] = "0.17.1"
+    (root / "config.json").write_text(json.dumps({"quantization_config": q}))
+    assert all(decode_all(root)[n].equal(p) for n, p in plains.items())
+    run_repack(RepackJob(root, "ct", tmp_path / "new", group_size=32))
+    out = read_tensors(tmp_path / "new")
+    assert out["model.layers.0.self_attn.q_proj.weight_packed"].shape[1] == 24
+    got = decode_all(tmp_path / "new")
+    for n, p in plains.items():
+        assert torch.equal(dequantize(got[n], torch.float64), dequantize(p, torch.float64))

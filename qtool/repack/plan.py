@@ -285,12 +285,34 @@ def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict)
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
     facts_known = None not in (m.bits, m.group_size, m.sym, m.desc_act, m.shape)
+    if facts_known and target in GGUF_TARGETS and job.bits is None and job.group_size is None \
+            and _gguf_exact_by_header(m, target):
+        mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+        mp.reasons.append("blocks of 32 inside groups, q - z in range, fp16 scales: exact from the header")
+        return
     needs_data = (target in GGUF_TARGETS or m.format == "gguf_q4_1" or not facts_known
                   or (target == "gptq" and m.sym is not True))
     if not needs_data:
         _decide_from_header(source, m, mp, dst, job, tb, tg)
     else:
         _decide_from_data(source, m, mp, dst, job, known)
+
+
+def _gguf_exact_by_header(m, target: str) -> bool:
+    """True when a GGUF block type holds the module exactly whatever its values: fp16 scales (d needs no
+    rounding), every 32-input block inside one group, and q - z within the type's integer range for every
+    possible code (Q4_0: symmetric <= 4-bit or any <= 3-bit; Q8_0: symmetric, or any <= 7-bit).
+    Q4_1 of asymmetric codes rounds m = -d*z, so the data decides it."""
+    o, i = m.shape
+    if m.scale_dtype != "F16" or m.desc_act or i % 32:
+        return False
+    if m.group_size != -1 and m.group_size % 32:
+        return False
+    if target == "gguf_q4_0":
+        return (m.sym and m.bits <= 4) or m.bits <= 3
+    if target == "gguf_q8_0":
+        return m.sym or m.bits <= 7
+    return False
 
 
 def _transform_reasons(bits: int, group: int, in_features: int, desc_act: bool, tb: int | None,

@@ -183,6 +183,12 @@ class ModuleConverter:
                 f"desc_act={mp.desc_act}) but the data cannot be stored as {self.dst.spec.id}: {'; '.join(why)}; "
                 "nothing was written", tensor=m.name,
                 fix="the config misdescribes this module; rerun with --allow-lossy or --exclude it")
+        return self._pack(plain)
+
+    def _pack(self, plain) -> dict:
+        if self.dst.spec.id == "ct":
+            # the config written says compressed-tensors >= 0.18, whose readers expect the dense packing
+            return self.dst.pack(plain, packing="dense")
         return self.dst.pack(plain)
 
     def _requantize(self, m, mp: ModulePlan, plain) -> dict:
@@ -219,7 +225,7 @@ class ModuleConverter:
                 raise NotRepresentable(f"{m.name}: requantized weight still cannot be stored as {self.dst.spec.id}: "
                                        + "; ".join(why), tensor=m.name, fix="--exclude this module")
             got = dequantize(q, torch.float64)
-            out = self.dst.pack(q)
+            out = self._pack(q)
         diff = got - ref
         mp.max_error = float(diff.abs().max()) if diff.numel() else 0.0
         mp.rel_error = float(torch.linalg.vector_norm(diff) / max(float(torch.linalg.vector_norm(ref)), 1e-300))

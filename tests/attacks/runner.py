@@ -110,8 +110,31 @@ def run_batch(invocations: list[list[str]], cwd: str | Path | None = None, timeo
     return [Result(**r) for r in json.loads(p.stdout)]
 
 
+def _warm_up(commands: set[str]) -> None:
+    """Import what commands import lazily (rich tables, help formatting, error paths) once, here, so each
+    child does not: run every command's --help and a run on a missing path, output discarded. No torch
+    operation runs here: a thread pool started before fork() would not survive into the children."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from qtool.cli.main import main
+
+    for mod in ("rich.console", "rich.table", "rich.progress", "rich.markup", "rich.panel", "rich.text"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+    with open(os.devnull, "w") as null, redirect_stdout(null), redirect_stderr(null):
+        for cmd in sorted(commands):
+            for argv in ([cmd, "--help"], [cmd, "/nonexistent/qtool-warm-up"]):
+                try:
+                    main(argv)
+                except BaseException:  # noqa: BLE001 - SystemExit and anything else: only imports matter
+                    pass
+
+
 def serve(request: dict) -> list[dict]:
     """The fork server's loop (runs in the helper interpreter)."""
+    import gc
     import runpy
     import tempfile
     import traceback
@@ -126,6 +149,8 @@ def serve(request: dict) -> list[dict]:
             __import__(mod)
         except ImportError:
             pass
+    _warm_up({argv[0] for argv in request["invocations"] if argv})
+    gc.freeze()  # children then leave the parent's objects alone instead of copying them on first GC
     marker = Path(request["marker"]) if request.get("marker") else None
     results = []
     for argv in request["invocations"]:

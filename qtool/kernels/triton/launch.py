@@ -23,8 +23,8 @@ DEQUANT_GEMM = "dequant+cublas"
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """One launch: mode (0 FMA rows, 1 mma x@W, 2 swapped W^T x^T), tile sizes, split-K, warps, stages,
-    or path = "dequant+cublas" (then only the dequant tiles matter)."""
+    """One launch: mode (0 FMA rows, 1 mma x@W, 2 swapped W^T x^T, 3 the M=1 GEMV with PTX dequant), tile
+    sizes, split-K, warps, stages, or path = "dequant+cublas" (then only the dequant tiles matter)."""
 
     mode: int = 1
     block_m: int = 16
@@ -54,7 +54,7 @@ class Bucket:
 
 # M buckets at 1 / 16 / 64 / 128 / larger, as the dispatchers in seed 002 do.
 TABLE: tuple[Bucket, ...] = (
-    Bucket(1, LaunchConfig(mode=0, block_m=1, block_n=64, block_k=256, num_warps=4, num_stages=2)),
+    Bucket(1, LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1)),
     Bucket(16, LaunchConfig(mode=1, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
     Bucket(64, LaunchConfig(mode=1, block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
     Bucket(128, LaunchConfig(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
@@ -90,7 +90,7 @@ def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_blocks = -(-k // cfg.block_k)
     want = max(1, int(bucket.programs_per_sm * n_sm) // max(tiles, 1))
-    split = min(_pow2_floor(want), _pow2_floor(k_blocks), 16)
+    split = min(_pow2_floor(want), _pow2_floor(k_blocks), 64 if cfg.mode == 3 else 16)
     if split == cfg.split_k:
         return cfg
     from dataclasses import replace
@@ -138,7 +138,9 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         return torch.matmul(x, w, out=out)
 
     if cfg.mode == 3:
-        return _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out)
+        if gemv_ok(group_size, cfg.block_k, act):
+            return _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out)
+        cfg = GEMV_FALLBACK
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
     split = triton.cdiv(k, k_per_split)
@@ -209,6 +211,7 @@ def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
         m, n, k, group_size, x.stride(0) // 2, y.stride(0), k_per_split, n_split,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUPS=groups, SPLIT=n_split > 1,
         BF16=x.dtype == torch.bfloat16, USE_ASM=not interpreter_on(),
+        EVEN=(n % cfg.block_n == 0 and k % k_per_split == 0),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if out is not None and y is not out:

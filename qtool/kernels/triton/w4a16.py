@@ -292,20 +292,34 @@ def _bits_to_f32(b, BF16: tl.constexpr):
 @triton.jit
 def _gemv_operands(x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0, k_end, N, group_size, stride_xm,
                    offs_r, offs_n, n_mask, zshift, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
-                   BF16: tl.constexpr):
+                   BF16: tl.constexpr, EVEN: tl.constexpr):
     """Everything block k0 needs: words [R, BN], activation pairs (x_j | x_j+4 << 16) [R] for j < 4, and the
-    zero / scale pairs ([BN] when the block is in one group, else [R, BN]); all int32 bit patterns."""
+    zero / scale pairs ([BN] when the block is in one group, else [R, BN]); all int32 bit patterns.
+
+    EVEN (N % BLOCK_N == 0 and every split a whole number of blocks): no masks at all; a block past the
+    split's end (the last prefetch) is clamped onto the last block, a re-read that hits L2, instead of
+    predicating every load (masked loads cost a zeroing move and a compare per register).
+    """
+    if EVEN:
+        k0 = tl.minimum(k0, k_end - BLOCK_K)
     rows = k0 // 8 + offs_r
     r_mask = rows < k_end // 8
     w_mask = r_mask[:, None] & n_mask[None, :]
-    qw = tl.load(qweight_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0,
-                 eviction_policy="evict_first")
-    # x as int32 words (two 16-bit activations each): 4 loads per word row, regrouped into (x_j, x_j+4)
     xrow = x_ptr + pid_m * stride_xm + k0 // 2 + 4 * offs_r
-    xw0 = tl.load(xrow + 0, mask=r_mask, other=0)
-    xw1 = tl.load(xrow + 1, mask=r_mask, other=0)
-    xw2 = tl.load(xrow + 2, mask=r_mask, other=0)
-    xw3 = tl.load(xrow + 3, mask=r_mask, other=0)
+    if EVEN:
+        qw = tl.load(qweight_ptr + rows[:, None] * N + offs_n[None, :], eviction_policy="evict_first")
+        xw0 = tl.load(xrow + 0)
+        xw1 = tl.load(xrow + 1)
+        xw2 = tl.load(xrow + 2)
+        xw3 = tl.load(xrow + 3)
+    else:
+        qw = tl.load(qweight_ptr + rows[:, None] * N + offs_n[None, :], mask=w_mask, other=0,
+                     eviction_policy="evict_first")
+        # x as int32 words (two 16-bit activations each): 4 loads per word row, regrouped to (x_j, x_j+4)
+        xw0 = tl.load(xrow + 0, mask=r_mask, other=0)
+        xw1 = tl.load(xrow + 1, mask=r_mask, other=0)
+        xw2 = tl.load(xrow + 2, mask=r_mask, other=0)
+        xw3 = tl.load(xrow + 3, mask=r_mask, other=0)
     xp0 = (xw0 & 0xFFFF) | (xw2 << 16)
     xp1 = ((xw0 >> 16) & 0xFFFF) | (xw2 & -65536)
     xp2 = (xw1 & 0xFFFF) | (xw3 << 16)
@@ -313,14 +327,22 @@ def _gemv_operands(x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0, k_end, 
     n_words = N // 8
     if GROUPS == 0:
         g = k0 // group_size
-        live = n_mask & ((offs_n * 0 + k0) < k_end)
-        zw = tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=live, other=0)
-        sb = tl.load(sbits_ptr + g * N + offs_n, mask=live, other=0).to(tl.int32) & 0xFFFF
+        if EVEN:
+            zw = tl.load(qzeros_ptr + g * n_words + offs_n // 8)
+            sb = tl.load(sbits_ptr + g * N + offs_n).to(tl.int32) & 0xFFFF
+        else:
+            live = n_mask & ((offs_n * 0 + k0) < k_end)
+            zw = tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=live, other=0)
+            sb = tl.load(sbits_ptr + g * N + offs_n, mask=live, other=0).to(tl.int32) & 0xFFFF
         z = (zw >> zshift) & 0xF
     else:
         g = (k0 + 8 * offs_r) // group_size
-        zw = tl.load(qzeros_ptr + g[:, None] * n_words + (offs_n // 8)[None, :], mask=w_mask, other=0)
-        sb = tl.load(sbits_ptr + g[:, None] * N + offs_n[None, :], mask=w_mask, other=0).to(tl.int32) & 0xFFFF
+        if EVEN:
+            zw = tl.load(qzeros_ptr + g[:, None] * n_words + (offs_n // 8)[None, :])
+            sb = tl.load(sbits_ptr + g[:, None] * N + offs_n[None, :]).to(tl.int32) & 0xFFFF
+        else:
+            zw = tl.load(qzeros_ptr + g[:, None] * n_words + (offs_n // 8)[None, :], mask=w_mask, other=0)
+            sb = tl.load(sbits_ptr + g[:, None] * N + offs_n[None, :], mask=w_mask, other=0).to(tl.int32) & 0xFFFF
         z = (zw >> zshift[None, :]) & 0xF
     if BF16:
         zb = (z | 0x4300) | 0x8000  # -(128 + z): the bf16 asm subtracts by fma with +1
@@ -371,7 +393,7 @@ def w4a16_gemv_kernel(
     x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, y_ptr, ws_ptr, sem_ptr,
     M, N, K, group_size, stride_xm, stride_ym, k_per_split, n_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, SPLIT: tl.constexpr,
-    BF16: tl.constexpr, USE_ASM: tl.constexpr,
+    BF16: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr,
 ):
     """y[m, :] for one row m per program (grid: M, N / BLOCK_N, n_split), K loop double-buffered by hand
     (the next block's loads are issued before the current block's arithmetic).
@@ -396,11 +418,11 @@ def w4a16_gemv_kernel(
     acc = tl.zeros((R, BLOCK_N), dtype=tl.float32)
     qw, xp0, xp1, xp2, xp3, zz, ss = _gemv_operands(
         x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start, k_end, N, group_size, stride_xm, offs_r,
-        offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16)
+        offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
     for k0 in range(k_start, k_end, BLOCK_K):
         nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss = _gemv_operands(
             x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K, k_end, N, group_size, stride_xm,
-            offs_r, offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16)
+            offs_r, offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
         acc += _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16, USE_ASM)
         qw, xp0, xp1, xp2, xp3, zz, ss = nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss
     out = tl.sum(acc, axis=0)
