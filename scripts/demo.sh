@@ -13,3 +13,11 @@ step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-4bit" --to gptq --bits 4 --group-s
 step "$QT" inspect "$OUT/minilm-gptq-4bit"
 step "$QT" select "$OUT/minilm-gptq-4bit" --device h100
 step "$QT" select "$OUT/minilm-gptq-4bit" --device cpu
+# Marlin and back: every tensor byte-identical to the GPTQ pack.
+step "$QT" repack "$OUT/minilm-gptq-4bit" --to marlin -o "$OUT/minilm-marlin"
+step "$QT" repack "$OUT/minilm-marlin" --to gptq -o "$OUT/minilm-gptq-back"
+step "$BIN/python" scripts/same_tensors.py "$OUT/minilm-gptq-4bit" "$OUT/minilm-gptq-back"
+# A g32 symmetric pack converts exactly to GGUF Q4_0.
+step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-g32" --to gptq --bits 4 --group-size 32 -q
+step "$QT" repack "$OUT/minilm-gptq-g32" --to q4_0 -o "$OUT/minilm-q4_0.gguf"
+step "$QT" inspect "$OUT/minilm-q4_0.gguf"

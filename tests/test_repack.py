@@ -408,3 +408,19 @@ def test_old_padded_ct_source_is_read_by_version_and_written_dense(tmp_path):
     got = decode_all(tmp_path / "new")
     for n, p in plains.items():
         assert torch.equal(dequantize(got[n], torch.float64), dequantize(p, torch.float64))
+
+
+def test_gguf_to_gguf_carries_metadata_and_requantizes_only_q4_1(tmp_path):
+    src = FIXTURES / "gguf-q4_0-q4_1-q8_0" / "gguf-q4_0-q4_1-q8_0.gguf"
+    r = run_repack(RepackJob(src, "q8_0", tmp_path / "o.gguf", allow_lossy=True))
+    kinds = {m.module: m.kind for m in r.plan.modules}
+    assert kinds == {"blk.0.attn_q": "exact", "blk.0.attn_k": "exact", "blk.0.attn_v": "exact",
+                     "blk.0.attn_output": "lossy", "blk.0.ffn_up": "lossy", "blk.0.ffn_down": "exact"}
+    reader = gguf.GGUFReader(tmp_path / "o.gguf")
+    kv = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert kv["general.license"] == "apache-2.0" and kv["general.file_type"] == 7
+    ref = load_file(FIXTURES / "gguf-q4_0-q4_1-q8_0" / "reference.safetensors")
+    for t in reader.tensors:
+        if t.name.endswith(".weight") and kinds[t.name[:-7]] == "exact":
+            got = torch.from_numpy(gguf.quants.dequantize(np.array(t.data), t.tensor_type).copy())
+            assert raw_equal(got, ref[t.name]), t.name

@@ -15,7 +15,7 @@ from pathlib import Path
 from qtool.errors import InputError
 from qtool.inspect.report import Anomaly
 from qtool.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, SINGLE_NAME, Checkpoint, read_json
-from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, _entry, read_header
+from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, parse_entry, read_header
 
 
 @dataclass
@@ -254,7 +254,7 @@ def _tolerant_header(f: Path):
     infos, cut = {}, set()
     try:
         for name, entry in header.items():
-            info = _entry(f, name, entry, base, 1 << 62)  # validate everything except the end of the file
+            info = parse_entry(f, name, entry, base, 1 << 62)  # validate everything except the end of the file
             infos[name] = info
             if info.end - base > data_len:
                 cut.add(name)

@@ -90,7 +90,7 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     infos: dict[str, TensorInfo] = {}
     spans = []
     for name, entry in header.items():
-        infos[name] = _entry(p, name, entry, base, data_len)
+        infos[name] = parse_entry(p, name, entry, base, data_len)
         spans.append((infos[name].start, infos[name].end, name))
     spans.sort()
     for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
@@ -100,7 +100,8 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     return infos, meta
 
 
-def _entry(p: Path, name: str, entry: object, base: int, data_len: int) -> TensorInfo:
+def parse_entry(p: Path, name: str, entry: object, base: int, data_len: int) -> TensorInfo:
+    """Validate one header entry (dtype, shape, offsets against `data_len` bytes of data after `base`)."""
     def bad(msg: str) -> InputError:
         return InputError(msg, path=p, tensor=name, fix="the file is corrupt or hostile")
 

@@ -263,8 +263,9 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
     warnings = list(source.warnings)
     kept = [m for m in plans if m.kind == "keep"]
     if kept and target not in GGUF_TARGETS:
-        warnings.append(f"{len(kept)} module(s) kept in their source layout ({', '.join(sorted({m.src_format for m in kept}))}); "
-                        f"the {target} config written does not describe them")
+        layouts = ", ".join(sorted({m.src_format for m in kept}))
+        warnings.append(f"{len(kept)} module(s) kept in their source layout ({layouts}); the {target} config "
+                        "written does not describe them")
     return RepackPlan(job, target, out, plans, len(source.passthrough), ",".join(fmts) or "none",
                       source.container, warnings)
 
@@ -285,10 +286,9 @@ def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict)
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
     facts_known = None not in (m.bits, m.group_size, m.sym, m.desc_act, m.shape)
-    if facts_known and target in GGUF_TARGETS and job.bits is None and job.group_size is None \
-            and _gguf_exact_by_header(m, target):
+    if facts_known and target in GGUF_TARGETS and m.format != "gguf_q4_1" and job.bits is None \
+            and job.group_size is None and _gguf_exact_by_header(m, target):
         mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
-        mp.reasons.append("blocks of 32 inside groups, q - z in range, fp16 scales: exact from the header")
         return
     needs_data = (target in GGUF_TARGETS or m.format == "gguf_q4_1" or not facts_known
                   or (target == "gptq" and m.sym is not True))
@@ -416,29 +416,35 @@ def _read_g_idx(source, m) -> torch.Tensor | None:
 
 
 def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
-    """Parameters a requantization would use, and whether the target can take even that."""
+    """Parameters a requantization would use, and whether the target can take even that. Facts come from
+    `mp` (the header's, or the data's when the module was unpacked)."""
+    from qtool.quant import GROUP_RANGE
+
     spec = dst.spec
     mp.steps = ["requantize"]
+    o, i = mp.shape or (None, None)
     if spec.id in GGUF_TARGETS:
         mp.to_bits = {"gguf_q8_0": 8}.get(spec.id, 4)
         mp.to_group_size, mp.to_sym = 32, spec.id != "gguf_q4_1"
-        if m.in_features is not None and m.in_features % 32:
+        if i is not None and i % 32:
             mp.kind = "impossible"
-            mp.reasons.append(f"in_features {m.in_features} is not a multiple of the 32-input GGUF block")
+            mp.reasons.append(f"in_features {i} is not a multiple of the 32-input GGUF block")
         return
-    o, i = (m.shape or (None, None))
-    bits = job.bits or (m.bits if m.bits in spec.bits else
-                        min((b for b in spec.bits if m.bits is not None and b >= m.bits), default=max(spec.bits)))
+    src_bits = mp.bits
+    bits = job.bits or (src_bits if src_bits in spec.bits else
+                        min((b for b in spec.bits if src_bits is not None and b >= src_bits), default=max(spec.bits)))
     if job.group_size is not None:
         group = job.group_size
     else:
+        group = mp.group_size if mp.group_size is not None else 128
         allowed = spec.group_sizes
-        group = m.group_size if m.group_size not in (None,) else 128
         if allowed is not None and group not in allowed:
             group = 128 if 128 in allowed else allowed[0]
+        if group != -1 and not GROUP_RANGE[0] <= group <= GROUP_RANGE[1]:
+            group = 128
         if i is not None and group != -1 and i % group:
             group = -1
-    sym = m.sym if m.sym is not None else True
+    sym = mp.sym if mp.sym is not None else True
     if not spec.asym or spec.id == "gptq":
         sym = True  # GPTQ v1 cannot store a zero of 0, which asymmetric min-max produces on one-signed groups
     elif not spec.sym:
@@ -446,12 +452,13 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
     mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, sym
     if o is None:
         return
-    why = dst.check(stand_in(o, i, bits, group, sym, meta={"format": m.format}))
+    probe = stand_in(o, i, bits, group, sym, meta={"format": mp.src_format})
+    why = dst.check(probe)
     if why:
         mp.kind = "impossible"
         mp.reasons.append("even requantized: " + "; ".join(why))
     else:
-        mp.target_meta = _target_meta(dst, stand_in(o, i, bits, group, sym, meta={"format": m.format}))
+        mp.target_meta = _target_meta(dst, probe)
 
 
 def _target_meta(dst: Format, plain: Plain) -> dict | None:
