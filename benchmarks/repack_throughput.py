@@ -9,7 +9,7 @@ then alternates
     copy:   `cp -r SRC DST` (what the conversion is measured against)
     repack: `qtool repack SRC --to marlin -o DST --force --quiet` in a subprocess (peak RSS from wait4)
 
-and reports medians. Until the repack command exists (or with --emulate), the repack step runs this
+and reports medians. Without the repack command (or with --emulate), the repack step runs this
 script's own streaming loop instead (`emulate`: per-module maps, marlin.from_gptq into reused buffers,
 a writer thread feeding qtool.io.writer.ShardedWriter).
 
@@ -101,7 +101,7 @@ def dir_bytes(d: Path) -> int:
 
 
 # --- emulated repack (the streaming loop `qtool repack` runs), used until the CLI exists ----------------
-def emulate(src: Path, out: Path) -> None:
+def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
     """GPTQ -> Marlin, tensor by tensor, the way a streaming repack can run it.
 
     - input: each module's tensors are mapped (MAP_POPULATE: the kernel maps the page-cache pages in one
@@ -117,7 +117,7 @@ def emulate(src: Path, out: Path) -> None:
     from qtool.formats import LayerParams
     from qtool.formats import marlin as M
     from qtool.io.safetensors_header import read_header
-    from qtool.io.writer import ShardedWriter, atomic_output
+    from qtool.io.writer import ShardedWriter, atomic_output, parse_size
 
     index = json.loads((src / "model.safetensors.index.json").read_text())
     infos = {}
@@ -164,7 +164,7 @@ def emulate(src: Path, out: Path) -> None:
 
     metas = {}
     with atomic_output(out, force=True) as tmp:
-        w = ShardedWriter(tmp, 4 << 30, {})
+        w = ShardedWriter(tmp, parse_size(max_shard), {})
         thread = threading.Thread(target=writer_loop, args=(w,))
         thread.start()
         try:
@@ -232,11 +232,12 @@ def main() -> int:
     ap.add_argument("--emulate", action="store_true", help="time the built-in streaming loop, not the CLI")
     ap.add_argument("--torch-only", action="store_true", help="QTOOL_MARLIN_EXT=0: no C++ extension")
     ap.add_argument("--write", type=Path, help="write the Markdown result to this file")
+    ap.add_argument("--max-shard-size", default=None, help="passed to the repack (default: its own, 4GB)")
     ap.add_argument("--keep", action="store_true", help="keep the outputs")
     ap.add_argument("--_emulate", nargs=2, type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._emulate:
-        emulate(*a._emulate)
+        emulate(*a._emulate, a.max_shard_size or "4GB")
         return 0
 
     import torch
@@ -251,6 +252,8 @@ def main() -> int:
                       "--force", "--quiet"]
     else:
         repack_cmd = [sys.executable, str(Path(__file__).resolve()), "--_emulate", str(src), str(out)]
+    if a.max_shard_size:
+        repack_cmd += ["--max-shard-size", a.max_shard_size]
     if not a.torch_only:  # build the extension once, outside the timed runs
         from qtool.packing import marlin_perm as mp
 
@@ -271,6 +274,7 @@ def main() -> int:
         rss.append(peak)
         cpu_r.append(cpu)
     out_size = dir_bytes(out)
+    n_out = len(list(out.glob("*.safetensors")))
     verified = verify_sample(src, out)
     if not a.keep:
         shutil.rmtree(out, ignore_errors=True)
@@ -281,13 +285,15 @@ def main() -> int:
         "# Repack throughput: GPTQ 4-bit g128 -> Marlin",
         "",
         f"- command: `.venv/bin/python benchmarks/repack_throughput.py --layers {a.layers} --repeat {a.repeat}"
-        f"{' --emulate' if a.emulate else ''}{' --torch-only' if a.torch_only else ''}`",
+        f"{' --emulate' if a.emulate else ''}{' --torch-only' if a.torch_only else ''}"
+        f"{f' --max-shard-size {a.max_shard_size}' if a.max_shard_size else ''}`",
         f"- date: {date.today().isoformat()}; machine: {platform.machine()}, {os.cpu_count()} CPUs, "
         f"{platform.processor() or platform.platform()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads",
         f"- checkpoint: Llama-3-8B linear shapes x {a.layers} layers, {size / 1e9:.2f} GB in "
-        f"{len(list(src.glob('*.safetensors')))} shards (no embeddings / lm_head); output {out_size / 1e9:.2f} GB",
-        f"- repack step: {'`qtool repack --to marlin` (CLI)' if use_cli else 'emulated streaming loop in this script (the CLI did not exist yet): per-module mmap, marlin.from_gptq into reused buffers, writer thread + ShardedWriter'}",
+        f"{len(list(src.glob('*.safetensors')))} shards (no embeddings / lm_head); output {out_size / 1e9:.2f} GB "
+        f"in {n_out} file(s)",
+        f"- repack step: {'`qtool repack --to marlin` (CLI)' if use_cli else 'emulated streaming loop in this script (`emulate`: per-module mmap, marlin.from_gptq into reused buffers, writer thread + ShardedWriter)'}",
         f"- word conversion: {path}",
         f"- check: {verified}",
         f"- 1-minute load average before each run: {', '.join(f'{x:.1f}' for x in loads)} "

@@ -29,10 +29,9 @@ from qtool.kernels.triton.launch import DEQUANT_GEMM, LaunchConfig  # noqa: E402
 def candidates(m: int) -> list[LaunchConfig]:
     c: list[LaunchConfig] = []
     if m == 1:
-        for bn, bk, w in [(512, 64, 4), (256, 64, 4), (256, 128, 4), (256, 128, 8), (128, 128, 4), (512, 64, 8),
-                          (1024, 64, 8), (128, 256, 4)]:
-            c.append(LaunchConfig(mode=3, block_m=1, block_n=bn, block_k=bk, num_warps=w, num_stages=1))
-        c.append(LaunchConfig(mode=0, block_m=1, block_n=32, block_k=512, num_warps=4, num_stages=1))
+        for bn, bk, w, pair in [(512, 64, 4, False), (512, 64, 4, True), (1024, 64, 8, True), (256, 128, 8, True),
+                                (512, 128, 8, True), (256, 128, 4, False), (256, 64, 4, True)]:
+            c.append(LaunchConfig(mode=3, block_m=1, block_n=bn, block_k=bk, num_warps=w, num_stages=1, pair=pair))
     if 1 < m <= 16:
         for mode, bn, bk, w, st in [(2, 128, 128, 4, 3), (2, 64, 128, 4, 3), (1, 128, 128, 4, 3), (2, 128, 256, 8, 3),
                                     (2, 128, 128, 4, 4), (2, 256, 128, 8, 3)]:
@@ -101,7 +100,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="llama-3-70b,llama-3-8b")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 256])
     ap.add_argument("--dtype", default="fp16")
-    ap.add_argument("--pps", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0],
+    ap.add_argument("--pps", type=float, nargs="+", default=[2.0, 4.0, 8.0],
                     help="split-K targets: programs per SM")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))

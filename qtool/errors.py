@@ -31,8 +31,11 @@ class QtoolError(Exception):
         msg = f"{head}: {self.problem}" if head else self.problem
         if self.fix:
             msg = f"{msg} ({self.fix})"
-        # One line, always: a message built from file contents must not break the terminal layout.
-        return " ".join(msg.split("\n"))
+        # One line, always: a message built from file contents must not break the terminal layout; and inert:
+        # names read from a file must not reach the terminal as CR, ANSI escapes or Unicode line breaks.
+        msg = " ".join(msg.split("\n"))
+        return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                       for c in msg)
 
 
 class UsageError(QtoolError):

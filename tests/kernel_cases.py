@@ -25,6 +25,7 @@ INTERP_CASES = [
     (2, 256, 96, 64, False, False, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, split_k=4)),
     (1, 384, 64, 32, False, False, "bf16", dict(mode=3, block_m=1, block_n=64, block_k=128)),
     (1, 512, 64, 128, False, True, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, split_k=2)),
+    (1, 512, 96, 64, False, False, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, pair=True, split_k=2)),
     (1, 256, 96, 32, False, False, "fp16", None),
 ]
 

@@ -27,6 +27,8 @@ _MODES = [
     dict(mode=3, block_m=1, block_n=512, block_k=64),
     dict(mode=3, block_m=1, block_n=256, block_k=128, num_warps=8, split_k=8),
     dict(mode=3, block_m=1, block_n=128, block_k=64, split_k=4),
+    dict(mode=3, block_m=1, block_n=512, block_k=64, split_k=4, pair=True),
+    dict(mode=3, block_m=1, block_n=256, block_k=128, num_warps=8, pair=True),
     None,
 ]
 _LAYERS = [  # (K, N, group_size, act_order, sym): awkward and realistic

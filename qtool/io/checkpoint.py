@@ -6,6 +6,7 @@ time through safetensors' `safe_open` (memory-mapped), so peak memory is one ten
 from __future__ import annotations
 
 import json
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +27,20 @@ _REFUSE_PICKLE = ("pickle checkpoints are never loaded (loading one can run arbi
 def read_json(path: Path) -> Any:
     """A small JSON file (config, index), bounded and with errors that name it."""
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise InputError(f"JSON file is {size} bytes, over the {MAX_JSON_BYTES} byte limit", path=path)
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
+            raise InputError("is not a regular file, expected JSON", path=path)
+        if st.st_size > MAX_JSON_BYTES:
+            raise InputError(f"JSON file is {st.st_size} bytes, over the {MAX_JSON_BYTES} byte limit", path=path)
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError("file not found", path=path) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except PermissionError:
+        raise InputError("permission denied", path=path) from None
+    except OSError as e:
+        raise InputError(f"cannot read ({e.strerror or type(e).__name__})", path=path) from None
+    # ValueError: JSONDecodeError, and integers past Python's 4300-digit conversion limit.
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InputError(f"invalid JSON ({type(e).__name__}: {str(e)[:80]})", path=path) from None
 
 

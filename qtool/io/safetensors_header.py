@@ -10,6 +10,7 @@ by dtype x shape against the offsets, offsets within the file, and overlaps.
 from __future__ import annotations
 
 import json
+import stat
 import struct
 from dataclasses import dataclass
 from math import prod
@@ -55,7 +56,13 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     """Return ({name: TensorInfo}, metadata) for a .safetensors file, reading only its header."""
     p = Path(path)
     try:
-        size = p.stat().st_size
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO or device would block or never end; a directory is a user mix-up.
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise InputError(f"is {what}, expected a .safetensors file", path=p,
+                             fix="point at the checkpoint's .safetensors file or its directory")
+        size = st.st_size
         with p.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -69,20 +76,25 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
                 raise InputError(f"header claims {n} bytes but the file has only {size - 8} after the length",
                                  path=p, fix="the file is truncated or not safetensors")
             raw = f.read(n)
+            if len(raw) != n:  # the file shrank after stat (being rewritten?)
+                raise InputError(f"header claims {n} bytes but only {len(raw)} could be read", path=p,
+                                 fix="the file is truncated or changing; retry when it is complete")
     except FileNotFoundError:
         raise InputError("file not found", path=p) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a .safetensors file", path=p) from None
     except PermissionError:
         raise InputError("permission denied", path=p) from None
+    except OSError as e:  # EIO, ELOOP, ENAMETOOLONG ...: unreadable, not a bug
+        raise InputError(f"cannot read ({e.strerror or type(e).__name__})", path=p) from None
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    # ValueError also covers integers past Python's 4300-digit conversion limit ("shape": [999...]).
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InputError(f"header is not valid JSON ({type(e).__name__})", path=p,
                          fix="the file is corrupt or not safetensors") from None
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path=p)
-    meta = header.pop("__metadata__", None) or {}
+    meta = header.pop("__metadata__", None)
+    meta = {} if meta is None else meta
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise InputError("__metadata__ must map strings to strings", path=p)
     base = 8 + n
@@ -100,6 +112,15 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     return infos, meta
 
 
+def _short(v: object, limit: int = 60) -> str:
+    """A value from the file, shortened for an error message (it may be a 4000-digit integer)."""
+    try:
+        text = str(v)
+    except ValueError:
+        return "<a huge number>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def parse_entry(p: Path, name: str, entry: object, base: int, data_len: int) -> TensorInfo:
     """Validate one header entry (dtype, shape, offsets against `data_len` bytes of data after `base`)."""
     def bad(msg: str) -> InputError:
@@ -108,22 +129,23 @@ def parse_entry(p: Path, name: str, entry: object, base: int, data_len: int) -> 
     if not isinstance(entry, dict):
         raise bad("entry is not an object")
     dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
-        raise bad(f"unknown dtype {str(dtype)[:20]!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape) or len(shape) > 16:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise bad(f"unknown dtype {_short(dtype, 20)!r}")
+    if not isinstance(shape, list) or len(shape) > 16 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise bad("shape must be a list of at most 16 non-negative integers")
     numel = prod(shape)
     if numel > MAX_ELEMENTS:
-        raise bad(f"shape {shape} claims {numel} elements")
+        # Neither number is printed in full: Python refuses to format integers past 4300 digits.
+        raise bad(f"shape {_short(shape)} claims more than 2^48 elements")
     if (not isinstance(offs, list) or len(offs) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
         raise bad("data_offsets must be two integers")
     begin, end = offs
     if not 0 <= begin <= end:
-        raise bad(f"data_offsets {offs} are not ordered")
+        raise bad(f"data_offsets {_short(offs)} are not ordered")
     if end > data_len:
-        raise bad(f"data_offsets end {end} is beyond the {data_len} data bytes in the file (truncated?)")
+        raise bad(f"data_offsets end {_short(end)} is beyond the {data_len} data bytes in the file (truncated?)")
     nbits = numel * DTYPE_BITS[dtype]
     if nbits % 8 or nbits // 8 != end - begin:
         raise bad(f"{dtype} {shape} needs {nbits / 8:g} bytes but data_offsets give {end - begin}")

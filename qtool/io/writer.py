@@ -1,10 +1,10 @@
 """Writing outputs safely: atomic destinations and a streaming, sharded safetensors writer.
 
 Atomicity: every output is built under a hidden temporary name beside the destination and renamed into
-place only when complete. An existing destination is refused unless `force`; with `force` the old one is
-moved aside only after the new one is complete, then deleted. A run killed with SIGKILL leaves at most a
-hidden `.NAME.qtool-tmp-PID` entry, never a partial destination; the next run cleans such leftovers whose
-process is gone.
+place only when complete (and fsynced). An existing destination is refused unless `force`; with `force`
+the new one is swapped in only once complete, atomically where Linux offers renameat2(RENAME_EXCHANGE),
+and the old one is deleted after. A run killed with SIGKILL leaves at most a hidden `.NAME.qtool-tmp-PID-*`
+entry, never a partial destination; the next run cleans such leftovers whose process is gone.
 
 Streaming: tensors are written to the shard file as they arrive (nothing is buffered beyond one tensor), so
 peak memory is the largest tensor, not the shard. The header goes into space reserved at the front of the
@@ -15,10 +15,13 @@ shard is rewritten once with a larger header.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import shutil
 import struct
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,44 +89,144 @@ def _remove(p: Path) -> None:
 
 
 def clean_stale(dest: Path) -> None:
-    """Remove leftovers of earlier killed runs for this destination (their process no longer exists)."""
+    """Tidy up after earlier runs for this destination that were killed (their process no longer exists):
+    remove their temporary outputs; and if one died in the instant between moving an old destination
+    aside and moving the new one in (only possible where the atomic exchange is unavailable), put the old
+    one back rather than delete it."""
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
         return
     prefix = f".{dest.name}{TMP_TAG}"
-    for p in parent.iterdir():
+    for p in sorted(parent.iterdir()):
         if p.name.startswith(prefix):
             pid = p.name[len(prefix):].split("-")[0]
             if pid.isdigit() and not _pid_alive(int(pid)):
+                if p.name.endswith("-old") and not _exists(dest):
+                    with contextlib.suppress(OSError):
+                        os.replace(p, dest)
+                        continue
                 _remove(p)
+
+
+def _exists(p: Path) -> bool:
+    return p.exists() or p.is_symlink()  # a dangling symlink is still something not to clobber
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE). Returns False where the
+    kernel, libc or filesystem lacks it; the caller then falls back to two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, musl
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _sync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (and root), so a rename that publishes it can never be
+    on disk before the data it names (power loss after the rename would otherwise leave empty files)."""
+    paths = [root] if root.is_file() else [*(q for q in root.rglob("*") if q.is_file() and not q.is_symlink()),
+                                           *(q for q in root.rglob("*") if q.is_dir()), root]
+    for q in paths:
+        _fsync_path(q)
+
+
+def _fsync_path(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories; nothing more can be done there
+        pass
+    finally:
+        os.close(fd)
+
+
+# errnos that mean "the destination cannot take the output", whichever file the write was for
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _output_error(e: OSError, dest: Path, tmp: Path) -> OutputError | None:
+    fname = str(e.filename or "")
+    if e.errno in _OUTPUT_ERRNOS or (fname and fname.startswith(str(tmp))):
+        return OutputError(f"cannot write the output ({e.strerror or type(e).__name__}); nothing was written",
+                           path=dest, fix="free space or choose another -o")
+    return None
 
 
 @contextlib.contextmanager
 def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = True) -> Iterator[Path]:
     """Yield a temporary path (a created directory, or a file path when directory=False) to write into;
     on normal exit it replaces `dest`; on any exception (Ctrl-C included) it is removed and dest is untouched.
+
+    The temporary path is a hidden sibling `.NAME.qtool-tmp-PID-XXXXXX` (same filesystem, so the final
+    rename is atomic). Its contents are fsynced before they are published. An existing destination
+    (force) is swapped with the new one in a single renameat2(RENAME_EXCHANGE) where Linux offers it, so
+    at every instant `dest` is either the old output or the new one; the old one is deleted afterwards.
+    Errors writing the destination (disk full, read-only, permissions) become OutputError.
     """
     dest = Path(dest)
-    if dest.exists() and not force:
+    if _exists(dest) and not force:
         raise OutputError("destination exists", path=dest, fix="choose another -o, or pass --force to replace it")
     if not dest.parent.exists():
         raise OutputError("parent directory does not exist", path=dest, fix="create it first")
     clean_stale(dest)
     tmp = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-{os.urandom(3).hex()}"
-    if directory:
-        tmp.mkdir()
+    try:
+        if directory:
+            tmp.mkdir()
+    except OSError as e:
+        raise OutputError(f"cannot create the output beside it ({e.strerror or type(e).__name__})", path=dest,
+                          fix="choose a writable -o") from None
     try:
         yield tmp
+    except OSError as e:
+        _remove(tmp)
+        err = _output_error(e, dest, tmp)
+        if err is None:
+            raise
+        raise err from None
     except BaseException:
         _remove(tmp)
         raise
-    if dest.exists():
-        old = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-old"
-        os.replace(dest, old) if not old.exists() else (_remove(old), os.replace(dest, old))
-        os.replace(tmp, dest)
-        _remove(old)
-    else:
-        os.replace(tmp, dest)
+    try:
+        _sync_tree(tmp)
+        if _exists(dest):
+            if _exchange(tmp, dest):
+                _remove(tmp)  # now holds the old output
+            elif not dest.is_dir() and tmp.is_file():
+                os.replace(tmp, dest)  # file over file: rename(2) is already atomic
+            else:
+                old = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-old"
+                _remove(old)
+                os.replace(dest, old)
+                os.replace(tmp, dest)
+                _remove(old)
+        else:
+            os.replace(tmp, dest)
+        _fsync_path(dest.parent)
+    except OSError as e:
+        _remove(tmp)
+        raise OutputError(f"cannot move the finished output into place ({e.strerror or type(e).__name__})",
+                          path=dest, fix="check permissions of the destination and its directory") from None
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 class ShardedWriter:

@@ -45,25 +45,28 @@ Q4_0_BLOCK, Q4_0_BYTES = 32, 18
 class Case:
     """One corpus entry.
 
-    name:   directory under the corpus root; also the pytest id
-    group:  "control" | "safetensors" | "gguf" | "checkpoint" | "yaml" | "pickle"
+    name:   directory under the corpus root; also the test id
+    layer:  what is broken: "control" (nothing: a valid input), "safetensors" (one file's bytes), "gguf",
+            "checkpoint" (how files fit together: index, shards, config.json), "layout" (quantized tensors
+            or quantization config that disagree), "yaml" (a --config job spec), "pickle"
     src:    input path relative to the corpus root (None for YAML cases: they use a command's control input)
-    config: job spec relative to the corpus root, passed as --config (YAML cases only)
-    names:  substrings the one-line error must contain: the offending file (relative to the corpus root,
-            so it matches however the root is spelled) and, where there is one, the tensor or key
     about:  what is wrong, for humans
+    where:  the offending file, relative to the corpus root; an error must name it (or `src`)
+    names:  what else an error must name: the tensor, key or shard at fault
+    config: job spec relative to the corpus root, passed as --config (YAML cases only)
     """
 
     name: str
-    group: str
+    layer: str
     src: str | None
     about: str
+    where: str = ""
     names: tuple[str, ...] = ()
     config: str | None = None
 
     @property
     def valid(self) -> bool:
-        return self.group == "control"
+        return self.layer == "control"
 
 
 # --- byte builders -----------------------------------------------------------------------------------
@@ -215,15 +218,15 @@ def build_corpus(out: str | Path) -> list[Case]:
                 f.unlink()
         return d
 
-    def add(name: str, group: str, src: str | None, about: str, names: tuple[str, ...] = (),
+    def add(name: str, layer: str, src: str | None, about: str, where: str = "", names: tuple[str, ...] = (),
             config: str | None = None) -> None:
-        cases.append(Case(name, group, src, about, names, config))
+        cases.append(Case(name, layer, src, about, where or (src or ""), names, config))
 
-    def file_case(name: str, group: str, suffix: str, content: bytes, about: str, tensor: str | None = None):
+    def file_case(name: str, layer: str, suffix: str, content: bytes, about: str, tensor: str | None = None):
         d = case_dir(name)
         (d / f"{name}{suffix}").write_bytes(content)
         rel = f"{name}/{name}{suffix}"
-        add(name, group, rel, about, (rel,) + ((tensor,) if tensor else ()))
+        add(name, layer, rel, about, rel, (tensor,) if tensor else ())
 
     # controls -------------------------------------------------------------------------------------
     d = case_dir("ok_dense")
@@ -311,8 +314,8 @@ def build_corpus(out: str | Path) -> list[Case]:
     if fifo.exists() or fifo.is_symlink():
         fifo.unlink()
     os.mkfifo(fifo)
-    add("st_fifo", st, "st_fifo/model.safetensors", "a named pipe where a file should be (a read would hang)",
-        ("st_fifo/model.safetensors",))
+    add("st_fifo", st, "st_fifo", "a named pipe where model.safetensors should be (a read would hang)",
+        where="st_fifo/model.safetensors")
 
     # GGUF ---------------------------------------------------------------------------------------------
     gg = "gguf"
@@ -377,7 +380,7 @@ def build_corpus(out: str | Path) -> list[Case]:
     (d / "split-00001-of-00002.gguf").write_bytes(
         gguf_bytes(kvs + [gstr("split.count") + u32(UINT32) + u32(2)], one, one_data))
     add("gg_split_missing", gg, "gg_split_missing/split-00001-of-00002.gguf", "second file of a split set absent",
-        ("split-00002-of-00002.gguf",))
+        names=("split-00002-of-00002.gguf",))
 
     # checkpoints --------------------------------------------------------------------------------------
     ck = "checkpoint"
@@ -401,79 +404,76 @@ def build_corpus(out: str | Path) -> list[Case]:
     wm = {k: names[0] for k in s1} | {k: names[1] for k in s2}
     sharded("ck_missing_shard", dict(zip(names, (s1, s2), strict=True)), wm, write=(names[0],))
     add("ck_missing_shard", ck, "ck_missing_shard", "index names two shards; the second is absent",
-        ("ck_missing_shard/model.safetensors.index.json", names[1]))
+        "ck_missing_shard/model.safetensors.index.json", (names[1],))
     sharded("ck_index_names_absent_tensor", dict(zip(names, (s1, s2), strict=True)),
             wm | {f"{q}.bias": names[0]})
     add("ck_index_names_absent_tensor", ck, "ck_index_names_absent_tensor",
         "index maps q_proj.bias to shard 1, which does not hold it",
-        ("ck_index_names_absent_tensor/model.safetensors.index.json", f"{q}.bias"))
+        "ck_index_names_absent_tensor/model.safetensors.index.json", (f"{q}.bias",))
     sharded("ck_index_shard_outside", {names[0]: s1}, {k: "../ok_gptq/model.safetensors" for k in s1})
     add("ck_index_shard_outside", ck, "ck_index_shard_outside", "index names '../ok_gptq/model.safetensors'",
-        ("ck_index_shard_outside/model.safetensors.index.json",))
+        "ck_index_shard_outside/model.safetensors.index.json", ("../ok_gptq/model.safetensors",))
     d = case_dir("ck_index_invalid_json")
     _save(gq, d / "model.safetensors")
     (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": ')
     _config(d, GPTQ_CONFIG)
     add("ck_index_invalid_json", ck, "ck_index_invalid_json", "index is not JSON",
-        ("ck_index_invalid_json/model.safetensors.index.json",))
+        "ck_index_invalid_json/model.safetensors.index.json")
     d = case_dir("ck_index_no_weight_map")
     _save(gq, d / "model.safetensors")
     (d / "model.safetensors.index.json").write_text('{"weight_map": ["model.safetensors"]}')
     _config(d, GPTQ_CONFIG)
     add("ck_index_no_weight_map", ck, "ck_index_no_weight_map", "weight_map is a list",
-        ("ck_index_no_weight_map/model.safetensors.index.json",))
+        "ck_index_no_weight_map/model.safetensors.index.json", ("weight_map",))
     sharded("ck_tensor_in_two_shards", {names[0]: s1, names[1]: s2 | {f"{q}.scales": s1[f"{q}.scales"]}},
             wm)
     add("ck_tensor_in_two_shards", ck, "ck_tensor_in_two_shards", "q_proj.scales is stored in both shards",
-        ("ck_tensor_in_two_shards/", f"{q}.scales"))
+        names=(f"{q}.scales",))
 
     def quant_dir(name: str, tensors: dict, quant: dict | None = GPTQ_CONFIG, about: str = "",
-                  names: tuple[str, ...] = (), raw_config: str | None = None) -> None:
+                  names: tuple[str, ...] = (), raw_config: str | None = None, layer: str = "layout") -> None:
         d = case_dir(name)
         _save(tensors, d / "model.safetensors")
         if raw_config is not None:
             (d / "config.json").write_text(raw_config)
         else:
             _config(d, quant)
-        add(name, ck, name, about, names or (name,))
+        add(name, layer, name, about, f"{name}/config.json" if raw_config is not None else name, names)
 
     import torch
 
     bad = dict(gq)
     bad[f"{q}.scales"] = torch.ones(I // G, O + 8, dtype=torch.float16)
     quant_dir("ck_scales_shape_disagrees", bad, about="q_proj scales [4, 72] for qweight [16, 64]",
-              names=("ck_scales_shape_disagrees", q))
+              names=(q,))
     bad = dict(gq)
     bad[f"{q}.qzeros"] = torch.zeros(I // G, 3, dtype=torch.int32)
     quant_dir("ck_qzeros_shape_disagrees", bad, about="q_proj qzeros [4, 3], expected [4, 8]",
-              names=("ck_qzeros_shape_disagrees", q))
+              names=(q,))
     bad = dict(gq)
     bad[f"{q}.qweight"] = gq[f"{q}.qweight"].float()
     quant_dir("ck_qweight_wrong_dtype", bad, about="q_proj qweight stored as F32",
-              names=("ck_qweight_wrong_dtype", q))
+              names=(q,))
     bad = dict(gq)
     bad[f"{q}.g_idx"] = torch.full((I,), 1_000_000, dtype=torch.int32)
     quant_dir("ck_g_idx_out_of_range", bad, about="q_proj g_idx entries are 10^6 (only 4 groups)",
-              names=("ck_g_idx_out_of_range", q))
+              names=(q,))
     quant_dir("ck_bits_disagree_config", gq, quant=GPTQ_CONFIG | {"bits": 8},
-              about="config says 8-bit; qweight [16, 64] holds 4-bit codes for scales [4, 64]",
-              names=("ck_bits_disagree_config",))
-    quant_dir("ck_bits_unsupported", gq, quant=GPTQ_CONFIG | {"bits": 99}, about="config says 99-bit",
-              names=("ck_bits_unsupported",))
+              about="config says 8-bit; qweight [16, 64] holds 4-bit codes for scales [4, 64]")
+    quant_dir("ck_bits_unsupported", gq, quant=GPTQ_CONFIG | {"bits": 99}, about="config says 99-bit")
     quant_dir("ck_config_wrong_types", gq, quant=GPTQ_CONFIG | {"bits": "four", "group_size": [32]},
-              about="bits is a string, group_size a list", names=("ck_config_wrong_types", "bits"))
+              about="bits is a string, group_size a list", names=("bits",))
     quant_dir("ck_config_invalid_json", gq, raw_config='{"quantization_config": {"bits": 4,', about="config.json is "
-              "not JSON", names=("ck_config_invalid_json/config.json",))
+              "not JSON", layer=ck)
     quant_dir("ck_config_not_object", gq, raw_config="[]", about="config.json is a list",
-              names=("ck_config_not_object/config.json",))
+              layer=ck)
     d = case_dir("ck_empty_dir")
-    add("ck_empty_dir", ck, "ck_empty_dir", "a directory with no weights", ("ck_empty_dir",))
+    add("ck_empty_dir", ck, "ck_empty_dir", "a directory with no weights")
     d = case_dir("ck_dangling_symlink")
     link = d / "model.safetensors"
     os.symlink(d / "nowhere.safetensors", link)
     _config(d)
-    add("ck_dangling_symlink", ck, "ck_dangling_symlink", "model.safetensors is a dangling symlink",
-        ("ck_dangling_symlink",))
+    add("ck_dangling_symlink", ck, "ck_dangling_symlink", "model.safetensors is a dangling symlink")
 
     # pickles --------------------------------------------------------------------------------------------
     marker = str(out / MARKER)
@@ -483,8 +483,7 @@ def build_corpus(out: str | Path) -> list[Case]:
     d = case_dir("pk_dir_only_bin")
     (d / "pytorch_model.bin").write_bytes(boom)
     _config(d)
-    add("pk_dir_only_bin", "pickle", "pk_dir_only_bin", "a directory holding only pytorch_model.bin",
-        ("pk_dir_only_bin", "pytorch_model.bin"))
+    add("pk_dir_only_bin", "pickle", "pk_dir_only_bin", "a directory holding only pytorch_model.bin")
     file_case("pk_pickle_named_safetensors", "pickle", ".safetensors", boom, "the pickle renamed .safetensors")
     file_case("pk_pickle_named_gguf", "pickle", ".gguf", boom, "the pickle renamed .gguf")
 
@@ -494,7 +493,7 @@ def build_corpus(out: str | Path) -> list[Case]:
         p = d / f"{name}.yaml"
         p.write_bytes(text if isinstance(text, bytes) else text.encode())
         rel = f"{name}/{name}.yaml"
-        add(name, "yaml", None, about, (rel,) + ((key,) if key else ()), config=rel)
+        add(name, "yaml", None, about, rel, (key,) if key else (), config=rel)
 
     spec("y_unknown_key", "quiet: true\nbitz: 4\n", "unknown key 'bitz'", key="bitz")
     spec("y_wrong_type_int", "quiet: true\nbits: four\n", "bits: four", key="bits")
@@ -513,6 +512,11 @@ def build_corpus(out: str | Path) -> list[Case]:
         levels.append(f"&l{k} [" + ", ".join([f"*l{k - 1}"] * 10) + "]")
     spec("y_billion_laughs", "quiet: [" + ", ".join(levels) + "]\n", "alias bomb: 10^9 elements by reference",
          key="quiet")
+    spec("y_bad_timestamp", "quiet: 2001-13-45\n", "a timestamp with month 13 (the YAML loader raises ValueError)",
+         key="quiet")
+    spec("y_bad_int_tag", "quiet: !!int nope\n", "an explicit !!int tag on text", key="quiet")
+    spec("y_deep_nesting", "quiet: " + "[" * 5000 + "]" * 5000 + "\n", "5000 nested lists (recursion bomb)")
+    spec("y_huge_int", "quiet: " + "9" * 5000 + "\n", "a 5000-digit integer")
     spec("y_too_big", "quiet: true\n" + "# padding\n" * 120_000, "1.2 MB job spec")
     return cases
 
@@ -525,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     cases = build_corpus(args[0])
     for c in cases:
-        print(f"{c.name:34s} {c.group:11s} {c.about}")
+        print(f"{c.name:34s} {c.layer:11s} {c.about}")
     print(f"{len(cases)} cases written to {Path(args[0]).resolve()}")
     return 0
 

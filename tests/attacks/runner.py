@@ -97,23 +97,31 @@ def _tmpfile():
 
 
 def run_batch(invocations: list[list[str]], cwd: str | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-              marker: str | Path | None = None) -> list[Result]:
-    """Run every argv through the fork server (see module docstring); results in the same order."""
+              marker: str | Path | None = None, warm: list[list[str]] | None = None,
+              parallel: int = 2) -> list[Result]:
+    """Run every argv through the fork server (see module docstring); results in the same order.
+
+    warm: argvs the server runs in-process first (output discarded) so that their lazy imports and cached
+          tables are paid once; only commands that do no torch arithmetic (header reading, planning).
+    parallel: children alive at once.
+    """
     if not invocations:
         return []
     request = {"invocations": [[str(a) for a in argv] for argv in invocations], "cwd": str(cwd or REPO),
-               "timeout": timeout, "marker": str(marker) if marker else None}
+               "timeout": timeout, "marker": str(marker) if marker else None,
+               "warm": [[str(a) for a in argv] for argv in warm or []], "parallel": max(1, parallel)}
     p = subprocess.run([sys.executable, "-m", "tests.attacks.forkrun"], input=json.dumps(request).encode(),
-                       capture_output=True, cwd=REPO, env=child_env(), timeout=timeout * len(invocations) + 120)
+                       capture_output=True, cwd=REPO, env=child_env(), timeout=timeout * len(invocations) + 300)
     if p.returncode != 0:
         raise RuntimeError(f"fork server failed ({p.returncode}): {p.stderr.decode(errors='replace')[-3000:]}")
     return [Result(**r) for r in json.loads(p.stdout)]
 
 
-def _warm_up(commands: set[str]) -> None:
-    """Import what commands import lazily (rich tables, help formatting, error paths) once, here, so each
-    child does not: run every command's --help and a run on a missing path, output discarded. No torch
-    operation runs here: a thread pool started before fork() would not survive into the children."""
+def _warm_up(commands: set[str], warm: list[list[str]]) -> None:
+    """Import what commands import lazily (rich tables, help formatting, error paths, YAML tables) once,
+    here, so each child does not: every command's --help, a run on a missing path, and the `warm` argvs,
+    output discarded. No torch arithmetic runs here: a thread pool started before fork() would not
+    survive into the children."""
     from contextlib import redirect_stderr, redirect_stdout
 
     from qtool.cli.main import main
@@ -123,21 +131,51 @@ def _warm_up(commands: set[str]) -> None:
             __import__(mod)
         except ImportError:
             pass
+    argvs = [a for cmd in sorted(commands) for a in ([cmd, "--help"], [cmd, "/nonexistent/qtool-warm-up"])]
     with open(os.devnull, "w") as null, redirect_stdout(null), redirect_stderr(null):
-        for cmd in sorted(commands):
-            for argv in ([cmd, "--help"], [cmd, "/nonexistent/qtool-warm-up"]):
-                try:
-                    main(argv)
-                except BaseException:  # noqa: BLE001 - SystemExit and anything else: only imports matter
-                    pass
+        for argv in argvs + warm:
+            try:
+                main(argv)
+            except BaseException:  # noqa: BLE001 - SystemExit and anything else: only imports matter
+                pass
+
+
+def _child(argv: list[str], cwd: str, out, err) -> None:
+    """In the forked child: limits, fds, then the qtool package as __main__. Never returns."""
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        limit_memory()
+        os.chdir(cwd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.argv = ["qtool", *argv]
+        try:
+            runpy.run_module("qtool", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                sys.stderr.write(f"{e.code}\n")
+                code = 1
+        except BaseException:  # what the interpreter does with an uncaught exception
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
 
 
 def serve(request: dict) -> list[dict]:
     """The fork server's loop (runs in the helper interpreter)."""
     import gc
-    import runpy
     import tempfile
-    import traceback
 
     import torch  # noqa: F401 - paid once here instead of once per invocation
 
@@ -149,46 +187,42 @@ def serve(request: dict) -> list[dict]:
             __import__(mod)
         except ImportError:
             pass
-    _warm_up({argv[0] for argv in request["invocations"] if argv})
+    invocations = request["invocations"]
+    _warm_up({argv[0] for argv in invocations if argv}, request.get("warm") or [])
     gc.freeze()  # children then leave the parent's objects alone instead of copying them on first GC
     marker = Path(request["marker"]) if request.get("marker") else None
-    results = []
-    for argv in request["invocations"]:
-        t0 = time.monotonic()
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    results: list[dict | None] = [None] * len(invocations)
+    pending = list(enumerate(invocations))[::-1]
+    running: dict[int, tuple] = {}
+    while pending or running:
+        while pending and len(running) < request.get("parallel", 1):
+            k, argv = pending.pop()
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
             sys.stdout.flush()
             sys.stderr.flush()
+            t0 = time.monotonic()
             pid = os.fork()
-            if pid == 0:  # child: never returns
-                code = 1
-                try:
-                    limit_memory()
-                    os.chdir(request["cwd"])
-                    null = os.open(os.devnull, os.O_RDONLY)
-                    os.dup2(null, 0)
-                    os.dup2(out.fileno(), 1)
-                    os.dup2(err.fileno(), 2)
-                    sys.argv = ["qtool", *argv]
-                    try:
-                        runpy.run_module("qtool", run_name="__main__", alter_sys=True)
-                        code = 0
-                    except SystemExit as e:
-                        if e.code is None or isinstance(e.code, int):
-                            code = e.code or 0
-                        else:
-                            sys.stderr.write(f"{e.code}\n")
-                            code = 1
-                    except BaseException:  # what the interpreter would do with an uncaught exception
-                        traceback.print_exc()
-                        code = 1
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code & 0xFF)
-            rc, rss, timed_out = _wait(pid, t0 + request["timeout"])
+            if pid == 0:
+                _child(argv, request["cwd"], out, err)
+            running[pid] = (k, argv, t0, out, err)
+        for pid in list(running):
+            k, argv, t0, out, err = running[pid]
+            got, status, ru = os.wait4(pid, os.WNOHANG)
+            timed_out = False
+            if not got:
+                if time.monotonic() - t0 < request["timeout"]:
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                _, status, ru = os.wait4(pid, 0)
+                timed_out = True
+            del running[pid]
             out.seek(0)
             err.seek(0)
-            results.append(Result(argv, rc, out.read().decode("utf-8", "replace"),
-                                  err.read().decode("utf-8", "replace"), time.monotonic() - t0, rss, timed_out,
-                                  bool(marker and marker.exists())).to_dict())
-    return results
+            results[k] = Result(argv, None if timed_out else os.waitstatus_to_exitcode(status),
+                                out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+                                time.monotonic() - t0, ru.ru_maxrss / 1024, timed_out,
+                                bool(marker and marker.exists())).to_dict()
+            out.close()
+            err.close()
+        time.sleep(0.002)
+    return results  # type: ignore[return-value]

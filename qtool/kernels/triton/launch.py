@@ -13,6 +13,7 @@ The numbers in TABLE come from benchmarks/tune_w4a16.py on an H200 (benchmarks/r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,13 +35,14 @@ class LaunchConfig:
     num_warps: int = 4
     num_stages: int = 2
     f32: bool = False  # dequantize in fp32 (always for bf16; an option for fp16)
+    pair: bool = False  # mode 3: two words per 16-bit accumulator (when a block lies in one group)
     path: str = FUSED
 
     def label(self) -> str:
         if self.path == DEQUANT_GEMM:
             return "dequant+cublas"
         return (f"mode{self.mode} {self.block_m}x{self.block_n}x{self.block_k} splitk{self.split_k} "
-                f"w{self.num_warps} s{self.num_stages}" + (" f32" if self.f32 else ""))
+                f"w{self.num_warps} s{self.num_stages}" + (" f32" if self.f32 else "") + (" pair" if self.pair else ""))
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,15 @@ class Bucket:
 
 # M buckets at 1 / 16 / 64 / 128 / larger, as the dispatchers in seed 002 do.
 TABLE: tuple[Bucket, ...] = (
-    Bucket(1, LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1)),
-    Bucket(16, LaunchConfig(mode=1, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    Bucket(64, LaunchConfig(mode=1, block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3)),
-    Bucket(128, LaunchConfig(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
-    Bucket(1 << 62, LaunchConfig(mode=2, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
+    # M = 1: the PTX-dequant GEMV; ~6 programs per SM (4 fit at 128 registers: 1.5 waves balanced best)
+    Bucket(1, LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1, pair=True),
+           programs_per_sm=6.0),
+    # M <= 16: weight as the first (register) operand of the dot, split-K to ~8 programs per SM
+    Bucket(16, LaunchConfig(mode=2, block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3),
+           programs_per_sm=8.0),
+    Bucket(64, LaunchConfig(mode=2, block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3)),
+    # Past M = 64 every fused variant measured lost to dequantize + cuBLAS on the H200 (bench.md)
+    Bucket(1 << 62, LaunchConfig(path=DEQUANT_GEMM)),
 )
 
 
@@ -89,8 +95,14 @@ def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_
         cfg = GEMV_FALLBACK
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_blocks = -(-k // cfg.block_k)
-    want = max(1, int(bucket.programs_per_sm * n_sm) // max(tiles, 1))
-    split = min(_pow2_floor(want), _pow2_floor(k_blocks), 64 if cfg.mode == 3 else 16)
+    want = max(1.0, bucket.programs_per_sm * n_sm / max(tiles, 1))
+    # mode 3 rounds to the nearest power of two (its split costs one extra pass over [split, N] floats);
+    # the atomic split of the dot kernels rounds down.
+    p2 = 1 << max(0, round(math.log2(want))) if cfg.mode == 3 else _pow2_floor(int(want))
+    # mode 3 keeps >= 256 K rows per program: shorter K ranges measured slower (prologue and the serial
+    # sum of partials dominate), e.g. 8192x8192 at split 64: 20.6 us against 17.1 us at split 32.
+    per_split = max(1, 256 // cfg.block_k) if cfg.mode == 3 else 1
+    split = min(p2, _pow2_floor(max(1, k_blocks // per_split)), 64 if cfg.mode == 3 else 16)
     if split == cfg.split_k:
         return cfg
     from dataclasses import replace
@@ -211,7 +223,7 @@ def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
         m, n, k, group_size, x.stride(0) // 2, y.stride(0), k_per_split, n_split,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUPS=groups, SPLIT=n_split > 1,
         BF16=x.dtype == torch.bfloat16, USE_ASM=not interpreter_on(),
-        EVEN=(n % cfg.block_n == 0 and k % k_per_split == 0),
+        EVEN=(n % cfg.block_n == 0 and k % k_per_split == 0), PAIR=cfg.pair and groups == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if out is not None and y is not out:

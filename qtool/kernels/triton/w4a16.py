@@ -388,12 +388,128 @@ def _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16: tl.constexpr, USE_ASM: tl.
     return part
 
 
+# PAIR: two words of one column from the same group (rows r and r + R/2 of the block) share one 16-bit
+# accumulator pair (8 products per half instead of 4), halving the conversions and fp32 adds per weight.
+_GEMV2_ASM_F16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, t4, t5, t6, t7, u, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+lop3.b32 t0, $1, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 4;
+lop3.b32 t1, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 8;
+lop3.b32 t2, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $1, 12;
+lop3.b32 t3, u, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 t4, $2, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $2, 4;
+lop3.b32 t5, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $2, 8;
+lop3.b32 t6, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $2, 12;
+lop3.b32 t7, u, 0x000f000f, 0x64006400, 0xea;
+sub.f16x2 t0, t0, $11;
+sub.f16x2 t1, t1, $11;
+sub.f16x2 t2, t2, $11;
+sub.f16x2 t3, t3, $11;
+sub.f16x2 t4, t4, $11;
+sub.f16x2 t5, t5, $11;
+sub.f16x2 t6, t6, $11;
+sub.f16x2 t7, t7, $11;
+mul.f16x2 t0, t0, $12;
+mul.f16x2 t1, t1, $12;
+mul.f16x2 t2, t2, $12;
+mul.f16x2 t3, t3, $12;
+mul.f16x2 t4, t4, $12;
+mul.f16x2 t5, t5, $12;
+mul.f16x2 t6, t6, $12;
+mul.f16x2 t7, t7, $12;
+mul.f16x2 a, t0, $3;
+fma.rn.f16x2 a, t1, $4, a;
+fma.rn.f16x2 a, t2, $5, a;
+fma.rn.f16x2 a, t3, $6, a;
+fma.rn.f16x2 a, t4, $7, a;
+fma.rn.f16x2 a, t5, $8, a;
+fma.rn.f16x2 a, t6, $9, a;
+fma.rn.f16x2 a, t7, $10, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+_GEMV2_ASM_BF16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, t4, t5, t6, t7, u, a, one, nz, flo, fhi;
+mov.b32 one, 0x3f803f80;
+mov.b32 nz, 0x80008000;
+lop3.b32 t0, $1, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 4;
+lop3.b32 t1, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 8;
+lop3.b32 t2, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $1, 12;
+lop3.b32 t3, u, 0x000f000f, 0x43004300, 0xea;
+lop3.b32 t4, $2, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $2, 4;
+lop3.b32 t5, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $2, 8;
+lop3.b32 t6, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $2, 12;
+lop3.b32 t7, u, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 t0, t0, one, $11;
+fma.rn.bf16x2 t1, t1, one, $11;
+fma.rn.bf16x2 t2, t2, one, $11;
+fma.rn.bf16x2 t3, t3, one, $11;
+fma.rn.bf16x2 t4, t4, one, $11;
+fma.rn.bf16x2 t5, t5, one, $11;
+fma.rn.bf16x2 t6, t6, one, $11;
+fma.rn.bf16x2 t7, t7, one, $11;
+fma.rn.bf16x2 t0, t0, $12, nz;
+fma.rn.bf16x2 t1, t1, $12, nz;
+fma.rn.bf16x2 t2, t2, $12, nz;
+fma.rn.bf16x2 t3, t3, $12, nz;
+fma.rn.bf16x2 t4, t4, $12, nz;
+fma.rn.bf16x2 t5, t5, $12, nz;
+fma.rn.bf16x2 t6, t6, $12, nz;
+fma.rn.bf16x2 t7, t7, $12, nz;
+fma.rn.bf16x2 a, t0, $3, nz;
+fma.rn.bf16x2 a, t1, $4, a;
+fma.rn.bf16x2 a, t2, $5, a;
+fma.rn.bf16x2 a, t3, $6, a;
+fma.rn.bf16x2 a, t4, $7, a;
+fma.rn.bf16x2 a, t5, $8, a;
+fma.rn.bf16x2 a, t6, $9, a;
+fma.rn.bf16x2 a, t7, $10, a;
+shl.b32 flo, a, 16;
+and.b32 fhi, a, 0xffff0000;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _gemv_words2(qa, a0, a1, a2, a3, qb, b0, b1, b2, b3, zz, ss, BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    """As _gemv_words for two words per output element (block halves A and B, one zero/scale)."""
+    if USE_ASM:
+        args = [qa, qb, a0[:, None], a1[:, None], a2[:, None], a3[:, None], b0[:, None], b1[:, None],
+                b2[:, None], b3[:, None], zz, ss]
+        if BF16:
+            part = tl.inline_asm_elementwise(_GEMV2_ASM_BF16, "=r" + ",r" * 12, args, dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            part = tl.inline_asm_elementwise(_GEMV2_ASM_F16, "=r" + ",r" * 12, args, dtype=tl.float32,
+                                             is_pure=True, pack=1)
+    else:
+        part = _gemv_words(qa, a0, a1, a2, a3, zz, ss, BF16, False) + \
+            _gemv_words(qb, b0, b1, b2, b3, zz, ss, BF16, False)
+    return part
+
+
 @triton.jit(do_not_specialize=["M"])
 def w4a16_gemv_kernel(
     x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, y_ptr, ws_ptr, sem_ptr,
     M, N, K, group_size, stride_xm, stride_ym, k_per_split, n_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, SPLIT: tl.constexpr,
-    BF16: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr,
+    BF16: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr, PAIR: tl.constexpr,
 ):
     """y[m, :] for one row m per program (grid: M, N / BLOCK_N, n_split), K loop double-buffered by hand
     (the next block's loads are issued before the current block's arithmetic).
@@ -410,21 +526,42 @@ def w4a16_gemv_kernel(
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_r = tl.arange(0, R)
     zshift = (offs_n % 8) * 4
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
 
-    acc = tl.zeros((R, BLOCK_N), dtype=tl.float32)
-    qw, xp0, xp1, xp2, xp3, zz, ss = _gemv_operands(
-        x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start, k_end, N, group_size, stride_xm, offs_r,
-        offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss = _gemv_operands(
-            x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K, k_end, N, group_size, stride_xm,
-            offs_r, offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
-        acc += _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16, USE_ASM)
-        qw, xp0, xp1, xp2, xp3, zz, ss = nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss
+    if PAIR:  # needs GROUPS == 0: both halves of a block in one group
+        H: tl.constexpr = BLOCK_K // 2
+        offs_h = tl.arange(0, R // 2)
+        acc = tl.zeros((R // 2, BLOCK_N), dtype=tl.float32)
+        qa, a0, a1, a2, a3, zz, ss = _gemv_operands(
+            x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start, k_end, N, group_size, stride_xm, offs_h,
+            offs_n, n_mask, zshift, H, GROUPS, BF16, EVEN)
+        qb, b0, b1, b2, b3, _z, _s = _gemv_operands(
+            x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start + H, k_end, N, group_size, stride_xm,
+            offs_h, offs_n, n_mask, zshift, H, GROUPS, BF16, EVEN)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            nqa, na0, na1, na2, na3, nzz, nss = _gemv_operands(
+                x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K, k_end, N, group_size,
+                stride_xm, offs_h, offs_n, n_mask, zshift, H, GROUPS, BF16, EVEN)
+            nqb, nb0, nb1, nb2, nb3, _z, _s = _gemv_operands(
+                x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K + H, k_end, N, group_size,
+                stride_xm, offs_h, offs_n, n_mask, zshift, H, GROUPS, BF16, EVEN)
+            acc += _gemv_words2(qa, a0, a1, a2, a3, qb, b0, b1, b2, b3, zz, ss, BF16, USE_ASM)
+            qa, a0, a1, a2, a3, zz, ss = nqa, na0, na1, na2, na3, nzz, nss
+            qb, b0, b1, b2, b3 = nqb, nb0, nb1, nb2, nb3
+    else:
+        offs_r = tl.arange(0, R)
+        acc = tl.zeros((R, BLOCK_N), dtype=tl.float32)
+        qw, xp0, xp1, xp2, xp3, zz, ss = _gemv_operands(
+            x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k_start, k_end, N, group_size, stride_xm, offs_r,
+            offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss = _gemv_operands(
+                x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, pid_m, k0 + BLOCK_K, k_end, N, group_size, stride_xm,
+                offs_r, offs_n, n_mask, zshift, BLOCK_K, GROUPS, BF16, EVEN)
+            acc += _gemv_words(qw, xp0, xp1, xp2, xp3, zz, ss, BF16, USE_ASM)
+            qw, xp0, xp1, xp2, xp3, zz, ss = nqw, nxp0, nxp1, nxp2, nxp3, nzz, nss
     out = tl.sum(acc, axis=0)
 
     y_ptrs = y_ptr + pid_m * stride_ym + offs_n
