@@ -84,8 +84,8 @@ def test_config_errors_name_key_and_file(tmp_path, text, msg):
 
 def test_example_job_specs_are_valid(tmp_path):
     """Every example spec in configs/jobs loads against the command it names."""
-    from qtool.cli.app import app
     import qtool.cli.main  # noqa: F401  registers commands
+    from qtool.cli.app import app
 
     for spec in sorted((REPO / "configs" / "jobs").glob("*.yaml")):
         cmd = spec.name.split("-")[0]

@@ -15,8 +15,14 @@ from qtool.bench.layers import random_plain
 from qtool.errors import UsageError
 from qtool.formats import get_format
 from qtool.formats.plain import dequantize
-from qtool.kernels.base import (PackedLayer, all_kernels, dequantize_packed, get_kernel, pack_gptq_v2,
-                                resolve_device)
+from qtool.kernels.base import (
+    PackedLayer,
+    all_kernels,
+    dequantize_packed,
+    get_kernel,
+    pack_gptq_v2,
+    resolve_device,
+)
 
 ERR_FACTOR = 4.0
 CPU = torch.device("cpu")

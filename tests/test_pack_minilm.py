@@ -35,7 +35,9 @@ def _pack_and_check(tmp_path, fmt, bits, sym, include, method="rtn"):
     assert sorted(t["module"] for t in rep["tensors"] if t["module"].startswith("encoder.")) == encoder_linear
     for t in rep["tensors"]:
         m = t["module"]
-        q = lambda s: packed[f"{m}.{s}"].numpy()  # noqa: E731
+        def q(short, m=m):
+            return packed[f"{m}.{short}"].numpy()
+
         s = packed[f"{m}.scales"].float().numpy()
         what = (awq_weight(q("qweight"), q("qzeros"), s, 128) if fmt == "awq" else
                 gptq_weight(q("qweight"), q("qzeros"), s, q("g_idx"), bits, planar=fmt == "gptq_p", v1=fmt == "gptq"))

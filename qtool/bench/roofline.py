@@ -67,10 +67,10 @@ def _sync(device: torch.device) -> None:
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median).
 
-    GPU: a 1 GiB buffer (far past any L2); CPU: 256 MiB.
+    GPU: a 1 GiB buffer (far past any L2); CPU: 128 MiB.
     """
     if nbytes is None:
-        nbytes = (1 << 30) if device.type == "cuda" else (256 << 20)
+        nbytes = (1 << 30) if device.type == "cuda" else (128 << 20)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     times = []
@@ -95,8 +95,8 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int = 10) -> float:
-    """Dense matmul FLOP/s on random data (GPU: 8192^3 in `dtype`; CPU: 1024^3 fp32), median."""
-    n = 8192 if device.type == "cuda" else 1024
+    """Dense matmul FLOP/s on random data (GPU: 8192^3 in `dtype`; CPU: 512^3 fp32), median."""
+    n = 8192 if device.type == "cuda" else 512
     dt = dtype if device.type == "cuda" else torch.float32
     a = torch.randn((n, n), device=device, dtype=dt)
     b = torch.randn((n, n), device=device, dtype=dt)

@@ -1,9 +1,10 @@
 """The linear-layer shapes a benchmark runs: named models or explicit `KxN` lists.
 
 Shapes are K x N (in_features x out_features) of one decoder layer's projections. The model table is read
-from configs/models.yaml when that file exists (keys: `models: {name: {hidden_size, intermediate_size,
-num_attention_heads, num_key_value_heads[, head_dim]}}` or an explicit `layers:` list); otherwise from the
-built-in table below (Llama 3 configs: 8B hidden 4096, MLP 14336, 32 heads, 8 KV heads; 70B hidden 8192,
+from configs/models.yaml when that file exists (`models: {name: {arch, hidden_size, intermediate_size,
+num_attention_heads, num_key_value_heads, head_dim}}`, each architecture's `layers` giving in/out as
+hidden_size / intermediate_size / q_size / kv_size); the built-in table below covers the two Llama 3 models
+when it does not (Llama 3 configs: 8B hidden 4096, MLP 14336, 32 heads, 8 KV heads; 70B hidden 8192,
 MLP 28672, 64 heads, 8 KV heads; head_dim 128).
 """
 
@@ -36,45 +37,64 @@ class Shape:
 
 
 def _model_table() -> dict[str, dict]:
+    """name -> model row; rows from configs/models.yaml (schema qtool.models/v1) carry their
+    architecture's layer list under "_layers"."""
     from qtool.paths import CONFIG_DIR
 
     table = {k: dict(v) for k, v in BUILTIN_MODELS.items()}
     path = CONFIG_DIR / "models.yaml"
-    if path.is_file():
-        import yaml
+    if not path.is_file():
+        return table
+    import yaml
 
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError:
-            return table
-        models = data.get("models", data) if isinstance(data, dict) else {}
-        if isinstance(models, dict):
-            for name, row in models.items():
-                if isinstance(row, dict):
-                    table[str(name).lower()] = row
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        return table
+    if not isinstance(data, dict):
+        return table
+    archs = data.get("architectures") if isinstance(data.get("architectures"), dict) else {}
+    models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    for name, row in models.items():
+        if not isinstance(row, dict):
+            continue
+        row = dict(row)
+        arch = archs.get(row.get("arch"))
+        if isinstance(arch, dict) and isinstance(arch.get("layers"), list):
+            row["_layers"] = arch["layers"]
+        table[str(name).lower()] = row
     return table
 
 
+def _width(expr, sizes: dict[str, int], name: str) -> int:
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, str) and expr in sizes:
+        return sizes[expr]
+    raise UsageError(f"configs/models.yaml: model '{name}': layer width {expr!r} is not a number or one of "
+                     f"{', '.join(sizes)}", fix="fix the layer table or give --shapes KxN")
+
+
 def _layers_of(name: str, row: dict) -> list[Shape]:
-    if isinstance(row.get("layers"), list):
-        out = []
-        for item in row["layers"]:
-            try:
-                out.append(Shape(str(item["name"]), int(item.get("in_features", item.get("K"))),
-                                 int(item.get("out_features", item.get("N")))))
-            except (KeyError, TypeError, ValueError):
-                raise UsageError(f"configs/models.yaml: model '{name}' has a malformed layers entry {item!r}",
-                                 fix="give name, in_features, out_features") from None
-        return out
     try:
         h = int(row["hidden_size"])
         inter = int(row["intermediate_size"])
         heads = int(row["num_attention_heads"])
-        kv = int(row.get("num_key_value_heads", heads))
+        kv = int(row.get("num_key_value_heads") or heads)
         hd = int(row.get("head_dim") or h // heads)
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"configs/models.yaml: model '{name}' lacks hidden_size / intermediate_size / "
                          f"num_attention_heads", fix="add them or give --shapes KxN") from None
+    sizes = {"hidden_size": h, "intermediate_size": inter, "q_size": heads * hd, "kv_size": kv * hd}
+    if isinstance(row.get("_layers"), list):
+        out = []
+        for item in row["_layers"]:
+            if not isinstance(item, dict) or "name" not in item:
+                continue
+            short = str(item["name"]).rsplit(".", 1)[-1] if "proj" in str(item["name"]) else str(item["name"])
+            out.append(Shape(short, _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name)))
+        if out:
+            return out
     return [Shape("q_proj", h, heads * hd), Shape("k_proj", h, kv * hd), Shape("v_proj", h, kv * hd),
             Shape("o_proj", heads * hd, h), Shape("gate_proj", h, inter), Shape("up_proj", h, inter),
             Shape("down_proj", inter, h)]

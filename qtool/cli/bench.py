@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app
-from qtool.cli.common import ConfigOpt, QuietOpt, apply_config, emit_json, progress, stderr_console, stdout_console
+from qtool.cli.common import (
+    ConfigOpt,
+    QuietOpt,
+    apply_config,
+    emit_json,
+    progress,
+    stderr_console,
+    stdout_console,
+)
 
 EPILOG = """Examples:
 
@@ -54,8 +62,8 @@ def bench_cmd(
     quiet: QuietOpt = False,
 ) -> int:
     v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, bench_cmd)
-    from qtool.bench.report import render_tables, to_markdown
     from qtool.bench.report import plot as write_plot
+    from qtool.bench.report import render_tables, to_markdown
     from qtool.bench.run import BenchSettings, run_bench
     from qtool.bench.shapes import parse_shapes
     from qtool.errors import UsageError

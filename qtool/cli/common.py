@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 

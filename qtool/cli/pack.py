@@ -8,8 +8,18 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app
-from qtool.cli.common import (ConfigOpt, DryRunOpt, ForceOpt, JsonOpt, QuietOpt, apply_config, emit_json,
-                              progress, stderr_console, stdout_console)
+from qtool.cli.common import (
+    ConfigOpt,
+    DryRunOpt,
+    ForceOpt,
+    JsonOpt,
+    QuietOpt,
+    apply_config,
+    emit_json,
+    progress,
+    stderr_console,
+    stdout_console,
+)
 
 EPILOG = """Examples:
 

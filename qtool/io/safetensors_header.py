@@ -105,7 +105,7 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
         infos[name] = parse_entry(p, name, entry, base, data_len)
         spans.append((infos[name].start, infos[name].end, name))
     spans.sort()
-    for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+    for (_s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
         if s1 < e0:
             raise InputError(f"data of '{n1}' overlaps '{n0}'", path=p, tensor=n1,
                              fix="the file is corrupt or hostile")

@@ -55,12 +55,8 @@ def parse_size(text: str | int) -> int:
     s = str(text).strip().upper().replace(" ", "")
     units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
              "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    for u, mult in units.items():
-        if s.endswith(u):
-            num = s[: -len(u)]
-            break
-    else:
-        num, mult = s, 1
+    unit = next((u for u in units if s.endswith(u)), "B")
+    num, mult = (s[: -len(unit)] if s.endswith(unit) else s), units[unit]
     try:
         val = float(num)
     except ValueError:

@@ -53,7 +53,7 @@ def render(report, console) -> None:
 
 
 def to_markdown(report) -> str:
-    out = [f"# qtool pack report\n", f"- source: `{report.src}`", f"- output: `{report.out}`"]
+    out = ["# qtool pack report\n", f"- source: `{report.src}`", f"- output: `{report.out}`"]
     out += [f"- {line}" for line in _summary_lines(report)]
     out.append("")
     out.append(md_table(_HEAD, _rows(report)))

@@ -4,11 +4,13 @@ Why the buckets look the way they do (seed 002, "crossover" and the M-bucketed d
 - Small M is pure weight streaming; there is no reuse to exploit, so the aim is every SM pulling weight
   bytes at once: narrow N tiles, deep K blocks, and split-K when N / BLOCK_N programs cannot fill the
   device (Llama k/v projections have N = 1024: 16 tiles of 64 on 132 SMs).
-- From M ~ 64 the tensor cores start to matter: wider tiles, the weight as the first (register) operand.
-- Past the crossover the fused kernel may lose to dequantize-into-a-temporary + cuBLAS; that path is taken
-  where the table says so and reported as such ("dequant+cublas"). The temporary lives for one call.
+- M = 1 has its own kernel (mode 3): a GEMV whose dequantization is a short PTX block per int32 word.
+- From M ~ 16 the tensor cores matter: the weight as the first operand of tl.dot, split-K.
+- Past M = 64 every fused variant measured on the H200 lost to dequantize-into-a-temporary + cuBLAS, so
+  that path is taken there and reported as such ("dequant+cublas"). The temporary lives for one call.
 
-The numbers in TABLE come from benchmarks/tune_w4a16.py on an H200 (benchmarks/results/bench.md).
+TABLE comes from benchmarks/tune_w4a16.py on an H200, 2026-11-29 (benchmarks/results/bench.md,
+tune-h200.json, tune-m1-h200.json).
 """
 
 from __future__ import annotations
