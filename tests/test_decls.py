@@ -150,11 +150,12 @@ def test_qtool_engine_declares_its_three_kernels():
     assert q.walk == "priority"
     assert set(q.names()) >= {"torch-ref", "torch-int4-cpu", "triton-w4a16"}
     cpu = q.kernel("torch-int4-cpu")
-    assert cpu.group_sizes == (32, 64, 128, 256) and cpu.n_part_multiple == 16 and cpu.platforms == ("cpu",)
+    assert cpu.group_sizes == (-1, 32, 64, 128, 256, 512, 1024) and cpu.n_part_multiple is None
+    assert cpu.platforms == ("cpu",)
     tri = q.kernel("triton-w4a16")
-    assert tri.min_cc == (8, 0) and tri.bits == (4,) and tri.n_part_multiple == 8
+    assert tri.min_cc == (8, 0) and tri.bits == (4,) and tri.n_part_multiple == 8 and tri.k_part_multiple == 8
     ref = q.kernel("torch-ref")
-    assert ref.bits == tuple(range(2, 9)) and ref.platforms == ("all",)
+    assert ref.bits == (2, 4, 8) and ref.platforms == ("all",)
 
 
 def test_profiles_and_models_load():
