@@ -162,9 +162,16 @@ def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
                 if item[3] is not None:
                     free.put(item[3])
 
+    # The contract goes into every shard's header, so it is settled from the headers before writing.
     metas = {}
+    for pre, parts in modules.items():
+        if "qweight" in parts:
+            n, k = parts["scales"].shape[1], parts["qweight"].shape[0] * 32 // BITS
+            metas[pre] = {M.SOURCE_KEY: "gptq", "bits": BITS, "group_size": GROUP, "act_order": False,
+                          "zero_points": False, "shape": [n, k], "padded_shape": list(M.padded_nk(n, k, GROUP))}
+    summary = M.summarize(metas)
     with atomic_output(out, force=True) as tmp:
-        w = ShardedWriter(tmp, parse_size(max_shard), {})
+        w = ShardedWriter(tmp, parse_size(max_shard), M.contract(summary))
         thread = threading.Thread(target=writer_loop, args=(w,))
         thread.start()
         try:
@@ -181,13 +188,9 @@ def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
                     maps.append(m)
                 buf = free.get()
                 packed = M.from_gptq(tensors, params, "gptq", out=buf)  # nothing returned points into maps
-                n, k = tensors["scales"].shape[1], tensors["qweight"].shape[0] * 32 // BITS
                 del tensors
                 for m in maps:
                     m.close()
-                n_pad, k_pad = M.padded_nk(n, k, GROUP)
-                metas[pre] = {M.SOURCE_KEY: "gptq", "bits": BITS, "group_size": GROUP, "act_order": False,
-                              "zero_points": False, "shape": [n, k], "padded_shape": [n_pad, k_pad]}
                 for short, t in packed.items():
                     jobs.put(("tensor", f"{pre}.{short}", t, buf if short == "qweight" else None))
         finally:
@@ -195,8 +198,6 @@ def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
             thread.join()
         if failure:
             raise failure[0]
-        summary = M.summarize(metas)
-        w.metadata.update(M.contract(summary))
         w.close()
         cfg = json.loads((src / "config.json").read_text())
         cfg["quantization_config"] = M.quantization_config(summary)

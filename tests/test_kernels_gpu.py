@@ -29,6 +29,12 @@ _MODES = [
     dict(mode=3, block_m=1, block_n=128, block_k=64, split_k=4),
     dict(mode=3, block_m=1, block_n=512, block_k=64, split_k=4, pair=True),
     dict(mode=3, block_m=1, block_n=256, block_k=128, num_warps=8, pair=True),
+    dict(mode=4, block_m=16, block_n=128, block_k=128, num_stages=3, swap=True, split_k=4),
+    dict(mode=4, block_m=16, block_n=64, block_k=256, num_stages=3, swap=True),
+    dict(mode=4, block_m=16, block_n=128, block_k=128, num_stages=3, split_k=2),
+    dict(mode=4, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, swap=True),
+    dict(mode=4, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=2),
+    dict(path="dequant+cublas", mode=4, block_n=128, block_k=128),
     None,
 ]
 _LAYERS = [  # (K, N, group_size, act_order, sym): awkward and realistic

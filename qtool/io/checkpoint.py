@@ -159,6 +159,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         wm = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise InputError("index has no valid 'weight_map' {tensor: shard}", path=index_path)
+        if not wm:
+            raise InputError("index maps no tensors (empty 'weight_map')", path=index_path,
+                             fix="regenerate model.safetensors.index.json")
         files = []
         for shard in dict.fromkeys(wm.values()):
             sp = (root / shard)

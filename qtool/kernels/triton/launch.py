@@ -16,7 +16,7 @@ tune-h200.json, tune-m1-h200.json).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,7 +26,8 @@ DEQUANT_GEMM = "dequant+cublas"
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """One launch: mode (0 FMA rows, 1 mma x@W, 2 swapped W^T x^T, 3 the M=1 GEMV with PTX dequant), tile
+    """One launch: mode (0 FMA rows, 1 mma x@W, 2 swapped W^T x^T, 3 the M=1 GEMV with PTX dequant, 4 the dot
+    kernel with PTX dequant and natural-K tiles), tile
     sizes, split-K, warps, stages, or path = "dequant+cublas" (then only the dequant tiles matter)."""
 
     mode: int = 1
@@ -38,13 +39,17 @@ class LaunchConfig:
     num_stages: int = 2
     f32: bool = False  # dequantize in fp32 (always for bf16; an option for fp16)
     pair: bool = False  # mode 3: two words per 16-bit accumulator (when a block lies in one group)
+    swap: bool = False  # mode 4: the weight as the dot's first operand (W^T x^T)
     path: str = FUSED
 
     def label(self) -> str:
         if self.path == DEQUANT_GEMM:
+            if self.mode == 4:
+                return f"dequant(ptx {self.block_n}x{self.block_k} w{self.num_warps})+cublas"
             return "dequant+cublas"
         return (f"mode{self.mode} {self.block_m}x{self.block_n}x{self.block_k} splitk{self.split_k} "
-                f"w{self.num_warps} s{self.num_stages}" + (" f32" if self.f32 else "") + (" pair" if self.pair else ""))
+                f"w{self.num_warps} s{self.num_stages}" + (" f32" if self.f32 else "") + (" pair" if self.pair else "")
+                + (" swap" if self.swap else ""))
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,9 @@ TABLE: tuple[Bucket, ...] = (
 )
 
 
+# Act-order or odd group sizes where mode 4 would be chosen: the swapped dot kernel.
+MMA_FALLBACK = LaunchConfig(mode=2, block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3)
+
 # Act-order or odd group sizes at M = 1: the generic FMA kernel (gathers a scale per element).
 GEMV_FALLBACK = LaunchConfig(mode=0, block_m=1, block_n=64, block_k=256, num_warps=4, num_stages=1)
 
@@ -86,6 +94,11 @@ def gemv_ok(group_size: int, block_k: int, act_order: bool) -> bool:
     return not act_order and group_size % 8 == 0
 
 
+def mma_ok(group_size: int, act_order: bool) -> bool:
+    """Mode 4 reads one zero/scale per word row: no act-order, and groups of whole words."""
+    return not act_order and group_size % 8 == 0
+
+
 def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_order: bool = False,
                   table: tuple[Bucket, ...] = TABLE) -> LaunchConfig:
     """The launch for an [m, k] x [k, n] product on a device with n_sm multiprocessors."""
@@ -95,6 +108,8 @@ def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_
         return cfg
     if cfg.mode == 3 and not gemv_ok(group_size, cfg.block_k, act_order):
         cfg = GEMV_FALLBACK
+    if cfg.mode == 4 and not mma_ok(group_size, act_order):
+        cfg = MMA_FALLBACK
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     k_blocks = -(-k // cfg.block_k)
     want = max(1.0, bucket.programs_per_sm * n_sm / max(tiles, 1))
@@ -104,11 +119,12 @@ def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_
     # mode 3 keeps >= 256 K rows per program: shorter K ranges measured slower (prologue and the serial
     # sum of partials dominate), e.g. 8192x8192 at split 64: 20.6 us against 17.1 us at split 32.
     per_split = max(1, 256 // cfg.block_k) if cfg.mode == 3 else 1
-    split = min(p2, _pow2_floor(max(1, k_blocks // per_split)), 64 if cfg.mode == 3 else 16)
+    # mode 4 keeps >= 2 K blocks per program (one block leaves nothing to overlap the loads with)
+    if cfg.mode == 4:
+        per_split = 2
+    split = min(p2, _pow2_floor(max(1, k_blocks // per_split)), 64 if cfg.mode in (3, 4) else 16)
     if split == cfg.split_k:
         return cfg
-    from dataclasses import replace
-
     return replace(cfg, split_k=split)
 
 
@@ -141,6 +157,19 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
     gi = g_idx if act else qweight  # any int32 pointer; never read when ACT_ORDER is False
     if x.stride(1) != 1:
         x = x.contiguous()
+    if cfg.path == DEQUANT_GEMM and cfg.mode == 4 and mma_ok(group_size, act):
+        from qtool.kernels.triton import interpreter_on
+        from qtool.kernels.triton.w4a16 import dequant_words_kernel
+
+        w = torch.empty((k, n), dtype=x.dtype, device=x.device)
+        sc = scales if scales.dtype == x.dtype else scales.to(x.dtype)
+        grid = (triton.cdiv(k, cfg.block_k), triton.cdiv(n, cfg.block_n))
+        dequant_words_kernel[grid](qweight, qzeros, sc.view(torch.int16), w, n, k, group_size,
+                                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BF16=bf16,
+                                   USE_ASM=not interpreter_on(), num_warps=cfg.num_warps)
+        if out is None:
+            return x @ w
+        return torch.matmul(x, w, out=out)
     if cfg.path == DEQUANT_GEMM:
         w = torch.empty((k, n), dtype=x.dtype, device=x.device)
         block_n, block_r = 128, 8
@@ -155,6 +184,10 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         if gemv_ok(group_size, cfg.block_k, act):
             return _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out)
         cfg = GEMV_FALLBACK
+    if cfg.mode == 4:
+        if mma_ok(group_size, act):
+            return _run_mma(x, qweight, qzeros, scales, group_size, cfg, out)
+        cfg = replace(MMA_FALLBACK, block_m=cfg.block_m, split_k=cfg.split_k)
     split = cfg.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), split) * cfg.block_k
     split = triton.cdiv(k, k_per_split)
@@ -226,6 +259,38 @@ def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUPS=groups, SPLIT=n_split > 1,
         BF16=x.dtype == torch.bfloat16, USE_ASM=not interpreter_on(),
         EVEN=(n % cfg.block_n == 0 and k % k_per_split == 0), PAIR=cfg.pair and groups == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if out is not None and y is not out:
+        out.copy_(y)
+        return out
+    return y
+
+
+def _run_mma(x, qweight, qzeros, scales, group_size, cfg, out):
+    import triton
+
+    from qtool.kernels.triton import interpreter_on
+    from qtool.kernels.triton.w4a16 import w4a16_mma_kernel
+
+    m, k = x.shape
+    n = qweight.shape[1]
+    sc = scales if scales.dtype == x.dtype else scales.to(x.dtype)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    n_split = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), n_split)
+    y = out if (out is not None and out.stride(1) == 1) else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if n_split > 1:
+        ws, sem = _workspace(x.device, n_split, m, n, grid[0] * grid[1])
+    else:
+        ws, sem = y, qweight  # never touched
+    w4a16_mma_kernel[grid](
+        x, qweight, qzeros, sc.view(torch.int16), y, ws, sem,
+        m, n, k, group_size, x.stride(0), y.stride(0), k_per_split, n_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SWAP=cfg.swap,
+        GROUPS=0 if group_size % cfg.block_k == 0 else 1, SPLIT=n_split > 1,
+        BF16=x.dtype == torch.bfloat16, USE_ASM=not interpreter_on(),
+        EVEN=(n % cfg.block_n == 0 and k % k_per_split == 0),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if out is not None and y is not out:

@@ -579,3 +579,228 @@ def w4a16_gemv_kernel(
             tl.atomic_xchg(sem_ptr + tile, 0)
     else:
         tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MODE 4: the tensor-core kernel for M >= 2 with the M = 1 kernel's per-word dequantization.
+# One PTX block per int32 word turns its 8 codes into 8 16-bit weights (lop3 nibble pairs, sub and mul in
+# f16x2 / bf16x2: 15 instructions for 8 weights, against ~8 per weight in Triton ops), and the eight
+# [BLOCK_N, BLOCK_K/8] results are interleaved with tl.join + reshape into the natural K order of one
+# [BLOCK_N, BLOCK_K] tile (a register renaming, no data movement), so each K block is one dot of depth
+# BLOCK_K instead of eight dots of depth BLOCK_K/8. SWAP puts the weight first (W^T x^T: on Hopper a
+# wgmma with the weight as the register operand and a 16-wide N for small M); otherwise x @ W.
+# Split-K as in the GEMV: fp32 partials in a workspace, the last program of a tile sums them.
+# ---------------------------------------------------------------------------------------------------------
+
+_MMA_ASM_F16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, u;
+lop3.b32 t0, $8, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $8, 4;
+lop3.b32 t1, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $8, 8;
+lop3.b32 t2, u, 0x000f000f, 0x64006400, 0xea;
+shr.u32 u, $8, 12;
+lop3.b32 t3, u, 0x000f000f, 0x64006400, 0xea;
+sub.f16x2 t0, t0, $9;
+sub.f16x2 t1, t1, $9;
+sub.f16x2 t2, t2, $9;
+sub.f16x2 t3, t3, $9;
+mul.f16x2 t0, t0, $10;
+mul.f16x2 t1, t1, $10;
+mul.f16x2 t2, t2, $10;
+mul.f16x2 t3, t3, $10;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}""")
+
+# $9 holds -(128 + z) in both halves (subtract by fma with +1), $10 the bf16 scale pair.
+_MMA_ASM_BF16 = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, u, one, nz;
+mov.b32 one, 0x3f803f80;
+mov.b32 nz, 0x80008000;
+lop3.b32 t0, $8, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $8, 4;
+lop3.b32 t1, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $8, 8;
+lop3.b32 t2, u, 0x000f000f, 0x43004300, 0xea;
+shr.u32 u, $8, 12;
+lop3.b32 t3, u, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 t0, t0, one, $9;
+fma.rn.bf16x2 t1, t1, one, $9;
+fma.rn.bf16x2 t2, t2, one, $9;
+fma.rn.bf16x2 t3, t3, one, $9;
+fma.rn.bf16x2 t0, t0, $10, nz;
+fma.rn.bf16x2 t1, t1, $10, nz;
+fma.rn.bf16x2 t2, t2, $10, nz;
+fma.rn.bf16x2 t3, t3, $10, nz;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}""")
+
+
+@triton.jit
+def _unpack_words(qw, zz, ss, BF16: tl.constexpr, USE_ASM: tl.constexpr):
+    """[BN, R] int32 words (+ zero / scale pairs, broadcastable) -> [BN, 8R] weights of x's dtype, column
+    8r + j holding nibble j of word r (the natural K order)."""
+    if BF16:
+        CT: tl.constexpr = tl.bfloat16
+    else:
+        CT: tl.constexpr = tl.float16
+    if USE_ASM:
+        if BF16:
+            w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+                _MMA_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [qw, zz, ss],
+                dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+                       tl.bfloat16), is_pure=True,
+                pack=1)
+        else:
+            w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+                _MMA_ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [qw, zz, ss],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16,
+                       tl.float16), is_pure=True,
+                pack=1)
+    else:
+        s = _bits_to_f32(ss & 0xFFFF, BF16)
+        if BF16:
+            z = ((zz & 0xFFFF) ^ 0x8000) - 0x4300
+        else:
+            z = (zz & 0xFFFF) - 0x6400
+        zf = (z | 0x4B000000).to(tl.float32, bitcast=True)
+        w0 = ((((qw >> 0) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w1 = ((((qw >> 4) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w2 = ((((qw >> 8) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w3 = ((((qw >> 12) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w4 = ((((qw >> 16) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w5 = ((((qw >> 20) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w6 = ((((qw >> 24) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w7 = ((((qw >> 28) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf) * s
+        w0, w1, w2, w3 = w0.to(CT), w1.to(CT), w2.to(CT), w3.to(CT)
+        w4, w5, w6, w7 = w4.to(CT), w5.to(CT), w6.to(CT), w7.to(CT)
+    # join appends a minor dimension: the innermost pairs j with j + 4, then j + 2, then j + 1, so the
+    # flattened index is 8r + 4a + 2b + c = 8r + j.
+    a = tl.join(tl.join(w0, w4), tl.join(w2, w6))
+    b = tl.join(tl.join(w1, w5), tl.join(w3, w7))
+    w = tl.join(a, b)
+    return tl.reshape(w, (qw.shape[0], 8 * qw.shape[1]))
+
+
+@triton.jit(do_not_specialize=["M"])
+def w4a16_mma_kernel(
+    x_ptr, qweight_ptr, qzeros_ptr, sbits_ptr, y_ptr, ws_ptr, sem_ptr,
+    M, N, K, group_size, stride_xm, stride_ym, k_per_split, n_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+    GROUPS: tl.constexpr, SPLIT: tl.constexpr, BF16: tl.constexpr, USE_ASM: tl.constexpr, EVEN: tl.constexpr,
+):
+    """y [M, N] = x [M, K] @ W^T (grid: cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), n_split).
+
+    x_ptr: x [M, K] (fp16/bf16, unit column stride); sbits_ptr: int16 view of the scales [n_groups, N] in
+    x's dtype; GROUPS 0 (a K block in one group) or 1 (group_size % 8 == 0; one zero/scale per word row).
+    ws / sem: the split-K workspace as in w4a16_gemv_kernel (sem: int32 [tiles], zero between calls).
+    EVEN: N % BLOCK_N == 0 and every split whole blocks: no masks on the weight loads.
+    """
+    R: tl.constexpr = BLOCK_K // 8
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    offs_r = tl.arange(0, R)
+    offs_k = tl.arange(0, BLOCK_K)
+    zshift = (offs_n % 8) * 4
+    n_words = N // 8
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for k0 in range(k_start, k_end, BLOCK_K):
+        rows = k0 // 8 + offs_r
+        w_mask = n_mask[:, None] & (rows < k_end // 8)[None, :]
+        if EVEN:
+            qw = tl.load(qweight_ptr + rows[None, :] * N + offs_n[:, None], eviction_policy="evict_first")
+        else:
+            qw = tl.load(qweight_ptr + rows[None, :] * N + offs_n[:, None], mask=w_mask, other=0,
+                         eviction_policy="evict_first")
+        if GROUPS == 0:
+            g = k0 // group_size
+            zw = tl.load(qzeros_ptr + g * n_words + offs_n // 8, mask=n_mask, other=0)
+            sb = tl.load(sbits_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32) & 0xFFFF
+            z = ((zw >> zshift) & 0xF)[:, None]
+            sb = sb[:, None]
+        else:
+            g = (k0 + 8 * offs_r) // group_size
+            zw = tl.load(qzeros_ptr + g[None, :] * n_words + (offs_n // 8)[:, None], mask=w_mask, other=0)
+            sb = tl.load(sbits_ptr + g[None, :] * N + offs_n[:, None], mask=w_mask, other=0).to(tl.int32) & 0xFFFF
+            z = (zw >> zshift[:, None]) & 0xF
+        if BF16:
+            zb = (z | 0x4300) | 0x8000
+        else:
+            zb = z | 0x6400
+        w = _unpack_words(qw, zb | (zb << 16), sb | (sb << 16), BF16, USE_ASM)  # [BN, BK]
+        kk = k0 + offs_k
+        if EVEN:
+            k_mask = kk < K + 0 * kk  # always true; keeps the mask a tensor for the m rows
+        else:
+            k_mask = kk < k_end
+        if SWAP:
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + kk[:, None], mask=k_mask[:, None] & m_mask[None, :],
+                         other=0.0)
+            acc = tl.dot(w, xt, acc)
+        else:
+            xb = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                         other=0.0)
+            acc = tl.dot(xb, tl.trans(w), acc)
+
+    if SWAP:
+        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    mask = m_mask[:, None] & n_mask[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    if SPLIT:
+        tl.store(ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is issued before the counter moves
+        tile = pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_split - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, n_split):
+                total += tl.load(ws_ptr + (s * M + offs_m[:, None]) * N + offs_n[None, :], mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(sem_ptr + tile, 0)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def dequant_words_kernel(
+    qweight_ptr, qzeros_ptr, sbits_ptr, w_ptr, N, K, group_size,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BF16: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """W^T [K, N] (x's dtype, row-major) for the dequantize + cuBLAS path, with mode 4's per-word PTX
+    dequantization (one zero/scale per word row: group_size % 8 == 0, no act-order)."""
+    R: tl.constexpr = BLOCK_K // 8
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    mask = n_mask[:, None] & (rows < K // 8)[None, :]
+    qw = tl.load(qweight_ptr + rows[None, :] * N + offs_n[:, None], mask=mask, other=0)
+    g = (rows * 8) // group_size
+    zw = tl.load(qzeros_ptr + g[None, :] * (N // 8) + (offs_n // 8)[:, None], mask=mask, other=0)
+    sb = tl.load(sbits_ptr + g[None, :] * N + offs_n[:, None], mask=mask, other=0).to(tl.int32) & 0xFFFF
+    z = (zw >> ((offs_n % 8) * 4)[:, None]) & 0xF
+    if BF16:
+        zb = (z | 0x4300) | 0x8000
+    else:
+        zb = z | 0x6400
+    w = _unpack_words(qw, zb | (zb << 16), sb | (sb << 16), BF16, USE_ASM)  # [BN, BK]
+    kk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    wt = tl.trans(w)
+    tl.store(w_ptr + kk[:, None] * N + offs_n[None, :], wt, mask=(kk < K)[:, None] & n_mask[None, :])
