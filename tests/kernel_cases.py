@@ -27,6 +27,14 @@ INTERP_CASES = [
     (1, 512, 64, 128, False, True, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, split_k=2)),
     (1, 512, 96, 64, False, False, "fp16", dict(mode=3, block_m=1, block_n=32, block_k=64, pair=True, split_k=2)),
     (1, 256, 96, 32, False, False, "fp16", None),
+    # mode 4 (PTX dequant into the dot; the interpreter runs the Triton-ops twin of the PTX block)
+    (3, 256, 96, 64, False, False, "fp16", dict(mode=4, block_m=16, block_n=32, block_k=64, split_k=2, swap=True)),
+    (5, 384, 64, 32, False, True, "fp16", dict(mode=4, block_m=16, block_n=64, block_k=64, swap=True)),
+    (3, 512, 104, 128, False, False, "fp16", dict(mode=4, block_m=16, block_n=64, block_k=256, split_k=2)),
+    (3, 192, 96, 64, True, False, "fp16", dict(mode=4, block_m=16, block_n=64, block_k=64, swap=True)),
+    (4, 256, 96, 64, False, False, "fp16", dict(path="dequant+cublas", mode=4, block_n=32, block_k=64)),
+    (16, 256, 96, 32, False, False, "fp16", None),
+    (200, 256, 96, 32, False, False, "fp16", None),
 ]
 
 

@@ -33,8 +33,8 @@ _MODES = [
     dict(mode=4, block_m=16, block_n=64, block_k=256, num_stages=3, swap=True),
     dict(mode=4, block_m=16, block_n=128, block_k=128, num_stages=3, split_k=2),
     dict(mode=4, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, swap=True),
-    dict(mode=4, block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=2),
-    dict(path="dequant+cublas", mode=4, block_n=128, block_k=128),
+    dict(mode=4, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, swap=True, split_k=2),
+    dict(path="dequant+cublas", mode=4, block_n=256, block_k=64, num_warps=8),
     None,
 ]
 _LAYERS = [  # (K, N, group_size, act_order, sym): awkward and realistic

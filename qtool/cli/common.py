@@ -127,20 +127,22 @@ def sanitize(text: str) -> str:
     return escape(clean)
 
 
-def stdout_console():
+def _console(stderr: bool):
     from rich.console import Console
 
-    c = Console(highlight=False, soft_wrap=False)
+    c = Console(stderr=stderr, highlight=False, soft_wrap=False)
     if not c.is_terminal:
         # Piped or captured output (CI logs, README examples): don't squeeze tables into 80 columns.
-        c = Console(highlight=False, soft_wrap=False, width=150)
+        c = Console(stderr=stderr, highlight=False, soft_wrap=False, width=150)
     return c
 
 
-def stderr_console():
-    from rich.console import Console
+def stdout_console():
+    return _console(stderr=False)
 
-    return Console(stderr=True, highlight=False)
+
+def stderr_console():
+    return _console(stderr=True)
 
 
 def emit_json(obj: Any) -> None:

@@ -5,12 +5,13 @@ Why the buckets look the way they do (seed 002, "crossover" and the M-bucketed d
   bytes at once: narrow N tiles, deep K blocks, and split-K when N / BLOCK_N programs cannot fill the
   device (Llama k/v projections have N = 1024: 16 tiles of 64 on 132 SMs).
 - M = 1 has its own kernel (mode 3): a GEMV whose dequantization is a short PTX block per int32 word.
-- From M ~ 16 the tensor cores matter: the weight as the first operand of tl.dot, split-K.
-- Past M = 64 every fused variant measured on the H200 lost to dequantize-into-a-temporary + cuBLAS, so
-  that path is taken there and reported as such ("dequant+cublas"). The temporary lives for one call.
+- From M ~ 2 the tensor cores matter: mode 4 (the M = 1 kernel's per-word PTX dequant feeding a wgmma
+  with the weight as the register operand), split-K.
+- Past M = 64 the dequantize-into-a-temporary + cuBLAS path is taken and reported as such
+  ("dequant(ptx ...)+cublas"). The temporary lives for one call.
 
-TABLE comes from benchmarks/tune_w4a16.py on an H200, 2026-11-29 (benchmarks/results/bench.md,
-tune-h200.json, tune-m1-h200.json).
+TABLE comes from benchmarks/tune_w4a16.py and tune_w4a16_v2.py on an H200, 2026-11-29
+(benchmarks/results/bench.md, tune-h200.json, tune-m1-h200.json, tune-v2-h200.json).
 """
 
 from __future__ import annotations
@@ -61,17 +62,22 @@ class Bucket:
     programs_per_sm: float = 2.0
 
 
-# M buckets at 1 / 16 / 64 / 128 / larger, as the dispatchers in seed 002 do.
+# M buckets at 1 / 16 / 64 / larger, as the dispatchers in seed 002 do.
 TABLE: tuple[Bucket, ...] = (
     # M = 1: the PTX-dequant GEMV; ~6 programs per SM (4 fit at 128 registers: 1.5 waves balanced best)
     Bucket(1, LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1, pair=True),
            programs_per_sm=6.0),
-    # M <= 16: weight as the first (register) operand of the dot, split-K to ~8 programs per SM
-    Bucket(16, LaunchConfig(mode=2, block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3),
+    # M <= 16: mode 4, the weight as the wgmma register operand (W^T x^T, N = 16), PTX dequant per word,
+    # narrow 64-column tiles, split-K to ~8 programs per SM (tune-v2-h200.json: 1.36x over the 70B layer
+    # against 1.02x for the mode 2 launch it replaces)
+    Bucket(16, LaunchConfig(mode=4, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, swap=True),
            programs_per_sm=8.0),
     Bucket(64, LaunchConfig(mode=2, block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3)),
-    # Past M = 64 every fused variant measured lost to dequantize + cuBLAS on the H200 (bench.md)
-    Bucket(1 << 62, LaunchConfig(path=DEQUANT_GEMM)),
+    # Past M = 64: dequantize with mode 4's PTX block into a temporary, then cuBLAS (0.58x over the 70B
+    # layer, against 0.40x with the Triton-ops dequant). The fused mode 4 kernel at 128x128x128 measured
+    # the same (0.59x), but two sibling tilings (256x128x64, 64x128x64) gave wrong results on the
+    # 8192x28672 layer under triton 3.6, so the fused path is not dispatched there (bench.md).
+    Bucket(1 << 62, LaunchConfig(path=DEQUANT_GEMM, mode=4, block_n=256, block_k=64, num_warps=8)),
 )
 
 
@@ -105,6 +111,8 @@ def choose_config(m: int, n: int, k: int, n_sm: int, group_size: int = 128, act_
     bucket = next(b for b in table if m <= b.max_m)
     cfg = bucket.config
     if cfg.path != FUSED:
+        if cfg.mode == 4 and not mma_ok(group_size, act_order):
+            return LaunchConfig(path=cfg.path)  # the gathering dequant kernel (act-order, odd groups)
         return cfg
     if cfg.mode == 3 and not gemv_ok(group_size, cfg.block_k, act_order):
         cfg = GEMV_FALLBACK
