@@ -27,9 +27,15 @@ import torch  # noqa: E402
 from qtool.kernels.triton.launch import DEQUANT_GEMM, TABLE, Bucket, LaunchConfig, choose_config  # noqa: E402
 
 
-def candidates(m: int) -> list[tuple[LaunchConfig, float]]:
+def candidates(m: int, extra: bool = False) -> list[tuple[LaunchConfig, float]]:
     c: list[tuple[LaunchConfig, float]] = [(b.config, b.programs_per_sm) for b in TABLE if m <= b.max_m][:1]
-    if m <= 16:
+    if extra and m <= 16:  # the neighbourhood of the first sweep's winner (16x64x128 w4 s4 swap)
+        for bn, bk, w, st in [(64, 128, 4, 5), (64, 128, 4, 6), (32, 128, 4, 4), (32, 128, 2, 4), (64, 64, 4, 6),
+                              (64, 128, 8, 4), (64, 256, 4, 4), (32, 256, 4, 4)]:
+            for pps in (4.0, 8.0, 16.0):
+                c.append((LaunchConfig(mode=4, block_m=16, block_n=bn, block_k=bk, num_warps=w, num_stages=st,
+                                       swap=True), pps))
+    elif m <= 16:
         for swap, bn, bk, w, st in [(True, 128, 128, 4, 3), (True, 128, 128, 4, 4), (True, 64, 128, 4, 4),
                                     (True, 128, 256, 8, 3), (True, 256, 128, 8, 3), (True, 64, 256, 4, 3),
                                     (True, 128, 64, 4, 4), (False, 128, 128, 4, 3), (False, 64, 128, 4, 4)]:
@@ -58,6 +64,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 4))
     ap.add_argument("--seconds", type=float, default=0.15)
+    ap.add_argument("--extra", action="store_true", help="M <= 16: around the first sweep's winner")
     args = ap.parse_args()
 
     import torch.nn.functional as F
@@ -86,7 +93,7 @@ def main() -> None:
 
     t0 = time.time()
     errs = precompile([resolve(c, p, m, s.N, s.K) for s in shapes for m in args.batch_sizes
-                       for c, p in candidates(m)], args.workers)
+                       for c, p in candidates(m, args.extra)], args.workers)
     print(f"precompiled in {time.time() - t0:.0f}s; {len(errs)} errors", flush=True)
     for e in errs[:10]:
         print("  compile error:", e)
@@ -113,7 +120,7 @@ def main() -> None:
             qbytes = layer.nbytes() + 2 * m * (s.K + s.N)
             rec = {"K": s.K, "N": s.N, "M": m, "dense_us": td * 1e6, "base_err": base, "cands": []}
             measured: dict = {}
-            for c0, pps in candidates(m):
+            for c0, pps in candidates(m, args.extra):
                 c = resolve(c0, pps, m, s.N, s.K)
                 key = f"{c0.label()} pps{pps:g}"
                 if c in measured:

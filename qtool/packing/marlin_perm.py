@@ -258,6 +258,7 @@ def gptq_to_b(qweight: torch.Tensor, bits: int, perm: torch.Tensor | None = None
     Equal, byte for byte, to codes_to_b(unpack_stream(qweight)).
     """
     _check_bits(bits)
+    qweight = qweight.cpu()  # a checkpoint tensor; the extension reads host memory
     if qweight.dtype != torch.int32 or qweight.dim() != 2:
         raise FormatError(f"GPTQ qweight must be int32 2-D, got {qweight.dtype} {tuple(qweight.shape)}")
     pf = 32 // bits
@@ -304,6 +305,7 @@ def b_to_gptq(b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tensor | No
     """Marlin B int32 [K/16, N*16*bits/32] -> GPTQ qweight int32 [K*bits/32, N] (inverse of gptq_to_b
     without perm; act-order rows are restored by the caller from the codes). out: as in gptq_to_b."""
     _check_bits(bits)
+    b = b.cpu()
     pf = 32 // bits
     _check_kn(k, n, "b_to_gptq")
     if tuple(b.shape) != (k // TILE, n * TILE // pf) or b.dtype != torch.int32:
@@ -335,8 +337,8 @@ def _b_to_gptq_torch(b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tens
 
 
 # --- optional C++ extension --------------------------------------------------------------------------------
-# csrc/marlin_repack.cpp does the same byte moves in one pass (the torch gather runs at ~0.1 GB/s on two
-# cores, far from the copy-speed target of benchmarks/repack_throughput.py). It is plain C ABI, built on
+# csrc/marlin_repack.cpp does the same byte moves in one pass: ~1 GB/s against the torch path's ~0.15 GB/s
+# on two cores (benchmarks/results/repack.md), which a copy-speed repack needs. It is plain C ABI, built on
 # first use by torch.utils.cpp_extension and called through ctypes; any failure falls back to torch, which
 # gives identical bytes. QTOOL_MARLIN_EXT=0 turns it off, =1 makes a build failure an error.
 _CSRC = Path(__file__).resolve().parents[2] / "csrc" / "marlin_repack.cpp"
