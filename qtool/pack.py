@@ -178,6 +178,8 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
 
 
 def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
+    from qtool.formats import Plain
+
     o, i = plan.shape
     b, g = plan.bits, plan.group_size
     where = dict(path=ck.path, tensor=plan.weight)
@@ -187,21 +189,10 @@ def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
     if g != -1 and (g <= 0 or i % g):
         raise UsageError(f"group size {g} does not divide in_features {i}",
                          fix="use a group size that divides it, -1, or --exclude this module", **where)
-    # Layout divisibility: ask the format about a tiny stand-in Plain of the real shape (no data needed).
-    reasons = fmt.check(_shape_probe(o, i, b, g))
+    # Layout divisibility: ask the format about a stand-in Plain of the real shape (no data, no memory).
+    reasons = fmt.check(Plain.stand_in(o, i, b, g, sym=True))
     if reasons:
         raise UsageError("; ".join(reasons), fix="--exclude this module or choose another --to/--bits", **where)
-
-
-def _shape_probe(o: int, i: int, bits: int, group: int):
-    """An all-zero Plain of the given shape; format checks only look at shapes and flags."""
-    import torch
-
-    from qtool.formats import Plain
-
-    ng = 1 if group == -1 else i // group
-    return Plain(torch.zeros((o, i), dtype=torch.uint8), torch.ones((o, ng), dtype=torch.float16), None, None,
-                 bits, group)
 
 
 def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None = None) -> PackReport:

@@ -128,13 +128,25 @@ class Plain:
             if self.zeros.dtype != torch.uint8:
                 raise FormatError(f"zeros must be uint8, got {self.zeros.dtype}")
 
+    @classmethod
+    def stand_in(cls, o: int, i: int, bits: int, group: int, sym: bool, g_idx: torch.Tensor | None = None,
+                 scale_dtype: torch.dtype = torch.float16, meta: dict | None = None) -> Plain:
+        """A Plain of the given shape and facts whose tensors are zero-stride views (no memory, no data), for
+        asking a format's `check` about a module before reading it. Asymmetric zeros are 1: neither the
+        midpoint nor the 0 that a v1 target cannot store."""
+        ng = 1 if group == -1 else -(-i // group)
+        q = torch.zeros((), dtype=torch.uint8).expand(o, i)
+        s = torch.ones((), dtype=scale_dtype).expand(o, ng)
+        z = None if sym else torch.ones((), dtype=torch.uint8).expand(o, ng)
+        return cls(q, s, z, g_idx, bits, group, dict(meta or {}))
+
     def check_ranges(self) -> list[str]:
         """Data checks (reads every value): codes/zeros in range, g_idx within the groups. [] when fine."""
         problems = []
         top = (1 << self.bits) - 1
-        if self.qweight.numel() and int(self.qweight.max()) > top:
+        if self.qweight.numel() and _max(self.qweight) > top:
             problems.append(f"a code exceeds {top} for {self.bits}-bit")
-        if self.zeros is not None and self.zeros.numel() and int(self.zeros.max()) > top:
+        if self.zeros is not None and self.zeros.numel() and _max(self.zeros) > top:
             problems.append(f"a zero point exceeds {top} for {self.bits}-bit")
         if self.g_idx is not None and self.g_idx.numel():
             lo, hi = int(self.g_idx.min()), int(self.g_idx.max())
@@ -153,6 +165,13 @@ class Plain:
             and torch.equal(self.zeros_or_midpoint(), other.zeros_or_midpoint())
             and torch.equal(self.group_index(), other.group_index())
         )
+
+
+def _max(t: torch.Tensor) -> int:
+    """Max of a tensor; O(1) for a zero-stride (broadcast) view such as a stand-in's."""
+    if all(st == 0 for st in t.stride()):
+        return int(t[(0,) * t.dim()])
+    return int(t.max())
 
 
 def dequantize(p: Plain, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:

@@ -199,16 +199,7 @@ def apply_steps(p: Plain, m: ModulePlan) -> Plain:
     return p
 
 
-def stand_in(o: int, i: int, bits: int, group: int, sym: bool, g_idx: torch.Tensor | None = None,
-             scale_dtype: torch.dtype = torch.float16, meta: dict | None = None) -> Plain:
-    """A Plain of the given shape and facts whose tensors are zero-stride views (no memory, no data):
-    format checks look at shapes, flags and (cheaply) ranges. Asymmetric zeros are 1: neither the midpoint
-    nor the 0 a v1 target cannot store."""
-    ng = 1 if group == -1 else -(-i // group)
-    q = torch.zeros((), dtype=torch.uint8).expand(o, i)
-    s = torch.ones((), dtype=scale_dtype).expand(o, ng)
-    z = None if sym else torch.ones((), dtype=torch.uint8).expand(o, ng)
-    return Plain(q, s, z, g_idx, bits, group, dict(meta or {}))
+stand_in = Plain.stand_in
 
 
 # --- the planner ---------------------------------------------------------------------------------------------
