@@ -3,8 +3,8 @@
 TRITON_INTERPRET=1 must be set before triton is first imported, and other tests in this process may have
 imported it already, so the cases run in a subprocess (tests/kernel_cases.py). Every launch mode is
 covered: the FMA row kernel (mode 0), x @ W on the dot unit (mode 1), the swapped W^T x^T (mode 2),
-split-K with atomics, act-order, an N that is not a multiple of 64, K = group x odd, and the dequantize
-+ GEMM path. bf16 goes through mode 0 and the dequant path only: the interpreter computes a bf16 tl.dot on
+split-K with atomics, the PTX-dequant kernels (modes 3 and 4, through their Triton-ops twins), act-order, an N
+that is not a multiple of 64, K = group x odd, and both dequantize + GEMM paths. bf16 goes through mode 0 and the dequant path only: the interpreter computes a bf16 tl.dot on
 the raw uint16 storage (triton 3.9), so bf16 dots are covered by the GPU test instead.
 """
 

@@ -26,7 +26,8 @@ Modes (the launch table in configs.py chooses one per M bucket):
           the end (tensor cores would waste 15/16 of a 16-row tile and need a layout shuffle).
   MODE 1  x @ W on tensor cores (mma), BLOCK_M >= 16.
   MODE 2  swapped (W^T x^T): the weight is the first operand of the dot (the M <= 64 buckets).
-  (mode 3, the M = 1 GEMV with the dequantization in PTX, is the second kernel below.)
+  (mode 3, the M = 1 GEMV with the dequantization in PTX, is the second kernel below; mode 4, the same PTX
+  dequantization feeding tl.dot in natural K order, the third.)
 Groups (constexpr GROUPS):
   0  the whole K block lies in one group (group_size % BLOCK_K == 0): one scale row per block
   1  group changes inside the block but only every >= 8 rows (group_size % 8 == 0): one scale per word row

@@ -1,0 +1,311 @@
+"""Writes are all-or-nothing: `pack` and `repack` interrupted mid-write (SIGINT, SIGKILL, disk full) leave
+either no destination, the old destination untouched, or a complete new one; never a partial one.
+
+The commands run as real subprocesses (`python -m qtool`) on a model big enough that writing takes about a
+second. Each run is signalled at a random moment after its temporary output `.DEST.qtool-tmp-PID-*`
+appears (so the kill lands during the write, not during start-up), then the destination is judged:
+- absent, or byte-identical to what it was before the run (its old content), or
+- complete: the same files, tensor names, shapes and tensor bytes as an uninterrupted reference run.
+SIGKILL may leave the hidden temporary entry behind; the next run to the same destination must remove it
+(`qtool.io.writer.clean_stale`). SIGINT leaves nothing (exit 130, one line). An existing destination is
+refused without --force; with --force it is replaced only once the new output is complete.
+
+CI runs one SIGKILL and one SIGINT per command; `-m slow` runs several at random times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from qtool.errors import OutputError
+from qtool.io import writer
+from qtool.io.writer import TMP_TAG, atomic_output, clean_stale
+from tests.attacks.runner import REPO, child_env, limit_memory, run_qtool
+
+LAYERS, HIDDEN = 4, 1024
+SEED = int(os.environ.get("QTOOL_ATOMICITY_SEED", random.randrange(1 << 30)))
+
+
+# --- models and judging ---------------------------------------------------------------------------
+
+def dense_model(root: Path) -> Path:
+    """LAYERS x 4 fp16 linear weights [HIDDEN, HIDDEN] (~32 MB), a norm and a config."""
+    g = torch.Generator().manual_seed(0)
+    root.mkdir(parents=True)
+    t = {f"model.layers.{k}.{m}.weight": torch.randn(HIDDEN, HIDDEN, generator=g).half()
+         for k in range(LAYERS) for m in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")}
+    t["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.float16)
+    save_file(t, root / "model.safetensors", metadata={"format": "pt"})
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    return root
+
+
+def digest(path: Path) -> dict[str, str]:
+    """{relative file: sha256} of a directory (what "untouched" is checked against)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def tensors_of(path: Path) -> dict[str, tuple]:
+    """{tensor name: (dtype, shape, sha256 of bytes)} over every .safetensors file of a directory."""
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                t = h.get_tensor(k)
+                out[k] = (str(t.dtype), tuple(t.shape), hashlib.sha256(t.contiguous().view(torch.uint8).numpy()
+                                                                        .tobytes()).hexdigest())
+    return out
+
+
+def judge(dest: Path, before: dict[str, str] | None, reference: Path) -> str:
+    """'absent', 'old' (byte-identical to `before`) or 'new' (complete: same files and tensors as the
+    reference run); raises AssertionError for anything else, i.e. a partial destination."""
+    if not dest.exists():
+        assert before is None, f"{dest} vanished: it existed before the run"
+        return "absent"
+    if before is not None and digest(dest) == before:
+        return "old"
+    names = sorted(p.name for p in dest.iterdir())
+    want = sorted(p.name for p in reference.iterdir())
+    assert names == want, f"partial destination: files {names}, a complete one has {want}"
+    assert tensors_of(dest) == tensors_of(reference), "destination tensors differ from a complete run's"
+    json.loads((dest / "config.json").read_text())
+    return "new"
+
+
+def leftovers(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}{TMP_TAG}"))
+
+
+# --- running and interrupting --------------------------------------------------------------------------
+
+def start(argv: list[str], preexec=limit_memory) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "qtool", *map(str, argv)], cwd=REPO, env=child_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=preexec)
+
+
+def interrupt(argv: list[str], dest: Path, sig: int, rng: random.Random, window: float) -> tuple:
+    """Start the command, wait for its temporary output to appear, sleep U(0, window), send `sig`.
+    Returns (exit code, stderr, seconds after the temporary output appeared when the signal went)."""
+    p = start(argv)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None and not any(
+            name.startswith(f".{dest.name}{TMP_TAG}{p.pid}-") for name in os.listdir(dest.parent)):
+        time.sleep(0.005)
+    delay = rng.uniform(0, window)
+    time.sleep(delay)
+    if p.poll() is None:
+        p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err.decode(errors="replace"), delay
+
+
+def timed_run(argv: list[str], dest: Path) -> float:
+    """Run to completion; return how long the write took (temporary output first seen -> exit)."""
+    p = start(argv)
+    seen = None
+    while p.poll() is None:
+        if seen is None and any(n.startswith(f".{dest.name}{TMP_TAG}{p.pid}-") for n in os.listdir(dest.parent)):
+            seen = time.monotonic()
+        time.sleep(0.005)
+    out, err = p.communicate()
+    assert p.returncode == 0, err.decode()
+    return time.monotonic() - (seen or time.monotonic())
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Source models and one uninterrupted reference output per command, with its write time."""
+    root = tmp_path_factory.mktemp("atomic")
+    src = dense_model(root / "dense")
+    ref = {"pack": root / "ref-pack", "repack": root / "ref-repack"}
+    argv = {"pack": ["pack", src, "--group-size", "128", "-q"],
+            "repack": ["repack", ref["pack"], "--to", "marlin", "-q"]}
+    window = {"pack": timed_run(argv["pack"] + ["-o", ref["pack"]], ref["pack"])}
+    window["repack"] = timed_run(argv["repack"] + ["-o", ref["repack"]], ref["repack"])
+    return root, argv, ref, window
+
+
+def _one_line(err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qtool: error: "), err
+    assert "Traceback" not in err and all(n in lines[0] for n in needles), err
+
+
+def kill_and_judge(models, cmd: str, sig: int, force: bool, rng: random.Random, tag: str) -> str:
+    root, argv, ref, window = models
+    dest = root / f"{cmd}-{tag}"
+    before = None
+    if force:  # the old destination: a complete checkpoint that is not what the run writes
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(ref["pack"] if cmd == "repack" else root / "dense", dest)
+        before = digest(dest)
+    else:
+        shutil.rmtree(dest, ignore_errors=True)
+    full = argv[cmd] + ["-o", dest] + (["--force"] if force else [])
+    rc, err, delay = interrupt(full, dest, sig, rng, 1.2 * window[cmd] + 0.05)
+    where = f"{cmd} {signal.Signals(sig).name} {'--force ' if force else ''}after {delay:.3f} s (seed {SEED})"
+    state = judge(dest, before, ref[cmd])
+    assert "Traceback" not in err, (where, err)
+    if rc == 0 or rc == -sig:
+        # 0: the signal came after the end. -sig: SIGKILL, or SIGINT during interpreter shutdown (Python's
+        # handler is gone by then), which only happens once the output is in place.
+        assert state == "new" or (sig == signal.SIGKILL and rc == -sig), (where, rc, state)
+        assert state in (("old", "new") if force else ("absent", "new")), where
+    elif sig == signal.SIGINT:
+        assert rc == 130, (where, rc, err)
+        # Typer turns KeyboardInterrupt into a silent Exit(130); a message, if any, is one line.
+        assert len(err.strip().splitlines()) <= 1, (where, err)
+        assert state == ("old" if force else "absent"), where
+        assert not leftovers(dest), (where, leftovers(dest))  # Ctrl-C cleans up after itself
+    else:
+        raise AssertionError((where, rc, err))
+    return state
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cmd", ["pack", "repack"])
+def test_killed_mid_write_leaves_old_or_complete(models, cmd):
+    """SIGKILL over an existing destination with --force: old or complete new, never partial; the
+    temporary entry it leaves is removed by the next run (here an interrupted one, which must also leave
+    nothing of its own)."""
+    rng = random.Random(SEED)
+    root = models[0]
+    kill_and_judge(models, cmd, signal.SIGKILL, True, rng, "ci")
+    kill_and_judge(models, cmd, signal.SIGINT, True, rng, "ci")
+    assert not leftovers(root / f"{cmd}-ci")  # SIGKILL's leftover went with the next run's clean_stale
+
+
+def test_existing_destination_refused_without_force(tmp_path):
+    """(The corpus runs check the same through the CLI: tests/attacks, variant "keep".)"""
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    with pytest.raises(OutputError, match="destination exists.*--force"), atomic_output(dest) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in dest.iterdir()) == ["keep.txt"] and not leftovers(dest)
+
+
+def _disk_full():
+    limit_memory()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def test_disk_full_mid_write_leaves_destination_untouched(models):
+    """A file-size limit (1 MiB) makes the first shard write fail (EFBIG, as ENOSPC would): exit 2 with one
+    line naming the destination, the old destination intact with --force, no temporary leftovers."""
+    root, argv, ref, _ = models
+    dest = root / "pack-full"
+    shutil.copytree(root / "dense", dest)
+    before = digest(dest)
+    p = start(argv["pack"] + ["-o", dest, "--force"], preexec=_disk_full)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2, err.decode()
+    _one_line(err.decode(), str(dest), "cannot write the output")
+    assert digest(dest) == before and not leftovers(dest)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", ["pack", "repack"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("force", [False, True], ids=["fresh", "force"])
+def test_interrupted_at_random_times(models, cmd, sig, force):
+    rng = random.Random(SEED + 7 * int(sig) + force)
+    tag = f"{'force' if force else 'fresh'}-{int(sig)}"
+    states = [kill_and_judge(models, cmd, sig, force, rng, tag) for _ in range(5)]
+    assert set(states) <= {"absent", "old", "new"}
+    if sig == signal.SIGKILL:  # a completed run to the same destination removes what the kills left
+        r = run_qtool(models[1][cmd] + ["-o", models[0] / f"{cmd}-{tag}", "--force"], timeout=300)
+        assert r.rc == 0 and not leftovers(models[0] / f"{cmd}-{tag}"), r.stderr
+
+
+# --- the writer itself (in-process) ------------------------------------------------------------------
+
+def test_atomic_output_swaps_in_one_step(tmp_path):
+    """With --force the old directory stays whole until the new one is complete; after, only the new one
+    exists and nothing temporary is left."""
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with atomic_output(dest, force=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+        assert (dest / "old.txt").read_text() == "old"  # untouched while the new output is written
+    assert sorted(p.name for p in dest.iterdir()) == ["new.txt"] and not leftovers(dest)
+
+
+def test_atomic_output_rolls_back_on_interrupt(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt), atomic_output(dest, force=True) as tmp:
+        (tmp / "half.bin").write_bytes(b"x" * 10)
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not leftovers(dest)
+
+
+def test_atomic_output_disk_full_is_an_output_error(tmp_path):
+    import errno
+
+    dest = tmp_path / "out"
+    with pytest.raises(OutputError, match="cannot write the output"), atomic_output(dest) as tmp:
+        (tmp / "a").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert not dest.exists() and not leftovers(dest)
+
+
+def test_fallback_without_exchange_restores_old_after_a_crash(tmp_path, monkeypatch):
+    """Where renameat2 is missing the swap is two renames; a process dying between them leaves the old
+    output aside under its hidden name, and the next run puts it back instead of deleting it."""
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
+    real_replace = os.replace
+    calls = []
+
+    def dying_replace(a, b):
+        calls.append((Path(a).name, Path(b).name))
+        if len(calls) == 2:  # dest has been moved aside; die before the new output moves in
+            raise SystemExit("killed")
+        real_replace(a, b)
+
+    monkeypatch.setattr(writer.os, "replace", dying_replace)
+    with pytest.raises(SystemExit), atomic_output(dest, force=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    monkeypatch.setattr(writer.os, "replace", real_replace)
+    assert not dest.exists() and any(n.endswith("-old") for n in leftovers(dest))
+    # Pretend the dying process is gone: its pid is in the leftover's name.
+    monkeypatch.setattr(writer, "_pid_alive", lambda pid: False)
+    clean_stale(dest)
+    assert (dest / "old.txt").read_text() == "old" and not leftovers(dest)
+
+
+def test_clean_stale_removes_only_dead_runs(tmp_path, monkeypatch):
+    dest = tmp_path / "out"
+    dead = tmp_path / f".out{TMP_TAG}999999-abc123"
+    alive = tmp_path / f".out{TMP_TAG}{os.getpid()}-def456"
+    other = tmp_path / f".other{TMP_TAG}999999-abc123"
+    for d in (dead, alive, other):
+        d.mkdir()
+    monkeypatch.setattr(writer, "_pid_alive", lambda pid: pid == os.getpid())
+    clean_stale(dest)
+    assert not dead.exists() and alive.exists() and other.exists()
