@@ -1,6 +1,6 @@
 """`qtool pack`: quantize the linear weights of a dense safetensors model into a packed layout.
 
-One tensor at a time: read W (safe_open), quantize to a Plain, pack with the target format, stream the packed
+One tensor at a time: read W, quantize to a Plain, pack with the target format, stream the packed
 tensors to the output, measure ‖W − Ŵ‖/‖W‖ with the shared dequantizer. Everything else is copied byte for
 byte; other files of the source directory (tokenizer, ...) are copied.
 """
@@ -235,7 +235,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
     names = list(ck.tensors)
     with atomic_output(job.out, job.force) as tmp:
-        w = ShardedWriter(tmp, max_shard, meta)
+        # every packed module writes at most 4 tensors in place of its weight
+        w = ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(todo))
         for k, name in enumerate(names):
             info: TensorInfo = ck.tensors[name]
             if on_progress:

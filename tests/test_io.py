@@ -179,3 +179,20 @@ def test_quant_config_fixtures(fixtures_dir):
     q = parse_quant_config(ck.quant_config)
     assert (q.format, q.bits, q.group_size, q.sym, q.desc_act) == ("gptq", 4, 128, True, False)
     assert [f.name for f in ck.files] == ["model.safetensors"]  # reference.safetensors is not part of the model
+
+
+@pytest.mark.parametrize("expected", [0, 1500])
+def test_writer_header_reservation_and_overflow(tmp_path, expected):
+    """Many tensors: the reserved header space grows with the hint; without a hint the shard is rewritten
+    once with an exact header. Both give a valid file holding every tensor."""
+    names = [f"model.layers.{i}.mlp.gate_proj.qweight" for i in range(1500)]
+    with atomic_output(tmp_path / "o") as tmp:
+        w = ShardedWriter(tmp, expected_tensors=expected)
+        for k, n in enumerate(names):
+            w.add(n, torch.tensor([k], dtype=torch.int32))
+        w.close()
+    f = tmp_path / "o" / "model.safetensors"
+    got = load_file(f)
+    assert len(got) == 1500 and all(int(got[n]) == k for k, n in enumerate(names))
+    header_len = struct.unpack("<Q", f.read_bytes()[:8])[0]
+    assert header_len > HEADER_RESERVE and header_len % 8 == 0

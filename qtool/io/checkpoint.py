@@ -1,6 +1,6 @@
 """Opening a checkpoint: a .safetensors file, a Hugging Face style directory, or a
 model.safetensors.index.json. Headers are read eagerly (cheap); tensor data only on `get`, one tensor at a
-time through safetensors' `safe_open` (memory-mapped), so peak memory is one tensor, not the model.
+time with a positioned read, so peak memory is one tensor, not the model.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import stat
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ class Checkpoint:
     config: dict | None = None
     quant_config: dict | None = None
     index: dict | None = None
-    _handles: dict = field(default_factory=dict, repr=False)
 
     # --- structure ---------------------------------------------------------------------------------
     def modules(self) -> OrderedDict[str, dict[str, TensorInfo]]:
@@ -80,16 +79,13 @@ class Checkpoint:
 
     # --- data ----------------------------------------------------------------------------------------
     def get(self, name: str):
-        """One tensor as a torch.Tensor (dtype and shape as stored)."""
+        """One tensor as a torch.Tensor (dtype and shape as stored), read with a plain positioned read into
+        a fresh tensor: the header was validated by `read_header`, and, unlike a long-lived memory map,
+        nothing of the source stays resident once the caller drops the tensor (peak memory = one tensor)."""
         info = self.tensors.get(name)
         if info is None:
             raise InputError(f"no tensor named '{name}'", path=self.path, tensor=name)
-        h = self._handle(info.file)
-        try:
-            return h.get_tensor(name)
-        except Exception as e:  # safetensors raises its own error type for corrupt data
-            raise InputError(f"cannot read tensor data ({type(e).__name__}: {str(e)[:120]})", path=info.file,
-                             tensor=name, fix="the file is corrupt or truncated") from None
+        return read_tensor(info)
 
     def module_tensors(self, prefix: str, names: list[str] | None = None) -> dict:
         """{short name: tensor} for one module (all its tensors, or only `names`)."""
@@ -98,18 +94,8 @@ class Checkpoint:
         pre = f"{prefix}." if prefix else ""
         return {s: self.get(pre + s) for s in shorts if pre + s in self.tensors}
 
-    def _handle(self, file: Path):
-        if file not in self._handles:
-            from safetensors import safe_open
-
-            try:
-                self._handles[file] = safe_open(str(file), framework="pt")
-            except Exception as e:
-                raise InputError(f"cannot open ({type(e).__name__}: {str(e)[:120]})", path=file) from None
-        return self._handles[file]
-
     def close(self) -> None:
-        self._handles.clear()
+        """Nothing is held open between reads; kept so callers can use the checkpoint as a context."""
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -125,6 +111,42 @@ class Checkpoint:
         skip = {f.name for f in self.files} | {INDEX_NAME, "config.json", "quantize_config.json"}
         return sorted(p for p in self.root.iterdir()
                       if p.is_file() and p.name not in skip and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
+
+
+def read_tensor(info: TensorInfo):
+    """The bytes of one tensor as a torch.Tensor; InputError when the dtype has no torch equivalent or the
+    file ends early."""
+    import torch
+
+    dtype = _torch_dtype(info.dtype)
+    if dtype is None:
+        raise InputError(f"dtype {info.dtype} cannot be loaded as a torch tensor", path=info.file, tensor=info.name)
+    t = torch.empty(info.shape, dtype=dtype)
+    if info.nbytes:
+        buf = t.reshape(-1).view(torch.uint8).numpy()
+        try:
+            with info.file.open("rb") as f:
+                f.seek(info.start)
+                got = f.readinto(memoryview(buf))
+        except OSError as e:
+            raise InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
+                             tensor=info.name) from None
+        if got != info.nbytes:
+            raise InputError(f"file ends after {got} of the tensor's {info.nbytes} bytes", path=info.file,
+                             tensor=info.name, fix="the file is truncated; download it again")
+    return t
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {
+        "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+        "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+        "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+        "U16": getattr(torch, "uint16", None), "U32": getattr(torch, "uint32", None),
+        "U64": getattr(torch, "uint64", None),
+    }.get(name)
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:

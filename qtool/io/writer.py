@@ -29,7 +29,7 @@ from qtool.errors import OutputError
 from qtool.io.safetensors_header import TensorInfo
 
 TMP_TAG = ".qtool-tmp-"
-HEADER_RESERVE = 64 << 10  # bytes reserved for a shard's JSON header; 8-aligned
+HEADER_RESERVE = 64 << 10  # minimum bytes reserved for a shard's JSON header; 8-aligned
 DEFAULT_MAX_SHARD = 4_000_000_000
 
 _TORCH_TO_ST = {
@@ -230,13 +230,18 @@ class ShardedWriter:
     `model.safetensors.index.json` when the total exceeds `max_shard_size` bytes.
 
     metadata: str -> str, written into every shard; {"format": "pt"} is always included.
+    expected_tensors: how many tensors the caller will add (an upper bound for any shard); sizes the header
+    space reserved at the front of each shard so the header never has to be rewritten.
     """
 
     def __init__(self, directory: Path, max_shard_size: int = DEFAULT_MAX_SHARD,
-                 metadata: dict[str, str] | None = None):
+                 metadata: dict[str, str] | None = None, expected_tensors: int = 0):
         self.dir = Path(directory)
         self.max = max_shard_size
         self.metadata = {"format": "pt", **(metadata or {})}
+        meta_len = len(json.dumps(self.metadata)) + 32
+        # ~100 bytes of JSON per entry plus the name; 256 covers names up to ~150 characters
+        self.reserve = max(HEADER_RESERVE, -(-(meta_len + 256 * expected_tensors) // 8) * 8)
         self._shards: list[tuple[Path, list[str]]] = []
         self._f = None
         self._entries: dict[str, dict] = {}
@@ -291,7 +296,7 @@ class ShardedWriter:
         k = len(self._shards) + 1
         path = self.dir / f"model-{k:05d}.safetensors.part"
         self._f = path.open("wb")
-        self._f.seek(8 + HEADER_RESERVE)
+        self._f.seek(8 + self.reserve)
         self._shards.append((path, []))
         self._entries = {}
         self._pos = 0
@@ -301,10 +306,10 @@ class ShardedWriter:
         names.extend(self._entries)
         header = {"__metadata__": self.metadata, **self._entries}
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        if len(raw) <= HEADER_RESERVE:
+        if len(raw) <= self.reserve:
             self._f.seek(0)
-            self._f.write(struct.pack("<Q", HEADER_RESERVE))
-            self._f.write(raw + b" " * (HEADER_RESERVE - len(raw)))
+            self._f.write(struct.pack("<Q", self.reserve))
+            self._f.write(raw + b" " * (self.reserve - len(raw)))
             self._f.close()
         else:  # rare: very many tensors in one shard; rewrite once with an exact header
             self._f.close()
@@ -313,7 +318,7 @@ class ShardedWriter:
             with path.open("rb") as src, fixed.open("wb") as dst:
                 dst.write(struct.pack("<Q", len(raw) + pad))
                 dst.write(raw + b" " * pad)
-                src.seek(8 + HEADER_RESERVE)
+                src.seek(8 + self.reserve)
                 shutil.copyfileobj(src, dst, 16 << 20)
             os.replace(fixed, path)
         self._f = None

@@ -258,7 +258,9 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     plans = {m.module: m for m in plan.modules}
     total = len(source.order)
     with atomic_output(plan.out, plan.job.force) as tmp:
-        w = ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan))
+        # a converted module writes at most 6 tensors (marlin: qweight, scales, qzeros, g_idx, perm, shape)
+        w = ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan),
+                          expected_tensors=len(source.order) + 6 * len(plans))
         try:
             for k, name in enumerate(source.order):
                 if on_progress:
