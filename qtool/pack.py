@@ -202,7 +202,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
     from qtool.io.qconfig import quantization_config_for
-    from qtool.io.writer import ShardedWriter, atomic_output, parse_size, write_json
+    from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
     from qtool.quant import quantize
 
     if job.to not in PACK_FORMATS:
@@ -236,28 +236,32 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     names = list(ck.tensors)
     with atomic_output(job.out, job.force) as tmp:
         # every packed module writes at most 4 tensors in place of its weight
-        w = ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(todo))
-        for k, name in enumerate(names):
-            info: TensorInfo = ck.tensors[name]
-            if on_progress:
-                on_progress(name, k, len(names))
-            plan = todo.get(name)
-            if plan is None:
-                w.add_raw(name, info)
-                continue
-            weight = ck.get(name)
-            p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method, scale_dtype=scale_dtype)
-            packed = fmt.pack(p)
-            after = 0
-            for short, t in packed.items():
-                w.add(f"{plan.module}.{short}", t)
-                after += t.numel() * t.element_size()
-            err = relative_error(weight, p)
-            o, i = plan.shape
-            report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
-                                               8 * after / (o * i), err))
-            del weight, p, packed
-        files = w.close()
+        w = BackgroundWriter(ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(todo)))
+        try:
+            for k, name in enumerate(names):
+                info: TensorInfo = ck.tensors[name]
+                if on_progress:
+                    on_progress(name, k, len(names))
+                plan = todo.get(name)
+                if plan is None:
+                    w.add_raw(name, info)
+                    continue
+                weight = ck.get(name)
+                p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method, scale_dtype=scale_dtype)
+                packed = fmt.pack(p)
+                after = 0
+                for short, t in packed.items():
+                    w.add(f"{plan.module}.{short}", t)
+                    after += t.numel() * t.element_size()
+                err = relative_error(weight, p)
+                o, i = plan.shape
+                report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
+                                                   8 * after / (o * i), err))
+                del weight, p, packed
+            files = w.close()
+        except BaseException:
+            w.abort()  # stop the writer thread before the temporary output is removed
+            raise
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
         _write_configs(tmp, ck, job, plans, quantization_config_for)

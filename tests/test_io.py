@@ -196,3 +196,24 @@ def test_writer_header_reservation_and_overflow(tmp_path, expected):
     assert len(got) == 1500 and all(int(got[n]) == k for k, n in enumerate(names))
     header_len = struct.unpack("<Q", f.read_bytes()[:8])[0]
     assert header_len > HEADER_RESERVE and header_len % 8 == 0
+
+
+def test_background_writer_same_bytes_and_errors(tmp_path):
+    from qtool.io.writer import BackgroundWriter
+
+    t = {f"t{i}": torch.arange(i * 10, i * 10 + 50, dtype=torch.int32) for i in range(20)}
+    for name, cls in (("fg", lambda w: w), ("bg", BackgroundWriter)):
+        with atomic_output(tmp_path / name) as tmp:
+            w = cls(ShardedWriter(tmp, max_shard_size=1000))
+            for k, v in t.items():
+                w.add(k, v)
+            w.close()
+    a, b = ((tmp_path / n).glob("*.safetensors") for n in ("fg", "bg"))
+    assert [p.read_bytes() for p in sorted(a)] == [p.read_bytes() for p in sorted(b)]
+    # an error on the writer thread surfaces in the caller
+    with atomic_output(tmp_path / "err") as tmp:
+        w = BackgroundWriter(ShardedWriter(tmp))
+        w.add("x", torch.zeros(2))
+        w.add("x", torch.zeros(2))  # written twice
+        with pytest.raises(OutputError, match="written twice"):
+            w.close()

@@ -352,3 +352,65 @@ class ShardedWriter:
 
 def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+class BackgroundWriter:
+    """The ShardedWriter API, with the writing done on one background thread, so reading and converting the
+    next module overlaps writing the previous one (file I/O and torch ops release the GIL).
+
+    At most `depth` tensors wait in the queue, so memory stays a small multiple of the largest tensor. An
+    error on the writer thread is raised in the caller at its next call.
+    """
+
+    _STOP = object()
+
+    def __init__(self, writer: ShardedWriter, depth: int = 4):
+        import queue
+        import threading
+
+        self.w = writer
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="qtool-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is self._STOP:
+                return
+            if self._error is not None:
+                continue  # drain: the caller sees the error at its next call
+            method, name, payload = item
+            try:
+                getattr(self.w, method)(name, payload)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                self._error = e
+
+    def _put(self, item) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put(item)
+
+    def add(self, name: str, tensor) -> None:
+        self._put(("add", name, tensor))
+
+    def add_raw(self, name: str, info: TensorInfo) -> None:
+        self._put(("add_raw", name, info))
+
+    def _join(self) -> None:
+        self._q.put(self._STOP)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> list[Path]:
+        self._join()
+        return self.w.close()
+
+    def abort(self) -> None:
+        try:
+            self._join()
+        except BaseException:  # noqa: BLE001 - aborting anyway; the original error is being raised
+            pass
+        self.w.abort()

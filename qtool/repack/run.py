@@ -252,15 +252,15 @@ def _target_metadata(plan: RepackPlan) -> dict[str, str]:
 
 
 def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
-    from qtool.io.writer import ShardedWriter, atomic_output, parse_size, write_json
+    from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
 
     by_first, skip = _module_order(source)
     plans = {m.module: m for m in plan.modules}
     total = len(source.order)
     with atomic_output(plan.out, plan.job.force) as tmp:
         # a converted module writes at most 6 tensors (marlin: qweight, scales, qzeros, g_idx, perm, shape)
-        w = ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan),
-                          expected_tensors=len(source.order) + 6 * len(plans))
+        w = BackgroundWriter(ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan),
+                                           expected_tensors=len(source.order) + 6 * len(plans)))
         try:
             for k, name in enumerate(source.order):
                 if on_progress:
