@@ -29,6 +29,11 @@ ConfigOpt = Annotated[
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing destination (atomically).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
+IncludeOpt = Annotated[list[str] | None, typer.Option(
+    "--include", help="Regex of module names to work on (repeatable; default: every eligible module).")]
+ExcludeOpt = Annotated[list[str] | None, typer.Option(
+    "--exclude", help="Regex of module names to leave as they are (repeatable).")]
+MaxShardOpt = Annotated[str, typer.Option("--max-shard-size", help="Shard size limit, e.g. 4GB, 500MB, 2GiB.")]
 
 
 def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any],

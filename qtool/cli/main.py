@@ -20,12 +20,8 @@ COMMANDS = ("pack", "inspect", "repack", "select", "bench")
 # per occurrence, so the argument list is rewritten to repeated flags before parsing.
 VARIADIC_OPTIONS = frozenset({"--batch-sizes"})
 
-for _name in COMMANDS:
-    try:
-        importlib.import_module(f"qtool.cli.{_name}")
-    except ModuleNotFoundError as _e:  # development guard: a command whose module is not there yet
-        if _e.name != f"qtool.cli.{_name}":
-            raise
+for _name in COMMANDS:  # each module registers its command on `app`
+    importlib.import_module(f"qtool.cli.{_name}")
 
 
 def expand_variadic(argv: list[str]) -> list[str]:

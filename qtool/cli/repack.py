@@ -11,8 +11,11 @@ from qtool.cli.app import app
 from qtool.cli.common import (
     ConfigOpt,
     DryRunOpt,
+    ExcludeOpt,
     ForceOpt,
+    IncludeOpt,
     JsonOpt,
+    MaxShardOpt,
     QuietOpt,
     apply_config,
     emit_json,
@@ -54,10 +57,9 @@ def repack_cmd(
     group_size: Annotated[int | None, typer.Option("--group-size", help="Target group size (a divisor of the "
                                                    "source's is exact; others requantize).",
                                                    show_default=False)] = None,
-    include: Annotated[list[str] | None, typer.Option("--include", help="Regex of modules to convert.")] = None,
-    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Regex of modules to leave as they are.")]
-    = None,
-    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="Shard size limit, e.g. 4GB.")] = "4GB",
+    include: IncludeOpt = None,
+    exclude: ExcludeOpt = None,
+    max_shard_size: MaxShardOpt = "4GB",
     force: ForceOpt = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,

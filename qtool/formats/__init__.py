@@ -10,12 +10,12 @@ from qtool.formats.plain import Plain, dequantize
 __all__ = ["Format", "FormatSpec", "LayerParams", "Plain", "all_formats", "dequantize", "get_format",
            "register"]
 
-# Registration imports (kept at the bottom: they import base/plain from this package).
-import importlib as _importlib
-
-for _mod in ("gptq", "gptq_planar", "awq", "compressed_tensors", "marlin", "gguf_blocks"):
-    try:
-        _importlib.import_module(f"qtool.formats.{_mod}")
-    except ModuleNotFoundError as _e:  # a module not written yet must not break the others
-        if _e.name != f"qtool.formats.{_mod}":
-            raise
+# Registration: importing each layout module registers it (kept at the bottom: they import base/plain).
+from qtool.formats import (  # noqa: E402,F401
+    awq,
+    compressed_tensors,
+    gguf_blocks,
+    gptq,
+    gptq_planar,
+    marlin,
+)
