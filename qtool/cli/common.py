@@ -110,8 +110,16 @@ def _convert(raw: Any, kind: Any, key: str, config: Path) -> Any:
     if not ok:
         want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
                 Path: "a path string"}[kind]
-        raise SpecError(f"key '{key}' must be {want}, got {raw!r}", path=config)
+        raise SpecError(f"key '{key}' must be {want}, got {_short_repr(raw)}", path=config)
     return Path(raw) if kind is Path else (str(raw) if kind is str else raw)
+
+
+def _short_repr(v: Any, limit: int = 60) -> str:
+    """repr of a value from a file, bounded: never walk a huge nested value to print it."""
+    if isinstance(v, (list, dict)):
+        return f"a {type(v).__name__} of {len(v)} items"
+    text = repr(v) if not isinstance(v, str) or len(v) < 4 * limit else repr(v[: 4 * limit])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _given_on_command_line(ctx: typer.Context, name: str) -> bool:

@@ -277,7 +277,8 @@ def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], Non
             notes.append(("error", m.name, "data truncated: module not checked"))
         else:
             try:
-                w = _gguf_tensor(t, notes, m.name)
+                with np.errstate(all="ignore"):  # NaN/Inf scales are reported below, not warned about
+                    w = _gguf_tensor(t, notes, m.name)
                 if w is not None:
                     bad = int((~np.isfinite(w)).sum())
                     if bad:

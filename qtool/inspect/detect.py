@@ -23,6 +23,8 @@ Rules (FORMATS.md; I = in_features, O = out_features, b = bits, pf = 32/b, nG = 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -243,9 +245,33 @@ def _calc_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> i
     return -(-base // mult) * mult
 
 
+def module_claims(c: Claims, module: str) -> Claims:
+    """The claims for one module, after GPTQModel's per-module `dynamic` overrides in the config:
+    {"+:REGEX": {"bits": 8, "group_size": 64, ...}} changes the scheme of matching modules (the first match
+    wins, as GPTQModel applies them). "-:REGEX" (module left unquantized) needs nothing here: detection of a
+    dense module does not compare it with the config."""
+    dyn = c.raw.get("dynamic") if isinstance(c.raw, dict) else None
+    if not isinstance(dyn, dict):
+        return c
+    for key, over in dyn.items():
+        if not isinstance(key, str) or not isinstance(over, dict):
+            continue
+        sign, pattern = (key[:2], key[2:]) if key[:2] in ("+:", "-:") else ("+:", key)
+        try:
+            hit = re.search(pattern, module) is not None
+        except re.error:
+            continue
+        if hit and sign == "+:":
+            fields = {k: over[k] for k in ("bits", "group_size", "sym", "desc_act") if k in over}
+            return dataclasses.replace(c, **fields) if fields else c
+        if hit:
+            return c
+    return c
+
+
 def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detected | None:
     """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone)."""
-    c = claims or Claims()
+    c = module_claims(claims, name) if claims is not None else Claims()
     s = set(t)
     meta_marlin = c.format == "marlin"
     if "qweight" in s and meta_marlin or {"B", "s"} <= s:

@@ -8,6 +8,7 @@ become anomalies; whatever can still be read is returned. Only headers are read.
 from __future__ import annotations
 
 import json
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +147,7 @@ def open_source(path: Path) -> Source:
         except InputError as e:
             got = _tolerant_header(f)
             if got is None:
-                _err(anoms, f"{f.name}: unreadable header: {e.problem}")
+                _err(anoms, f"{f.name}: unreadable header: {e.problem}", tensor=e.tensor)
                 continue
             infos, meta, cut, msg = got
             cut_files.add(f)
@@ -232,7 +233,10 @@ def _tolerant_header(f: Path):
     """Parse a header whose data is cut: (infos of every entry, metadata, names past the end, message),
     or None when the header itself is unreadable."""
     try:
-        size = f.stat().st_size
+        st = f.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            return None
+        size = st.st_size
         with f.open("rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
@@ -241,7 +245,7 @@ def _tolerant_header(f: Path):
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 return None
             header = json.loads(fh.read(n).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # ValueError: bad JSON, 5000-digit ints
         return None
     if not isinstance(header, dict):
         return None

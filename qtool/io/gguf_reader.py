@@ -442,7 +442,8 @@ def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int,
         else:
             nbytes = n // blk[0] * blk[1]
         if offset % h.alignment:
-            h.problems.append(("warning", name, f"data offset {offset} is not a multiple of the alignment "
+            # llama.cpp refuses such a file, so it is an error, not a curiosity
+            h.problems.append(("error", name, f"data offset {offset} is not a multiple of the alignment "
                                                 f"{h.alignment}"))
         start = (base if base is not None else h.header_end) + offset
         complete = base is not None and nbytes is not None and start + nbytes <= h.file_size

@@ -87,8 +87,9 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
         raise InputError(f"cannot read ({e.strerror or type(e).__name__})", path=p) from None
     try:
         header = json.loads(raw.decode("utf-8"))
-    # ValueError also covers integers past Python's 4300-digit conversion limit ("shape": [999...]).
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+    # ValueError also covers integers past Python's 4300-digit conversion limit ("shape": [999...]);
+    # MemoryError: a 100 MB header of millions of tiny entries under a tight address-space limit.
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as e:
         raise InputError(f"header is not valid JSON ({type(e).__name__})", path=p,
                          fix="the file is corrupt or not safetensors") from None
     if not isinstance(header, dict):

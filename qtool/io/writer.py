@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import math
 import os
 import shutil
 import struct
@@ -49,20 +50,23 @@ def st_dtype(t) -> str:
 
 
 def parse_size(text: str | int) -> int:
-    """'4GB', '500MB', '2GiB', '1000' -> bytes."""
-    if isinstance(text, int):
-        return text
-    s = str(text).strip().upper().replace(" ", "")
-    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
-             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    unit = next((u for u in units if s.endswith(u)), "B")
-    num, mult = (s[: -len(unit)] if s.endswith(unit) else s), units[unit]
-    try:
-        val = float(num)
-    except ValueError:
-        raise OutputError(f"cannot read size '{text}'", fix="use e.g. 4GB, 500MB or 2GiB") from None
-    if val <= 0:
-        raise OutputError(f"size '{text}' must be positive")
+    """'4GB', '500MB', '2GiB', '1000' -> bytes (at least 1)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        val, mult = float(text) if abs(text) < 1 << 1000 else float("inf"), 1
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+                 "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+        unit = next((u for u in units if s.endswith(u)), "B")
+        num, mult = (s[: -len(unit)] if s.endswith(unit) else s), units[unit]
+        try:
+            val = float(num)
+        except ValueError:
+            raise OutputError(f"cannot read size '{str(text)[:40]}'", fix="use e.g. 4GB, 500MB or 2GiB") from None
+    # inf, nan and sizes under one byte would reach int() or the shard arithmetic as nonsense
+    if not math.isfinite(val * mult) or val * mult < 1:
+        raise OutputError(f"size '{str(text)[:40]}' must be a positive, finite number of bytes",
+                          fix="use e.g. 4GB, 500MB or 2GiB")
     return int(val * mult)
 
 

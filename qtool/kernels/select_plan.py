@@ -187,7 +187,15 @@ def inspect_modules(path: Path) -> list[Any]:
     in_features, out_features (qtool.inspect's ModuleReport). The one place select depends on inspect."""
     from qtool.inspect import inspect_path
 
-    return list(inspect_path(path, deep=False).modules)
+    report = inspect_path(path, deep=False)
+    errors = [a for a in report.anomalies if a.severity == "error"]
+    if errors:
+        # A broken or self-contradicting checkpoint has no honest kernel plan: say what is wrong instead.
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise InputError(f"{first.message}{more}", path=path, tensor=first.tensor,
+                         fix="run `qtool inspect` on it for every problem")
+    return list(report.modules)
 
 
 def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | None = None,

@@ -156,6 +156,11 @@ def open_source(path: str | Path) -> Source:
         raise InputError("no such file or directory", path=p, fix="check the path")
     report = inspect_path(p)
     errors = [a for a in report.anomalies if a.severity == "error"]
+    if errors:
+        # An inconsistent or damaged source has no exact conversion: name the problem, write nothing.
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise InputError(f"{_anomaly_text(errors[0])}{more}", path=p, tensor=errors[0].tensor,
+                         fix="run `qtool inspect` on it for every problem; nothing was written")
     if is_gguf_path(p):
         return _open_gguf(p, report, errors)
     return _open_safetensors(p, report, errors)

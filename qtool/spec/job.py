@@ -14,23 +14,47 @@ from qtool.errors import SpecError
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a few lines; refuse anything that is clearly not one
 
 
+def _no_alias_loader():
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        """safe_load without anchors/aliases: a job spec never needs them, and aliases are how a few hundred
+        bytes of YAML expand into billions of elements ("billion laughs")."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.constructor.ConstructorError(None, None, "YAML aliases (*name) are not allowed in a job "
+                                                        "spec", event.start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Parse `path` with yaml.safe_load (never arbitrary objects) and require a mapping of str keys."""
     import yaml
 
+    _NoAliasLoader = _no_alias_loader()
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise SpecError("job spec is not a regular file", path=p, fix="give a YAML file to --config")
     if not p.is_file():
         raise SpecError("job spec not found", path=p, fix="give an existing YAML file to --config")
     if p.stat().st_size > MAX_SPEC_BYTES:
         raise SpecError(f"job spec is {p.stat().st_size} bytes, over the {MAX_SPEC_BYTES} limit", path=p)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
     except UnicodeDecodeError:
         raise SpecError("job spec is not UTF-8 text", path=p) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise SpecError(f"invalid YAML{where}: {getattr(e, 'problem', None) or e}", path=p) from None
+    except (ValueError, OverflowError, RecursionError) as e:
+        # safe_load's constructors raise these for values it cannot build (a bad timestamp, `!!int` on
+        # text, a 5000-digit integer) and for nesting deeper than Python's stack
+        raise SpecError(f"invalid YAML value ({type(e).__name__}: {str(e)[:80]})", path=p) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
