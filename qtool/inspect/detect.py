@@ -24,7 +24,6 @@ Rules (FORMATS.md; I = in_features, O = out_features, b = bits, pf = 32/b, nG = 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 from dataclasses import dataclass, field
