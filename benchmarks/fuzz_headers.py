@@ -32,12 +32,17 @@ from tests.attacks import fuzz_targets as ft  # noqa: E402
 
 
 def signature(e: BaseException) -> str:
-    """Exception type and the innermost frame inside qtool/ (or the innermost frame at all)."""
+    """Exception type and the innermost frame inside qtool/ (or the innermost frame at all): one line per
+    distinct bug, however many inputs reach it."""
     frames = traceback.extract_tb(e.__traceback__)
     ours = [f for f in frames if "/qtool/" in f.filename] or frames
-    where = f"{Path(ours[-1].filename).relative_to(REPO) if ours[-1].filename.startswith(str(REPO)) else ours[-1].filename}:{ours[-1].lineno}" if ours else "?"
+    where = "?"
+    if ours:
+        f = ours[-1]
+        name = str(Path(f.filename).relative_to(REPO)) if f.filename.startswith(str(REPO)) else f.filename
+        where = f"{name}:{f.lineno}"
     kind = "invariant broken" if isinstance(e, AssertionError) else type(e).__name__
-    return f"{kind} at {where}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return f"{kind} at {where}"
 
 
 def fuzz(target: str, n: int, seed_value: int) -> dict:
@@ -55,11 +60,11 @@ def fuzz(target: str, n: int, seed_value: int) -> dict:
         except Exception as e:  # noqa: BLE001 - counting every crash is the point
             sig = signature(e)
             outcomes["crash"] += 1
-            entry = crashes.setdefault(sig, [0, None])
+            entry = crashes.setdefault(sig, [0, None, ""])
             entry[0] += 1
             text = repr(x)
             if entry[1] is None or len(text) < len(entry[1]):
-                entry[1] = text
+                entry[1], entry[2] = text, (str(e).splitlines() or [""])[0][:120]
 
     t0 = time.perf_counter()
     body()
@@ -95,10 +100,10 @@ def markdown(results: list[dict], args, command: str) -> str:
     crashes = sum(r["outcomes"].get("crash", 0) for r in results)
     lines += ["", f"Total: {total} cases, {crashes} crashes.", ""]
     if crashes:
-        lines += ["## Crashes (signature: count; smallest example)", ""]
+        lines += ["## Crashes (where: count; the smallest input that reached it, and its message)", ""]
         for r in results:
-            for sig, (count, ex) in sorted(r["crashes"].items(), key=lambda kv: -kv[1][0]):
-                lines.append(f"- **{r['target']}** `{sig}`: {count}; e.g. `{ex[:300]}`")
+            for sig, (count, ex, msg) in sorted(r["crashes"].items(), key=lambda kv: -kv[1][0]):
+                lines.append(f"- **{r['target']}** `{sig}`: {count} cases; e.g. `{ex[:200]}` -> {msg}")
         lines.append("")
     return "\n".join(lines)
 
@@ -110,7 +115,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=20240601)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fuzz.md")
     args = p.parse_args()
-    command = "python benchmarks/fuzz_headers.py " + " ".join(sys.argv[1:])
+    command = " ".join(["python benchmarks/fuzz_headers.py", *sys.argv[1:]])
     results = []
     try:
         for target in args.target or list(ft.TARGETS):
@@ -118,8 +123,8 @@ def main() -> int:
             o = r["outcomes"]
             print(f"{target:20s} {r['cases']:6d} cases in {r['seconds']:6.1f} s: " +
                   ", ".join(f"{k} {v}" for k, v in sorted(o.items())), flush=True)
-            for sig, (count, _) in r["crashes"].items():
-                print(f"    crash x{count}: {sig}", flush=True)
+            for sig, (count, _, msg) in r["crashes"].items():
+                print(f"    crash x{count}: {sig}: {msg}", flush=True)
             results.append(r)
     finally:
         ft.cleanup()

@@ -23,8 +23,17 @@ from typing import Any
 from hypothesis import strategies as st
 
 from qtool.errors import QtoolError
-from tests.attacks.generate_corpus import (ARRAY, STRING, UINT32, gguf_bytes, gstr, kv_str, kv_u32, tensor_info,
-                                           u32, u64)
+from tests.attacks.generate_corpus import (
+    ARRAY,
+    STRING,
+    gguf_bytes,
+    gstr,
+    kv_str,
+    kv_u32,
+    tensor_info,
+    u32,
+    u64,
+)
 
 _SCRATCH: Path | None = None
 

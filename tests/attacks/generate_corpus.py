@@ -48,7 +48,8 @@ class Case:
     name:   directory under the corpus root; also the test id
     layer:  what is broken: "control" (nothing: a valid input), "safetensors" (one file's bytes), "gguf",
             "checkpoint" (how files fit together: index, shards, config.json), "layout" (quantized tensors
-            or quantization config that disagree), "yaml" (a --config job spec), "pickle"
+            or quantization config that disagree), "data" (tensor values only: seen by commands that read
+            data), "yaml" (a --config job spec), "pickle"
     src:    input path relative to the corpus root (None for YAML cases: they use a command's control input)
     about:  what is wrong, for humans
     where:  the offending file, relative to the corpus root; an error must name it (or `src`)
@@ -246,14 +247,12 @@ def build_corpus(out: str | Path) -> list[Case]:
 
     good = st_save(_dense_tensors(), metadata={"format": "pt"})
     n_good = struct.unpack("<Q", good[:8])[0]
-    w = "model.layers.0.self_attn.q_proj.weight"
     f16 = lambda shape, a, b: {"dtype": "F16", "shape": shape, "data_offsets": [a, b]}  # noqa: E731
     st = "safetensors"
     file_case("st_empty", st, ".safetensors", b"", "zero bytes")
     file_case("st_short", st, ".safetensors", b"\x10\0\0", "3 bytes: shorter than the length field")
-    cut = [k for k, e in json.loads(good[8:8 + n_good]).items() if k != "__metadata__" and e["data_offsets"][1] > 1000]
-    file_case("st_truncated_data", st, ".safetensors", good[:8 + n_good + 1000], "cut inside the tensor data",
-              tensor=cut[0])
+    # Cut data: the file is what is broken, so only the file must be named (which tensors are whole varies).
+    file_case("st_truncated_data", st, ".safetensors", good[:8 + n_good + 1000], "cut inside the tensor data")
     file_case("st_truncated_header", st, ".safetensors", good[:8 + n_good // 2], "cut inside the JSON header")
     file_case("st_header_len_beyond_file", st, ".safetensors", st_bytes({}, n=4096), "header length 4096, file 16 bytes")
     file_case("st_header_over_100mb", st, ".safetensors", st_bytes({}, n=100_000_001), "header claims 100 MB + 1")
@@ -354,8 +353,7 @@ def build_corpus(out: str | Path) -> list[Case]:
     file_case("gg_nested_arrays", gg, ".gguf", gguf_bytes([nested], one, one_data), "arrays nested 1000 deep")
     file_case("gg_unknown_value_type", gg, ".gguf", gguf_bytes([gstr("x") + u32(77) + u32(0)], one, one_data),
               "metadata value type 77")
-    file_case("gg_truncated_data", gg, ".gguf", valid[:len(valid) - 500], "last 500 bytes of tensor data cut",
-              tensor="blk.0.ffn_up.weight")
+    file_case("gg_truncated_data", gg, ".gguf", valid[:len(valid) - 500], "last 500 bytes of tensor data cut")
     file_case("gg_truncated_header", gg, ".gguf", valid[:60], "cut inside the metadata")
     file_case("gg_misaligned_offset", gg, ".gguf",
               gguf_bytes(kvs, [tensor_info("blk.0.attn_q.weight", (64, 32), T_Q4_0, 7)], b"\0" * 7 + one_data),
@@ -386,7 +384,6 @@ def build_corpus(out: str | Path) -> list[Case]:
     ck = "checkpoint"
     gq = _gptq_tensors()
     q = "model.layers.0.self_attn.q_proj"
-    u = "model.layers.0.mlp.up_proj"
 
     def sharded(name: str, shards: dict[str, dict], weight_map: dict[str, str], quant: dict | None = GPTQ_CONFIG,
                 write: tuple[str, ...] | None = None) -> Path:
@@ -456,8 +453,8 @@ def build_corpus(out: str | Path) -> list[Case]:
               names=(q,))
     bad = dict(gq)
     bad[f"{q}.g_idx"] = torch.full((I,), 1_000_000, dtype=torch.int32)
-    quant_dir("ck_g_idx_out_of_range", bad, about="q_proj g_idx entries are 10^6 (only 4 groups)",
-              names=(q,))
+    quant_dir("ck_g_idx_out_of_range", bad, about="q_proj g_idx entries are 10^6 (only 4 groups): visible only "
+              "in the data", names=(q,), layer="data")
     quant_dir("ck_bits_disagree_config", gq, quant=GPTQ_CONFIG | {"bits": 8},
               about="config says 8-bit; qweight [16, 64] holds 4-bit codes for scales [4, 64]")
     quant_dir("ck_bits_unsupported", gq, quant=GPTQ_CONFIG | {"bits": 99}, about="config says 99-bit")
@@ -510,11 +507,13 @@ def build_corpus(out: str | Path) -> list[Case]:
     levels = ["&l0 [x, x, x, x, x, x, x, x, x, x]"]
     for k in range(1, 10):
         levels.append(f"&l{k} [" + ", ".join([f"*l{k - 1}"] * 10) + "]")
-    spec("y_billion_laughs", "quiet: [" + ", ".join(levels) + "]\n", "alias bomb: 10^9 elements by reference",
-         key="quiet")
-    spec("y_bad_timestamp", "quiet: 2001-13-45\n", "a timestamp with month 13 (the YAML loader raises ValueError)",
-         key="quiet")
-    spec("y_bad_int_tag", "quiet: !!int nope\n", "an explicit !!int tag on text", key="quiet")
+    spec("y_billion_laughs", "quiet: [" + ", ".join(levels) + "]\n", "alias bomb: 10^9 elements by reference")
+    # Values the YAML loader itself cannot build: it cannot say which key, so the file (and line) is enough.
+    spec("y_bad_timestamp", "quiet: 2001-13-45\n", "a timestamp with month 13 (the YAML loader raises ValueError)")
+    spec("y_bad_int_tag", "quiet: !!int nope\n", "an explicit !!int tag on text (ValueError)")
+    spec("y_timestamp_tag", "quiet: !!timestamp nope\n", "!!timestamp on text (AttributeError in the loader)")
+    spec("y_empty_int_tag", "quiet: !!int ''\n", "!!int on an empty string (IndexError in the loader)")
+    spec("y_bool_tag", "quiet: !!bool maybe\n", "!!bool on text (KeyError in the loader)")
     spec("y_deep_nesting", "quiet: " + "[" * 1500 + "]" * 1500 + "\n", "1500 nested lists (recursion bomb)")
     spec("y_huge_int", "quiet: " + "9" * 5000 + "\n", "a 5000-digit integer")
     spec("y_too_big", "quiet: true\n" + "# padding\n" * 120_000, "1.2 MB job spec")
