@@ -163,8 +163,10 @@ def open_source(path: Path) -> Source:
             tensors[name] = info
         incomplete |= cut
     if not read_files:
-        why = "; ".join(a.message for a in anoms if a.severity == "error") or "no readable file"
-        raise InputError(f"nothing readable: {why}", path=p, fix="the checkpoint is corrupt or incomplete")
+        errs = [a for a in anoms if a.severity == "error"]
+        why = "; ".join(a.message for a in errs) or "no readable file"
+        raise InputError(f"nothing readable: {why}", path=p, tensor=next((a.tensor for a in errs if a.tensor), None),
+                         fix="the checkpoint is corrupt or incomplete")
     if weight_map:
         missing_files = {f.name for f in files} - {f.name for f in read_files}
         absent = []

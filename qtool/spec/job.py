@@ -51,9 +51,11 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise SpecError(f"invalid YAML{where}: {getattr(e, 'problem', None) or e}", path=p) from None
-    except (ValueError, OverflowError, RecursionError) as e:
-        # safe_load's constructors raise these for values it cannot build (a bad timestamp, `!!int` on
-        # text, a 5000-digit integer) and for nesting deeper than Python's stack
+    except Exception as e:  # noqa: BLE001 - see below
+        # PyYAML's safe constructors raise plain Python errors for tagged values they cannot build
+        # (ValueError for a bad timestamp or a 5000-digit int, AttributeError for `!!timestamp` on text,
+        # IndexError for `!!int ''`, KeyError for `!!bool maybe`, RecursionError for deep nesting): all of
+        # them mean the same thing to the user — this value is not valid YAML for a job spec.
         raise SpecError(f"invalid YAML value ({type(e).__name__}: {str(e)[:80]})", path=p) from None
     if data is None:
         return {}

@@ -84,18 +84,10 @@ AVAILABLE = [name for name in COMMANDS if (REPO / "qtool" / "cli" / f"{name}.py"
 
 # (command or "*" for code every command shares, case) -> "owner module: what goes wrong". Checked strictly:
 # each entry must still fail (test_known_failure), and is left out of the per-command sweeps.
-_YAML = ("qtool/spec/job.py (load_yaml_mapping): the YAML loader's constructors raise {} here, which is not "
-         "caught (ValueError/OverflowError/RecursionError are): internal error, exit 3")
 _GGUF_CUT = ("qtool/io/gguf_reader.py (truncation_message, used by repack and select): a tensor whose dims or offset "
              "put its data past the end of the file is reported as 'truncated: 1280 of 4611686018427389184 "
              "bytes', naming the file but not the tensor")
 KNOWN: dict[tuple[str, str], str] = {
-    ("*", "y_timestamp_tag"): _YAML.format("AttributeError ('NoneType' object has no attribute 'groupdict')"),
-    ("*", "y_empty_int_tag"): _YAML.format("IndexError (string index out of range)"),
-    ("*", "y_bool_tag"): _YAML.format("KeyError ('maybe')"),
-    **{(cmd, "st_control_chars_in_name"): "qtool/inspect/sources.py (open_source, shared by inspect/repack/select):"
-       " the one-line 'nothing readable: ... unreadable header: unknown dtype' error drops the tensor name that "
-       "read_header reported (the anomaly keeps it)" for cmd in ("inspect", "repack", "select")},
     ("repack", "ck_g_idx_out_of_range"): "qtool/repack/run.py (ModuleConverter.source_plain): the unpack error "
                                          "names neither the file nor the module (\"tensor 'g_idx'\")",
     **{(cmd, c): _GGUF_CUT for cmd in ("repack", "select") for c in ("gg_dims_product_overflow",

@@ -61,9 +61,6 @@ def test_parse_quant_config_fuzz(raw):
     ft.run_quant_config(raw)
 
 
-@pytest.mark.xfail(strict=True, reason="qtool/spec/job.py (load_yaml_mapping): the YAML loader's constructors "
-                                       "also raise AttributeError (!!timestamp on text), IndexError (!!int '') and "
-                                       "KeyError (!!bool on text), which are not caught: internal error, exit 3")
 @FUZZ
 @given(ft.yaml_specs())
 @example(b"bits: !!timestamp nope\n")
