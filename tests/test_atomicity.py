@@ -171,8 +171,12 @@ def kill_and_judge(models, cmd: str, sig: int, force: bool, rng: random.Random, 
     rc, err, delay = interrupt(full, dest, sig, rng, 1.2 * window[cmd] + 0.05)
     where = f"{cmd} {signal.Signals(sig).name} {'--force ' if force else ''}after {delay:.3f} s (seed {SEED})"
     state = judge(dest, before, ref[cmd])
-    assert "Traceback" not in err, (where, err)
-    if rc == 0 or rc == -sig:
+    # A SIGINT that lands while the interpreter is already shutting down (the work done) interrupts an atexit
+    # finalizer: Python prints "Exception ignored in atexit callback" and its traceback. Harmless, and only
+    # possible once the output is complete; anything else with a traceback is a failure.
+    late = sig == signal.SIGINT and err.lstrip().startswith("Exception ignored in atexit callback")
+    assert "Traceback" not in err or (late and state == "new"), (where, rc, state, err)
+    if rc == 0 or rc == -sig or late:
         # 0: the signal came after the end. -sig: SIGKILL, or SIGINT during interpreter shutdown (Python's
         # handler is gone by then), which only happens once the output is in place.
         assert state == "new" or (sig == signal.SIGKILL and rc == -sig), (where, rc, state)
