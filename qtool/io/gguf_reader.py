@@ -212,6 +212,10 @@ class GGUFHeader:
         if not self.complete:
             msg += f" (header cut after {len(self.kv)} of {self.kv_count} metadata keys and " \
                    f"{len(self.tensors)} of {self.tensor_count} tensor entries)"
+        else:
+            first = next((t.name for t in self.tensors if not t.complete), None)
+            if first is not None:
+                msg += f"; first incomplete tensor '{first}'"
         return msg
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qtool.errors import NotRepresentable, UsageError
+from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.repack.plan import GGUF_TARGETS, ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 
 GGUF_TYPE = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
@@ -124,7 +124,11 @@ class ModuleConverter:
 
         if m.format.startswith("gguf:"):
             return None
-        p = get_format(m.format).unpack(self.source.load(m), m.params)
+        try:
+            p = get_format(m.format).unpack(self.source.load(m), m.params)
+        except FormatError as e:  # the format names the short tensor; say which file and module too
+            short = f".{e.tensor}" if e.tensor else ""
+            raise FormatError(e.problem, path=self.source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
         if "format" not in p.meta:
             p = p.with_(meta={**p.meta, "format": m.format})
         return p
