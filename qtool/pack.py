@@ -231,7 +231,9 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         return report
 
     from qtool import __version__
+    from qtool.io.writer import refuse_overwriting_input
 
+    refuse_overwriting_input(job.src, job.out)
     meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
     names = list(ck.tensors)
     with atomic_output(job.out, job.force) as tmp:

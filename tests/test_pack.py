@@ -202,3 +202,13 @@ def test_source_already_quantized_is_refused(tmp_path):
     invoke("pack", tmp_path / "src", "-o", tmp_path / "q", "-q")
     with pytest.raises(InputError, match="already quantized"):
         invoke("pack", tmp_path / "q", "-o", tmp_path / "q2")
+
+
+def test_output_over_the_input_is_refused(tmp_path):
+    src = tmp_path / "src"
+    make_model(src)
+    before = (src / "model.safetensors").read_bytes()
+    for dest in (src, src / "sub", tmp_path):
+        with pytest.raises(OutputError, match="overlaps the input"):
+            invoke("pack", src, "-o", dest, "--force")
+    assert (src / "model.safetensors").read_bytes() == before

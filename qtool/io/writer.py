@@ -169,6 +169,14 @@ def _output_error(e: OSError, dest: Path, tmp: Path) -> OutputError | None:
     return None
 
 
+def refuse_overwriting_input(src: str | Path, dest: str | Path) -> None:
+    """Inputs are never modified: refuse a destination that is the source, contains it, or lies inside it."""
+    s, d = Path(src).resolve(), Path(dest).resolve()
+    if s == d or d in s.parents or s in d.parents:
+        raise OutputError(f"the destination overlaps the input {src}", path=dest,
+                          fix="write the output somewhere else (-o); inputs are never modified")
+
+
 @contextlib.contextmanager
 def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = True) -> Iterator[Path]:
     """Yield a temporary path (a created directory, or a file path when directory=False) to write into;

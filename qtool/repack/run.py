@@ -91,6 +91,9 @@ def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | No
     if job.dry_run:
         report.seconds = time.perf_counter() - t0
         return report
+    from qtool.io.writer import refuse_overwriting_input
+
+    refuse_overwriting_input(job.src, plan.out)
     if plan.out.exists() and not job.force:
         from qtool.errors import OutputError
 
