@@ -126,7 +126,9 @@ def test_truncated_data_reports_instead_of_raising(gfile, tmp_path, frac):
     assert h.complete and h.truncated
     k = sum(1 for t in full.tensors if t.start + t.nbytes <= cut)
     assert h.tensors_complete == k
-    assert h.truncation_message() == f"truncated: {cut} of {len(raw)} bytes; {k} of {len(TENSORS)} tensors complete"
+    first = next(t.name for t in full.tensors if t.start + t.nbytes > cut)
+    assert h.truncation_message() == (f"truncated: {cut} of {len(raw)} bytes; {k} of {len(TENSORS)} tensors "
+                                      f"complete; first incomplete tensor '{first}'")
 
 
 @pytest.mark.parametrize("cut", [30, 200, 5000, 18560])

@@ -308,7 +308,9 @@ def test_truncated_and_split_gguf(tmp_path, fixtures_dir):
 
     h = read_gguf_header(src)
     k = sum(1 for t in h.tensors if t.start + t.nbytes <= 100000)
-    assert (("error", None, f"cut.gguf: truncated: 100000 of {len(raw)} bytes; {k} of 12 tensors complete")
+    first = next(t.name for t in h.tensors if t.start + t.nbytes > 100000)
+    assert (("error", None, f"cut.gguf: truncated: 100000 of {len(raw)} bytes; {k} of 12 tensors complete; "
+                            f"first incomplete tensor '{first}'")
             in {(a.severity, a.tensor, a.message) for a in r.anomalies})
     assert sum(1 for m in r.modules if m.stats) == sum(1 for t in h.tensors if t.name.endswith(".weight")
                                                         and t.start + t.nbytes <= 100000)
