@@ -43,11 +43,32 @@ inline uint16_t load16(const uint8_t* p) {
 }
 inline void store16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+// 4x4 byte transpose: out[r] = byte r of x[0], x[1], x[2], x[3] (low to high). Its own inverse.
+inline void transpose_bytes(const uint32_t x[4], uint32_t out[4]) {
+  const uint32_t t0 = (x[0] & 0x00FF00FFu) | ((x[1] & 0x00FF00FFu) << 8);  // x0.b0 x1.b0 x0.b2 x1.b2
+  const uint32_t t1 = ((x[0] >> 8) & 0x00FF00FFu) | (x[1] & 0xFF00FF00u);  // x0.b1 x1.b1 x0.b3 x1.b3
+  const uint32_t t2 = (x[2] & 0x00FF00FFu) | ((x[3] & 0x00FF00FFu) << 8);
+  const uint32_t t3 = ((x[2] >> 8) & 0x00FF00FFu) | (x[3] & 0xFF00FF00u);
+  out[0] = (t0 & 0xFFFFu) | (t2 << 16);
+  out[1] = (t1 & 0xFFFFu) | (t3 << 16);
+  out[2] = (t0 >> 16) | (t2 & 0xFFFF0000u);
+  out[3] = (t1 >> 16) | (t3 & 0xFFFF0000u);
+}
+
+inline uint32_t load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
 }  // namespace
 
 extern "C" {
 
 // src: GPTQ qweight bytes (k/8 rows of n words); dst: B, k/16 rows of 2n words. k % 16 == 0, n % 64 == 0.
+// Marlin word (c, r, j) = bytes r of the GPTQ words of columns 16j+c and 16j+c+8 in the low (rows 0-7) and
+// high (rows 8-15) word rows of the tile, nibble-unzipped: one 4x4 byte transpose gives all four r at once.
 void qtool_gptq_to_marlin_4(const uint8_t* src, uint32_t* dst, int64_t k, int64_t n, int threads) {
   const int64_t row_bytes = n * 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -59,14 +80,21 @@ void qtool_gptq_to_marlin_4(const uint8_t* src, uint32_t* dst, int64_t k, int64_
       const uint8_t* a = lo_rows + m * 256;
       const uint8_t* b = hi_rows + m * 256;
       uint32_t* o = out + m * 128;
+      // For one j the 8 columns c = 0..7 are contiguous words: the c loop runs on whole vectors, and the
+      // results are scattered to their lanes (stride 16 words) from a small staging tile.
+      uint32_t y[4][4][8];  // [j][r][c]
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) {
+          const int col = 16 * j + c;
+          const uint32_t x[4] = {load32(a + 4 * col), load32(b + 4 * col), load32(a + 4 * col + 32),
+                                 load32(b + 4 * col + 32)};
+          uint32_t t[4];
+          transpose_bytes(x, t);
+          for (int r = 0; r < 4; ++r) y[j][r][c] = unzip_nibbles(t[r]);
+        }
       for (int c = 0; c < 8; ++c)
         for (int r = 0; r < 4; ++r)
-          for (int j = 0; j < 4; ++j) {
-            const int p0 = (16 * j + c) * 4 + r, p1 = p0 + 32;  // byte r of columns c and c+8
-            const uint32_t x = uint32_t(a[p0]) | uint32_t(b[p0]) << 8 | uint32_t(a[p1]) << 16 |
-                               uint32_t(b[p1]) << 24;
-            o[16 * c + 4 * r + j] = unzip_nibbles(x);
-          }
+          for (int j = 0; j < 4; ++j) o[16 * c + 4 * r + j] = y[j][r][c];
     }
   }
 }
@@ -82,16 +110,21 @@ void qtool_marlin_to_gptq_4(const uint32_t* src, uint8_t* dst, int64_t k, int64_
       uint8_t* a = lo_rows + m * 256;
       uint8_t* b = hi_rows + m * 256;
       const uint32_t* w = in + m * 128;
+      uint32_t y[4][4][8];  // [j][r][c], gathered from the lanes; then whole-vector work as above
       for (int c = 0; c < 8; ++c)
         for (int r = 0; r < 4; ++r)
-          for (int j = 0; j < 4; ++j) {
-            const int p0 = (16 * j + c) * 4 + r, p1 = p0 + 32;
-            const uint32_t x = zip_nibbles(w[16 * c + 4 * r + j]);
-            a[p0] = uint8_t(x);
-            b[p0] = uint8_t(x >> 8);
-            a[p1] = uint8_t(x >> 16);
-            b[p1] = uint8_t(x >> 24);
-          }
+          for (int j = 0; j < 4; ++j) y[j][r][c] = w[16 * c + 4 * r + j];
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) {
+          const int col = 16 * j + c;
+          uint32_t t[4], x[4];
+          for (int r = 0; r < 4; ++r) t[r] = zip_nibbles(y[j][r][c]);
+          transpose_bytes(t, x);
+          store32(a + 4 * col, x[0]);
+          store32(b + 4 * col, x[1]);
+          store32(a + 4 * col + 32, x[2]);
+          store32(b + 4 * col + 32, x[3]);
+        }
     }
   }
 }

@@ -217,3 +217,104 @@ def test_background_writer_same_bytes_and_errors(tmp_path):
         w.add("x", torch.zeros(2))  # written twice
         with pytest.raises(OutputError, match="written twice"):
             w.close()
+
+
+def test_background_writer_batches_and_callbacks_run_after_earlier_writes(tmp_path):
+    """add_many writes like repeated add; after_written runs once everything queued before it is on file
+    (the repack hands reusable buffers back this way), and still runs after a writer error."""
+    from qtool.io.writer import BackgroundWriter
+
+    t = {f"t{i}": torch.randint(-9, 9, (300,), dtype=torch.int32) for i in range(6)}
+    seen = []
+    with atomic_output(tmp_path / "one") as tmp:
+        w = ShardedWriter(tmp)
+        for k, v in t.items():
+            w.add(k, v)
+        w.close()
+    with atomic_output(tmp_path / "many") as tmp:
+        sw = ShardedWriter(tmp)
+        w = BackgroundWriter(sw, depth=1)
+        w.add_many(list(t.items())[:3])
+        w.after_written(lambda: seen.append(sorted(sw._names)))
+        w.add_many(list(t.items())[3:])
+        w.close()
+    assert seen == [["t0", "t1", "t2"]]
+    assert (tmp_path / "one" / "model.safetensors").read_bytes() == (tmp_path / "many" / "model.safetensors").read_bytes()
+    ran = []
+    with atomic_output(tmp_path / "err") as tmp:
+        w = BackgroundWriter(ShardedWriter(tmp))
+        w.add_many([("x", torch.zeros(2)), ("x", torch.zeros(2))])
+        w.after_written(lambda: ran.append(1))
+        with pytest.raises(OutputError, match="written twice"):
+            w.close()
+    assert ran == [1]
+
+
+def test_fsync_only_when_replacing_unless_asked(tmp_path, monkeypatch):
+    """A new destination is published without waiting for the disk; a replaced one (or sync=True) is
+    fsynced before the swap, so the old output is never given up for one that is not on disk."""
+    import qtool.io.writer as w
+
+    synced = []
+    monkeypatch.setattr(w, "_sync_tree", lambda root: synced.append(root.name))
+    with atomic_output(tmp_path / "out") as tmp:
+        (tmp / "f").write_text("1")
+    assert synced == []
+    with atomic_output(tmp_path / "out", force=True) as tmp:
+        (tmp / "f").write_text("2")
+    assert len(synced) == 1 and (tmp_path / "out" / "f").read_text() == "2"
+    with atomic_output(tmp_path / "new", sync=True) as tmp:
+        (tmp / "f").write_text("3")
+    assert len(synced) == 2
+
+
+def test_writeback_hint_keeps_bytes(tmp_path):
+    """The early-writeback hint (sync_file_range) changes when data reaches the disk, never what is written."""
+    import qtool.io.writer as w
+
+    t = {f"t{i}": torch.randint(-9, 9, (1 << 16,), dtype=torch.int32) for i in range(4)}
+    kicked = []
+    real = w.start_writeback
+    for name, writeback in (("plain", False), ("kick", True)):
+        with atomic_output(tmp_path / name) as tmp:
+            sw = ShardedWriter(tmp, writeback=writeback)
+            old = w._WRITEBACK_CHUNK
+            w._WRITEBACK_CHUNK = 1 << 17
+            w.start_writeback = lambda fd, off, n: (kicked.append((off, n)), real(fd, off, n))
+            try:
+                for k, v in t.items():
+                    sw.add(k, v)
+                sw.close()
+            finally:
+                w._WRITEBACK_CHUNK, w.start_writeback = old, real
+    assert kicked and all(n >= 1 << 17 for _, n in kicked)
+    assert (tmp_path / "plain" / "model.safetensors").read_bytes() == (tmp_path / "kick" / "model.safetensors").read_bytes()
+
+
+def test_mapped_read_equals_read_and_checks_the_file(tmp_path):
+    """mapped=True gives the same tensor as a positioned read, is a
+    private map (writing to it leaves the file alone), and a truncated file is an InputError, not a crash."""
+    from qtool.io.checkpoint import _MAP_MIN
+
+    g = torch.Generator().manual_seed(3)
+    big = torch.randint(-2**31, 2**31 - 1, (_MAP_MIN // 4 + 37,), dtype=torch.int32, generator=g)
+    save_file({"a": torch.ones(3, dtype=torch.int8), "big": big, "h": torch.randn(700_000, generator=g).half()},
+              tmp_path / "m.safetensors")
+    before = (tmp_path / "m.safetensors").read_bytes()
+    ck = open_checkpoint(tmp_path / "m.safetensors")
+    for name in ("big", "h", "a"):
+        a, b = ck.get(name), ck.get(name, mapped=True)
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8),
+                                                                         b.view(-1).view(torch.uint8))
+    m = ck.get("big", mapped=True)
+    m.fill_(7)
+    del m
+    assert (tmp_path / "m.safetensors").read_bytes() == before
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(before[: len(before) - 100])
+    info = open_checkpoint(tmp_path / "m.safetensors").tensors["h"]
+    import dataclasses
+
+    from qtool.io.checkpoint import read_tensor
+    with pytest.raises(InputError, match="truncated"):
+        read_tensor(dataclasses.replace(info, file=cut), mapped=True)

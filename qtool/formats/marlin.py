@@ -509,12 +509,13 @@ def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, d
     return res
 
 
-def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "marlin", dst: str = "gptq"
-            ) -> dict[str, torch.Tensor] | None:
+def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "marlin", dst: str = "gptq", *,
+            out: torch.Tensor | None = None) -> dict[str, torch.Tensor] | None:
     """marlin -> gptq / gptq_v2 for symmetric weights without act-order, moving packed bytes only.
 
     Returns exactly `get_format(dst).pack(Marlin().unpack(tensors, params))`, or None when this path does not
     apply (zero points, act-order, shapes GPTQ cannot pack) — the caller then composes.
+    out: optional reusable int32 buffer, as in from_gptq (used when no padding is to be cut off).
     """
     from qtool.formats.gptq import pack_multiple
 
@@ -528,7 +529,12 @@ def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "m
     m = pack_multiple(bits)
     if k % m or n % m or (lay.group_size != -1 and k % lay.group_size):
         return None
-    words = mp.b_to_gptq(lay.B, bits, lay.k_pad, lay.n_pad)
+    shape = (lay.k_pad * bits // 32, lay.n_pad)
+    target = None
+    if (lay.n_pad, lay.k_pad) == (n, k) and out is not None and out.dtype == torch.int32 and out.is_contiguous() \
+            and out.numel() >= shape[0] * shape[1]:
+        target = out.view(-1)[: shape[0] * shape[1]].view(shape)
+    words = mp.b_to_gptq(lay.B, bits, lay.k_pad, lay.n_pad, out=target)
     if (lay.n_pad, lay.k_pad) != (n, k):
         words = words[: k * bits // 32, :n]
     mid = 1 << (bits - 1)

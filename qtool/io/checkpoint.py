@@ -6,6 +6,7 @@ time with a positioned read, so peak memory is one tensor, not the model.
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -78,14 +79,15 @@ class Checkpoint:
         return sum(t.nbytes for t in self.tensors.values())
 
     # --- data ----------------------------------------------------------------------------------------
-    def get(self, name: str):
+    def get(self, name: str, mapped: bool = False):
         """One tensor as a torch.Tensor (dtype and shape as stored), read with a plain positioned read into
-        a fresh tensor: the header was validated by `read_header`, and, unlike a long-lived memory map,
-        nothing of the source stays resident once the caller drops the tensor (peak memory = one tensor)."""
+        a fresh tensor (or, mapped=True, a map of its own pages; see read_tensor): the header was validated
+        by `read_header`, and, unlike a long-lived map of the whole file, nothing of the source stays
+        resident once the caller drops the tensor (peak memory = one tensor)."""
         info = self.tensors.get(name)
         if info is None:
             raise InputError(f"no tensor named '{name}'", path=self.path, tensor=name)
-        return read_tensor(info)
+        return read_tensor(info, mapped)
 
     def module_tensors(self, prefix: str, names: list[str] | None = None) -> dict:
         """{short name: tensor} for one module (all its tensors, or only `names`)."""
@@ -113,14 +115,24 @@ class Checkpoint:
                       if p.is_file() and p.name not in skip and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
 
 
-def read_tensor(info: TensorInfo):
+_MAP_MIN = 1 << 20  # smaller tensors are read: a map costs a few syscalls and a page-aligned window
+
+
+def read_tensor(info: TensorInfo, mapped: bool = False):
     """The bytes of one tensor as a torch.Tensor; InputError when the dtype has no torch equivalent or the
-    file ends early."""
+    file ends early.
+
+    mapped: return large tensors as a private (copy-on-write) memory map of just their own pages instead
+    of a copy. Reading from the page cache through a map is several times cheaper than read() into fresh
+    memory (no copy, no zeroed pages), and the map is released with the tensor, so memory stays bounded by
+    what the caller holds. The file must not be truncated by someone else while the tensor is in use."""
     import torch
 
     dtype = _torch_dtype(info.dtype)
     if dtype is None:
         raise InputError(f"dtype {info.dtype} cannot be loaded as a torch tensor", path=info.file, tensor=info.name)
+    if mapped and info.nbytes >= _MAP_MIN and info.start % dtype.itemsize == 0:
+        return _mapped_tensor(info, dtype)
     t = torch.empty(info.shape, dtype=dtype)
     if info.nbytes:
         buf = t.reshape(-1).view(torch.uint8).numpy()
@@ -135,6 +147,27 @@ def read_tensor(info: TensorInfo):
             raise InputError(f"file ends after {got} of the tensor's {info.nbytes} bytes", path=info.file,
                              tensor=info.name, fix="the file is truncated; download it again")
     return t
+
+
+def _mapped_tensor(info: TensorInfo, dtype):
+    import mmap
+
+    import torch
+
+    lo = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+    try:
+        with info.file.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if info.start + info.nbytes > size:
+                raise InputError(f"file ends after {max(size - info.start, 0)} of the tensor's {info.nbytes} bytes",
+                                 path=info.file, tensor=info.name, fix="the file is truncated; download it again")
+            mm = mmap.mmap(f.fileno(), info.start + info.nbytes - lo, offset=lo, access=mmap.ACCESS_COPY)
+    except OSError as e:
+        raise InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
+                         tensor=info.name) from None
+    # the tensor keeps `mm` alive through its buffer; the map is closed when the last view is freed
+    flat = torch.frombuffer(mm, dtype=torch.uint8, count=info.nbytes, offset=info.start - lo)
+    return flat.view(dtype).view(info.shape)
 
 
 def _torch_dtype(name: str):

@@ -1,10 +1,15 @@
 """Writing outputs safely: atomic destinations and a streaming, sharded safetensors writer.
 
 Atomicity: every output is built under a hidden temporary name beside the destination and renamed into
-place only when complete (and fsynced). An existing destination is refused unless `force`; with `force`
-the new one is swapped in only once complete, atomically where Linux offers renameat2(RENAME_EXCHANGE),
-and the old one is deleted after. A run killed with SIGKILL leaves at most a hidden `.NAME.qtool-tmp-PID-*`
-entry, never a partial destination; the next run cleans such leftovers whose process is gone.
+place only when complete. An existing destination is refused unless `force`; with `force` the new one is
+fsynced and then swapped in, atomically where Linux offers renameat2(RENAME_EXCHANGE), and the old one is
+deleted after. A run killed with SIGKILL leaves at most a hidden `.NAME.qtool-tmp-PID-*` entry, never a
+partial destination; the next run cleans such leftovers whose process is gone.
+
+Durability: a *new* destination is published without waiting for the disk, as cp, safetensors and
+llama.cpp's tools do (a power cut before the kernel writes it back can lose the new output, never the
+input); a *replaced* destination is fsynced first, because there the old output would be lost with it.
+`sync=True` forces the fsync in every case.
 
 Streaming: tensors are written to the shard file as they arrive (nothing is buffered beyond one tensor), so
 peak memory is the largest tensor, not the shard. The header goes into space reserved at the front of the
@@ -144,6 +149,58 @@ def _sync_tree(root: Path) -> None:
         _fsync_path(q)
 
 
+_MAPPED_WRITE_MIN = 4 << 20
+_FALLOCATE: list = []
+
+
+def _fallocate(fd: int, offset: int, nbytes: int) -> bool:
+    """Reserve [offset, offset+nbytes) of the file (Linux fallocate(2), mode 0; extends the file). False
+    where the call or the filesystem does not support it. Disk-full and other errors raise OSError."""
+    if not _FALLOCATE:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).fallocate
+                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _FALLOCATE.append(fn)
+    fn = _FALLOCATE[0]
+    if fn is None:
+        return False
+    if fn(fd, 0, offset, nbytes) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+_WRITEBACK_CHUNK = 32 << 20
+_SYNC_FILE_RANGE_WRITE = 2
+_libc_sfr: list = []
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing [offset, offset+nbytes) of `fd` to disk now, without waiting for it
+    (Linux sync_file_range(SYNC_FILE_RANGE_WRITE)). A streaming writer calls this as it goes so that the
+    fsync before publishing finds little left to do: the disk works while the next tensors are converted,
+    instead of all at the end. A no-op where the call is unavailable."""
+    if not _libc_sfr:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _libc_sfr.append(fn)
+    if _libc_sfr[0] is not None and nbytes > 0:
+        _libc_sfr[0](fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # failure only means a slower fsync later
+
+
 def _fsync_path(p: Path) -> None:
     try:
         fd = os.open(p, os.O_RDONLY)
@@ -178,19 +235,23 @@ def refuse_overwriting_input(src: str | Path, dest: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = True) -> Iterator[Path]:
+def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = True,
+                  sync: bool | None = None) -> Iterator[Path]:
     """Yield a temporary path (a created directory, or a file path when directory=False) to write into;
     on normal exit it replaces `dest`; on any exception (Ctrl-C included) it is removed and dest is untouched.
 
     The temporary path is a hidden sibling `.NAME.qtool-tmp-PID-XXXXXX` (same filesystem, so the final
-    rename is atomic). Its contents are fsynced before they are published. An existing destination
-    (force) is swapped with the new one in a single renameat2(RENAME_EXCHANGE) where Linux offers it, so
-    at every instant `dest` is either the old output or the new one; the old one is deleted afterwards.
+    rename is atomic). An existing destination (force) is swapped with the new one in a single
+    renameat2(RENAME_EXCHANGE) where Linux offers it, so at every instant `dest` is either the old output or
+    the new one; the old one is deleted afterwards. sync: fsync the new contents before publishing them;
+    None (default) = only when an existing destination is replaced (see the module docstring).
     Errors writing the destination (disk full, read-only, permissions) become OutputError.
     """
     dest = Path(dest)
     if _exists(dest) and not force:
         raise OutputError("destination exists", path=dest, fix="choose another -o, or pass --force to replace it")
+    if sync is None:
+        sync = _exists(dest)
     if not dest.parent.exists():
         raise OutputError("parent directory does not exist", path=dest, fix="create it first")
     clean_stale(dest)
@@ -213,7 +274,8 @@ def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = Tr
         _remove(tmp)
         raise
     try:
-        _sync_tree(tmp)
+        if sync:
+            _sync_tree(tmp)
         if _exists(dest):
             if _exchange(tmp, dest):
                 _remove(tmp)  # now holds the old output
@@ -227,7 +289,8 @@ def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = Tr
                 _remove(old)
         else:
             os.replace(tmp, dest)
-        _fsync_path(dest.parent)
+        if sync:
+            _fsync_path(dest.parent)
     except OSError as e:
         _remove(tmp)
         raise OutputError(f"cannot move the finished output into place ({e.strerror or type(e).__name__})",
@@ -244,11 +307,14 @@ class ShardedWriter:
     metadata: str -> str, written into every shard; {"format": "pt"} is always included.
     expected_tensors: how many tensors the caller will add (an upper bound for any shard); sizes the header
     space reserved at the front of each shard so the header never has to be rewritten.
+    writeback: start the disk writes as data arrives (for an output that will be fsynced before it is
+    published, so the fsync finds little left to do).
     """
 
     def __init__(self, directory: Path, max_shard_size: int = DEFAULT_MAX_SHARD,
-                 metadata: dict[str, str] | None = None, expected_tensors: int = 0):
+                 metadata: dict[str, str] | None = None, expected_tensors: int = 0, writeback: bool = False):
         self.dir = Path(directory)
+        self.writeback = writeback
         self.max = max_shard_size
         self.metadata = {"format": "pt", **(metadata or {})}
         meta_len = len(json.dumps(self.metadata)) + 32
@@ -258,6 +324,7 @@ class ShardedWriter:
         self._f = None
         self._entries: dict[str, dict] = {}
         self._pos = 0
+        self._kicked = 0
         self._total = 0
         self._names: set[str] = set()
 
@@ -270,9 +337,38 @@ class ShardedWriter:
         n = t.numel() * t.element_size()
         self._begin(name, n)
         if n:
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            self._f.write(memoryview(buf))
+            flat = t.reshape(-1).view(torch.uint8)
+            if n < _MAPPED_WRITE_MIN or not self._write_mapped(flat):
+                self._f.write(memoryview(flat.numpy()))
         self._finish(name, st_dtype(t), list(t.shape), n)
+
+    def _write_mapped(self, flat) -> bool:
+        """Copy a large tensor (uint8 [n]) into the file through a shared map of its byte range, after
+        reserving the blocks with fallocate. On this kind of VM that is about twice as fast as write(2)
+        (measured: 3.5-4.4 s against 7-7.8 s for 3.6 GB), and the reservation makes a full disk an error
+        here (ENOSPC) rather than a SIGBUS while copying. False: not possible here; the caller writes."""
+        import mmap
+
+        import torch
+
+        n = flat.numel()
+        self._f.flush()
+        fd = self._f.fileno()
+        off = 8 + self.reserve + self._pos
+        if not _fallocate(fd, off, n):
+            return False
+        lo = off - off % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(fd, off + n - lo, offset=lo, access=mmap.ACCESS_WRITE)
+        try:
+            torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off - lo).copy_(flat)
+        finally:
+            del flat
+            try:
+                mm.close()
+            except BufferError:  # a view still exported (cannot happen here); the map goes with the GC
+                pass
+        self._f.seek(off + n)
+        return True
 
     def add_raw(self, name: str, info: TensorInfo) -> None:
         """Copy a tensor's bytes from a source file unchanged (byte for byte)."""
@@ -302,16 +398,21 @@ class ShardedWriter:
         self._entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [self._pos, self._pos + n]}
         self._pos += n
         self._total += n
+        if self.writeback and self._pos - self._kicked >= _WRITEBACK_CHUNK:
+            self._f.flush()
+            start_writeback(self._f.fileno(), 8 + self.reserve + self._kicked, self._pos - self._kicked)
+            self._kicked = self._pos
 
     # --- shards ------------------------------------------------------------------------------------
     def _open_shard(self) -> None:
         k = len(self._shards) + 1
         path = self.dir / f"model-{k:05d}.safetensors.part"
-        self._f = path.open("wb")
+        self._f = path.open("w+b")  # readable too: large tensors are copied in through a shared map
         self._f.seek(8 + self.reserve)
         self._shards.append((path, []))
         self._entries = {}
         self._pos = 0
+        self._kicked = 0  # data bytes of this shard already handed to start_writeback
 
     def _close_shard(self) -> None:
         path, names = self._shards[-1]
@@ -391,11 +492,18 @@ class BackgroundWriter:
             item = self._q.get()
             if item is self._STOP:
                 return
-            if self._error is not None:
-                continue  # drain: the caller sees the error at its next call
+            if self._error is not None and item[0] != "call":
+                continue  # drain: the caller sees the error at its next call (callbacks still run)
             method, name, payload = item
+            if method == "call":  # a caller's callback, run once everything queued before it is written
+                payload()
+                continue
             try:
-                getattr(self.w, method)(name, payload)
+                if method == "add_many":
+                    for n, t in payload:
+                        self.w.add(n, t)
+                else:
+                    getattr(self.w, method)(name, payload)
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 self._error = e
 
@@ -409,6 +517,16 @@ class BackgroundWriter:
 
     def add_raw(self, name: str, info: TensorInfo) -> None:
         self._put(("add_raw", name, info))
+
+    def add_many(self, items: list[tuple[str, object]]) -> None:
+        """Add several (name, tensor) pairs as one queue item: one hand-over between the threads per module
+        instead of per tensor (each hand-over can wait for the GIL's switch interval)."""
+        self._put(("add_many", "", list(items)))
+
+    def after_written(self, fn) -> None:
+        """Run fn() on the writer thread once every tensor added before this call has been written (e.g. to
+        hand a reusable buffer back). fn must not raise."""
+        self._put(("call", "", fn))
 
     def _join(self) -> None:
         self._q.put(self._STOP)

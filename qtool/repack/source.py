@@ -13,6 +13,7 @@ Two containers:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,11 +100,30 @@ class Source:
         return self._ck.tensors[name].nbytes
 
     # --- data --------------------------------------------------------------------------------------------
-    def load(self, m: SourceModule) -> dict:
-        """{short name: torch.Tensor} of one module's layout tensors."""
+    def prefetch(self) -> None:
+        """Tell the kernel every weight file will be read start to end (POSIX_FADV_WILLNEED), so pages that
+        are not cached are read ahead in the background while the first modules are converted."""
+        files = {info.file for info in self._ck.tensors.values()} if self._ck is not None else \
+            {t.file for t in self._gguf.values()}
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue  # reading it later reports the problem with its name
+            try:
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # only a hint
+            finally:
+                os.close(fd)
+
+    def load(self, m: SourceModule, mapped: bool = False) -> dict:
+        """{short name: torch.Tensor} of one module's layout tensors (mapped: large ones as copy-on-write
+        maps of the file, see io.checkpoint.read_tensor)."""
         if self.container == "gguf":
             return {"weight": self.gguf_bytes(m.layout["weight"])}
-        return {short: self._ck.get(full) for short, full in m.layout.items()}
+        return {short: self._ck.get(full, mapped) for short, full in m.layout.items()}
 
     def get(self, name: str):
         """One tensor as torch (GGUF: float tensors in numpy order [ne_last, ..., ne0], others raw bytes)."""
