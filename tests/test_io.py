@@ -318,3 +318,31 @@ def test_mapped_read_equals_read_and_checks_the_file(tmp_path):
     from qtool.io.checkpoint import read_tensor
     with pytest.raises(InputError, match="truncated"):
         read_tensor(dataclasses.replace(info, file=cut), mapped=True)
+
+
+def test_large_tensors_written_through_a_map_or_not_give_the_same_file(tmp_path, monkeypatch):
+    """Tensors >= 4 MiB go through fallocate + a shared map; where either is unavailable the writer falls
+    back to write(2) at the same offset. Both give the file a plain writer gives."""
+    import qtool.io.writer as w
+
+    g = torch.Generator().manual_seed(1)
+    t = {"small": torch.randn(10, generator=g), "big": torch.randint(-9, 9, (5 << 20,), dtype=torch.int8, generator=g),
+         "after": torch.randn(7, generator=g).half(), "big2": torch.randn(1 << 20, generator=g)}
+    outs = {}
+    for name, patch in (("mapped", None), ("nofalloc", "_fallocate"), ("nomap", "mmap")):
+        if patch == "_fallocate":
+            monkeypatch.setattr(w, "_fallocate", lambda fd, off, n: False)
+        if patch == "mmap":
+            import mmap
+
+            monkeypatch.setattr(mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError(19, "no map")))
+        with atomic_output(tmp_path / name) as tmp:
+            sw = ShardedWriter(tmp)
+            for k, v in t.items():
+                sw.add(k, v)
+            sw.close()
+        monkeypatch.undo()
+        outs[name] = (tmp_path / name / "model.safetensors").read_bytes()
+    assert outs["mapped"] == outs["nofalloc"] == outs["nomap"]
+    got = load_file(tmp_path / "mapped" / "model.safetensors")
+    assert all(torch.equal(got[k], v) for k, v in t.items())

@@ -358,7 +358,10 @@ class ShardedWriter:
         if not _fallocate(fd, off, n):
             return False
         lo = off - off % mmap.ALLOCATIONGRANULARITY
-        mm = mmap.mmap(fd, off + n - lo, offset=lo, access=mmap.ACCESS_WRITE)
+        try:
+            mm = mmap.mmap(fd, off + n - lo, offset=lo, access=mmap.ACCESS_WRITE)
+        except (OSError, ValueError):  # a filesystem that cannot map files: write(2) it is (same offset)
+            return False
         try:
             torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off - lo).copy_(flat)
         finally:
