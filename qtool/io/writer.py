@@ -522,8 +522,8 @@ class BackgroundWriter:
         self._put(("add_raw", name, info))
 
     def add_many(self, items: list[tuple[str, object]]) -> None:
-        """Add several (name, tensor) pairs as one queue item: one hand-over between the threads per module
-        instead of per tensor (each hand-over can wait for the GIL's switch interval)."""
+        """Add several (name, tensor) pairs as one queue item (one hand-over between the threads per module
+        instead of per tensor; the queue's depth then counts modules)."""
         self._put(("add_many", "", list(items)))
 
     def after_written(self, fn) -> None:
