@@ -124,14 +124,9 @@ _AT_FDCWD = -100
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE). Returns False where the
     kernel, libc or filesystem lacks it; the caller then falls back to two renames."""
-    if not sys.platform.startswith("linux"):
+    fn = _libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
+    if fn is None:  # not Linux, glibc < 2.28, musl
         return False
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # glibc < 2.28, musl
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
@@ -150,23 +145,27 @@ def _sync_tree(root: Path) -> None:
 
 
 _MAPPED_WRITE_MIN = 4 << 20
-_FALLOCATE: list = []
+_LIBC: dict = {}
+
+
+def _libc(name: str, argtypes: list, restype=ctypes.c_int):
+    """A libc function through ctypes (looked up once), or None where this platform or libc lacks it."""
+    if name not in _LIBC:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+                fn.argtypes, fn.restype = argtypes, restype
+            except (OSError, AttributeError):  # glibc too old, musl, ...
+                fn = None
+        _LIBC[name] = fn
+    return _LIBC[name]
 
 
 def _fallocate(fd: int, offset: int, nbytes: int) -> bool:
     """Reserve [offset, offset+nbytes) of the file (Linux fallocate(2), mode 0; extends the file). False
     where the call or the filesystem does not support it. Disk-full and other errors raise OSError."""
-    if not _FALLOCATE:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).fallocate
-                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _FALLOCATE.append(fn)
-    fn = _FALLOCATE[0]
+    fn = _libc("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
     if fn is None:
         return False
     if fn(fd, 0, offset, nbytes) == 0:
@@ -179,7 +178,6 @@ def _fallocate(fd: int, offset: int, nbytes: int) -> bool:
 
 _WRITEBACK_CHUNK = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
-_libc_sfr: list = []
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
@@ -187,18 +185,9 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     (Linux sync_file_range(SYNC_FILE_RANGE_WRITE)). A streaming writer calls this as it goes so that the
     fsync before publishing finds little left to do: the disk works while the next tensors are converted,
     instead of all at the end. A no-op where the call is unavailable."""
-    if not _libc_sfr:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _libc_sfr.append(fn)
-    if _libc_sfr[0] is not None and nbytes > 0:
-        _libc_sfr[0](fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # failure only means a slower fsync later
+    fn = _libc("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+    if fn is not None and nbytes > 0:
+        fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # failure only means a slower fsync later
 
 
 def _fsync_path(p: Path) -> None:
