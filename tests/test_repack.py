@@ -426,15 +426,22 @@ def test_gguf_to_gguf_carries_metadata_and_requantizes_only_q4_1(tmp_path):
             assert raw_equal(got, ref[t.name]), t.name
 
 
-def test_streaming_buffers_are_reused_without_mixing_modules(tmp_path):
+def test_streaming_buffers_are_reused_without_mixing_modules(tmp_path, monkeypatch):
     """Modules large enough for the streaming path (mapped reads, qweights >= 1 MiB converted into pooled
     buffers handed back by the writer thread) give the same file as the composed, unpooled run, and the
-    back-conversion restores every source byte."""
+    back-conversion restores every source byte. The pool really hands buffers out again (6 modules, 3
+    buffers)."""
+    from qtool.repack import run as rr
+
+    ptrs = []
+    take = rr.ScratchPool.take
+    monkeypatch.setattr(rr.ScratchPool, "take", lambda self, w: ptrs.append(take(self, w)) or ptrs[-1])
     mods = {f"model.layers.{i}.mlp.{n}": shape for i in range(3)
             for n, shape in (("up_proj", (512, 4096)), ("down_proj", (1024, 2048)))}
     make_checkpoint(tmp_path / "src", "gptq", 4, 128, True, seed=5, modules=mods)
     fast = run_repack(RepackJob(tmp_path / "src", "marlin", tmp_path / "fast"))
     assert all(m.fast for m in fast.plan.modules)
+    assert len(ptrs) == 6 and len({t.data_ptr() for t in ptrs}) <= 3
     run_repack(RepackJob(tmp_path / "src", "marlin", tmp_path / "slow"), use_fast_paths=False)
     assert (tmp_path / "fast" / "model.safetensors").read_bytes() == (tmp_path / "slow" / "model.safetensors").read_bytes()
     run_repack(RepackJob(tmp_path / "fast", "gptq", tmp_path / "back"))

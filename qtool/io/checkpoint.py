@@ -141,12 +141,20 @@ def read_tensor(info: TensorInfo, mapped: bool = False):
                 f.seek(info.start)
                 got = f.readinto(memoryview(buf))
         except OSError as e:
-            raise InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
-                             tensor=info.name) from None
+            raise _unreadable(info, e) from None
         if got != info.nbytes:
-            raise InputError(f"file ends after {got} of the tensor's {info.nbytes} bytes", path=info.file,
-                             tensor=info.name, fix="the file is truncated; download it again")
+            raise _short(info, got)
     return t
+
+
+def _short(info: TensorInfo, got: int) -> InputError:
+    return InputError(f"file ends after {got} of the tensor's {info.nbytes} bytes", path=info.file,
+                      tensor=info.name, fix="the file is truncated; download it again")
+
+
+def _unreadable(info: TensorInfo, e: OSError) -> InputError:
+    return InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
+                      tensor=info.name)
 
 
 def _mapped_tensor(info: TensorInfo, dtype):
@@ -159,12 +167,10 @@ def _mapped_tensor(info: TensorInfo, dtype):
         with info.file.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             if info.start + info.nbytes > size:
-                raise InputError(f"file ends after {max(size - info.start, 0)} of the tensor's {info.nbytes} bytes",
-                                 path=info.file, tensor=info.name, fix="the file is truncated; download it again")
+                raise _short(info, max(size - info.start, 0))
             mm = mmap.mmap(f.fileno(), info.start + info.nbytes - lo, offset=lo, access=mmap.ACCESS_COPY)
     except OSError as e:
-        raise InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
-                         tensor=info.name) from None
+        raise _unreadable(info, e) from None
     # the tensor keeps `mm` alive through its buffer; the map is closed when the last view is freed
     flat = torch.frombuffer(mm, dtype=torch.uint8, count=info.nbytes, offset=info.start - lo)
     return flat.view(dtype).view(info.shape)

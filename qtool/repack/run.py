@@ -160,6 +160,17 @@ class ModuleConverter:
                                    fix="--exclude this module") from None
         return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
 
+    def scratch_words(self, m, mp: ModulePlan) -> int:
+        """int32 elements of a reusable output buffer worth handing to `convert` for this module: the source's
+        packed weight size (a direct path's output without padding has as many) when a direct path that
+        takes `out` applies and the weight is large; else 0."""
+        fn = self.fast.get((m.format, self.dst.spec.id))
+        if fn is None or mp.kind not in ("exact", "near-exact") or mp.steps or not _takes_out(fn) \
+                or self.source.container == "gguf" or "qweight" not in m.layout:
+            return 0
+        nbytes = self.source.tensor_nbytes(m.layout["qweight"])
+        return nbytes // 4 if nbytes >= 1 << 20 else 0
+
     def convert(self, m, mp: ModulePlan, scratch=None) -> dict:
         """Target tensors {short name: tensor} (GGUF: {"weight": uint8 [O, row_bytes]}).
 
@@ -282,12 +293,6 @@ class ScratchPool:
         self._free.put(buf)
 
 
-def _scratch_words(source, m) -> int:
-    """Elements of the module's packed weight (an upper bound for a direct path's output without padding)."""
-    info = source.tensor_info(m.layout["qweight"]) if "qweight" in m.layout else None
-    return info.nbytes // 4 if info is not None and info.nbytes >= 1 << 20 else 0
-
-
 # --- Hugging Face directory targets -------------------------------------------------------------------------
 def _target_metadata(plan: RepackPlan) -> dict[str, str]:
     from qtool import __version__
@@ -342,7 +347,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                         else:
                             w.add_raw(full, source.tensor_info(full))
                     continue
-                words = _scratch_words(source, m) if source.container != "gguf" else 0
+                words = conv.scratch_words(m, mp)
                 buf = pool.take(words) if words else None
                 w.add_many([(f"{m.name}.{short}" if m.name else short, t)
                             for short, t in conv.convert(m, mp, scratch=buf).items()])

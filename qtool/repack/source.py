@@ -103,6 +103,8 @@ class Source:
     def prefetch(self) -> None:
         """Tell the kernel every weight file will be read start to end (POSIX_FADV_WILLNEED), so pages that
         are not cached are read ahead in the background while the first modules are converted."""
+        if not hasattr(os, "posix_fadvise"):
+            return
         files = {info.file for info in self._ck.tensors.values()} if self._ck is not None else \
             {t.file for t in self._gguf.values()}
         for f in files:
@@ -111,8 +113,7 @@ class Source:
             except OSError:
                 continue  # reading it later reports the problem with its name
             try:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             except OSError:
                 pass  # only a hint
             finally:
