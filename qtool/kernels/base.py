@@ -25,7 +25,8 @@ from qtool.errors import DeviceError, FormatError, UsageError
 from qtool.formats.plain import Plain
 
 # Implementation modules, imported on first use of the registry.
-KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton")
+KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton",
+                  "qtool.kernels.cuda")
 
 ACT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -204,6 +205,7 @@ class Kernel:
     devices:  device types it runs on ("cpu", "cuda")
     bits:     code widths it reads
     dtypes:   activation dtypes
+    scale_dtypes: scale dtypes it reads (empty: any)
     """
 
     id: ClassVar[str]
@@ -211,6 +213,7 @@ class Kernel:
     devices: ClassVar[tuple[str, ...]]
     bits: ClassVar[tuple[int, ...]]
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
+    scale_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
 
     def available(self, device: torch.device) -> str | None:
         """Why this kernel cannot run at all on `device` (missing op, library, GPU), or None."""
@@ -229,6 +232,9 @@ class Kernel:
         if dtype not in self.dtypes:
             names = "/".join(k for k, v in ACT_DTYPES.items() if v in self.dtypes)
             why.append(f"{self.id} takes {names} activations, not {dtype}")
+        if self.scale_dtypes and layer.scales.dtype not in self.scale_dtypes:
+            why.append(f"{self.id}: scales dtype {layer.scales.dtype} is not "
+                       + "/".join(k for k, v in ACT_DTYPES.items() if v in self.scale_dtypes))
         return why
 
     def prepare(self, layer: PackedLayer) -> Any:  # pragma: no cover - interface

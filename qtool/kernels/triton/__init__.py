@@ -55,6 +55,7 @@ class TritonW4A16(Kernel):
     devices = ("cuda", "cpu")
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)
+    scale_dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
     def available(self, device: torch.device) -> str | None:
         why = super().available(device)
@@ -79,8 +80,6 @@ class TritonW4A16(Kernel):
             why.append(f"triton-w4a16 reads whole int32 words: K={layer.in_features} is not a multiple of 8")
         if layer.out_features % 8:
             why.append(f"triton-w4a16 reads whole qzeros words: N={layer.out_features} is not a multiple of 8")
-        if layer.scales.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            why.append(f"triton-w4a16: scales dtype {layer.scales.dtype} is not fp16/bf16/fp32")
         return why
 
     def prepare(self, layer: PackedLayer) -> TritonState:

@@ -1,0 +1,178 @@
+"""Check and tune the `cuda-w4a16` kernels on a GPU (the numbers behind qtool/kernels/cuda/launch.py).
+
+    python benchmarks/tune_cuda_w4a16.py --check                      # every kernel variant vs the float64 oracle
+    python benchmarks/tune_cuda_w4a16.py --tune --batch-sizes 1 16 256 --json tune-cuda.json
+
+--check: awkward layers (N not a multiple of 16 or 64, K = group x odd, K not a multiple of 64, act-order,
+group -1 / 32 / 64 / 128) x fp16/bf16 x M, for the M-bucket choice and for every forced variant (mma nt1/2/4
+with and without split, wgmma bn64/128/256); outputs poisoned with NaN; error within 4x the dense
+same-precision baseline's. Exit 1 on any failure.
+--tune: Llama-3-70B's four distinct projection shapes (times weighted by how often each occurs in a decoder
+layer: q/o 2, k/v 2, gate/up 2, down 1), dense cuBLAS against the default choice and the candidates below,
+timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from qtool.bench.layers import random_plain  # noqa: E402
+from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
+from qtool.formats.plain import dequantize  # noqa: E402
+from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, WGMMA, Config  # noqa: E402
+
+ERR_FACTOR = 4.0
+SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
+              ("down_proj", 28672, 8192, 1)]
+
+
+def forced_configs(m: int) -> list[Config]:
+    cs = [Config(kind=MMA, nt=nt, tn=tn, splits=sp) for nt in (1, 2, 4) if 8 * nt >= min(m, 8)
+          for tn in (1, 2) for sp in (1, 3)]
+    if torch.cuda.get_device_capability() == (9, 0):
+        cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
+        cs.append(Config(kind=WGMMA, bn=128, wgs=1, splits=1))
+        cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
+        cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
+    return cs
+
+
+def check() -> int:
+    kern = get_kernel("cuda-w4a16")
+    dev = torch.device("cuda")
+    layers = [(384, 200, 128, False, False), (640, 96, 64, True, False), (4096, 1024, 128, False, True),
+              (1536, 520, -1, False, False), (2048, 1040, 32, True, False), (160, 48, 32, False, True),
+              (8192, 256, 128, False, False)]
+    bad = total = 0
+    for dt in (torch.float16, torch.bfloat16):
+        for i, (k, n, g, act, sym) in enumerate(layers):
+            plain = random_plain(n, k, group_size=g, act_order=act, sym=sym, dtype=dt, device=dev, seed=100 + i)
+            layer = PackedLayer.from_plain(plain)
+            why = kern.check(layer, dt, dev)
+            if why:
+                print("REFUSED", k, n, g, act, why)
+                bad += 1
+                continue
+            st = kern.prepare(layer)
+            w64 = dequantize(plain, torch.float64)
+            w16 = dequantize(plain, dt)
+            for m in (1, 5, 16, 33, 100, 256):
+                x = torch.randn(m, k, device=dev).to(dt)
+                ref = x.double() @ w64.t()
+                base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
+                for cfg in [None, *forced_configs(m)]:
+                    st.override = cfg
+                    out = torch.full((m, n), float("nan"), dtype=dt, device=dev)
+                    try:
+                        y = kern.forward(x, st, out=out)
+                        torch.cuda.synchronize()
+                        fin = bool(torch.isfinite(y).all())
+                        err = float((y.double() - ref).norm() / ref.norm()) if fin else float("inf")
+                    except Exception as e:  # noqa: BLE001 - a report, not a crash
+                        fin, err = False, float("inf")
+                        print("EXC", e)
+                    total += 1
+                    ok = fin and err <= ERR_FACTOR * base
+                    if not ok:
+                        bad += 1
+                        label = cfg.label() if cfg else "default:" + st.config(m).label()
+                        print(f"FAIL {dt} K={k} N={n} g={g} act={act} sym={sym} M={m} {label}: err {err:.3g} "
+                              f"base {base:.3g}")
+                st.override = None
+    print(f"check: {total - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+def candidates(m: int) -> list[Config | None]:
+    c: list[Config | None] = [None]
+    if m <= 16:
+        nt = 1 if m <= 8 else 2
+        c += [Config(kind=MMA, nt=nt, tn=tn, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
+              for tn, w in ((1, 4), (2, 4), (2, 8)) for d in (0, 12) for cps, mb in ((4.0, 4), (16.0, 4), (32.0, 2))]
+    else:
+        c += [Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stg, ctas_per_sm=cps, min_blocks=8)
+              for bn, wgs, stg in ((128, 2, 4), (256, 2, 0), (128, 4, 0)) for cps in (1.0, 2.0)]
+    return c
+
+
+def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None) -> None:
+    kern = get_kernel("cuda-w4a16")
+    dev = torch.device("cuda")
+    rows = []
+    for name, k, n, mult in SHAPES_70B:
+        plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=k + n)
+        layer = PackedLayer.from_plain(plain)
+        w16 = dequantize(plain, dtype)
+        del plain
+        nq = rotation_count(dev, layer.nbytes() + max(batch_sizes) * k * 2)
+        nd = rotation_count(dev, w16.numel() * 2)
+        states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
+        w16s = [w16] + [w16.clone() for _ in range(nd - 1)]
+        for m in batch_sizes:
+            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(nq, nd))]
+            td = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev, graphs=True)
+            rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="dense", us=td.median_s * 1e6))
+            if m == 1:  # a read-only reference over the same packed bytes: torch's sum of the int32 words
+                tr = time_calls([(lambda s=s: s.qweight.sum(dtype=torch.int64)) for s in states], dev, graphs=True)
+                rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
+                                 us=tr.median_s * 1e6))
+            for cfg in candidates(m):
+                for s in states:
+                    s.override = cfg
+                label = cfg.label() if cfg else "default:" + states[0].config(m).label()
+                tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs, states)], dev,
+                                graphs=True)
+                rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel=label, us=tq.median_s * 1e6,
+                                 bytes=layer.nbytes() + 2 * m * (k + n)))
+            del xs
+        del states, w16s, w16, layer
+        torch.cuda.empty_cache()
+    # per M and candidate: layer totals (weighted), speedup over dense
+    print(f"{'M':>4} {'kernel':<40} {'layer us':>9} {'x dense':>8}")
+    for m in batch_sizes:
+        dense = sum(r["us"] * r["mult"] for r in rows if r["M"] == m and r["kernel"] == "dense")
+        names = []
+        for r in rows:
+            if r["M"] == m and r["kernel"] != "dense" and r["kernel"].split(":")[0] not in names:
+                names.append(r["kernel"].split(":")[0])
+        for nm in names:
+            rs = [r for r in rows if r["M"] == m and r["kernel"].split(":")[0] == nm]
+            if len(rs) != len(SHAPES_70B):
+                continue
+            t = sum(r["us"] * r["mult"] for r in rs)
+            print(f"{m:>4} {nm:<40} {t:>9.1f} {dense / t:>8.2f}   " +
+                  " ".join(f"{r['shape']}={r['us']:.1f}" for r in rs))
+        print(f"{m:>4} {'dense':<40} {dense:>9.1f}")
+    if out_json:
+        out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 256])
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-dense-check", action="store_true")
+    a = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
+          f"{torch.__version__}", flush=True)
+    rc = check() if a.check else 0
+    if a.tune:
+        tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

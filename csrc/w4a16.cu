@@ -1,0 +1,682 @@
+// W4A16 GEMM kernels for qtool's `cuda-w4a16`: y[M, N] = x[M, K] @ W^T, W 4-bit with per-group scales and
+// zero points, stored in the "mma tile" layout that qtool/packing/mma_tiles.py writes at prepare time.
+//
+// Compiled to a cubin by qtool/kernels/cuda/build.py (nvcc -cubin, one architecture) and launched through
+// the CUDA driver API (qtool/kernels/cuda/driver.py), so no host compiler or torch headers are needed.
+//
+// Layout (all little-endian, built once from GPTQ v2 tensors):
+//   qw   uint4 [KB][N16][32]  KB = ceil(K/64) blocks of 64 k, N16 = ceil(N/16) tiles of 16 output rows
+//                             (block-major: the warps in flight read one front, not 1000s of streams).
+//                             Lane l = 4g + t of the warp that owns tile tn gets one uint4 per block: word s
+//                             (s = 0..3) is its mma A fragment for k16 step s (k0 = 64 kb + 16 s), nibbles
+//                             0/4: (row g, k0+2t / k0+2t+1)     1/5: (row g+8, same k)
+//                             2/6: (row g, k0+2t+8 / +9)        3/7: (row g+8, same k)
+//                             which is the m16n8k16 (and wgmma m64nNk16, per warp) A-fragment order, so one
+//                             16-byte load and four LOP3s give a lane the exact values it feeds the tensor core.
+//   msc  uint32 [NG][N16][8]  {scale(16 tn + g), scale(16 tn + g + 8)} as two 16-bit values of x's dtype
+//   mzp  uint4  [NG][N16]     16 zero points (0..15) of the tile, nibble r = row 16 tn + r (.z, .w: padding)
+//   gtab int32  [KB] or [KB*4] group of each block (kernels that need one group per block) or k16 step
+//
+// Dequantization: a nibble q is spliced into the mantissa of a 16-bit float by LOP3 (fp16 0x6400 = 1024, or
+// 16*q + 1024 for the high nibble of a byte; bf16 0x4300 = 128), and one FMA removes the bias and the zero
+// point together: (1024 + q) - (1024 + z) = q - z, exact in fp16 and bf16 for 4-bit q and z. The scale is
+// applied either to the fp32 accumulator once per block (groups of >= 64: exact products on the tensor core,
+// one rounding fewer than the dense baseline) or to the 16-bit fragment (smaller groups, and the wgmma
+// kernel, whose 128 accumulators per thread leave no room for a second set).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QT_WGMMA 1
+#include "wgmma_rs.cuh"
+#endif
+
+#define DEVI __device__ __forceinline__
+
+namespace qt {
+
+DEVI uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// (a & b) | c in one instruction
+DEVI uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <bool BF16>
+DEVI uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  if constexpr (BF16) {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  } else {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  }
+  return d;
+}
+
+template <bool BF16>
+DEVI float to_f32(uint32_t h16) {
+  if constexpr (BF16) {
+    return __uint_as_float(h16 << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h16)));
+  }
+}
+
+template <bool BF16>
+DEVI uint16_t from_f32(float v) {
+  if constexpr (BF16) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  } else {
+    return __half_as_ushort(__float2half_rn(v));
+  }
+}
+
+// Per-row constants of one group for the lane's two rows (g: zero z0, scale s0; g + 8: z1, s1).
+struct RowConst {
+  uint32_t nz0, nz1;  // negated biased zeros, as 16-bit pairs (see dequant)
+  uint32_t s0, s1;    // scales broadcast to both halves
+};
+
+template <bool BF16>
+DEVI RowConst row_const(uint32_t sc, uint2 zp, int g) {
+  const uint32_t z0 = (zp.x >> (4 * g)) & 15u, z1 = (zp.y >> (4 * g)) & 15u;
+  RowConst c;
+  if constexpr (BF16) {
+    c.nz0 = (0xC300u + z0) * 0x10001u;  // -(128 + z0)
+    c.nz1 = (0xC300u + z1) * 0x10001u;
+  } else {
+    c.nz0 = (0xE400u + z0) * 0x10001u;       // -(1024 + z0)
+    c.nz1 = (0xD400u + 16u * z1) * 0x10001u;  // -(64 + z1): the high nibble arrives as 1024 + 16 q, scaled by 1/16
+  }
+  c.s0 = (sc & 0xFFFFu) * 0x10001u;
+  c.s1 = (sc >> 16) * 0x10001u;
+  return c;
+}
+
+// One word -> the lane's A fragment a[0..3] = (q - z) as 16-bit pairs (exact), optionally times the scale.
+template <bool BF16, bool SCALE>
+DEVI void dequant(uint32_t w, const RowConst& c, uint32_t (&a)[4]) {
+  if constexpr (BF16) {
+    const uint32_t ONE = 0x3F803F80u, MAGIC = 0x43004300u;
+    a[0] = fma2<true>(lop3_and_or(w, 0x000F000Fu, MAGIC), ONE, c.nz0);
+    a[1] = fma2<true>(lop3_and_or(w >> 4, 0x000F000Fu, MAGIC), ONE, c.nz1);
+    a[2] = fma2<true>(lop3_and_or(w >> 8, 0x000F000Fu, MAGIC), ONE, c.nz0);
+    a[3] = fma2<true>(lop3_and_or(w >> 12, 0x000F000Fu, MAGIC), ONE, c.nz1);
+  } else {
+    const uint32_t ONE = 0x3C003C00u, SIXTEENTH = 0x2C002C00u, MAGIC = 0x64006400u;
+    const uint32_t w8 = w >> 8;
+    a[0] = fma2<false>(lop3_and_or(w, 0x000F000Fu, MAGIC), ONE, c.nz0);
+    a[1] = fma2<false>(lop3_and_or(w, 0x00F000F0u, MAGIC), SIXTEENTH, c.nz1);
+    a[2] = fma2<false>(lop3_and_or(w8, 0x000F000Fu, MAGIC), ONE, c.nz0);
+    a[3] = fma2<false>(lop3_and_or(w8, 0x00F000F0u, MAGIC), SIXTEENTH, c.nz1);
+  }
+  if constexpr (SCALE) {
+    const uint32_t NEG0 = 0x80008000u;  // a * s + (-0) = a * s, rounded once
+    a[0] = fma2<BF16>(a[0], c.s0, NEG0);
+    a[1] = fma2<BF16>(a[1], c.s1, NEG0);
+    a[2] = fma2<BF16>(a[2], c.s0, NEG0);
+    a[3] = fma2<BF16>(a[3], c.s1, NEG0);
+  }
+}
+
+template <bool BF16>
+DEVI void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+DEVI void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (src must still be a mapped address)
+DEVI void cp_async16(uint32_t saddr, const void* gptr, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gptr), "r"(n) : "memory");
+}
+template <int BYTES>
+DEVI void cp_async_ca(uint32_t saddr, const void* gptr) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(gptr), "n"(BYTES) : "memory");
+}
+DEVI void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+DEVI void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The weight stream is read exactly once per call: keep it out of L1.
+DEVI uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+DEVI uint32_t word(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
+
+struct Args {
+  const uint4* qw;
+  const uint32_t* msc;
+  const uint4* mzp;  // [NG][N16]: the 16 zero nibbles in .x/.y, .z/.w padding
+  const int* gtab;
+  const uint16_t* x;
+  uint16_t* y;
+  float* ws;
+  int* cnt;
+  int M, N, K, KB, kbps, NG, gshift;  // gshift >= 0: group of element k = min(k >> gshift, NG - 1); else gtab
+};
+
+// A warp's weight stream over TN adjacent 16-row tiles: a cp.async ring of D slots, each {the 32 lanes' 16
+// bytes of weights per tile, NS metadata records per tile}. A record is the tile's 8 scale pairs (32 bytes) and
+// its 16 zero nibbles (padded to 16 bytes), copied as three 16-byte pieces by lanes 3t..3t+2 for tile t; each
+// lane waits for its own copies and __syncwarp() publishes them to the warp. D - 1 blocks are in flight per warp
+// without holding registers.
+// NS = 1: one group per 64-k block, found by a shift (group size a power of two >= 64, or one group);
+// NS = 4: one group per k16 step, read from the group table (act-order, small or odd group sizes).
+// The sources advance by running pointers: the loop is issue-bound at M = 1, so every instruction counts.
+template <int D, int NS, int TN = 1>
+struct Stream {
+  static constexpr int META = 48;
+  static constexpr int SLOT = TN * 512 + TN * NS * META;
+  static constexpr int BYTES_PER_WARP = D * SLOT;
+  uint32_t base, end, fill, read;  // shared: the ring, the next slot to fill and to read
+  const uint4* gw;                 // next block's weights of tile 0 for this lane
+  size_t wstride;                  // uint4s from one block to the next (N16 * 32)
+  const char* mbase;               // this lane's metadata piece in group 0 (lanes < 3 TN)
+  uint32_t mstride;                // bytes from one group's record to the next
+  uint32_t mdst;                   // offset of this lane's piece in a slot
+  const int* gtab;
+  int kb_next, gshift, ngm1, lane, ntiles;  // ntiles: tiles of this warp inside N (1..TN), 0 = idle warp
+  bool mlane;
+
+  DEVI Stream(const Args& p, uint32_t warp_base, int lane_, int tn0, int n16, int kb0)
+      : base(warp_base), end(warp_base + BYTES_PER_WARP), fill(warp_base), read(warp_base),
+        gw(p.qw + ((size_t)kb0 * n16 + tn0) * 32 + lane_), wstride((size_t)n16 * 32), gtab(p.gtab),
+        kb_next(kb0), gshift(p.gshift), ngm1(p.NG - 1), lane(lane_) {
+    ntiles = max(0, min(TN, n16 - tn0));
+    const int t = lane_ / 3, part = lane_ - 3 * t;
+    mlane = t < ntiles;
+    const int tile = tn0 + (mlane ? t : 0);
+    mbase = part < 2 ? (const char*)(p.msc + (size_t)tile * 8 + part * 4) : (const char*)(p.mzp + tile);
+    mstride = part < 2 ? n16 * 32 : n16 * 16;
+    mdst = TN * 512 + t * NS * META + part * 16;
+  }
+
+  DEVI int group(int kb, int s) const {
+    if constexpr (NS == 4) {
+      return __ldg(gtab + kb * 4 + s);
+    } else {
+      return min((kb * 64) >> gshift, ngm1);
+    }
+  }
+  DEVI void issue() {  // the next block into the next slot
+#pragma unroll
+    for (int t = 0; t < TN; ++t)
+      if (t < ntiles) cp_async16(fill + t * 512 + lane * 16, gw + t * 32, true);
+    if (mlane) {
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+        cp_async16(fill + mdst + s * META, mbase + (size_t)group(kb_next, s) * mstride, true);
+    }
+    gw += wstride;
+    ++kb_next;
+    fill = fill + SLOT == end ? base : fill + SLOT;
+  }
+  DEVI uint4 weights(int t = 0) const {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(read + t * 512 + lane * 16));
+    return v;
+  }
+  DEVI uint32_t scale(int s, int t = 0) const {  // {scale(row g), scale(row g + 8)} of tile t
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n"
+                 : "=r"(v)
+                 : "r"(read + TN * 512 + (t * NS + s) * META + (lane >> 2) * 4));
+    return v;
+  }
+  DEVI uint2 zero(int s, int t = 0) const {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "r"(read + TN * 512 + (t * NS + s) * META + 32));
+    return v;
+  }
+  DEVI void next() { read = read + SLOT == end ? base : read + SLOT; }
+};
+
+// Epilogue shared by both kernels. acc[j][0..3] = rows (n0 + g, n0 + g, n0 + g + 8, n0 + g + 8) x batch columns
+// (8 j + 2 t, 8 j + 2 t + 1, ...) of this warp's 16-row tile. With one split the lane stores y directly;
+// otherwise it stores fp32 partials, and the last CTA of this output tile to arrive sums them in split order
+// (deterministic) and resets the tile's counter for the next call (one launch, no memset).
+// f(n, ml, value) for every accumulator element of the lane: output row n, batch row ml of the chunk
+template <int NT, int TN, typename F>
+DEVI void for_each_acc(const float (&acc)[TN][NT][4], int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(n0 + 16 * u + g + (e >> 1) * 8, 8 * j + 2 * t + (e & 1), acc[u][j][e]);
+}
+
+template <int NT, bool BF16, int TN = 1>
+DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w) {
+  const int splits = gridDim.y;
+  if (splits == 1) {
+    for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+      if (ml < mc && n < p.N) p.y[(size_t)(m0 + ml) * p.N + n] = from_f32<BF16>(v);
+    });
+    return;
+  }
+  const int np = ((p.N + 15) >> 4) * 16;
+  const size_t slab = (size_t)(8 * NT) * np;  // one split's partials for this batch chunk: [8 NT][np]
+  float* mine = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * slab;
+  for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+    if (ml < mc && n < np) mine[(size_t)ml * np + n] = v;
+  });
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = p.cnt + blockIdx.z * gridDim.x + blockIdx.x;
+    last = atomicAdd(c, 1) == splits - 1;
+    if (last) *c = 0;  // every other CTA of this tile has arrived: safe to re-arm
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // EPT elements per thread at once, so EPT x (unrolled) splits loads are in flight instead of one
+  constexpr int EPT = 4;
+  const int total = mc * tile_w;
+  const size_t stride = (size_t)gridDim.z * slab;
+  for (int e0 = threadIdx.x; e0 < total; e0 += blockDim.x * EPT) {
+    const float* src[EPT];
+    size_t dst[EPT];
+    bool ok[EPT];
+    float sum[EPT];
+#pragma unroll
+    for (int u = 0; u < EPT; ++u) {
+      const int e = e0 + u * blockDim.x;
+      const int ml = e / tile_w, n = tile_n0 + (e - ml * tile_w);
+      ok[u] = e < total && n < p.N;
+      src[u] = p.ws + (size_t)blockIdx.z * slab + (size_t)(ok[u] ? ml : 0) * np + (ok[u] ? n : 0);
+      dst[u] = (size_t)(m0 + ml) * p.N + n;
+      sum[u] = 0.f;
+    }
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+#pragma unroll
+      for (int u = 0; u < EPT; ++u) sum[u] += __ldcg(src[u] + s * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < EPT; ++u)
+      if (ok[u]) p.y[dst[u]] = from_f32<BF16>(sum[u]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Small-batch kernel (sm_80+): mma.sync m16n8k16 with the weight as the A operand (16 output rows per tile, TN
+// adjacent tiles per warp sharing the x fragments) and x^T as B (NT tiles of 8 batch columns). The CTA's K
+// range (one split) of x is staged in shared memory once; each warp streams its weight blocks from HBM
+// through its cp.async ring. Grid: (ceil(N16 / (warps TN)), splits, ceil(M / 8NT)).
+// POST: scale the fp32 block sums (one group per block); else scale the 16-bit fragment per k16 step.
+// ---------------------------------------------------------------------------------------------------------
+template <int NT, bool BF16, bool POST, int D, int TN, bool NULLC = false>
+DEVI void mma_small(const Args& p) {
+  extern __shared__ uint4 smem4[];
+  constexpr int NS = POST ? 1 : 4;
+  using R = Stream<D, NS, TN>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int n16 = (p.N + 15) >> 4;
+  const int tn0 = (blockIdx.x * nwarps + warp) * TN;
+  const int kb0 = blockIdx.y * p.kbps;
+  const int nb = min(p.KB, kb0 + p.kbps) - kb0;
+  const int m0 = blockIdx.z * (8 * NT);
+  const int mc = min(8 * NT, p.M - m0);
+  const int pitch = p.kbps * 64 + 8;  // halves; +16 bytes so the 8 rows of an ldmatrix hit 8 bank groups
+  const uint32_t xs_base = smem_u32(smem4);
+  const uint32_t ring_base = xs_base + ((min(8 * NT, p.M) * pitch * 2 + 127) & ~127);
+  R ws(p, ring_base + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
+
+  {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): commit group 0
+    const int cpr = nb * 8;
+    const int total = mc * cpr;
+    for (int c = threadIdx.x; c < total; c += blockDim.x) {
+      const int r = c / cpr, q = c - r * cpr;
+      const int k = kb0 * 64 + q * 8;
+      const bool v = k < p.K;
+      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
+    }
+    cp_commit();
+  }
+  const bool active = ws.ntiles > 0;
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {  // groups 1 .. D-1: the first D-1 blocks
+    if (active && d < nb) ws.issue();
+    cp_commit();
+  }
+
+  float acc[TN][NT][4];
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+
+  // ldmatrix.x4: lanes 8i..8i+7 give the rows of matrix i; matrices = (k 0-7, k 8-15) of steps s and s+1.
+  uint32_t lds[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    int r = 8 * j + (lane & 7);
+    if (r >= mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
+    const int mat = lane >> 3;
+    lds[j] = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
+  }
+
+  cp_wait<D - 1>();  // group 0 (x) has landed for this thread's copies ...
+  __syncthreads();   // ... and for everyone's
+
+  if (active) {
+    for (int i = 0; i < nb; ++i) {
+      if (i + D - 1 < nb) ws.issue();
+      cp_commit();
+      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
+      __syncwarp();      // ... and the metadata the warp's lanes copied
+      uint4 wv[TN];
+      uint32_t sc0[TN];
+      RowConst rc[TN];
+#pragma unroll
+      for (int u = 0; u < TN; ++u) {
+        wv[u] = ws.weights(u);
+        sc0[u] = ws.scale(0, u);
+        rc[u] = row_const<BF16>(sc0[u], ws.zero(0, u), g);
+      }
+      if constexpr (NULLC) {  // benchmarks only: the same stream with no arithmetic (a bandwidth probe)
+#pragma unroll
+        for (int u = 0; u < TN; ++u)
+          acc[u][0][0] += __uint_as_float((wv[u].x ^ wv[u].y ^ wv[u].z ^ wv[u].w ^ sc0[u] ^ rc[u].nz0) & 0x3FFFFFu);
+        ws.next();
+        continue;
+      }
+      float accb[TN][NT][4];
+      if constexpr (POST) {
+#pragma unroll
+        for (int u = 0; u < TN; ++u)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) accb[u][j][0] = accb[u][j][1] = accb[u][j][2] = accb[u][j][3] = 0.f;
+      }
+      uint32_t bx[NT][4];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (s % 2 == 0) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) ldsm_x4(bx[j], lds[j] + i * 128 + s * 32);
+        }
+#pragma unroll
+        for (int u = 0; u < TN; ++u) {
+          if constexpr (!POST) {
+            if (s > 0) rc[u] = row_const<BF16>(ws.scale(s, u), ws.zero(s, u), g);
+          }
+          uint32_t a[4];
+          dequant<BF16, !POST>(word(wv[u], s), rc[u], a);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if constexpr (POST) {
+              mma16816<BF16>(accb[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
+            } else {
+              mma16816<BF16>(acc[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
+            }
+          }
+        }
+      }
+      if constexpr (POST) {
+#pragma unroll
+        for (int u = 0; u < TN; ++u) {
+          const float s0 = to_f32<BF16>(sc0[u] & 0xFFFFu), s1 = to_f32<BF16>(sc0[u] >> 16);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            acc[u][j][0] = fmaf(s0, accb[u][j][0], acc[u][j][0]);
+            acc[u][j][1] = fmaf(s0, accb[u][j][1], acc[u][j][1]);
+            acc[u][j][2] = fmaf(s1, accb[u][j][2], acc[u][j][2]);
+            acc[u][j][3] = fmaf(s1, accb[u][j][3], acc[u][j][3]);
+          }
+        }
+      }
+      ws.next();
+    }
+  }
+  cp_wait<0>();
+  epilogue<NT, BF16, TN>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+}
+
+#ifdef QT_WGMMA
+// ---------------------------------------------------------------------------------------------------------
+// Large-batch kernel (sm_90a): wgmma m64nBNk16 with A = the dequantized weight from registers (each warp of a
+// warpgroup owns a 16-row tile, same per-lane words as mma_small) and B = a BN x 64 tile of x in shared memory
+// (K-major, 128-byte swizzle), streamed through STAGES slots by cp.async. WGS warpgroups share each x tile.
+// Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)).
+// ---------------------------------------------------------------------------------------------------------
+DEVI uint64_t sw128_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+DEVI void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+DEVI void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+DEVI void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
+
+template <int BN, bool BF16>
+DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (BF16) {
+    if constexpr (BN == 64) wgmma_rs_m64n64k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 128) wgmma_rs_m64n128k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 256) wgmma_rs_m64n256k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+  } else {
+    if constexpr (BN == 64) wgmma_rs_m64n64k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 128) wgmma_rs_m64n128k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 256) wgmma_rs_m64n256k16_f16(d, a[0], a[1], a[2], a[3], desc);
+  }
+}
+
+template <int BN, int WGS, int STAGES, bool BF16, int NS, int D>
+DEVI void wg_large(const Args& p) {
+  extern __shared__ uint4 smem4[];
+  constexpr int SLOT = BN * 128;  // bytes: BN rows of 64 halves
+  constexpr int NTH = 128 * WGS;
+  const uint32_t sbase = (smem_u32(smem4) + 1023u) & ~1023u;  // the swizzle pattern repeats every 1 KB
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2;
+  const int n16 = (p.N + 15) >> 4;
+  const int tn = blockIdx.x * (4 * WGS) + warp;
+  const bool active = tn < n16;
+  const int kb0 = blockIdx.y * p.kbps;
+  const int nb = min(p.KB, kb0 + p.kbps) - kb0;
+  const int m0 = blockIdx.z * BN;
+  const int mc = min(BN, p.M - m0);
+  using R = Stream<D, NS>;
+  R ws(p, sbase + STAGES * SLOT + warp * R::BYTES_PER_WARP, lane, tn, n16, kb0);  // TN = 1
+
+  auto load_x = [&](int slot, int kb) {
+    const uint32_t st = sbase + slot * SLOT;
+#pragma unroll
+    for (int it = 0; it < BN * 8 / NTH; ++it) {
+      const int c = tid + it * NTH;
+      const int r = c >> 3, q = c & 7;
+      const int k = kb * 64 + q * 8;
+      const bool v = r < mc && k < p.K;
+      cp_async16(st + r * 128 + ((q ^ (r & 7)) << 4), p.x + (v ? (size_t)(m0 + r) * p.K + k : 0), v);
+    }
+  };
+
+  static_assert(D - 1 >= STAGES - 2, "the weight ring runs at least as far ahead as the x tiles");
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {  // group d: weights of block d, and its x tile for d < STAGES - 2
+    if (d < STAGES - 2 && d < nb) load_x(d, kb0 + d);
+    if (active && d < nb) ws.issue();
+    cp_commit();
+  }
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  uint32_t a[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+
+  // Group committed in iteration i: x of block i + STAGES - 2 and weights of block i + D - 1, so waiting
+  // for block i's x tile (STAGES - 3 younger groups) also covers its (older) weights.
+  int xslot = 0;
+  for (int i = 0; i < nb; ++i) {
+    cp_wait<STAGES - 3>();  // block i's x tile, weights and metadata have landed (this thread's copies)
+    fence_proxy_async();    // ... and the x tile is visible to the tensor cores' (async proxy) reads
+    __syncthreads();        // every thread's copies; every warpgroup is done with block i - 2's x slot
+    if (i + STAGES - 2 < nb) load_x((i + STAGES - 2) % STAGES, kb0 + i + STAGES - 2);
+    if (active && i + D - 1 < nb) ws.issue();
+    cp_commit();
+    const uint32_t st = sbase + xslot * SLOT;
+    const uint4 wv = active ? ws.weights() : make_uint4(0, 0, 0, 0);
+    RowConst rc = row_const<BF16>(ws.scale(0), ws.zero(0), g);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if constexpr (NS == 4) {
+        if (s > 0) rc = row_const<BF16>(ws.scale(s), ws.zero(s), g);
+      }
+      if (active) dequant<BF16, true>(word(wv, s), rc, a[s & 1]);
+      wg_fence();
+      wgmma_rs<BN, BF16>(acc, a[s & 1], sw128_desc(st + s * 32));
+      wg_commit();
+      wg_wait<1>();          // the previous step's wgmma is done: its A registers may be rewritten
+      keep(a[(s + 1) & 1]);  // ... and not before (the compiler must not reuse them earlier)
+    }
+    ws.next();
+    xslot = xslot + 1 == STAGES ? 0 : xslot + 1;
+  }
+  wg_wait<0>();
+  cp_wait<0>();
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  float (&acc4)[1][BN / 8][4] = *reinterpret_cast<float (*)[1][BN / 8][4]>(acc);
+  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16);
+}
+#endif
+
+}  // namespace qt
+
+// ---------------------------------------------------------------------------------------------------------
+// Entry points (extern "C": the driver API looks them up by these names; qtool/kernels/cuda/launch.py lists
+// the same whitelist). Arguments in Args order.
+// ---------------------------------------------------------------------------------------------------------
+#define QT_ARGS                                                                                           \
+  const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, \
+      float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift
+#define QT_PACK {qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift}
+
+#define QT_MMA(NAME, NT, BF16, POST, D, TN)                                        \
+  extern "C" __global__ void __launch_bounds__(256) NAME(QT_ARGS) {                \
+    const qt::Args a = QT_PACK;                                                    \
+    qt::mma_small<NT, BF16, POST, D, TN>(a);                                       \
+  }
+
+// Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
+extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::mma_small<1, false, true, 6, 1, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn2_post(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::mma_small<1, false, true, 6, 2, true>(a);
+}
+
+QT_MMA(qt_mma_f16_nt1_tn1_post, 1, false, true, 6, 1)
+QT_MMA(qt_mma_f16_nt1_tn1_step, 1, false, false, 4, 1)
+QT_MMA(qt_mma_f16_nt1_tn2_post, 1, false, true, 6, 2)
+QT_MMA(qt_mma_f16_nt1_tn2_step, 1, false, false, 4, 2)
+QT_MMA(qt_mma_f16_nt2_tn1_post, 2, false, true, 6, 1)
+QT_MMA(qt_mma_f16_nt2_tn1_step, 2, false, false, 4, 1)
+QT_MMA(qt_mma_f16_nt2_tn2_post, 2, false, true, 6, 2)
+QT_MMA(qt_mma_f16_nt2_tn2_step, 2, false, false, 4, 2)
+QT_MMA(qt_mma_f16_nt4_tn1_post, 4, false, true, 6, 1)
+QT_MMA(qt_mma_f16_nt4_tn1_step, 4, false, false, 4, 1)
+QT_MMA(qt_mma_f16_nt4_tn2_post, 4, false, true, 6, 2)
+QT_MMA(qt_mma_f16_nt4_tn2_step, 4, false, false, 4, 2)
+QT_MMA(qt_mma_bf16_nt1_tn1_post, 1, true, true, 6, 1)
+QT_MMA(qt_mma_bf16_nt1_tn1_step, 1, true, false, 4, 1)
+QT_MMA(qt_mma_bf16_nt1_tn2_post, 1, true, true, 6, 2)
+QT_MMA(qt_mma_bf16_nt1_tn2_step, 1, true, false, 4, 2)
+QT_MMA(qt_mma_bf16_nt2_tn1_post, 2, true, true, 6, 1)
+QT_MMA(qt_mma_bf16_nt2_tn1_step, 2, true, false, 4, 1)
+QT_MMA(qt_mma_bf16_nt2_tn2_post, 2, true, true, 6, 2)
+QT_MMA(qt_mma_bf16_nt2_tn2_step, 2, true, false, 4, 2)
+QT_MMA(qt_mma_bf16_nt4_tn1_post, 4, true, true, 6, 1)
+QT_MMA(qt_mma_bf16_nt4_tn1_step, 4, true, false, 4, 1)
+QT_MMA(qt_mma_bf16_nt4_tn2_post, 4, true, true, 6, 2)
+QT_MMA(qt_mma_bf16_nt4_tn2_step, 4, true, false, 4, 2)
+// Deeper rings (11 blocks in flight per warp) for the weight-streaming regime.
+QT_MMA(qt_mma_f16_nt1_tn1_post_d12, 1, false, true, 12, 1)
+QT_MMA(qt_mma_f16_nt1_tn2_post_d12, 1, false, true, 12, 2)
+QT_MMA(qt_mma_f16_nt2_tn1_post_d12, 2, false, true, 12, 1)
+QT_MMA(qt_mma_f16_nt2_tn2_post_d12, 2, false, true, 12, 2)
+QT_MMA(qt_mma_bf16_nt1_tn1_post_d12, 1, true, true, 12, 1)
+QT_MMA(qt_mma_bf16_nt1_tn2_post_d12, 1, true, true, 12, 2)
+QT_MMA(qt_mma_bf16_nt2_tn1_post_d12, 2, true, true, 12, 1)
+QT_MMA(qt_mma_bf16_nt2_tn2_post_d12, 2, true, true, 12, 2)
+
+// The wgmma kernels exist only in the sm_90a build (a lookup elsewhere fails, and launch.py never asks).
+// Ring depth: D - 1 >= STAGES - 2 (the weights run at least as far ahead as x); D = STAGES keeps the
+// smem of bn128 / 4 stages at 82 KB, two CTAs per SM.
+#ifdef QT_WGMMA
+#define QT_WG(NAME, BN, WGS, ST, BF16, NS)                                     \
+  extern "C" __global__ void __launch_bounds__(128 * WGS, 1) NAME(QT_ARGS) {   \
+    const qt::Args a = QT_PACK;                                                \
+    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1)>(a);           \
+  }
+
+QT_WG(qt_wg_f16_bn64_wg2_s6_blk, 64, 2, 6, false, 1)
+QT_WG(qt_wg_f16_bn64_wg2_s6_step, 64, 2, 6, false, 4)
+QT_WG(qt_wg_f16_bn128_wg1_s6_blk, 128, 1, 6, false, 1)
+QT_WG(qt_wg_f16_bn128_wg1_s6_step, 128, 1, 6, false, 4)
+QT_WG(qt_wg_f16_bn128_wg2_s6_blk, 128, 2, 6, false, 1)
+QT_WG(qt_wg_f16_bn128_wg2_s6_step, 128, 2, 6, false, 4)
+QT_WG(qt_wg_f16_bn128_wg2_s4_blk, 128, 2, 4, false, 1)
+QT_WG(qt_wg_f16_bn128_wg2_s4_step, 128, 2, 4, false, 4)
+QT_WG(qt_wg_f16_bn128_wg4_s6_blk, 128, 4, 6, false, 1)
+QT_WG(qt_wg_f16_bn128_wg4_s6_step, 128, 4, 6, false, 4)
+QT_WG(qt_wg_f16_bn256_wg2_s4_blk, 256, 2, 4, false, 1)
+QT_WG(qt_wg_f16_bn256_wg2_s4_step, 256, 2, 4, false, 4)
+QT_WG(qt_wg_bf16_bn64_wg2_s6_blk, 64, 2, 6, true, 1)
+QT_WG(qt_wg_bf16_bn64_wg2_s6_step, 64, 2, 6, true, 4)
+QT_WG(qt_wg_bf16_bn128_wg1_s6_blk, 128, 1, 6, true, 1)
+QT_WG(qt_wg_bf16_bn128_wg1_s6_step, 128, 1, 6, true, 4)
+QT_WG(qt_wg_bf16_bn128_wg2_s6_blk, 128, 2, 6, true, 1)
+QT_WG(qt_wg_bf16_bn128_wg2_s6_step, 128, 2, 6, true, 4)
+QT_WG(qt_wg_bf16_bn128_wg2_s4_blk, 128, 2, 4, true, 1)
+QT_WG(qt_wg_bf16_bn128_wg2_s4_step, 128, 2, 4, true, 4)
+QT_WG(qt_wg_bf16_bn128_wg4_s6_blk, 128, 4, 6, true, 1)
+QT_WG(qt_wg_bf16_bn128_wg4_s6_step, 128, 4, 6, true, 4)
+QT_WG(qt_wg_bf16_bn256_wg2_s4_blk, 256, 2, 4, true, 1)
+QT_WG(qt_wg_bf16_bn256_wg2_s4_step, 256, 2, 4, true, 4)
+#endif

@@ -1,0 +1,176 @@
+"""`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/w4a16.cu) over the mma tile layout (qtool/packing/mma_tiles.py).
+
+Two kernels, chosen per call by M (launch.py):
+- `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
+  from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
+  same launch. For the weight-streaming regime (small M).
+- `wgmma` (sm_90a only): wgmma m64nNk16 with A from registers (the same per-lane words) and x tiles from
+  shared memory; for large M, where the tensor cores' rate matters.
+
+`prepare` converts the GPTQ v2 tensors once into the tile layout on the layer's device (as engines repack at
+load time); nothing dense is kept. Importing this package imports neither ctypes bindings nor the build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from qtool.kernels.base import Kernel, PackedLayer, register, unpack_gptq
+
+MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands
+
+
+@dataclass
+class CudaState:
+    """A layer in the tile layout, on one CUDA device.
+
+    qweight  int32 [KB, N16, 32, 4]; zeros int32 [G, N16, 4]; scales: dict dtype -> int32 [G, N16, 8]
+    gtab_blk int32 [KB] or None; gtab_step int32 [KB*4] or None (mma_tiles.group_tables)
+    perm     int64 [K] (act-order: x columns are gathered by it) or None
+    """
+
+    K: int  # noqa: N815
+    N: int  # noqa: N815
+    qweight: torch.Tensor
+    zeros: torch.Tensor
+    scales: dict
+    gtab_blk: torch.Tensor | None
+    gtab_step: torch.Tensor | None
+    perm: torch.Tensor | None
+    n_sm: int
+    cc: tuple[int, int]
+    bytes_gptq: int
+    n_groups: int = 1
+    gshift_blk: int = -1  # group of block kb = (64 kb) >> gshift (clamped) when >= 0; else the step table
+    scales_src: torch.Tensor | None = None  # GPTQ scales [G, N], tiled again for another activation dtype
+    override: object = None  # a launch.Config forced on every call (tuning, tests)
+    configs: dict = field(default_factory=dict)
+    # split-K partials (fp32) and per-tile arrival counters (self-resetting); one state serves one stream at a time
+    ws: torch.Tensor | None = None
+    counters: torch.Tensor | None = None
+    retired: list = field(default_factory=list)  # superseded buffers that captured graphs may still use
+
+    def config(self, m: int):
+        from qtool.kernels.cuda.launch import choose
+
+        if self.override is not None:
+            return self.override
+        if m not in self.configs:
+            self.configs[m] = choose(m, self)
+        return self.configs[m]
+
+
+def group_shift(group_size: int, n_groups: int, smallest: int) -> int:
+    """log2(group size) when the kernel can find a group by a shift (a power of two >= smallest), 30 for a
+    single group (every shift lands on group 0 after clamping), else -1 (the kernel reads the group table)."""
+    if n_groups == 1:
+        return 30
+    if group_size >= smallest and group_size & (group_size - 1) == 0:
+        return group_size.bit_length() - 1
+    return -1
+
+
+def act_order_plan(g_idx: torch.Tensor, group_size: int, k: int) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """Act-order: (perm, sorted groups) with perm = stable argsort of g_idx, or why the kernel cannot take it
+    (a 16-k step of the sorted order would hold two groups)."""
+    gi = g_idx.to(torch.int64)
+    perm = torch.argsort(gi, stable=True)
+    sg = gi[perm]
+    pad = (-k) % 16
+    if pad:
+        return f"act-order needs K % 16 == 0, K = {k}"
+    steps = sg.view(-1, 16)
+    if not bool((steps == steps[:, :1]).all()):
+        return "act-order groups do not fall on 16-row steps after sorting (uneven group sizes)"
+    return perm, sg
+
+
+@register
+class CudaW4A16(Kernel):
+    id = "cuda-w4a16"
+    summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): mma.sync with in-register LOP3 dequant for small M, "
+               "wgmma (sm_90a) for large M; weights repacked once to the mma tile layout")
+    devices = ("cuda",)
+    bits = (4,)
+    dtypes = (torch.float16, torch.bfloat16)
+    scale_dtypes = (torch.float16, torch.bfloat16, torch.float32)
+
+    def available(self, device: torch.device) -> str | None:
+        why = super().available(device)
+        if why:
+            return why
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA device"
+        from qtool.kernels.cuda import build
+
+        cc = torch.cuda.get_device_capability(device)
+        if cc < MIN_CAPABILITY:
+            return f"cuda-w4a16 needs compute capability >= 8.0, device has {cc[0]}.{cc[1]}"
+        if not build.sources_present():
+            return "csrc/w4a16.cu is not installed (install qtool from its source tree)"
+        if not build.cubin_path(cc).is_file() and build.find_nvcc() is None:
+            return "cuda-w4a16 builds its kernels with nvcc on first use, and no nvcc was found"
+        return None
+
+    def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
+        why = super().check(layer, dtype, device)
+        k, eff = layer.in_features, layer.effective_group_size
+        if k % 8:
+            why.append(f"cuda-w4a16 reads x in 16-byte pieces: K={k} is not a multiple of 8")
+        if layer.n_groups > 1 and eff % 16:
+            why.append(f"cuda-w4a16 applies one group per 16-k step: group size {eff} is not a multiple of 16")
+        if layer.g_idx is not None:
+            plan = act_order_plan(layer.g_idx, eff, k)
+            if isinstance(plan, str):
+                why.append(f"cuda-w4a16: {plan}")
+        return why
+
+    def prepare(self, layer: PackedLayer) -> CudaState:
+        from qtool.packing import mma_tiles
+
+        dev = layer.device
+        codes, zeros = unpack_gptq(layer)  # int32 [K, N], [G, N]
+        perm = None
+        k, n = layer.in_features, layer.out_features
+        gsteps = None
+        if layer.g_idx is not None:
+            plan = act_order_plan(layer.g_idx, layer.effective_group_size, k)
+            if isinstance(plan, str):
+                from qtool.errors import FormatError
+
+                raise FormatError(f"cuda-w4a16: {plan}", tensor="g_idx", fix="use triton-w4a16 or torch-ref")
+            perm, sg = plan
+            codes = codes.index_select(0, perm)
+            kb = -(-k // 64)
+            gsteps = torch.full((kb * 4,), int(sg[-1]), dtype=torch.int32, device=dev)
+            gsteps[: k // 16] = sg.view(-1, 16)[:, 0].to(torch.int32)
+        qw = mma_tiles.tile_codes(codes.to(torch.uint8))
+        del codes
+        zt = mma_tiles.tile_zeros(zeros)
+        blk, step = mma_tiles.group_tables(k, layer.group_size, layer.n_groups, dev)
+        if perm is not None:
+            blk, step = None, gsteps
+            if layer.n_groups == 1:
+                blk = torch.zeros(-(-k // 64), dtype=torch.int32, device=dev)
+        scales = {}
+        if layer.scales.dtype in (torch.float16, torch.bfloat16):
+            scales[layer.scales.dtype] = mma_tiles.tile_scales(layer.scales)
+        n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+        eff = layer.effective_group_size
+        return CudaState(k, n, qw, zt, scales, blk, step, perm, n_sm, torch.cuda.get_device_capability(dev),
+                         layer.nbytes(), layer.n_groups,
+                         group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
+                         scales_src=layer.scales)
+
+    def forward(self, x: torch.Tensor, state: CudaState, out: torch.Tensor | None = None) -> torch.Tensor:
+        from qtool.kernels.cuda.launch import run
+
+        return run(x, state, state.config(x.shape[0]), out)
+
+    def describe(self, state: CudaState, m: int) -> str:
+        from qtool.kernels.cuda.launch import plan
+
+        cfg = state.config(m)
+        return cfg.label(plan(cfg, m, state)["splits"])

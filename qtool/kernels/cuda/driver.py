@@ -1,0 +1,79 @@
+"""The few CUDA driver-API calls the `cuda-w4a16` kernels need, through ctypes.
+
+Why the driver API: the kernels are a cubin (compiled by nvcc, build.py) loaded into the context torch
+already made current, and launched on torch's current stream, so nothing is compiled against torch's headers
+(no host compiler, no ABI coupling to the installed torch) and CUDA-graph capture works as for any launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+
+from qtool.errors import DeviceError
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:  # pragma: no cover - only without a driver, where torch sees no GPU either
+        raise DeviceError(f"cannot load the CUDA driver (libcuda.so.1): {e}", fix="install the NVIDIA driver") from e
+    vp, u = ctypes.c_void_p, ctypes.c_uint
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+    lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+    lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+    lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _lib().cuGetErrorName(rc, ctypes.byref(name))
+        raise DeviceError(f"CUDA driver call {what} failed: {(name.value or b'?').decode()} ({rc})",
+                          fix="rerun with QTOOL_DEBUG=1 and report it")
+
+
+class Module:
+    """A cubin loaded into the current context of one device."""
+
+    def __init__(self, image: bytes, device: torch.device):
+        with torch.cuda.device(device):
+            torch.cuda.current_stream(device).synchronize()  # makes torch's (primary) context current
+            ctx = ctypes.c_void_p()
+            _check(_lib().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+            if not ctx.value:
+                raise DeviceError(f"no current CUDA context on {device}", fix="report it")
+            self._mod = ctypes.c_void_p()
+            _check(_lib().cuModuleLoadData(ctypes.byref(self._mod), image), "cuModuleLoadData")
+        self.device = device
+        self._funcs: dict[str, ctypes.c_void_p] = {}
+        self._smem: dict[str, int] = {}
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        f = self._funcs.get(name)
+        if f is None:
+            f = ctypes.c_void_p()
+            _check(_lib().cuModuleGetFunction(ctypes.byref(f), self._mod, name.encode()),
+                   f"cuModuleGetFunction({name})")
+            self._funcs[name] = f
+        return f
+
+    def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
+        """Launch `name` on torch's current stream of this module's device; args are ctypes values."""
+        f = self.function(name)
+        if smem > 48 * 1024 and self._smem.get(name, 0) < smem:  # above 48 KB a kernel must opt in
+            _check(_lib().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   f"cuFuncSetAttribute({name}, {smem} B)")
+            self._smem[name] = smem
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        _check(_lib().cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
+                                     params, None), f"cuLaunchKernel({name})")

@@ -1,0 +1,124 @@
+"""`cuda-w4a16` host side on the CPU: launch planning, group lookup, act-order plan, refusals, the nvcc build.
+
+The kernels themselves run only on a GPU (tests/test_kernels_gpu.py, benchmarks/tune_cuda_w4a16.py --check);
+their arithmetic and layout are emulated lane by lane in tests/test_mma_tiles.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qtool.bench.layers import random_plain
+from qtool.kernels.base import PackedLayer, get_kernel
+from qtool.kernels.cuda import act_order_plan, build, group_shift
+from qtool.kernels.cuda.launch import MMA, WG_STAGES, WGMMA, Config, choose, plan, ring_depth
+
+SRC = (build.CSRC / "w4a16.cu").read_text()
+ENTRY = set(re.findall(r"QT_(?:MMA|WG)\((qt_\w+),", SRC)) | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
+SMEM_MAX = 227 * 1024
+SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
+
+
+def state(k, n, post=True, cc=(9, 0)):
+    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gtab_blk=object() if post else None, gshift_blk=7)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 256, 1000])
+@pytest.mark.parametrize("post", [True, False])
+def test_plan_names_an_instantiated_kernel_and_fits(m, post):
+    for k, n in SHAPES:
+        for cc in ((9, 0), (8, 0)):
+            st = state(k, n, post, cc)
+            cfg = choose(m, st)
+            if cc != (9, 0):
+                assert cfg.kind == MMA  # wgmma is sm_90a only
+            p = plan(cfg, m, st)
+            for dt in ("f16", "bf16"):
+                assert p["name"].replace("{dt}", dt) in ENTRY, p["name"]
+            assert p["smem"] <= SMEM_MAX
+            gx, splits, gz = p["grid"]
+            kb = -(-k // 64)
+            assert splits == -(-kb // p["kbps"]) and (splits - 1) * p["kbps"] < kb  # no empty split
+            assert gz * p["rows"] >= m and gx * (16 * (p["block"] // 32) * (cfg.tn if cfg.kind == MMA else 1)) >= n
+
+
+def test_forced_configs_and_labels():
+    st = state(8192, 8192)
+    p = plan(Config(kind=MMA, nt=1, tn=1, warps=8, splits=3), 1, st)
+    assert p["grid"] == (64, 3, 1) and p["kbps"] == 43 and p["block"] == 256
+    assert p["name"] == "qt_mma_{dt}_nt1_tn1_post"
+    assert plan(Config(kind=MMA, nt=1, tn=2, warps=8, splits=3), 1, st)["grid"] == (32, 3, 1)
+    p = plan(Config(kind=WGMMA, bn=128, wgs=4, splits=1), 256, st)
+    assert p["grid"] == (32, 1, 2) and p["block"] == 512
+    assert p["smem"] == 1024 + WG_STAGES[128] * 128 * 128 + 16 * ring_depth(WGMMA, True, 6) * (512 + 48)
+    p = plan(Config(kind=WGMMA, bn=128, wgs=2, stages=4), 256, st)
+    assert p["name"] == "qt_wg_{dt}_bn128_wg2_s4_blk" and p["smem"] <= 113 * 1024  # two CTAs per SM
+    assert Config(kind=MMA, nt=1).label() == "cuda mma nt1 tn2 w4 6/sm"
+    assert Config(kind=MMA, nt=1).label(8) == "cuda mma nt1 tn2 w4 split8"
+
+
+def test_x_slice_bounds_the_split():
+    # the mma kernel stages its K slice of x: at M = 16 that caps the slice at X_BUDGET, whatever was asked
+    st = state(28672, 8192)
+    p = plan(Config(kind=MMA, nt=2, tn=2, warps=8, splits=1), 16, st)
+    assert p["kbps"] * 64 * 16 * 2 <= 32 * 1024 and p["splits"] > 1
+
+
+def test_group_shift():
+    assert state(64, 64).gshift_blk == 7 and ring_depth(MMA, True) == 6
+    assert group_shift(128, 64, 64) == 7 and group_shift(64, 2, 64) == 6
+    assert group_shift(32, 8, 64) == -1 and group_shift(32, 8, 16) == 5
+    assert group_shift(96, 4, 16) == -1  # not a power of two: the kernel reads the group table
+    assert group_shift(4096, 1, 64) == 30  # one group
+
+
+def test_act_order_plan_sorts_rows_by_group():
+    g = torch.arange(64) // 16
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    g_idx = g[perm]
+    p, sg = act_order_plan(g_idx, 16, 64)
+    assert torch.equal(sg, g) and torch.equal(g_idx[p], g)
+    uneven = torch.tensor([0] * 20 + [1] * 12 + [2] * 32)
+    assert "16-row steps" in act_order_plan(uneven, 16, 64)
+    assert "K % 16" in act_order_plan(torch.zeros(40, dtype=torch.int64), 40, 40)
+
+
+def test_refusals_name_the_constraint():
+    kern = get_kernel("cuda-w4a16")
+    cpu = torch.device("cpu")
+    lay = PackedLayer.from_plain(random_plain(32, 96, group_size=24, seed=1))
+    why = kern.check(lay, torch.float16, cpu)
+    assert any("runs on cuda" in w for w in why)
+    assert any("group size 24 is not a multiple of 16" in w for w in why)
+    lay = PackedLayer.from_plain(random_plain(32, 128, group_size=32, seed=1))
+    assert kern.check(lay, torch.float32, cpu)[-1].startswith("cuda-w4a16 takes fp16/bf16")
+
+
+def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("QTOOL_CUDA_CACHE", str(tmp_path))
+    a = build.cubin_path((9, 0))
+    assert a.parent == tmp_path and a.name.endswith("-sm90.cubin")
+    assert build.cubin_path((8, 0)) != a and build.gencode((9, 0)) == "arch=compute_90a,code=sm_90a"
+    assert build.gencode((8, 9)) == "arch=compute_89,code=sm_89"
+
+
+@pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("cc", [(8, 0), pytest.param((9, 0), marks=pytest.mark.slow)])
+def test_nvcc_builds_every_entry_point_without_spills(cc, tmp_path):
+    out = tmp_path / "k.cubin"
+    res = subprocess.run([build.find_nvcc(), *build.FLAGS, "-gencode", build.gencode(cc), "-Xptxas", "-v",
+                          "-o", str(out), str(build.CSRC / "w4a16.cu")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    names = set(re.findall(r"Compiling entry function '(\w+)'", res.stderr))
+    want = {n for n in ENTRY if cc == (9, 0) or not n.startswith("qt_wg_")}
+    assert names == want
+    assert "warning" not in res.stderr.lower()
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert spills and max(spills) == 0
+    assert Path(out).stat().st_size > 0

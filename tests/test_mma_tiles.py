@@ -1,0 +1,221 @@
+"""The mma tile layout (qtool/packing/mma_tiles.py) and the arithmetic csrc/w4a16.cu does on it, on the CPU.
+
+The kernel cannot run here; what can be checked is everything it relies on:
+- the layout round-trips and places each code where the PTX A-fragment layout says a lane holds it
+  (an independent table below, written from the PTX ISA's m16n8k16 / wgmma m64nNk16 A-fragment figure);
+- the LOP3 + FMA dequantization gives exactly q - z for every q, z in fp16 and bf16 (bit-level emulation);
+- a lane-by-lane emulation of the kernel's decode over a whole layer reproduces the dequantized weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qtool.bench.layers import random_plain
+from qtool.kernels.base import PackedLayer, dequantize_packed, unpack_gptq
+from qtool.packing import mma_tiles
+
+
+def fragment_coords(g: int, t: int) -> list[tuple[int, int]]:
+    """PTX A fragment of lane 4g + t in a 16 x 16 tile: elements a0..a7 as (row, k).
+    a0,a1: (g, 2t), (g, 2t+1); a2,a3: (g+8, 2t), (g+8, 2t+1); a4,a5: (g, 2t+8), (g, 2t+9); a6,a7: (g+8, ...)."""
+    return [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1),
+            (g, 2 * t + 8), (g, 2 * t + 9), (g + 8, 2 * t + 8), (g + 8, 2 * t + 9)]
+
+
+# which nibble of the word the kernel's extraction turns into fragment element i (see dequant in w4a16.cu):
+# register a_r = (low half, high half); fp16: a0 <- nibbles 0/4, a1 <- 1/5, a2 <- 2/6 (word >> 8), a3 <- 3/7
+NIBBLE_OF_ELEMENT = [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_hand_built_tile_words():
+    # one 16 x 64 tile, code(k, n) = (n + 3k) % 16: lane (g=2, t=1), step 1 decoded by hand
+    k, n = 64, 16
+    kk, nn = torch.meshgrid(torch.arange(k), torch.arange(n), indexing="ij")
+    codes = ((nn + 3 * kk) % 16).to(torch.uint8)
+    qw = mma_tiles.tile_codes(codes)
+    assert qw.shape == (1, 1, 32, 4)
+    word = int(qw[0, 0, 4 * 2 + 1, 1]) & 0xFFFFFFFF
+    # step 1 -> k0 = 16; lane g=2, t=1: rows 2 and 10, k 18, 19, 26, 27
+    want = {0: (2, 18), 4: (2, 19), 1: (10, 18), 5: (10, 19), 2: (2, 26), 6: (2, 27), 3: (10, 26), 7: (10, 27)}
+    for nib, (row, kx) in want.items():
+        assert (word >> (4 * nib)) & 15 == (row + 3 * kx) % 16, nib
+
+
+def test_golden_words():
+    # codes 0..15 cycling along K, rows offset by their index: the first lane's four words, fixed bytes
+    k, n = 64, 16
+    kk, nn = torch.meshgrid(torch.arange(k), torch.arange(n), indexing="ij")
+    codes = ((kk + nn) % 16).to(torch.uint8)
+    qw = mma_tiles.tile_codes(codes)
+    got = [int(v) & 0xFFFFFFFF for v in qw[0, 0, 0]]
+    # lane 0 (g=0, t=0), step s: nibbles (row, k) = (0,16s) (8,16s) (0,16s+8) (8,16s+8) (0,16s+1) ...
+    want = []
+    for s in range(4):
+        k0 = 16 * s
+        vals = [(0, k0), (8, k0), (0, k0 + 8), (8, k0 + 8), (0, k0 + 1), (8, k0 + 1), (0, k0 + 9), (8, k0 + 9)]
+        want.append(sum(((r + kx) % 16) << (4 * j) for j, (r, kx) in enumerate(vals)))
+    assert got == want == [0x19910880] * 4  # nibbles 0, 8, 8, 0, 1, 9, 9, 1, low first
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 40).map(lambda v: 8 * v), n=st.integers(1, 70), seed=st.integers(0, 1 << 16))
+def test_tile_round_trip_and_fragment_placement(k, n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    qw = mma_tiles.tile_codes(codes)
+    n16, kb = mma_tiles.padded(n, k)
+    assert qw.shape == (kb, n16, 32, 4) and qw.dtype == torch.int32
+    assert torch.equal(mma_tiles.untile_codes(qw, k, n), codes)
+    # independent placement check: every (tile, block, lane, step) word against the fragment table
+    full = torch.zeros(kb * 64, n16 * 16, dtype=torch.int64)
+    full[:k, :n] = codes.to(torch.int64)
+    words = qw.to(torch.int64) & 0xFFFFFFFF
+    for tn in range(n16):
+        for b in range(kb):
+            for lane in (0, 5, 31):
+                g, t = divmod(lane, 4)
+                for s in range(4):
+                    w = int(words[b, tn, lane, s])
+                    for e, (r, kx) in enumerate(fragment_coords(g, t)):
+                        nib = NIBBLE_OF_ELEMENT[e]
+                        assert (w >> (4 * nib)) & 15 == full[64 * b + 16 * s + kx, 16 * tn + r]
+
+
+def _lop3_and_or(a, b, c):
+    return (a & b) | c
+
+
+def _fma_f16(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fma.rn.f16x2 on uint32 pairs: exact a*b+c (float64 holds it for these magnitudes), rounded once."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, dtype=np.uint32) for v in (a, b, c)))
+
+    def halves(v):
+        return np.stack([(v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)]).view(np.float16)
+    r = (halves(a).astype(np.float64) * halves(b).astype(np.float64) + halves(c).astype(np.float64))
+    h = r.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return h[0] | (h[1] << 16)
+
+
+def _fma_bf16(a, b, c):
+    a, b, c = (np.ascontiguousarray(v) for v in
+               np.broadcast_arrays(*(np.asarray(v, dtype=np.uint32) for v in (a, b, c))))
+
+    def halves(v):
+        lo = torch.from_numpy(((v & 0xFFFF) << 16).astype(np.uint32).view(np.int32)).view(torch.float32)
+        hi = torch.from_numpy((v & 0xFFFF0000).astype(np.uint32).view(np.int32)).view(torch.float32)
+        return lo.double(), hi.double()
+    (al, ah), (bl, bh), (cl, ch) = halves(a), halves(b), halves(c)
+
+    def rnd(v):  # round to bf16 bits
+        return torch.from_numpy(v.to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16).astype(np.uint32))
+    lo, hi = rnd(al * bl + cl).numpy(), rnd(ah * bh + ch).numpy()
+    return lo | (hi << 16)
+
+
+def emulate_dequant(w: np.ndarray, z0: np.ndarray, z1: np.ndarray, bf16: bool) -> list[np.ndarray]:
+    """The kernel's dequant(w, row_const(z0, z1)) without the scale: four uint32 16-bit pairs per word."""
+    w = w.astype(np.uint32)
+    if bf16:
+        nz0, nz1 = (0xC300 + z0) * 0x10001, (0xC300 + z1) * 0x10001
+        one, magic = np.uint32(0x3F803F80), np.uint32(0x43004300)
+        m = np.uint32(0x000F000F)
+        return [_fma_bf16(_lop3_and_or(w >> sh, m, magic), one, nz) for sh, nz in
+                ((0, nz0), (4, nz1), (8, nz0), (12, nz1))]
+    nz0, nz1 = (0xE400 + z0) * 0x10001, (0xD400 + 16 * z1) * 0x10001
+    one, sixteenth, magic = np.uint32(0x3C003C00), np.uint32(0x2C002C00), np.uint32(0x64006400)
+    lo, hi = np.uint32(0x000F000F), np.uint32(0x00F000F0)
+    w8 = w >> 8
+    return [_fma_f16(_lop3_and_or(w, lo, magic), one, nz0), _fma_f16(_lop3_and_or(w, hi, magic), sixteenth, nz1),
+            _fma_f16(_lop3_and_or(w8, lo, magic), one, nz0), _fma_f16(_lop3_and_or(w8, hi, magic), sixteenth, nz1)]
+
+
+def _pair_values(regs: list[np.ndarray], bf16: bool) -> np.ndarray:
+    """uint32 pairs -> float64 elements a0..a7 (low half first)."""
+    out = []
+    for r in regs:
+        for h in (r & 0xFFFF, r >> 16):
+            if bf16:
+                out.append(torch.from_numpy((h.astype(np.uint32) << 16).view(np.int32)).view(torch.float32).double()
+                           .numpy())
+            else:
+                out.append(h.astype(np.uint16).view(np.float16).astype(np.float64))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_dequant_bit_trick_is_exact_for_every_code_and_zero(bf16):
+    # every word whose 8 nibbles are one code q, against every zero z (row g) and z' (row g + 8)
+    q = np.arange(16, dtype=np.uint32)
+    words = q * np.uint32(0x11111111)
+    qq, zz = np.meshgrid(q, q, indexing="ij")
+    w = words[qq.ravel()]
+    z = zz.ravel().astype(np.uint32)
+    vals = _pair_values(emulate_dequant(w, z, z, bf16), bf16)
+    assert np.array_equal(vals, np.broadcast_to(qq.ravel().astype(np.float64) - z, vals.shape))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lane_emulation_reproduces_the_dequantized_weight(bf16):
+    """Decode a whole tiled layer lane by lane as the kernel does (word -> (q - z) pairs -> fragment
+    positions), apply the per-row scales, and compare with the GPTQ dequantization."""
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    n, k, gsz = 40, 192, 64
+    plain = random_plain(n, k, group_size=gsz, dtype=dtype, seed=7)
+    layer = PackedLayer.from_plain(plain)
+    codes, zeros = unpack_gptq(layer)
+    qw = mma_tiles.tile_codes(codes.to(torch.uint8))
+    zt = mma_tiles.tile_zeros(zeros)
+    sc = mma_tiles.tile_scales(layer.scales)
+    blk, _ = mma_tiles.group_tables(k, gsz, layer.n_groups)
+    n16, kb = mma_tiles.padded(n, k)
+    w_hat = np.zeros((n16 * 16, kb * 64))
+    for tn in range(n16):
+        for b in range(kb):
+            grp = int(blk[b])
+            zp = zt[grp, tn].numpy().astype(np.uint32)  # (x, y)
+            s16 = sc[grp, tn].numpy().astype(np.int64) & 0xFFFFFFFF
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                z0 = np.array([(zp[0] >> (4 * g)) & 15], dtype=np.uint32)
+                z1 = np.array([(zp[1] >> (4 * g)) & 15], dtype=np.uint32)
+                pair = np.array([s16[g]], dtype=np.uint32)
+                s0, s1 = _pair_values([pair], bf16)[:, 0]
+                for s in range(4):
+                    w = np.array([int(qw[b, tn, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
+                    vals = _pair_values(emulate_dequant(w, z0, z1, bf16), bf16)[:, 0]
+                    for e, (r, kx) in enumerate(fragment_coords(g, t)):
+                        scale = s0 if r < 8 else s1  # the kernel scales the fp32 block sum per row
+                        w_hat[16 * tn + r, 64 * b + 16 * s + kx] = vals[e] * scale
+    ref = dequantize_packed(layer, torch.float64).t().numpy()  # [N, K]
+    assert np.array_equal(w_hat[:n, :k], ref)
+    assert not w_hat[n:].any()  # padded rows have zero codes and zero scales
+
+
+def test_group_tables():
+    blk, step = mma_tiles.group_tables(160, 32, 5)
+    assert blk is None and step.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4]
+    blk, step = mma_tiles.group_tables(256, 128, 2)
+    assert blk.tolist() == [0, 0, 1, 1] and step.tolist() == [0] * 8 + [1] * 8
+    blk, step = mma_tiles.group_tables(1536, -1, 1)
+    assert blk.tolist() == [0] * 24 and step.tolist() == [0] * 96
+    assert mma_tiles.group_tables(256, 40, 7) == (None, None)
+
+
+def test_scales_and_zeros_layout():
+    s = torch.arange(2 * 20, dtype=torch.float16).view(2, 20)
+    t = mma_tiles.tile_scales(s)
+    assert t.shape == (2, 2, 8)
+    v = int(t[1, 0, 3]) & 0xFFFFFFFF  # group 1, tile 0, lane group g = 3: rows 3 and 11
+    assert np.uint16(v & 0xFFFF).view(np.float16) == s[1, 3] and np.uint16(v >> 16).view(np.float16) == s[1, 11]
+    assert (int(t[0, 1, 7]) & 0xFFFFFFFF) >> 16 == 0  # row 16 + 15 = 31 is padding: scale 0
+    z = (torch.arange(20) % 16).view(1, 20)
+    zt = mma_tiles.tile_zeros(z)
+    assert zt.shape == (1, 2, 4) and not zt[..., 2:].any()  # words 2-3: padding
+    lo, hi = (int(v) & 0xFFFFFFFF for v in zt[0, 0, :2])
+    assert [(lo >> (4 * r)) & 15 for r in range(8)] == list(range(8))
+    assert [(hi >> (4 * r)) & 15 for r in range(8)] == list(range(8, 16))
