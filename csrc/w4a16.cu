@@ -6,7 +6,7 @@
 //
 // Layout (all little-endian, built once from GPTQ v2 tensors):
 //   qw   uint4 [KB][N16][32]  KB = ceil(K/64) blocks of 64 k, N16 = ceil(N/16) tiles of 16 output rows
-//                             (block-major: the warps in flight read one front, not 1000s of streams).
+//                             (block-major; on an H200 no faster than tile-major, bench.md fourth pass).
 //                             Lane l = 4g + t of the warp that owns tile tn gets one uint4 per block: word s
 //                             (s = 0..3) is its mma A fragment for k16 step s (k0 = 64 kb + 16 s), nibbles
 //                             0/4: (row g, k0+2t / k0+2t+1)     1/5: (row g+8, same k)
@@ -15,7 +15,8 @@
 //                             16-byte load and four LOP3s give a lane the exact values it feeds the tensor core.
 //   msc  uint32 [NG][N16][8]  {scale(16 tn + g), scale(16 tn + g + 8)} as two 16-bit values of x's dtype
 //   mzp  uint4  [NG][N16]     16 zero points (0..15) of the tile, nibble r = row 16 tn + r (.z, .w: padding)
-//   gtab int32  [KB] or [KB*4] group of each block (kernels that need one group per block) or k16 step
+//   gtab int32  [KB*4]        group of each k16 step, for the per-step kernels (act-order, groups under 64 or not
+//                             a power of two); the per-block kernels find the group by a shift (Args::gshift)
 //
 // Dequantization: a nibble q is spliced into the mantissa of a 16-bit float by LOP3 (fp16 0x6400 = 1024, or
 // 16*q + 1024 for the high nibble of a byte; bf16 0x4300 = 128), and one FMA removes the bias and the zero

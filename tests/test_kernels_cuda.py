@@ -63,6 +63,14 @@ def test_forced_configs_and_labels():
     assert Config(kind=MMA, nt=1).label(8) == "cuda mma nt1 tn2 w4 split8"
 
 
+def test_large_m_choice_follows_the_layer_shape():
+    # Llama-3-70B at M = 256 (tune-cuda-h200-v4.json): k/v narrow, q/o square, gate/up wide, down long-K
+    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+    assert choose(256, state(8192, 8192)).wgs == 4
+    assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
+    assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
+
+
 def test_x_slice_bounds_the_split():
     # the mma kernel stages its K slice of x: at M = 16 that caps the slice at X_BUDGET, whatever was asked
     st = state(28672, 8192)
@@ -82,11 +90,11 @@ def test_act_order_plan_sorts_rows_by_group():
     g = torch.arange(64) // 16
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
     g_idx = g[perm]
-    p, sg = act_order_plan(g_idx, 16, 64)
+    p, sg = act_order_plan(g_idx, 64)
     assert torch.equal(sg, g) and torch.equal(g_idx[p], g)
     uneven = torch.tensor([0] * 20 + [1] * 12 + [2] * 32)
-    assert "16-row steps" in act_order_plan(uneven, 16, 64)
-    assert "K % 16" in act_order_plan(torch.zeros(40, dtype=torch.int64), 40, 40)
+    assert "16-row steps" in act_order_plan(uneven, 64)
+    assert "K % 16" in act_order_plan(torch.zeros(40, dtype=torch.int64), 40)
 
 
 def test_refusals_name_the_constraint():

@@ -72,15 +72,14 @@ def group_shift(group_size: int, n_groups: int, smallest: int) -> int:
     return -1
 
 
-def act_order_plan(g_idx: torch.Tensor, group_size: int, k: int) -> tuple[torch.Tensor, torch.Tensor] | str:
+def act_order_plan(g_idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | str:
     """Act-order: (perm, sorted groups) with perm = stable argsort of g_idx, or why the kernel cannot take it
     (a 16-k step of the sorted order would hold two groups)."""
+    if k % 16:
+        return f"act-order needs K % 16 == 0, K = {k}"
     gi = g_idx.to(torch.int64)
     perm = torch.argsort(gi, stable=True)
     sg = gi[perm]
-    pad = (-k) % 16
-    if pad:
-        return f"act-order needs K % 16 == 0, K = {k}"
     steps = sg.view(-1, 16)
     if not bool((steps == steps[:, :1]).all()):
         return "act-order groups do not fall on 16-row steps after sorting (uneven group sizes)"
@@ -122,7 +121,7 @@ class CudaW4A16(Kernel):
         if layer.n_groups > 1 and eff % 16:
             why.append(f"cuda-w4a16 applies one group per 16-k step: group size {eff} is not a multiple of 16")
         if layer.g_idx is not None:
-            plan = act_order_plan(layer.g_idx, eff, k)
+            plan = act_order_plan(layer.g_idx, k)
             if isinstance(plan, str):
                 why.append(f"cuda-w4a16: {plan}")
         return why
@@ -136,7 +135,7 @@ class CudaW4A16(Kernel):
         k, n = layer.in_features, layer.out_features
         gsteps = None
         if layer.g_idx is not None:
-            plan = act_order_plan(layer.g_idx, layer.effective_group_size, k)
+            plan = act_order_plan(layer.g_idx, k)
             if isinstance(plan, str):
                 from qtool.errors import FormatError
 

@@ -76,6 +76,14 @@ def choose(m: int, st) -> Config:
             return Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=8)
         if m <= 128:
             return Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
+        # tune-cuda-h200-v4.json, Llama-3-70B at M = 256: a layer too narrow for a wave of 128 x 256 tiles
+        # (k/v, 8 tiles) wants many small CTAs, two per SM (bn128, 4 stages: 31.7 us against 69.9); a square
+        # one (q/o) 4 warpgroups sharing each x tile (84.6 against 91-95); long-K and wide ones bn256 (253-270)
+        tiles = -(-st.N // 128) * -(-m // 256)
+        if tiles * 8 < st.n_sm:
+            return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+        if tiles < st.n_sm and st.K <= 2 * st.N:
+            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8)
         return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8)
     # tune-cuda-h200-v4-depth.json (benchmarks/results/bench.md, fourth pass): at M <= 8 one tile per warp, 4 warps,
     # ~16 CTAs per SM of split work (195.7 us over the 70B layer; two tiles per warp 208-218 us); at M <= 16
