@@ -206,6 +206,7 @@ class Kernel:
     bits:     code widths it reads
     dtypes:   activation dtypes
     scale_dtypes: scale dtypes it reads (empty: any)
+    min_capability: lowest CUDA compute capability it runs on, or None
     """
 
     id: ClassVar[str]
@@ -214,11 +215,19 @@ class Kernel:
     bits: ClassVar[tuple[int, ...]]
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
     scale_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
+    min_capability: ClassVar[tuple[int, int] | None] = None
 
     def available(self, device: torch.device) -> str | None:
         """Why this kernel cannot run at all on `device` (missing op, library, GPU), or None."""
         if device.type not in self.devices:
             return f"{self.id} runs on {'/'.join(self.devices)}, not {device.type}"
+        if device.type == "cuda" and self.min_capability is not None:
+            if not torch.cuda.is_available():
+                return "torch sees no CUDA device"
+            cc = torch.cuda.get_device_capability(device)
+            if cc < self.min_capability:
+                want = ".".join(map(str, self.min_capability))
+                return f"{self.id} needs compute capability >= {want}, device has {cc[0]}.{cc[1]}"
         return None
 
     def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:

@@ -95,18 +95,15 @@ class CudaW4A16(Kernel):
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)
     scale_dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    min_capability = MIN_CAPABILITY
 
     def available(self, device: torch.device) -> str | None:
         why = super().available(device)
         if why:
             return why
-        if not torch.cuda.is_available():
-            return "torch sees no CUDA device"
         from qtool.kernels.cuda import build
 
         cc = torch.cuda.get_device_capability(device)
-        if cc < MIN_CAPABILITY:
-            return f"cuda-w4a16 needs compute capability >= 8.0, device has {cc[0]}.{cc[1]}"
         if not build.sources_present():
             return "csrc/w4a16.cu is not installed (install qtool from its source tree)"
         if not build.cubin_path(cc).is_file() and build.find_nvcc() is None:

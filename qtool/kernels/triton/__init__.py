@@ -56,6 +56,7 @@ class TritonW4A16(Kernel):
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)
     scale_dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    min_capability = MIN_CAPABILITY
 
     def available(self, device: torch.device) -> str | None:
         why = super().available(device)
@@ -66,12 +67,6 @@ class TritonW4A16(Kernel):
         if device.type == "cpu":
             if not interpreter_on():
                 return "triton-w4a16 runs on CUDA; on the CPU only under TRITON_INTERPRET=1 (tests)"
-            return None
-        if not torch.cuda.is_available():
-            return "torch sees no CUDA device"
-        cap = torch.cuda.get_device_capability(device)
-        if cap < MIN_CAPABILITY:
-            return f"triton-w4a16 needs compute capability >= 8.0, device has {cap[0]}.{cap[1]}"
         return None
 
     def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
