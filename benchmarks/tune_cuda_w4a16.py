@@ -163,7 +163,6 @@ def main() -> int:
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 256])
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-dense-check", action="store_true")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "

@@ -26,7 +26,7 @@ SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), 
 
 
 def state(k, n, post=True, cc=(9, 0)):
-    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gtab_blk=object() if post else None, gshift_blk=7)
+    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1)
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 256, 1000])
@@ -109,11 +109,23 @@ def test_refusals_name_the_constraint():
 
 
 def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
-    monkeypatch.setenv("QTOOL_CUDA_CACHE", str(tmp_path))
+    monkeypatch.setenv("QTOOL_CUDA_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "csrc"
+    src.mkdir()
+    for name in build.SOURCES:
+        (src / name).write_bytes((build.CSRC / name).read_bytes())
+    monkeypatch.setattr(build, "CSRC", src)
     a = build.cubin_path((9, 0))
-    assert a.parent == tmp_path and a.name.endswith("-sm90.cubin")
+    assert a.parent == tmp_path / "cache" and a.name.endswith("-sm90.cubin")
     assert build.cubin_path((8, 0)) != a and build.gencode((9, 0)) == "arch=compute_90a,code=sm_90a"
     assert build.gencode((8, 9)) == "arch=compute_89,code=sm_89"
+    (src / "w4a16.cu").write_text((src / "w4a16.cu").read_text() + "\n// edited\n")
+    assert build.cubin_path((9, 0)) != a  # an edited kernel is never served from a stale cubin
+    a.parent.mkdir(parents=True)
+    a.write_bytes(b"stale")
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    with pytest.raises(Exception, match="nvcc"):
+        build.cubin_for((9, 0))
 
 
 @pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc")

@@ -171,12 +171,11 @@ def test_lane_emulation_reproduces_the_dequantized_weight(bf16):
     qw = mma_tiles.tile_codes(codes.to(torch.uint8))
     zt = mma_tiles.tile_zeros(zeros)
     sc = mma_tiles.tile_scales(layer.scales)
-    blk, _ = mma_tiles.group_tables(k, gsz, layer.n_groups)
     n16, kb = mma_tiles.padded(n, k)
     w_hat = np.zeros((n16 * 16, kb * 64))
     for tn in range(n16):
         for b in range(kb):
-            grp = int(blk[b])
+            grp = min(64 * b // gsz, layer.n_groups - 1)  # the kernel's shift
             zp = zt[grp, tn].numpy().astype(np.uint32)  # (x, y)
             s16 = sc[grp, tn].numpy().astype(np.int64) & 0xFFFFFFFF
             for lane in range(32):
@@ -196,14 +195,11 @@ def test_lane_emulation_reproduces_the_dequantized_weight(bf16):
     assert not w_hat[n:].any()  # padded rows have zero codes and zero scales
 
 
-def test_group_tables():
-    blk, step = mma_tiles.group_tables(160, 32, 5)
-    assert blk is None and step.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4]
-    blk, step = mma_tiles.group_tables(256, 128, 2)
-    assert blk.tolist() == [0, 0, 1, 1] and step.tolist() == [0] * 8 + [1] * 8
-    blk, step = mma_tiles.group_tables(1536, -1, 1)
-    assert blk.tolist() == [0] * 24 and step.tolist() == [0] * 96
-    assert mma_tiles.group_tables(256, 40, 7) == (None, None)
+def test_step_groups():
+    assert mma_tiles.step_groups(160, 32, 5).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4]  # padding: last
+    assert mma_tiles.step_groups(256, 128, 2).tolist() == [0] * 8 + [1] * 8
+    assert mma_tiles.step_groups(1536, -1, 1).tolist() == [0] * 96
+    assert mma_tiles.step_groups(256, 40, 7) is None  # a 16-k step would straddle two groups
 
 
 def test_scales_and_zeros_layout():

@@ -12,8 +12,8 @@ exactly its 8 fragment values, and a 16-byte load carries four steps (one 64-k b
     scales   int32 [G, N16, 8]        low/high 16 bits: scale of rows 16 tile + g and 16 tile + g + 8
     zeros    int32 [G, N16, 4]        16 zero points per tile, nibble r of words 0-1 = row 16 tile + r; 2-3 zero
                                      (padding: the kernel copies metadata in 16-byte pieces)
-    gtab_blk int32 [KB]               group of each 64-k block (valid when every block lies in one group)
-    gtab_step int32 [KB * 4]          group of each 16-k step (valid when group_size % 16 == 0)
+    gtab     int32 [KB * 4]           group of each 16-k step (valid when group_size % 16 == 0); kernels with one
+                                     group per 64-k block find it by a shift instead
 
 Nibble j of a word (bits 4j..4j+3), for lane (g, t), block kb, step s, k0 = 64 kb + 16 s:
     j = 4e + 2h + r  ->  (row 16 tile + g + 8r, k = k0 + 2t + e + 8h)
@@ -83,15 +83,11 @@ def tile_zeros(zeros: torch.Tensor) -> torch.Tensor:
     return torch.cat([words, torch.zeros_like(words)], dim=-1).contiguous()
 
 
-def group_tables(k: int, group_size: int, n_groups: int, device: torch.device | str = "cpu"
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(gtab_blk, gtab_step): the group of each 64-k block / 16-k step, clamped to the last group (the
-    padding past K is multiplied by zero x), or None where a block / step would straddle two groups."""
+def step_groups(k: int, group_size: int, n_groups: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """int32 [KB * 4]: the group of each 16-k step, clamped to the last group (the padding past K is multiplied
+    by zero x), or None where a step would straddle two groups."""
     eff = k if group_size == -1 else group_size
-    kb = -(-k // BLOCK_K)
-    blk = step = None
-    if n_groups == 1 or eff % BLOCK_K == 0:
-        blk = (torch.arange(kb, device=device) * BLOCK_K // eff).clamp_max(n_groups - 1).to(torch.int32)
-    if n_groups == 1 or eff % 16 == 0:
-        step = (torch.arange(kb * 4, device=device) * 16 // eff).clamp_max(n_groups - 1).to(torch.int32)
-    return blk, step
+    if n_groups > 1 and eff % 16:
+        return None
+    steps = torch.arange(-(-k // BLOCK_K) * 4, device=device)
+    return (steps * 16 // eff).clamp_max(n_groups - 1).to(torch.int32)

@@ -27,7 +27,7 @@ class CudaState:
     """A layer in the tile layout, on one CUDA device.
 
     qweight  int32 [KB, N16, 32, 4]; zeros int32 [G, N16, 4]; scales: dict dtype -> int32 [G, N16, 8]
-    gtab_blk int32 [KB] or None; gtab_step int32 [KB*4] or None (mma_tiles.group_tables)
+    gtab     int32 [KB*4]: the group of each 16-k step (mma_tiles.step_groups, or the sorted act-order groups)
     perm     int64 [K] (act-order: x columns are gathered by it) or None
     """
 
@@ -36,14 +36,14 @@ class CudaState:
     qweight: torch.Tensor
     zeros: torch.Tensor
     scales: dict
-    gtab_blk: torch.Tensor | None
-    gtab_step: torch.Tensor | None
+    gtab: torch.Tensor
     perm: torch.Tensor | None
     n_sm: int
     cc: tuple[int, int]
-    bytes_gptq: int
     n_groups: int = 1
-    gshift_blk: int = -1  # group of block kb = (64 kb) >> gshift (clamped) when >= 0; else the step table
+    # group of block kb = (64 kb) >> gshift (clamped) when >= 0: the per-block ("post") kernels; else the
+    # per-step kernels, which read gtab
+    gshift_blk: int = -1
     scales_src: torch.Tensor | None = None  # GPTQ scales [G, N], tiled again for another activation dtype
     override: object = None  # a launch.Config forced on every call (tuning, tests)
     configs: dict = field(default_factory=dict)
@@ -130,7 +130,7 @@ class CudaW4A16(Kernel):
         codes, zeros = unpack_gptq(layer)  # int32 [K, N], [G, N]
         perm = None
         k, n = layer.in_features, layer.out_features
-        gsteps = None
+        gtab = mma_tiles.step_groups(k, layer.group_size, layer.n_groups, dev)
         if layer.g_idx is not None:
             plan = act_order_plan(layer.g_idx, k)
             if isinstance(plan, str):
@@ -139,24 +139,18 @@ class CudaW4A16(Kernel):
                 raise FormatError(f"cuda-w4a16: {plan}", tensor="g_idx", fix="use triton-w4a16 or torch-ref")
             perm, sg = plan
             codes = codes.index_select(0, perm)
-            kb = -(-k // 64)
-            gsteps = torch.full((kb * 4,), int(sg[-1]), dtype=torch.int32, device=dev)
-            gsteps[: k // 16] = sg.view(-1, 16)[:, 0].to(torch.int32)
+            gtab = torch.full((-(-k // 64) * 4,), int(sg[-1]), dtype=torch.int32, device=dev)
+            gtab[: k // 16] = sg.view(-1, 16)[:, 0].to(torch.int32)
         qw = mma_tiles.tile_codes(codes.to(torch.uint8))
         del codes
         zt = mma_tiles.tile_zeros(zeros)
-        blk, step = mma_tiles.group_tables(k, layer.group_size, layer.n_groups, dev)
-        if perm is not None:
-            blk, step = None, gsteps
-            if layer.n_groups == 1:
-                blk = torch.zeros(-(-k // 64), dtype=torch.int32, device=dev)
         scales = {}
         if layer.scales.dtype in (torch.float16, torch.bfloat16):
             scales[layer.scales.dtype] = mma_tiles.tile_scales(layer.scales)
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
         eff = layer.effective_group_size
-        return CudaState(k, n, qw, zt, scales, blk, step, perm, n_sm, torch.cuda.get_device_capability(dev),
-                         layer.nbytes(), layer.n_groups,
+        return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, torch.cuda.get_device_capability(dev),
+                         layer.n_groups,
                          group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
                          scales_src=layer.scales)
 

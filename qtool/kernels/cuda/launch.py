@@ -116,7 +116,7 @@ def plan(cfg: Config, m: int, st) -> dict:
     """Grid, block, shared memory, split and kernel name ("{dt}" stands for x's dtype) for one call."""
     n16 = -(-st.N // 16)
     kb = -(-st.K // 64)
-    post = st.gtab_blk is not None and st.gshift_blk >= 0
+    post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
     if cfg.kind == MMA:
         rows = 8 * cfg.nt
         gx, gz = -(-n16 // (cfg.warps * cfg.tn)), -(-m // rows)
@@ -190,10 +190,9 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
             st.counters = torch.zeros(max(ntiles, 1024), dtype=torch.int32, device=x.device)
     ws = st.ws if p["splits"] > 1 else y
     cnt = st.counters if p["splits"] > 1 else y
-    gtab = st.gtab_blk if p["post"] else st.gtab_step
     vp, ci = ctypes.c_void_p, ctypes.c_int
     args = [vp(st.qweight.data_ptr()), vp(_scales(st, x.dtype).data_ptr()), vp(st.zeros.data_ptr()),
-            vp(gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
+            vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
             ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(p["kbps"]), ci(st.n_groups),
             ci(st.gshift_blk)]
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
