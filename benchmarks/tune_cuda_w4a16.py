@@ -5,8 +5,8 @@
 
 --check: awkward layers (N not a multiple of 16 or 64, K = group x odd, K not a multiple of 64, act-order,
 group -1 / 32 / 64 / 128) x fp16/bf16 x M, for the M-bucket choice and for every forced variant (mma nt1/2/4
-with and without split, wgmma bn64/128/256); outputs poisoned with NaN; error within 4x the dense
-same-precision baseline's. Exit 1 on any failure.
+with and without split, stream-K with short and long warp ranges, wgmma bn64/128/256); outputs poisoned with
+NaN; error within 4x the dense same-precision baseline's. Exit 1 on any failure.
 --tune: Llama-3-70B's four distinct projection shapes (times weighted by how often each occurs in a decoder
 layer: q/o 2, k/v 2, gate/up 2, down 1), dense cuBLAS against the default choice and the candidates below,
 timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies).
@@ -28,16 +28,21 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda.launch import MMA, WGMMA, Config  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, SK, SK_MAX_M, WGMMA, Config, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
 SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
               ("down_proj", 28672, 8192, 1)]
 
 
-def forced_configs(m: int) -> list[Config]:
+def forced_configs(m: int, st) -> list[Config]:
     cs = [Config(kind=MMA, nt=nt, tn=tn, splits=sp) for nt in (1, 2, 4) if 8 * nt >= min(m, 8)
           for tn in (1, 2) for sp in (1, 3)]
+    if m <= SK_MAX_M:  # stream-K: ranges of one unit (many warps per tile), and long ranges over many tiles
+        cs += [Config(kind=SK, ub=ub, warps=w, ctas_per_sm=c, min_blocks=mb, depth=d)
+               for ub, w, c, mb, d in ((2, 8, 4.0, 1, 0), (2, 4, 1.0, 8, 6), (2, 16, 0.1, 1, 0), (2, 16, 1.0, 8, 4),
+                                       (2, 8, 2.0, 2, 6))
+               if sk_takes(st, ub)]
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=1, splits=1))
@@ -69,7 +74,7 @@ def check() -> int:
                 x = torch.randn(m, k, device=dev).to(dt)
                 ref = x.double() @ w64.t()
                 base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
-                for cfg in [None, *forced_configs(m)]:
+                for cfg in [None, *forced_configs(m, st)]:
                     st.override = cfg
                     out = torch.full((m, n), float("nan"), dtype=dt, device=dev)
                     try:
@@ -94,6 +99,11 @@ def check() -> int:
 
 def candidates(m: int) -> list[Config | None]:
     c: list[Config | None] = [None]
+    if m <= SK_MAX_M:  # group 128: units of two blocks
+        c += [Config(kind=SK, ub=2, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
+              for w in (8, 16) for d in (4,) for cps in (1.0, 2.0) for mb in (8, 32)
+              if w * cps <= 64]
+        c += [Config(kind=SK, ub=2, warps=16, ctas_per_sm=1.0, min_blocks=8, probe=pr) for pr in (1, 2, 3)]
     if m <= 16:
         nt = 1 if m <= 8 else 2
         c += [Config(kind=MMA, nt=nt, tn=tn, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)

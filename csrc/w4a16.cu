@@ -5,16 +5,18 @@
 // the CUDA driver API (qtool/kernels/cuda/driver.py), so no host compiler or torch headers are needed.
 //
 // Layout (all little-endian, built once from GPTQ v2 tensors):
-//   qw   uint4 [KB][N16][32]  KB = ceil(K/64) blocks of 64 k, N16 = ceil(N/16) tiles of 16 output rows
-//                             (block-major; on an H200 no faster than tile-major, bench.md fourth pass).
-//                             Lane l = 4g + t of the warp that owns tile tn gets one uint4 per block: word s
+//   qw   uint4 [N16][KB][32]  N16 = ceil(N/16) tiles of 16 output rows, KB = ceil(K/64) blocks of 64 k
+//                             (tile-major: a tile's K is one contiguous run, which the stream-K kernel walks
+//                             tile after tile). Lane l = 4g + t of the warp that owns tile tn gets one uint4
+//                             per block: word s
 //                             (s = 0..3) is its mma A fragment for k16 step s (k0 = 64 kb + 16 s), nibbles
 //                             0/4: (row g, k0+2t / k0+2t+1)     1/5: (row g+8, same k)
 //                             2/6: (row g, k0+2t+8 / +9)        3/7: (row g+8, same k)
 //                             which is the m16n8k16 (and wgmma m64nNk16, per warp) A-fragment order, so one
 //                             16-byte load and four LOP3s give a lane the exact values it feeds the tensor core.
-//   msc  uint32 [NG][N16][8]  {scale(16 tn + g), scale(16 tn + g + 8)} as two 16-bit values of x's dtype
-//   mzp  uint4  [NG][N16]     16 zero points (0..15) of the tile, nibble r = row 16 tn + r (.z, .w: padding)
+//   msc  uint32 [N16][NG][8]  {scale(16 tn + g), scale(16 tn + g + 8)} as two 16-bit values of x's dtype
+//   mzp  uint4  [N16][NG]     16 zero points (0..15) of the tile, nibble r = row 16 tn + r (.z, .w: padding)
+//                             (tile-major like qw: a warp walking a tile's K reads its records in order)
 //   gtab int32  [KB*4]        group of each k16 step, for the per-step kernels (act-order, groups under 64 or not
 //                             a power of two); the per-block kernels find the group by a shift (Args::gshift)
 //
@@ -23,7 +25,8 @@
 // point together: (1024 + q) - (1024 + z) = q - z, exact in fp16 and bf16 for 4-bit q and z. The scale is
 // applied either to the fp32 accumulator once per block (groups of >= 64: exact products on the tensor core,
 // one rounding fewer than the dense baseline) or to the 16-bit fragment (smaller groups, and the wgmma
-// kernel, whose 128 accumulators per thread leave no room for a second set).
+// kernel, whose 128 accumulators per thread leave no room for a second set). The stream-K kernel skips the FMA:
+// it feeds (bias + q) and removes (bias + z) * sum(x) from the fp32 sum of each unit (sk_small).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -124,6 +127,26 @@ DEVI void dequant(uint32_t w, const RowConst& c, uint32_t (&a)[4]) {
   }
 }
 
+// One word -> the lane's A fragment with the bias left in: fp16 (1024 + q) for rows g, (1024 + 16 q) for rows
+// g + 8 (the high nibble in place); bf16 (128 + q) for both. Four LOP3s (and shifts), exact; the stream-K kernel
+// removes (bias + z) * sum(x) from the fp32 block sum instead (the products are exact in fp32).
+template <bool BF16>
+DEVI void biased(uint32_t w, uint32_t (&a)[4]) {
+  if constexpr (BF16) {
+    const uint32_t MAGIC = 0x43004300u;
+    a[0] = lop3_and_or(w, 0x000F000Fu, MAGIC);
+    a[1] = lop3_and_or(w >> 4, 0x000F000Fu, MAGIC);
+    a[2] = lop3_and_or(w >> 8, 0x000F000Fu, MAGIC);
+    a[3] = lop3_and_or(w >> 12, 0x000F000Fu, MAGIC);
+  } else {
+    const uint32_t MAGIC = 0x64006400u, w8 = w >> 8;
+    a[0] = lop3_and_or(w, 0x000F000Fu, MAGIC);
+    a[1] = lop3_and_or(w, 0x00F000F0u, MAGIC);
+    a[2] = lop3_and_or(w8, 0x000F000Fu, MAGIC);
+    a[3] = lop3_and_or(w8, 0x00F000F0u, MAGIC);
+  }
+}
+
 template <bool BF16>
 DEVI void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (BF16) {
@@ -177,7 +200,7 @@ DEVI uint32_t word(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y :
 struct Args {
   const uint4* qw;
   const uint32_t* msc;
-  const uint4* mzp;  // [NG][N16]: the 16 zero nibbles in .x/.y, .z/.w padding
+  const uint4* mzp;  // [N16][NG]: the 16 zero nibbles in .x/.y, .z/.w padding
   const int* gtab;
   const uint16_t* x;
   uint16_t* y;
@@ -201,7 +224,7 @@ struct Stream {
   static constexpr int BYTES_PER_WARP = D * SLOT;
   uint32_t base, end, fill, read;  // shared: the ring, the next slot to fill and to read
   const uint4* gw;                 // next block's weights of tile 0 for this lane
-  size_t wstride;                  // uint4s from one block to the next (N16 * 32)
+  size_t tstride;                  // uint4s from one tile to the next (KB * 32; blocks are 32 apart)
   const char* mbase;               // this lane's metadata piece in group 0 (lanes < 3 TN)
   uint32_t mstride;                // bytes from one group's record to the next
   uint32_t mdst;                   // offset of this lane's piece in a slot
@@ -211,14 +234,15 @@ struct Stream {
 
   DEVI Stream(const Args& p, uint32_t warp_base, int lane_, int tn0, int n16, int kb0)
       : base(warp_base), end(warp_base + BYTES_PER_WARP), fill(warp_base), read(warp_base),
-        gw(p.qw + ((size_t)kb0 * n16 + tn0) * 32 + lane_), wstride((size_t)n16 * 32), gtab(p.gtab),
+        gw(p.qw + ((size_t)tn0 * p.KB + kb0) * 32 + lane_), tstride((size_t)p.KB * 32), gtab(p.gtab),
         kb_next(kb0), gshift(p.gshift), ngm1(p.NG - 1), lane(lane_) {
     ntiles = max(0, min(TN, n16 - tn0));
     const int t = lane_ / 3, part = lane_ - 3 * t;
     mlane = t < ntiles;
     const int tile = tn0 + (mlane ? t : 0);
-    mbase = part < 2 ? (const char*)(p.msc + (size_t)tile * 8 + part * 4) : (const char*)(p.mzp + tile);
-    mstride = part < 2 ? n16 * 32 : n16 * 16;
+    mbase = part < 2 ? (const char*)(p.msc + (size_t)tile * p.NG * 8 + part * 4)
+                     : (const char*)(p.mzp + (size_t)tile * p.NG);
+    mstride = part < 2 ? 32 : 16;
     mdst = TN * 512 + t * NS * META + part * 16;
   }
 
@@ -232,13 +256,13 @@ struct Stream {
   DEVI void issue() {  // the next block into the next slot
 #pragma unroll
     for (int t = 0; t < TN; ++t)
-      if (t < ntiles) cp_async16(fill + t * 512 + lane * 16, gw + t * 32, true);
+      if (t < ntiles) cp_async16(fill + t * 512 + lane * 16, gw + t * tstride, true);
     if (mlane) {
 #pragma unroll
       for (int s = 0; s < NS; ++s)
         cp_async16(fill + mdst + s * META, mbase + (size_t)group(kb_next, s) * mstride, true);
     }
-    gw += wstride;
+    gw += 32;
     ++kb_next;
     fill = fill + SLOT == end ? base : fill + SLOT;
   }
@@ -472,6 +496,226 @@ DEVI void mma_small(const Args& p) {
   epilogue<NT, BF16, TN>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Stream-K kernel for the smallest batches (M <= 8, x staged whole): the weight stream as one contiguous run.
+// Work unit: UB consecutive 64-k blocks of one tile (KB % UB == 0), with one group for the whole unit (group
+// size a power of two >= 64 UB, or one group). The N16 x KB / UB units, tile-major, are cut into gridDim.x *
+// warps equal contiguous ranges, one per warp, so every warp streams the same number of bytes from one
+// contiguous piece of memory and there is no tail wave (a persistent grid of a few CTAs per SM). A unit pays
+// the ring, the metadata and the fp32 scaling once for UB blocks, and the weight enters the tensor core with its
+// bias (biased()): the unit's sum is corrected by (bias + z) * sum(x) instead of subtracting z per pair, so the
+// per-word work is four LOP3s (the x sums are made once per CTA). A warp accumulates a tile until the tile or
+// its range ends; a tile that lies wholly in one warp's range is stored directly, a tile shared by warps wa..wb
+// gets one fp32 partial per warp and the last warp to arrive sums them in warp order (deterministic) and
+// re-arms the tile's counter.
+// Workspace: ws [2 * warps in grid][32 lanes][4] (slot 2w: warp w's first tile, 2w + 1: its last), cnt [N16].
+// Shared: x[0 : M, 64 kb_lo : 64 (kb_hi + 1)] (the blocks this CTA's warps touch; sized for all of K), the sums
+// of x per unit (float [KB / UB][8]), then the warps' rings of D slots {UB x 512 bytes of weights, the unit's
+// 48-byte metadata record}.
+// ---------------------------------------------------------------------------------------------------------
+// PROBE (benchmarks only, wrong results): 1 = the same streams with no arithmetic, 2 = also no metadata copies,
+// 3 = also no x staging
+template <bool BF16, int UB, int D, int PROBE = 0>
+DEVI void sk_small(const Args& p) {
+  extern __shared__ uint4 smem4[];
+  constexpr int META = 48, SLOT = UB * 512 + META;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n16 = (p.N + 15) >> 4;
+  const int upt = p.KB / UB;  // units per tile
+  const long long units = (long long)n16 * upt, tw = (long long)gridDim.x * nwarps;
+  auto start = [&](long long w) { return w * units / tw; };               // first unit of warp w
+  auto owner = [&](long long u) { return ((u + 1) * tw - 1) / units; };  // the warp whose range holds u
+  const long long gwarp = (long long)blockIdx.x * nwarps + warp;
+  const long long u0 = start(gwarp), u1 = start(gwarp + 1);
+
+  // x: the k blocks of the CTA's units (one tile's sub-range, or all of K when the CTA crosses a tile)
+  const long long c0 = start((long long)blockIdx.x * nwarps), c1 = start((long long)(blockIdx.x + 1) * nwarps);
+  int kb_lo = 0, kb_hi = p.KB - 1;
+  if (c1 > c0 && c0 / upt == (c1 - 1) / upt) {
+    kb_lo = (int)(c0 % upt) * UB;
+    kb_hi = (int)((c1 - 1) % upt) * UB + UB - 1;
+  }
+  const int mc = min(8, p.M);
+  const int pitch = p.KB * 64 + 8;  // halves, as sized by the host (whole K); +16 bytes against bank conflicts
+  const uint32_t xs_base = smem_u32(smem4);
+  const uint32_t xsum = xs_base + ((mc * pitch * 2 + 127) & ~127);  // float [upt][8]: x summed over each unit
+  const uint32_t ring = xsum + ((upt * 32 + 127) & ~127) + warp * (D * SLOT);
+  const uint32_t ring_end = ring + D * SLOT;
+  {
+    const int cpr = (kb_hi - kb_lo + 1) * 8;
+    const int total = PROBE >= 3 ? 0 : mc * cpr;
+    for (int c = threadIdx.x; c < total; c += blockDim.x) {
+      const int r = c / cpr, q = c - r * cpr;
+      const int k = kb_lo * 64 + q * 8;
+      const bool v = k < p.K;
+      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)r * p.K + (v ? k : 0), v);
+    }
+    cp_commit();
+  }
+
+  // producer side of the ring: the next unit (itile, iu), running pointers
+  int itile = (int)(u0 / upt), iu = (int)(u0 % upt);
+  const uint4* gw = p.qw + (size_t)u0 * (UB * 32) + lane;
+  const int part = lane < 3 ? lane : 0;
+  // lanes 0-1: the two 16-byte halves of the scale record, lane 2: the zero record ([N16][NG] tile-major)
+  const uint32_t mstride = part < 2 ? 32 : 16;
+  const char* mtile =
+      (part < 2 ? (const char*)(p.msc + part * 4) : (const char*)p.mzp) + (size_t)itile * p.NG * mstride;
+  const int ngm1 = p.NG - 1;
+  uint32_t fill = ring, read = ring;
+  const int n = (int)(u1 - u0);
+  auto issue = [&]() {
+#pragma unroll
+    for (int b = 0; b < UB; ++b) cp_async16(fill + b * 512 + lane * 16, gw + b * 32, true);
+    if (PROBE < 2 && lane < 3)
+      cp_async16(fill + UB * 512 + lane * 16, mtile + min((iu * UB * 64) >> p.gshift, ngm1) * mstride, true);
+    gw += UB * 32;
+    if (++iu == upt) {
+      iu = 0;
+      mtile += (size_t)p.NG * mstride;
+    }
+    fill = fill + SLOT == ring_end ? ring : fill + SLOT;
+  };
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {
+    if (d < n) issue();
+    cp_commit();
+  }
+
+  uint32_t lds;
+  {
+    int r = lane & 7;
+    if (r >= mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
+    const int mat = lane >> 3;
+    lds = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2 - kb_lo * 128;
+  }
+  cp_wait<D - 1>();
+  __syncthreads();
+  {  // the sum of x over each staged unit, per batch row (rows past M: 0), for the zero-point correction
+    const int u_lo = kb_lo / UB, nu = (kb_hi + 1) / UB - u_lo;
+    for (int c = threadIdx.x; c < (PROBE >= 3 ? 0 : 8 * nu); c += blockDim.x) {
+      const int j = c >> 3, r = c & 7;
+      float sum = 0.f;
+      if (r < mc) {
+        const uint32_t row = xs_base + (r * pitch + j * UB * 64) * 2;
+#pragma unroll 4
+        for (int q = 0; q < UB * 8; ++q) {
+          uint4 v;
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(row + q * 16));
+          sum += (to_f32<BF16>(v.x & 0xFFFFu) + to_f32<BF16>(v.x >> 16)) +
+                 (to_f32<BF16>(v.y & 0xFFFFu) + to_f32<BF16>(v.y >> 16)) +
+                 (to_f32<BF16>(v.z & 0xFFFFu) + to_f32<BF16>(v.z >> 16)) +
+                 (to_f32<BF16>(v.w & 0xFFFFu) + to_f32<BF16>(v.w >> 16));
+        }
+      }
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xsum + ((u_lo + j) * 8 + r) * 4), "f"(sum) : "memory");
+    }
+  }
+  __syncthreads();
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int tile = (int)(u0 / upt), u = (int)(u0 % upt);
+  for (int i = 0; i < n; ++i) {
+    if (i + D - 1 < n) issue();
+    cp_commit();
+    cp_wait<D - 1>();
+    __syncwarp();
+    uint4 wv[UB];
+#pragma unroll
+    for (int b = 0; b < UB; ++b)
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wv[b].x), "=r"(wv[b].y), "=r"(wv[b].z),
+                   "=r"(wv[b].w) : "r"(read + b * 512 + lane * 16));
+    uint32_t sc;
+    uint2 zp;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(read + UB * 512 + g * 4));
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(zp.x), "=r"(zp.y) : "r"(read + UB * 512 + 32));
+    if constexpr (PROBE > 0) {
+#pragma unroll
+      for (int b = 0; b < UB; ++b)
+        acc[0] += __uint_as_float((wv[b].x ^ wv[b].y ^ wv[b].z ^ wv[b].w ^ sc) & 0x3FFFFFu);
+    } else {
+      float accb[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t xb = lds + u * (UB * 128);
+#pragma unroll
+      for (int b = 0; b < UB; ++b) {
+        uint32_t bx[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          if (s % 2 == 0) ldsm_x4(bx, xb + b * 128 + s * 32);
+          uint32_t a[4];
+          biased<BF16>(word(wv[b], s), a);
+          mma16816<BF16>(accb, a, bx[(s & 1) * 2], bx[(s & 1) * 2 + 1]);
+        }
+      }
+      // accb = sum (bias + q) x (rows g), (bias + 16 q) x (rows g + 8, fp16): remove (bias + z) sum x, then scale
+      // (s1 / 16 undoes the high nibble's factor 16; a power of two, exact)
+      float2 xs;
+      asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(xs.x), "=f"(xs.y) : "r"(xsum + (u * 8 + 2 * t) * 4));
+      const float z0 = (float)((zp.x >> (4 * g)) & 15u), z1 = (float)((zp.y >> (4 * g)) & 15u);
+      const float c0 = BF16 ? 128.f + z0 : 1024.f + z0, c1 = BF16 ? 128.f + z1 : 1024.f + 16.f * z1;
+      const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16) * (BF16 ? 1.f : 0.0625f);
+      acc[0] = fmaf(s0, fmaf(-c0, xs.x, accb[0]), acc[0]);
+      acc[1] = fmaf(s0, fmaf(-c0, xs.y, accb[1]), acc[1]);
+      acc[2] = fmaf(s1, fmaf(-c1, xs.x, accb[2]), acc[2]);
+      acc[3] = fmaf(s1, fmaf(-c1, xs.y, accb[3]), acc[3]);
+    }
+    read = read + SLOT == ring_end ? ring : read + SLOT;
+
+    if (u == upt - 1 || i == n - 1) {  // the tile ends here for this warp: store or hand over its sum
+      const long long wa = owner((long long)tile * upt), wb = owner((long long)tile * upt + upt - 1);
+      const int n0 = tile * 16;
+      auto store = [&](const float (&v)[4]) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = n0 + g + (e >> 1) * 8, ml = 2 * t + (e & 1);
+          if (ml < mc && row < p.N) p.y[(size_t)ml * p.N + row] = from_f32<BF16>(v[e]);
+        }
+      };
+      if (wa == wb) {
+        store(acc);
+      } else {
+        const long long slot = (u0 / upt == tile) ? 2 * gwarp : 2 * gwarp + 1;
+        reinterpret_cast<float4*>(p.ws)[slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        // The warp barrier orders the lanes' stores before lane 0's release-acquire count (no full fence:
+        // that would also wait for the ring's copies in flight); the last warp's lanes read after it.
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+          int old;
+          asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(p.cnt + tile) : "memory");
+          last = old == (int)(wb - wa);
+          if (last) p.cnt[tile] = 0;  // every other warp of this tile has arrived: safe to re-arm
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (last) {
+          // warp wa's slot is its last tile's unless its range starts with this tile; every later warp's range
+          // starts inside this tile (slot 2w). Independent loads, summed in warp order.
+          const float4* part = reinterpret_cast<const float4*>(p.ws) + lane;
+          const float4 v0 = __ldcg(part + (start(wa) == (long long)tile * upt ? 2 * wa : 2 * wa + 1) * 32);
+          float sum[4] = {v0.x, v0.y, v0.z, v0.w};
+#pragma unroll 8
+          for (long long w = wa + 1; w <= wb; ++w) {
+            const float4 v = __ldcg(part + 2 * w * 32);
+            sum[0] += v.x;
+            sum[1] += v.y;
+            sum[2] += v.z;
+            sum[3] += v.w;
+          }
+          store(sum);
+        }
+      }
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    }
+    if (++u == upt) {
+      u = 0;
+      ++tile;
+    }
+  }
+  cp_wait<0>();
+}
+
 #ifdef QT_WGMMA
 // ---------------------------------------------------------------------------------------------------------
 // Large-batch kernel (sm_90a): wgmma m64nBNk16 with A = the dequantized weight from registers (each warp of a
@@ -601,6 +845,29 @@ DEVI void wg_large(const Args& p) {
     const qt::Args a = QT_PACK;                                                    \
     qt::mma_small<NT, BF16, POST, D, TN>(a);                                       \
   }
+
+#define QT_SK(NAME, BF16, UB, D)                                                   \
+  extern "C" __global__ void __launch_bounds__(512) NAME(QT_ARGS) {                \
+    const qt::Args a = QT_PACK;                                                    \
+    qt::sk_small<BF16, UB, D>(a);                                                  \
+  }
+
+QT_SK(qt_sk_f16_u2_d4, false, 2, 4)
+extern "C" __global__ void __launch_bounds__(512) qt_sk_probe1_f16_u2_d4(QT_ARGS) {  // benchmarks only
+  const qt::Args a = QT_PACK;
+  qt::sk_small<false, 2, 4, 1>(a);
+}
+extern "C" __global__ void __launch_bounds__(512) qt_sk_probe2_f16_u2_d4(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::sk_small<false, 2, 4, 2>(a);
+}
+extern "C" __global__ void __launch_bounds__(512) qt_sk_probe3_f16_u2_d4(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::sk_small<false, 2, 4, 3>(a);
+}
+QT_SK(qt_sk_f16_u2_d6, false, 2, 6)
+QT_SK(qt_sk_bf16_u2_d4, true, 2, 4)
+QT_SK(qt_sk_bf16_u2_d6, true, 2, 6)
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {

@@ -17,10 +17,10 @@ import torch
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, get_kernel
 from qtool.kernels.cuda import act_order_plan, build, group_shift
-from qtool.kernels.cuda.launch import MMA, WG_STAGES, WGMMA, Config, choose, plan, ring_depth
+from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, Config, choose, plan, ring_depth, sk_fits
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
-ENTRY = set(re.findall(r"QT_(?:MMA|WG)\((qt_\w+),", SRC)) | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
+ENTRY = set(re.findall(r"QT_(?:MMA|WG|SK)\((qt_\w+),", SRC)) | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -37,11 +37,16 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             st = state(k, n, post, cc)
             cfg = choose(m, st)
             if cc != (9, 0):
-                assert cfg.kind == MMA  # wgmma is sm_90a only
+                assert cfg.kind in (MMA, SK)  # wgmma is sm_90a only
             p = plan(cfg, m, st)
             for dt in ("f16", "bf16"):
                 assert p["name"].replace("{dt}", dt) in ENTRY, p["name"]
             assert p["smem"] <= SMEM_MAX
+            if cfg.kind == SK:
+                units = -(-n // 16) * -(-k // 64) // cfg.ub
+                assert m <= 8 and p["grid"][0] * (p["block"] // 32) <= units  # every warp range non-empty
+                assert p["ws_floats"] == 2 * p["grid"][0] * (p["block"] // 32) * 128 and p["counters"] == -(-n // 16)
+                continue
             gx, splits, gz = p["grid"]
             kb = -(-k // 64)
             assert splits == -(-kb // p["kbps"]) and (splits - 1) * p["kbps"] < kb  # no empty split
@@ -61,6 +66,68 @@ def test_forced_configs_and_labels():
     assert p["name"] == "qt_wg_{dt}_bn128_wg2_s4_blk" and p["smem"] <= 113 * 1024  # two CTAs per SM
     assert Config(kind=MMA, nt=1).label() == "cuda mma nt1 tn2 w4 6/sm"
     assert Config(kind=MMA, nt=1).label(8) == "cuda mma nt1 tn2 w4 split8"
+
+
+def test_small_m_takes_stream_k_where_x_fits():
+    assert choose(1, state(8192, 28672)).kind == SK and choose(1, state(28672, 8192)).kind == SK
+    assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
+    assert not sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
+    assert choose(16, state(8192, 8192)).kind == MMA
+    assert choose(1, state(8192, 8192, post=False)).kind == MMA  # groups not found by a shift: no stream-K
+    assert choose(1, state(8256, 1024)).kind == MMA  # 129 blocks: not whole units of two
+    p = plan(Config(kind=SK, warps=8, ctas_per_sm=4.0, min_blocks=8), 1, state(8192, 1024))
+    assert p["grid"] == (128, 1, 1) and p["block"] == 256  # 64 x 128 blocks: 8 per warp, not 4 CTAs per SM
+    assert p["name"] == "qt_sk_{dt}_u2_d4"
+    assert plan(Config(kind=SK, depth=6), 1, state(8192, 1024))["name"] == "qt_sk_{dt}_u2_d6"
+    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8)  # group 256: units of 4 would fit
+    with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
+        plan(Config(kind=SK, ub=4), 1, st8)
+    with pytest.raises(ValueError, match="one group per unit"):
+        plan(Config(kind=SK, ub=4), 1, state(8192, 1024))  # group 128 < 4 blocks
+    with pytest.raises(ValueError, match="ring depth"):
+        plan(Config(kind=SK, depth=5), 1, state(8192, 1024))
+    tiny = plan(Config(kind=SK, warps=16, min_blocks=1), 1, state(256, 48))  # 3 tiles x 2 units
+    assert tiny["grid"] == (1, 1, 1) and tiny["block"] == 6 * 32
+
+
+@pytest.mark.parametrize("n16,upt,tw", [(64, 64, 1024), (3, 3, 9), (1792, 64, 2112), (5, 7, 3), (2, 224, 33)])
+def test_stream_k_partition(n16, upt, tw):
+    """The kernel's range arithmetic (csrc/w4a16.cu, sk_small; upt = units per tile, tw = warps in the grid):
+    every unit has exactly one warp, the owner formula inverts the range starts, the partial slots of shared
+    tiles never collide, and the finisher's shortcut holds (every contributor after the first starts its range
+    inside the tile, so its slot is 2w)."""
+    units = n16 * upt
+
+    def start(w):
+        return w * units // tw
+
+    def owner(u):
+        return ((u + 1) * tw - 1) // units
+
+    seen = []
+    for w in range(tw):
+        assert start(w + 1) > start(w)  # tw <= units: no empty range
+        for u in range(start(w), start(w + 1)):
+            assert owner(u) == w
+            seen.append(u)
+    assert seen == list(range(units))
+    slots = {}
+    for tile in range(n16):
+        wa, wb = owner(tile * upt), owner(tile * upt + upt - 1)
+        if wa == wb:
+            continue
+        for w in range(wa, wb + 1):
+            slot = 2 * w if start(w) // upt == tile else 2 * w + 1  # what the contributor writes
+            if w > wa:
+                assert slot == 2 * w  # what the finisher reads without dividing
+            else:
+                assert slot == (2 * wa if start(wa) == tile * upt else 2 * wa + 1)
+            assert slot not in slots, (tile, w)
+            slots[slot] = tile
+            # the warp's range really touches the tile, and a second slot only for its last tile
+            assert start(w) < (tile + 1) * upt and start(w + 1) > tile * upt
+            if slot % 2:
+                assert (start(w + 1) - 1) // upt == tile
 
 
 def test_large_m_choice_follows_the_layer_shape():

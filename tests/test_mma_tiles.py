@@ -4,7 +4,9 @@ The kernel cannot run here; what can be checked is everything it relies on:
 - the layout round-trips and places each code where the PTX A-fragment layout says a lane holds it
   (an independent table below, written from the PTX ISA's m16n8k16 / wgmma m64nNk16 A-fragment figure);
 - the LOP3 + FMA dequantization gives exactly q - z for every q, z in fp16 and bf16 (bit-level emulation);
-- a lane-by-lane emulation of the kernel's decode over a whole layer reproduces the dequantized weight.
+- a lane-by-lane emulation of the kernel's decode over a whole layer reproduces the dequantized weight;
+- the stream-K kernel's biased fragments carry each code exactly, and its per-unit correction by
+  (bias + z) * sum(x) reproduces the layer product.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def test_tile_round_trip_and_fragment_placement(k, n, seed):
     codes = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
     qw = mma_tiles.tile_codes(codes)
     n16, kb = mma_tiles.padded(n, k)
-    assert qw.shape == (kb, n16, 32, 4) and qw.dtype == torch.int32
+    assert qw.shape == (n16, kb, 32, 4) and qw.dtype == torch.int32
     assert torch.equal(mma_tiles.untile_codes(qw, k, n), codes)
     # independent placement check: every (tile, block, lane, step) word against the fragment table
     full = torch.zeros(kb * 64, n16 * 16, dtype=torch.int64)
@@ -80,7 +82,7 @@ def test_tile_round_trip_and_fragment_placement(k, n, seed):
             for lane in (0, 5, 31):
                 g, t = divmod(lane, 4)
                 for s in range(4):
-                    w = int(words[b, tn, lane, s])
+                    w = int(words[tn, b, lane, s])
                     for e, (r, kx) in enumerate(fragment_coords(g, t)):
                         nib = NIBBLE_OF_ELEMENT[e]
                         assert (w >> (4 * nib)) & 15 == full[64 * b + 16 * s + kx, 16 * tn + r]
@@ -159,25 +161,28 @@ def test_dequant_bit_trick_is_exact_for_every_code_and_zero(bf16):
     assert np.array_equal(vals, np.broadcast_to(qq.ravel().astype(np.float64) - z, vals.shape))
 
 
+def tiled_layer(n: int, k: int, group_size: int, bf16: bool, seed: int):
+    """A random GPTQ layer and its tile-layout tensors: (layer, qweight, zeros, scales)."""
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    layer = PackedLayer.from_plain(random_plain(n, k, group_size=group_size, dtype=dtype, seed=seed))
+    codes, zeros = unpack_gptq(layer)
+    return (layer, mma_tiles.tile_codes(codes.to(torch.uint8)), mma_tiles.tile_zeros(zeros),
+            mma_tiles.tile_scales(layer.scales))
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_lane_emulation_reproduces_the_dequantized_weight(bf16):
     """Decode a whole tiled layer lane by lane as the kernel does (word -> (q - z) pairs -> fragment
     positions), apply the per-row scales, and compare with the GPTQ dequantization."""
-    dtype = torch.bfloat16 if bf16 else torch.float16
     n, k, gsz = 40, 192, 64
-    plain = random_plain(n, k, group_size=gsz, dtype=dtype, seed=7)
-    layer = PackedLayer.from_plain(plain)
-    codes, zeros = unpack_gptq(layer)
-    qw = mma_tiles.tile_codes(codes.to(torch.uint8))
-    zt = mma_tiles.tile_zeros(zeros)
-    sc = mma_tiles.tile_scales(layer.scales)
+    layer, qw, zt, sc = tiled_layer(n, k, gsz, bf16, seed=7)
     n16, kb = mma_tiles.padded(n, k)
     w_hat = np.zeros((n16 * 16, kb * 64))
     for tn in range(n16):
         for b in range(kb):
             grp = min(64 * b // gsz, layer.n_groups - 1)  # the kernel's shift
-            zp = zt[grp, tn].numpy().astype(np.uint32)  # (x, y)
-            s16 = sc[grp, tn].numpy().astype(np.int64) & 0xFFFFFFFF
+            zp = zt[tn, grp].numpy().astype(np.uint32)  # (x, y)
+            s16 = sc[tn, grp].numpy().astype(np.int64) & 0xFFFFFFFF
             for lane in range(32):
                 g, t = divmod(lane, 4)
                 z0 = np.array([(zp[0] >> (4 * g)) & 15], dtype=np.uint32)
@@ -185,7 +190,7 @@ def test_lane_emulation_reproduces_the_dequantized_weight(bf16):
                 pair = np.array([s16[g]], dtype=np.uint32)
                 s0, s1 = _pair_values([pair], bf16)[:, 0]
                 for s in range(4):
-                    w = np.array([int(qw[b, tn, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
+                    w = np.array([int(qw[tn, b, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
                     vals = _pair_values(emulate_dequant(w, z0, z1, bf16), bf16)[:, 0]
                     for e, (r, kx) in enumerate(fragment_coords(g, t)):
                         scale = s0 if r < 8 else s1  # the kernel scales the fp32 block sum per row
@@ -205,13 +210,77 @@ def test_step_groups():
 def test_scales_and_zeros_layout():
     s = torch.arange(2 * 20, dtype=torch.float16).view(2, 20)
     t = mma_tiles.tile_scales(s)
-    assert t.shape == (2, 2, 8)
-    v = int(t[1, 0, 3]) & 0xFFFFFFFF  # group 1, tile 0, lane group g = 3: rows 3 and 11
+    assert t.shape == (2, 2, 8)  # tile, group, lane group
+    v = int(t[0, 1, 3]) & 0xFFFFFFFF  # tile 0, group 1, lane group g = 3: rows 3 and 11
     assert np.uint16(v & 0xFFFF).view(np.float16) == s[1, 3] and np.uint16(v >> 16).view(np.float16) == s[1, 11]
-    assert (int(t[0, 1, 7]) & 0xFFFFFFFF) >> 16 == 0  # row 16 + 15 = 31 is padding: scale 0
-    z = (torch.arange(20) % 16).view(1, 20)
+    v = int(t[1, 0, 2]) & 0xFFFFFFFF  # tile 1, group 0, g = 2: rows 18 and 26 (padding: 0)
+    assert np.uint16(v & 0xFFFF).view(np.float16) == s[0, 18] and v >> 16 == 0
+    assert (int(t[1, 0, 7]) & 0xFFFFFFFF) >> 16 == 0  # row 16 + 15 = 31 is padding: scale 0
+    z = (torch.arange(40) % 16).view(2, 20)
     zt = mma_tiles.tile_zeros(z)
-    assert zt.shape == (1, 2, 4) and not zt[..., 2:].any()  # words 2-3: padding
+    assert zt.shape == (2, 2, 4) and not zt[..., 2:].any()  # tile, group; words 2-3: padding
     lo, hi = (int(v) & 0xFFFFFFFF for v in zt[0, 0, :2])
     assert [(lo >> (4 * r)) & 15 for r in range(8)] == list(range(8))
     assert [(hi >> (4 * r)) & 15 for r in range(8)] == list(range(8, 16))
+    lo = int(zt[0, 1, 0]) & 0xFFFFFFFF  # tile 0, group 1: rows 0-7 hold (20 + r) % 16
+    assert [(lo >> (4 * r)) & 15 for r in range(8)] == [(20 + r) % 16 for r in range(8)]
+
+
+def emulate_biased(w: np.ndarray, bf16: bool) -> list[np.ndarray]:
+    """The stream-K kernel's biased(w): four uint32 16-bit pairs per word, the bias left in."""
+    w = w.astype(np.uint32)
+    if bf16:
+        return [_lop3_and_or(w >> sh, np.uint32(0x000F000F), np.uint32(0x43004300)) for sh in (0, 4, 8, 12)]
+    lo, hi, magic = np.uint32(0x000F000F), np.uint32(0x00F000F0), np.uint32(0x64006400)
+    return [_lop3_and_or(w, lo, magic), _lop3_and_or(w, hi, magic), _lop3_and_or(w >> 8, lo, magic),
+            _lop3_and_or(w >> 8, hi, magic)]
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_biased_fragments_carry_the_code_exactly(bf16):
+    # every code in every nibble: fp16 rows g give 1024 + q, rows g + 8 (high nibbles) 1024 + 16 q; bf16 128 + q
+    q = np.arange(16, dtype=np.uint32)
+    vals = _pair_values(emulate_biased(q * np.uint32(0x11111111), bf16), bf16)  # [8 elements, 16 codes]
+    for e in range(8):
+        row_hi = (e // 2) % 2 == 1  # elements a2, a3, a6, a7: rows g + 8
+        want = 128.0 + q if bf16 else (1024.0 + 16 * q if row_hi else 1024.0 + q)
+        assert np.array_equal(vals[e], want)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_stream_k_unit_arithmetic_reproduces_the_layer_product(bf16):
+    """Emulate sk_small's arithmetic on a small layer in float64 at M = 1: per unit of two blocks, the biased
+    fragments of all 32 lanes placed by the PTX table give A[16 rows][128 k]; the tensor core's sum A @ x
+    (exact here) is corrected by (bias + z) * sum(x) and scaled (s1 / 16 for the fp16 high nibble) as lane
+    (g, t = 0) does for batch column 0; summed over units against x @ dequant(W)^T. Checks the bias, the
+    correction constants and the placement, not fp32 rounding."""
+    n, k, gsz = 24, 256, 128
+    layer, qw, zt, sc = tiled_layer(n, k, gsz, bf16, seed=11)
+    n16, kb = mma_tiles.padded(n, k)
+    x = torch.randn(k, generator=torch.Generator().manual_seed(3)).to(layer.scales.dtype).double().numpy()
+    y = np.zeros(n16 * 16)
+    for tn in range(n16):
+        for u in range(kb // 2):  # units of two blocks, one group (128 = 2 x 64)
+            grp = min(128 * u // gsz, layer.n_groups - 1)
+            a = np.full((16, 128), np.nan)
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for b in range(2):
+                    for s in range(4):
+                        w = np.array([int(qw[tn, 2 * u + b, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
+                        vals = _pair_values(emulate_biased(w, bf16), bf16)[:, 0]
+                        for e, (r, kx) in enumerate(fragment_coords(g, t)):
+                            a[r, 64 * b + 16 * s + kx] = vals[e]
+            assert not np.isnan(a).any()  # the 32 lanes cover the unit exactly
+            xu = x[128 * u:128 * u + 128]
+            accb = a @ xu
+            zp = zt[tn, grp].numpy().astype(np.uint32)
+            for g in range(8):
+                s0, s1 = _pair_values([np.array([int(sc[tn, grp, g]) & 0xFFFFFFFF], dtype=np.uint32)], bf16)[:, 0]
+                z0, z1 = float((zp[0] >> (4 * g)) & 15), float((zp[1] >> (4 * g)) & 15)
+                c0, c1 = (128 + z0, 128 + z1) if bf16 else (1024 + z0, 1024 + 16 * z1)
+                s1 = s1 if bf16 else s1 / 16
+                y[16 * tn + g] += s0 * (accb[g] - c0 * xu.sum())
+                y[16 * tn + g + 8] += s1 * (accb[g + 8] - c1 * xu.sum())
+    ref = x @ dequantize_packed(layer, torch.float64).numpy()  # [K] @ [K, N]
+    np.testing.assert_allclose(y[:n], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())

@@ -237,7 +237,7 @@ def test_awq_on_cpu():
 def test_qtool_engine():
     assert select_kernel(gptq(4096, 4096), CPU, "qtool").chosen == "torch-int4-cpu"
     sel = select_kernel(gptq(4096, 4096), H100, "qtool")
-    assert sel.chosen == "triton-w4a16" and cand(sel, "cuda-w4a16").ok
+    assert sel.chosen == "cuda-w4a16" and cand(sel, "triton-w4a16").ok
     sel = select_kernel(gptq(4096, 4104, group_size=48), CPU, "qtool")
     assert sel.chosen == "torch-ref"
     assert cand(sel, "torch-int4-cpu").failures == ("group_size 48 not in [-1, 32, 64, 128, 256, 512, 1024]",

@@ -1,9 +1,12 @@
 """`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/w4a16.cu) over the mma tile layout (qtool/packing/mma_tiles.py).
 
-Two kernels, chosen per call by M (launch.py):
+Three kernels, chosen per call by M and the layer (launch.py):
+- `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
+  persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
+  unit's fp32 sum through sum(x); shared tiles finished by the last warp in the same launch.
 - `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
   from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
-  same launch. For the weight-streaming regime (small M).
+  same launch. For small M that `sk` does not take (M 9-32, groups of 64, act-order).
 - `wgmma` (sm_90a only): wgmma m64nNk16 with A from registers (the same per-lane words) and x tiles from
   shared memory; for large M, where the tensor cores' rate matters.
 
@@ -26,7 +29,7 @@ MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands
 class CudaState:
     """A layer in the tile layout, on one CUDA device.
 
-    qweight  int32 [KB, N16, 32, 4]; zeros int32 [G, N16, 4]; scales: dict dtype -> int32 [G, N16, 8]
+    qweight  int32 [N16, KB, 32, 4]; zeros int32 [N16, G, 4]; scales: dict dtype -> int32 [N16, G, 8] (tile-major)
     gtab     int32 [KB*4]: the group of each 16-k step (mma_tiles.step_groups, or the sorted act-order groups)
     perm     int64 [K] (act-order: x columns are gathered by it) or None
     """
@@ -89,8 +92,8 @@ def act_order_plan(g_idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 @register
 class CudaW4A16(Kernel):
     id = "cuda-w4a16"
-    summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): mma.sync with in-register LOP3 dequant for small M, "
-               "wgmma (sm_90a) for large M; weights repacked once to the mma tile layout")
+    summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): stream-K mma.sync for M <= 8, mma.sync with in-register LOP3 "
+               "dequant for other small M, wgmma (sm_90a) for large M; weights repacked once to the mma tile layout")
     devices = ("cuda",)
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)

@@ -1,7 +1,10 @@
 """Launch configurations of the `cuda-w4a16` kernels, chosen by M, and the call itself.
 
 Why the choices look the way they do:
-- Small M streams the weight: every SM must pull bytes at once, so the grid is sized to several CTAs per SM
+- M <= 8 (x small enough to stage whole): the stream-K kernel. The weight is cut into one equal contiguous range
+  per warp of a persistent grid, so every SM streams the same bytes with no tail wave; the grid size per layer
+  shape comes from benchmarks/tune_cuda_w4a16.py (bench.md, fifth pass).
+- Other small M streams the weight: every SM must pull bytes at once, so the grid is sized to several CTAs per SM
   by splitting K (the x slice a CTA stages in shared memory is bounded by X_BUDGET, and the partial sums are
   finished by the last CTA of each tile in the same launch). Each warp owns TN 16-row tiles and keeps its
   ring's D - 1 blocks of weights in flight.
@@ -19,7 +22,12 @@ from functools import lru_cache
 
 import torch
 
-MMA, WGMMA = "mma", "wgmma"
+MMA, WGMMA, SK = "mma", "wgmma", "sk"
+SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
+SK_BUILT = {(2, 4), (2, 6)}  # (blocks per unit, ring depth) instantiated in csrc/w4a16.cu
+SK_X_BUDGET = 64 * 1024  # bytes of x it stages (all of K): beyond this, fewer CTAs fit per SM than it needs
+SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # usable per SM (and per CTA)
+SMEM_OTHER = 99 * 1024  # sm_86 / sm_89
 X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough for several CTAs per SM
 WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
 
@@ -28,11 +36,16 @@ def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
     """Stream<D, NS> depth (blocks in flight per warp), as instantiated in csrc/w4a16.cu."""
     if kind == MMA:
         return (depth or 6) if post else 4
+    if kind == SK:
+        return depth or 4
     return stages if post else stages - 1
 
 
-def ring_bytes_per_warp(kind: str, post: bool, stages: int = 0, tn: int = 1, depth: int = 0) -> int:
-    """Stream<D, NS, TN>::BYTES_PER_WARP: D slots of TN x (512 bytes of weights + NS 48-byte metadata records)."""
+def ring_bytes_per_warp(kind: str, post: bool, stages: int = 0, tn: int = 1, depth: int = 0, ub: int = 2) -> int:
+    """Stream<D, NS, TN>::BYTES_PER_WARP: D slots of TN x (512 bytes of weights + NS 48-byte metadata records);
+    stream-K: D slots of UB x 512 bytes + one record."""
+    if kind == SK:
+        return ring_depth(kind, post, depth=depth) * (ub * 512 + 48)
     ns = 1 if post else 4
     return ring_depth(kind, post, stages, depth) * tn * (512 + ns * 48)
 
@@ -52,8 +65,11 @@ class Config:
     splits: int = 0
     ctas_per_sm: float = 6.0
     min_blocks: int = 4  # 64-k blocks per warp at least
-    depth: int = 0  # mma, post only: cp.async ring depth (0: 6; 12 is also built)
-    probe: bool = False  # mma only: the same weight stream without arithmetic (benchmarks; wrong results)
+    depth: int = 0  # mma, post only: cp.async ring depth (0: 6; 12 is also built); sk: 0 = 4 (see SK_BUILT)
+    ub: int = 2  # sk: 64-k blocks per work unit (the kernel takes any; SK_BUILT lists the instantiated ones)
+    # benchmarks only (wrong results): the same weight stream without arithmetic; sk: 1, or 2 (also no metadata
+    # copies), or 3 (also no x staging)
+    probe: int = 0
 
     def label(self, splits: int | None = None) -> str:
         sp = splits if splits is not None else self.splits
@@ -61,6 +77,10 @@ class Config:
         if self.kind == MMA:
             d = f" d{self.depth}" if self.depth else ""
             return f"cuda {'probe' if self.probe else 'mma'} nt{self.nt} tn{self.tn} w{self.warps}{d}{tail}"
+        if self.kind == SK:
+            return (f"cuda stream-k{f' probe{self.probe}' if self.probe else ''} u{self.ub} "
+                    f"d{ring_depth(SK, True, depth=self.depth)} w{self.warps} "
+                    f"{self.ctas_per_sm:g}/sm min{self.min_blocks}")
         st = f" s{self.stages}" if self.stages else ""
         return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}"
 
@@ -88,10 +108,60 @@ def choose(m: int, st) -> Config:
     # tune-cuda-h200-v4-depth.json (benchmarks/results/bench.md, fourth pass): at M <= 8 one tile per warp, 4 warps,
     # ~16 CTAs per SM of split work (195.7 us over the 70B layer; two tiles per warp 208-218 us); at M <= 16
     # two tiles per warp (they share the x fragments), 8 warps, ~3 CTAs per SM (296-299 us; one tile 365 us)
+    if sk_fits(m, st):
+        # tune-cuda-h200-v5-m1.txt (bench.md, fifth pass), Llama-3-70B at M = 1: about one CTA of 16 warps per
+        # SM with long ranges for the large layers (gate/up 40.6 us, down 44.0; q/o 15.3 with 32 blocks per warp
+        # against 16.9 with 8), and for a small layer (k/v, 8192 blocks) 8 warps x 2 CTAs per SM with 8 blocks
+        # each (8.4 us against 9.8)
+        blocks = -(-st.N // 16) * -(-st.K // 64)
+        if blocks <= 16 * 8 * st.n_sm:
+            return Config(kind=SK, warps=8, ctas_per_sm=2.0, min_blocks=8)
+        return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=32 if blocks <= 128 * 8 * st.n_sm else 8)
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
     nt = 2 if m <= 16 else 4
     return Config(kind=MMA, nt=nt, tn=2, warps=8, ctas_per_sm=3.0)
+
+
+def smem_per_sm(cc: tuple[int, int]) -> int:
+    return SMEM_PER_SM.get(tuple(cc), SMEM_OTHER)
+
+
+def sk_takes(st, ub: int = 2) -> bool:
+    """Whether the stream-K kernel's units of ub blocks fit the layer: KB a multiple of ub, and one group per
+    unit (a power-of-two group of >= 64 ub found by a shift, or a single group)."""
+    kb = -(-st.K // 64)
+    return kb % ub == 0 and st.gshift_blk >= 6 + ub.bit_length() - 1
+
+
+def sk_fits(m: int, st) -> bool:
+    """Whether the default choice for batch size m is the stream-K kernel: one batch tile, units that fit the
+    layer, and x (all of K) within its budget."""
+    xs = m * (-(-st.K // 64) * 64 + 8) * 2 + -(-st.K // 64) * 16
+    return (m <= SK_MAX_M and sk_takes(st) and xs <= SK_X_BUDGET
+            and 2 * (xs + 8 * ring_bytes_per_warp(SK, True)) <= smem_per_sm(st.cc))
+
+
+def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
+    """Grid of the stream-K kernel: about ctas_per_sm CTAs per SM (fewer when shared memory says so), every
+    warp at least min_blocks blocks, and never more warps than blocks (each warp's range is non-empty, which
+    the kernel's owner arithmetic relies on)."""
+    if m > SK_MAX_M or not sk_takes(st, cfg.ub):
+        raise ValueError(f"stream-K takes M <= {SK_MAX_M}, KB % {cfg.ub} == 0 and one group per unit")
+    depth = ring_depth(SK, post, depth=cfg.depth)
+    if (cfg.ub, depth) not in SK_BUILT:
+        raise ValueError(f"no stream-K kernel with {cfg.ub} blocks per unit and ring depth {depth}")
+    units = n16 * (kb // cfg.ub)
+    # x [m][K + 8 halves], then the per-unit sums of x (float [KB / ub][8]), each rounded up to 128 bytes
+    xs = -(-(m * (kb * 64 + 8) * 2) // 128) * 128 + -(-(kb // cfg.ub * 32) // 128) * 128
+    ring = ring_bytes_per_warp(SK, post, depth=cfg.depth, ub=cfg.ub)
+    fit = max(1, smem_per_sm(st.cc) // (xs + cfg.warps * ring + 1024))  # the driver reserves 1 KB per CTA
+    grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
+    grid = max(1, min(grid, units * cfg.ub // max(1, cfg.min_blocks * cfg.warps)))  # min_blocks per warp
+    warps = min(cfg.warps, max(1, units // grid))
+    name = f"qt_sk_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_u{cfg.ub}_d{depth}"
+    return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": xs + warps * ring, "splits": 1, "kbps": 0,
+            "rows": 8, "name": name, "post": post, "ws_floats": 2 * grid * warps * 128, "counters": n16}
 
 
 @lru_cache(maxsize=8)
@@ -117,6 +187,8 @@ def plan(cfg: Config, m: int, st) -> dict:
     n16 = -(-st.N // 16)
     kb = -(-st.K // 64)
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
+    if cfg.kind == SK:
+        return _sk_plan(cfg, m, st, n16, kb, post)
     if cfg.kind == MMA:
         rows = 8 * cfg.nt
         gx, gz = -(-n16 // (cfg.warps * cfg.tn)), -(-m // rows)
@@ -175,21 +247,22 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
     p = plan(cfg, m, st)
     dt = "bf16" if x.dtype == torch.bfloat16 else "f16"
     name = p["name"].replace("{dt}", dt)
-    if p["splits"] > 1:
+    shared = p["splits"] > 1 or cfg.kind == SK  # partial sums in the workspace, finished in the same launch
+    if shared:
         # Grown, never freed: a CUDA graph captured at another M keeps pointing at the buffers it saw.
-        need = p["splits"] * p["grid"][2] * p["rows"] * (-(-st.N // 16) * 16)
+        need = p.get("ws_floats") or p["splits"] * p["grid"][2] * p["rows"] * (-(-st.N // 16) * 16)
         if st.ws is None or st.ws.numel() < need:
             if st.ws is not None:
                 st.retired.append(st.ws)
             size = max(need, 2 * st.ws.numel()) if st.ws is not None else need
             st.ws = torch.empty(size, dtype=torch.float32, device=x.device)
-        ntiles = p["grid"][0] * p["grid"][2]
+        ntiles = p.get("counters") or p["grid"][0] * p["grid"][2]
         if st.counters is None or st.counters.numel() < ntiles:
             if st.counters is not None:
                 st.retired.append(st.counters)
             st.counters = torch.zeros(max(ntiles, 1024), dtype=torch.int32, device=x.device)
-    ws = st.ws if p["splits"] > 1 else y
-    cnt = st.counters if p["splits"] > 1 else y
+    ws = st.ws if shared else y
+    cnt = st.counters if shared else y
     vp, ci = ctypes.c_void_p, ctypes.c_int
     args = [vp(st.qweight.data_ptr()), vp(_scales(st, x.dtype).data_ptr()), vp(st.zeros.data_ptr()),
             vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
