@@ -690,6 +690,7 @@ DEVI void sk_small(const Args& p) {
         }
         last = __shfl_sync(0xffffffffu, last, 0);
         if (last) {
+          __syncwarp();  // orders every lane's reads below after lane 0's acquire
           // warp wa's slot is its last tile's unless its range starts with this tile; every later warp's range
           // starts inside this tile (slot 2w). Independent loads, summed in warp order.
           const float4* part = reinterpret_cast<const float4*>(p.ws) + lane;
