@@ -248,6 +248,29 @@ __global__ void bwarp(const uint4* __restrict__ buf, size_t n16, uint32_t* out) 
 
 typedef void (*Kern)(const uint4*, size_t, uint32_t*);
 
+// Median milliseconds of `reps` CUDA-event-timed calls of f() on stream st, after `warm` untimed ones (errors
+// surface at the caller's next cudaGetLastError).
+template <typename F>
+static float median_ms(cudaStream_t st, int warm, int reps, F&& f) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ts;
+  for (int r = 0; r < warm + reps; ++r) {
+    cudaEventRecord(e0, st);
+    f();
+    cudaEventRecord(e1, st);
+    cudaEventSynchronize(e1);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (r >= warm) ts.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
 struct Variant {
   const char* name;
   int u;  // loads in flight per lane (contig/front) or chunk KB (bulk)
@@ -301,21 +324,9 @@ int main() {
     const size_t n = (size_t)1 << 30;
     CK(cudaMalloc(&a, n));
     CK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int r = 0; r < 13; ++r) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 3) ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    printf("copy,1073741824,0,0,0,0,0,%.2f,%.1f\n", ts[ts.size() / 2] * 1e3, 2.0 * n / (ts[ts.size() / 2] * 1e-3) / 1e9);
+    const float ms = median_ms(st, 3, 10, [&] { cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st); });
+    CK(cudaGetLastError());
+    printf("copy,1073741824,0,0,0,0,0,%.2f,%.1f\n", ms * 1e3, 2.0 * n / (ms * 1e-3) / 1e9);
     CK(cudaFree(a));
     CK(cudaFree(b));
   }
@@ -339,28 +350,12 @@ int main() {
                                                out);
           CK(cudaStreamEndCapture(st, &g));
           CK(cudaGraphInstantiate(&ge, g, 0));
-          cudaEvent_t e0, e1;
-          CK(cudaEventCreate(&e0));
-          CK(cudaEventCreate(&e1));
-          std::vector<float> ts;
-          for (int r = 0; r < 12; ++r) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (r >= 2) ts.push_back(ms / ncopy);
-          }
+          const double us = median_ms(st, 2, 10, [&] { cudaGraphLaunch(ge, st); }) * 1e3 / ncopy;
           CK(cudaGetLastError());
-          std::sort(ts.begin(), ts.end());
-          const double us = ts[ts.size() / 2] * 1e3;
           printf("%s,%zu,%d,%d,%d,%d,%d,%.2f,%.1f\n", v.name, bytes, v.u, v.s, v.hint, w, cps, us,
                  bytes / (us * 1e-6) / 1e9);
           CK(cudaGraphExecDestroy(ge));
           CK(cudaGraphDestroy(g));
-          CK(cudaEventDestroy(e0));
-          CK(cudaEventDestroy(e1));
         }
       }
     }
