@@ -58,6 +58,9 @@ def test_forced_configs_and_labels():
     p = plan(Config(kind=MMA, nt=1, tn=1, warps=8, splits=3), 1, st)
     assert p["grid"] == (64, 3, 1) and p["kbps"] == 43 and p["block"] == 256
     assert p["name"] == "qt_mma_{dt}_nt1_tn1_post"
+    assert p["ws_floats"] == 3 * 8 * 8192 and p["counters"] == 64  # split x batch rows x N, one count per tile
+    one = plan(Config(kind=MMA, nt=1, tn=1, warps=8, splits=1), 1, st)
+    assert one["ws_floats"] == 0 and one["counters"] == 0  # stored in place: no workspace
     assert plan(Config(kind=MMA, nt=1, tn=2, warps=8, splits=3), 1, st)["grid"] == (32, 3, 1)
     p = plan(Config(kind=WGMMA, bn=128, wgs=4, splits=1), 256, st)
     assert p["grid"] == (32, 1, 2) and p["block"] == 512
@@ -97,6 +100,10 @@ def test_stream_k_partition(n16, upt, tw):
     tiles never collide, and the finisher's shortcut holds (every contributor after the first starts its range
     inside the tile, so its slot is 2w)."""
     units = n16 * upt
+    # the formulas below are the kernel's own: fail here if the source stops using them
+    for expr in ("w * units / tw", "((u + 1) * tw - 1) / units", "2 * w * 32",
+                 "start(wa) == (long long)tile * upt ? 2 * wa : 2 * wa + 1", "(u0 / upt == tile) ? 2 * gwarp"):
+        assert expr in SRC, expr
 
     def start(w):
         return w * units // tw

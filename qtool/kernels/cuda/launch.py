@@ -134,10 +134,16 @@ def sk_takes(st, ub: int = 2) -> bool:
     return kb % ub == 0 and st.gshift_blk >= 6 + ub.bit_length() - 1
 
 
+def sk_x_bytes(m: int, kb: int, ub: int = 2) -> int:
+    """Shared memory before the stream-K rings (csrc/w4a16.cu sk_small): x [m][64 kb + 8 halves], then the
+    per-unit sums of x (float [kb / ub][8]), each rounded up to 128 bytes."""
+    return -(-(m * (kb * 64 + 8) * 2) // 128) * 128 + -(-(kb // ub * 32) // 128) * 128
+
+
 def sk_fits(m: int, st) -> bool:
     """Whether the default choice for batch size m is the stream-K kernel: one batch tile, units that fit the
     layer, and x (all of K) within its budget."""
-    xs = m * (-(-st.K // 64) * 64 + 8) * 2 + -(-st.K // 64) * 16
+    xs = sk_x_bytes(m, -(-st.K // 64))
     return (m <= SK_MAX_M and sk_takes(st) and xs <= SK_X_BUDGET
             and 2 * (xs + 8 * ring_bytes_per_warp(SK, True)) <= smem_per_sm(st.cc))
 
@@ -152,8 +158,7 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     if (cfg.ub, depth) not in SK_BUILT:
         raise ValueError(f"no stream-K kernel with {cfg.ub} blocks per unit and ring depth {depth}")
     units = n16 * (kb // cfg.ub)
-    # x [m][K + 8 halves], then the per-unit sums of x (float [KB / ub][8]), each rounded up to 128 bytes
-    xs = -(-(m * (kb * 64 + 8) * 2) // 128) * 128 + -(-(kb // cfg.ub * 32) // 128) * 128
+    xs = sk_x_bytes(m, kb, cfg.ub)
     ring = ring_bytes_per_warp(SK, post, depth=cfg.depth, ub=cfg.ub)
     fit = max(1, smem_per_sm(st.cc) // (xs + cfg.warps * ring + 1024))  # the driver reserves 1 KB per CTA
     grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
@@ -183,7 +188,8 @@ def _scales(st, dtype: torch.dtype) -> torch.Tensor:
 
 
 def plan(cfg: Config, m: int, st) -> dict:
-    """Grid, block, shared memory, split and kernel name ("{dt}" stands for x's dtype) for one call."""
+    """Grid, block, shared memory, split, kernel name ("{dt}" stands for x's dtype) and the workspace the call
+    needs (ws_floats fp32 partials, counters per-tile arrival counters; 0 when it finishes in place)."""
     n16 = -(-st.N // 16)
     kb = -(-st.K // 64)
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
@@ -222,8 +228,10 @@ def plan(cfg: Config, m: int, st) -> dict:
     else:
         smem = 1024 + stages * cfg.bn * 128 + ring
         name = f"qt_wg_{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
+    split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
-            "rows": rows, "name": name, "post": post}
+            "rows": rows, "name": name, "post": post,
+            "ws_floats": splits * gz * rows * n16 * 16 if split else 0, "counters": gx * gz if split else 0}
 
 
 def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -247,16 +255,16 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
     p = plan(cfg, m, st)
     dt = "bf16" if x.dtype == torch.bfloat16 else "f16"
     name = p["name"].replace("{dt}", dt)
-    shared = p["splits"] > 1 or cfg.kind == SK  # partial sums in the workspace, finished in the same launch
+    shared = p["ws_floats"] > 0  # partial sums in the workspace, finished in the same launch
     if shared:
         # Grown, never freed: a CUDA graph captured at another M keeps pointing at the buffers it saw.
-        need = p.get("ws_floats") or p["splits"] * p["grid"][2] * p["rows"] * (-(-st.N // 16) * 16)
+        need = p["ws_floats"]
         if st.ws is None or st.ws.numel() < need:
             if st.ws is not None:
                 st.retired.append(st.ws)
             size = max(need, 2 * st.ws.numel()) if st.ws is not None else need
             st.ws = torch.empty(size, dtype=torch.float32, device=x.device)
-        ntiles = p.get("counters") or p["grid"][0] * p["grid"][2]
+        ntiles = p["counters"]
         if st.counters is None or st.counters.numel() < ntiles:
             if st.counters is not None:
                 st.retired.append(st.counters)
