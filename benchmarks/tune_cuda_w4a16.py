@@ -5,8 +5,10 @@
 
 --check: awkward layers (N not a multiple of 16 or 64, K = group x odd, K not a multiple of 64, act-order,
 group -1 / 32 / 64 / 128) x fp16/bf16 x M, for the M-bucket choice and for every forced variant (mma nt1/2/4
-with and without split, stream-K with short and long warp ranges, wgmma bn64/128/256); outputs poisoned with
-NaN; error within 4x the dense same-precision baseline's. Exit 1 on any failure.
+with and without split, stream-K with short and long warp ranges and whole tiles per CTA, wgmma bn64/128/256);
+outputs poisoned with NaN; error within 4x the dense same-precision baseline's. Then chains of calls each
+reading the previous output, with and without programmatic dependent launch (same bits required). Exit 1 on
+any failure.
 --tune: Llama-3-70B's four distinct projection shapes (times weighted by how often each occurs in a decoder
 layer: q/o 2, k/v 2, gate/up 2, down 1), dense cuBLAS against the default choice and the candidates below,
 timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies).
@@ -15,6 +17,7 @@ timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,7 +31,7 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda.launch import MMA, SK, SK_MAX_M, WGMMA, Config, sk_takes  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, SK, SK_MAX_M, WGMMA, Config, choose, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
 SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
@@ -43,6 +46,11 @@ def forced_configs(m: int, st) -> list[Config]:
                for ub, w, c, mb, d in ((2, 8, 4.0, 1, 0), (2, 4, 1.0, 8, 6), (2, 16, 0.1, 1, 0), (2, 16, 1.0, 8, 4),
                                        (2, 8, 2.0, 2, 6))
                if sk_takes(st, ub)]
+        # whole tiles per CTA (shared-memory hand-over), and grids whose CTAs split some tiles (both hand-overs)
+        cs += [Config(kind=SK, warps=w, tpc=tpc, depth=d, pdl=pdl, trigger=trig)
+               for w, tpc, d, pdl, trig in ((16, 1, 4, None, "wait"), (8, 2, 6, None, "start"), (4, 3, 4, None, "wait"),
+                                            (16, 1, 6, False, "wait"))
+               if sk_takes(st)]
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=1, splits=1))
@@ -97,13 +105,78 @@ def check() -> int:
     return 1 if bad else 0
 
 
-def candidates(m: int) -> list[Config | None]:
-    c: list[Config | None] = [None]
+# the default choice with other launch settings; "hot x": every call reads the same x (in L2), as a layer reads
+# the activations the previous kernel just wrote, where the rotation otherwise leaves each call's x cold
+VARIANTS = {"default, no pdl": dict(pdl=False), "default, pdl": dict(pdl=True),
+            "default, pdl, trigger at start": dict(pdl=True, trigger="start"),
+            "default, pdl, trigger after wait": dict(pdl=True, trigger="wait"), "default, hot x": {}}
+
+
+def chain_check() -> int:
+    """Programmatic dependent launch: back-to-back calls where each reads the previous one's output (a square
+    layer, x_{i+1} = x_i W^T), launched with pdl on sm_90, eagerly and as a replayed CUDA graph, against the same
+    chain launched plainly; every step must give the same bits (the kernels are deterministic), so a kernel
+    that read x or wrote y before pdl_wait would show. Outputs poisoned before each chain."""
+    kern = get_kernel("cuda-w4a16")
+    dev = torch.device("cuda")
+    dt = torch.bfloat16  # the chain grows about 32x a step: bf16 has the range
+    bad = total = 0
+    for k, tag in ((1024, "sk/mma/wgmma"), (8192, "70B q/o")):
+        plain = random_plain(k, k, group_size=128, dtype=dt, device=dev, seed=7)
+        st = kern.prepare(PackedLayer.from_plain(plain))
+        for m in (1, 5, 16, 256):
+            base = choose(m, st)
+            x0 = torch.randn(m, k, device=dev).to(dt)
+            chains = {}
+            for pdl, trig, graph in ((False, "wait", False), (True, "wait", False), (True, "wait", True),
+                                     (True, "start", True)):
+                st.override = dataclasses.replace(base, pdl=pdl, trigger=trig)
+                outs = [torch.full((m, k), float("nan"), dtype=dt, device=dev) for _ in range(6)]
+                def run(outs=outs, x0=x0, st=st):
+                    prev = x0
+                    for o in outs:
+                        prev = kern.forward(prev, st, out=o)
+                if graph:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        run()
+                    for o in outs:
+                        o.fill_(float("nan"))
+                    g.replay()
+                else:
+                    run()
+                torch.cuda.synchronize()
+                chains[(pdl, trig, graph)] = [o.clone() for o in outs]
+            st.override = None
+            ref = chains[(False, "wait", False)]
+            for key, outs in chains.items():
+                total += 1
+                same = all(torch.equal(a, b) for a, b in zip(ref, outs))
+                if not same:
+                    bad += 1
+                    print(f"FAIL chain {tag} K=N={k} M={m} {base.label()} pdl={key[0]} trigger={key[1]} "
+                          f"graph={key[2]}: differs from the plain launches")
+    print(f"chain check: {total - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+def candidates(m: int, probes: bool = False, full: bool = True) -> list[Config | str | None]:
+    c: list[Config | str | None] = [None, *VARIANTS]
     if m <= SK_MAX_M:  # group 128: units of two blocks
         c += [Config(kind=SK, ub=2, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
-              for w in (8, 16) for d in (4,) for cps in (1.0, 2.0) for mb in (8, 32)
-              if w * cps <= 64]
-        c += [Config(kind=SK, ub=2, warps=16, ctas_per_sm=1.0, min_blocks=8, probe=pr) for pr in (1, 2, 3)]
+              for w, d, cps, mb in ((16, 4, 1.0, 8), (16, 4, 1.0, 32), (16, 4, 2.0, 8), (8, 4, 2.0, 8),
+                                    (16, 6, 1.0, 8), (8, 6, 2.0, 8))]
+        c += [Config(kind=SK, ub=2, warps=w, depth=d, ctas_per_sm=1.0, min_blocks=8, trigger="start")
+              for w, d in ((16, 4), (12, 6), (16, 6))]
+        c.append(Config(kind=SK, ub=2, warps=16, tpc=4, trigger="start"))
+        # whole tiles per CTA (hand-over in shared memory): 64 / 512 / 1792 tiles of k/v, q/o and down, gate/up
+        c += [Config(kind=SK, ub=2, warps=w, depth=d, tpc=tpc)
+              for tpc, w, d in ((1, 16, 6), (2, 16, 4), (4, 16, 4), (7, 16, 4), (14, 16, 4))]
+        if probes:
+            c += [Config(kind=SK, ub=2, warps=16, ctas_per_sm=1.0, min_blocks=8, probe=pr, trigger="start")
+                  for pr in (1, 2, 3, 4, 5)]
+    if m > SK_MAX_M and not full:
+        return c
     if m <= 16:
         nt = 1 if m <= 8 else 2
         c += [Config(kind=MMA, nt=nt, tn=tn, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
@@ -114,7 +187,8 @@ def candidates(m: int) -> list[Config | None]:
     return c
 
 
-def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None) -> None:
+def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
+         full: bool = True) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     rows = []
@@ -135,11 +209,16 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None) -> N
                 tr = time_calls([(lambda s=s: s.qweight.sum(dtype=torch.int64)) for s in states], dev, graphs=True)
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
                                  us=tr.median_s * 1e6))
-            for cfg in candidates(m):
+            for cfg in candidates(m, probes, full):
                 for s in states:
-                    s.override = cfg
-                label = cfg.label() if cfg else "default:" + states[0].config(m).label()
-                tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs, states)], dev,
+                    s.override = None
+                    s.override = dataclasses.replace(s.config(m), **VARIANTS[cfg]) if cfg in VARIANTS else cfg
+                if cfg in VARIANTS:
+                    label = cfg + ":" + states[0].override.label()
+                else:
+                    label = cfg.label() if cfg else "default:" + states[0].config(m).label()
+                xs_call = [xs[0]] * len(xs) if isinstance(cfg, str) and cfg.endswith("hot x") else xs
+                tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs_call, states)], dev,
                                 graphs=True)
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel=label, us=tq.median_s * 1e6,
                                  bytes=layer.nbytes() + 2 * m * (k + n)))
@@ -173,13 +252,17 @@ def main() -> int:
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 256])
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--probes", action="store_true", help="also time the stream-K bandwidth probes (--tune)")
+    ap.add_argument("--defaults-above-8", action="store_true",
+                    help="for M > 8 time only the default choice, with and without pdl (--tune)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
           f"{torch.__version__}", flush=True)
-    rc = check() if a.check else 0
+    rc = (check() | chain_check()) if a.check else 0
     if a.tune:
-        tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
+        tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
+             not a.defaults_above_8)
     return rc
 
 

@@ -186,6 +186,33 @@ DEVI void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Programmatic dependent launch (sm_90+; launch.py sets the launch attribute there). Each kernel lets the next
+// kernel in the stream launch while it still runs (pdl_trigger), and that next kernel streams its first weight
+// blocks, which no earlier kernel writes, before griddepcontrol.wait, which returns once every earlier kernel has
+// finished and its memory is visible: x, y, the workspace and the counters are touched only after it. So the
+// next layer's weights start flowing during this one's tail (the tile hand-over, the last stores) instead of
+// after a launch gap. Without the attribute both are no-ops; below sm_90 they are compiled out.
+// Where the trigger goes is a launch flag (Args::flags): after the wait (default), which keeps at most two
+// grids resident, or at the start (QT_PDL_EARLY): a grid that triggers at its start lets the next one launch,
+// which triggers at its start too, a cascade of waiting grids whose CTAs take the SM slots as CTAs exit. The
+// stream-K kernel's large layers measured faster that way (1-2 us a call, benchmarks/results/bench.md, sixth
+// pass) when the grid gives every SM the same CTAs, and slower otherwise (launch.py only asks for it then).
+enum { QT_PDL_EARLY = 1 };
+DEVI void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+DEVI void pdl_start(int flags) {
+  if (flags & QT_PDL_EARLY) pdl_trigger();
+}
+DEVI void pdl_wait(int flags) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  if (!(flags & QT_PDL_EARLY)) pdl_trigger();
+}
+
 // The weight stream is read exactly once per call: keep it out of L1.
 DEVI uint4 ld_stream(const uint4* p) {
   uint4 v;
@@ -207,6 +234,7 @@ struct Args {
   float* ws;
   int* cnt;
   int M, N, K, KB, kbps, NG, gshift;  // gshift >= 0: group of element k = min(k >> gshift, NG - 1); else gtab
+  int flags;                          // QT_PDL_EARLY or 0
 };
 
 // A warp's weight stream over TN adjacent 16-row tiles: a cp.async ring of D slots, each {the 32 lanes' 16
@@ -385,8 +413,16 @@ DEVI void mma_small(const Args& p) {
   const uint32_t xs_base = smem_u32(smem4);
   const uint32_t ring_base = xs_base + ((min(8 * NT, p.M) * pitch * 2 + 127) & ~127);
   R ws(p, ring_base + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
+  pdl_start(p.flags);
 
-  {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): commit group 0
+  const bool active = ws.ntiles > 0;
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {  // groups 0 .. D-2: the first D-1 blocks (no earlier kernel writes them)
+    if (active && d < nb) ws.issue();
+    cp_commit();
+  }
+  pdl_wait(p.flags);  // x and everything written below come after the previous kernel
+  {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): group D-1
     const int cpr = nb * 8;
     const int total = mc * cpr;
     for (int c = threadIdx.x; c < total; c += blockDim.x) {
@@ -395,12 +431,6 @@ DEVI void mma_small(const Args& p) {
       const bool v = k < p.K;
       cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
     }
-    cp_commit();
-  }
-  const bool active = ws.ntiles > 0;
-#pragma unroll
-  for (int d = 0; d < D - 1; ++d) {  // groups 1 .. D-1: the first D-1 blocks
-    if (active && d < nb) ws.issue();
     cp_commit();
   }
 
@@ -420,14 +450,14 @@ DEVI void mma_small(const Args& p) {
     lds[j] = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
   }
 
-  cp_wait<D - 1>();  // group 0 (x) has landed for this thread's copies ...
-  __syncthreads();   // ... and for everyone's
+  cp_wait<0>();     // x (and the first blocks) have landed for this thread's copies ...
+  __syncthreads();  // ... and for everyone's
 
   if (active) {
     for (int i = 0; i < nb; ++i) {
       if (i + D - 1 < nb) ws.issue();
       cp_commit();
-      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
+      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies; D - 1 younger groups) ...
       __syncwarp();      // ... and the metadata the warp's lanes copied
       uint4 wv[TN];
       uint32_t sc0[TN];
@@ -508,15 +538,20 @@ DEVI void mma_small(const Args& p) {
 // its range ends; a tile that lies wholly in one warp's range is stored directly, a tile shared by warps wa..wb
 // gets one fp32 partial per warp and the last warp to arrive sums them in warp order (deterministic) and
 // re-arms the tile's counter.
+// A tile whose warps are all in one CTA is handed over the same way in shared memory; so when the grid gives
+// each CTA whole tiles (launch.py, for the small layers), no partial leaves the SM.
 // Workspace: ws [2 * warps in grid][32 lanes][4] (slot 2w: warp w's first tile, 2w + 1: its last), cnt [N16].
 // Shared: x[0 : M, 64 kb_lo : 64 (kb_hi + 1)] (the blocks this CTA's warps touch; sized for all of K), the sums
-// of x per unit (float [KB / UB][8]), then the warps' rings of D slots {UB x 512 bytes of weights, the unit's
-// 48-byte metadata record}.
+// of x per unit (float [KB / UB][8]), the CTA-local partials (float4 [2 warps][32]) and counters (int [warps],
+// padded to 128 bytes), then the warps' rings of D slots {UB x 512 bytes of weights, the unit's 48-byte
+// metadata record}.
 // ---------------------------------------------------------------------------------------------------------
 // PROBE (benchmarks only, wrong results): 1 = the same streams with no arithmetic, 2 = also no metadata copies,
-// 3 = also no x staging
+// 3 = also no x staging; 4 = the full kernel without the x sums; 5 = the full kernel staging a quarter of x
 template <bool BF16, int UB, int D, int PROBE = 0>
 DEVI void sk_small(const Args& p) {
+  constexpr bool NO_ARITH = PROBE >= 1 && PROBE <= 3, NO_META = PROBE == 2 || PROBE == 3, NO_X = PROBE == 3,
+                 NO_XSUM = PROBE >= 3;
   extern __shared__ uint4 smem4[];
   constexpr int META = 48, SLOT = UB * 512 + META;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -540,19 +575,13 @@ DEVI void sk_small(const Args& p) {
   const int pitch = p.KB * 64 + 8;  // halves, as sized by the host (whole K); +16 bytes against bank conflicts
   const uint32_t xs_base = smem_u32(smem4);
   const uint32_t xsum = xs_base + ((mc * pitch * 2 + 127) & ~127);  // float [upt][8]: x summed over each unit
-  const uint32_t ring = xsum + ((upt * 32 + 127) & ~127) + warp * (D * SLOT);
+  const uint32_t lpart = xsum + ((upt * 32 + 127) & ~127);  // float4 [2 nwarps][32]: partials of CTA-local tiles
+  const uint32_t lcnt = lpart + nwarps * 1024;             // int [nwarps]: their arrival counters
+  const uint32_t ring = lcnt + ((nwarps * 4 + 127) & ~127) + warp * (D * SLOT);
   const uint32_t ring_end = ring + D * SLOT;
-  {
-    const int cpr = (kb_hi - kb_lo + 1) * 8;
-    const int total = PROBE >= 3 ? 0 : mc * cpr;
-    for (int c = threadIdx.x; c < total; c += blockDim.x) {
-      const int r = c / cpr, q = c - r * cpr;
-      const int k = kb_lo * 64 + q * 8;
-      const bool v = k < p.K;
-      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)r * p.K + (v ? k : 0), v);
-    }
-    cp_commit();
-  }
+  pdl_start(p.flags);
+  if (threadIdx.x < nwarps)  // published to the other warps by the barrier before the main loop
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(lcnt + threadIdx.x * 4), "r"(0) : "memory");
 
   // producer side of the ring: the next unit (itile, iu), running pointers
   int itile = (int)(u0 / upt), iu = (int)(u0 % upt);
@@ -568,7 +597,7 @@ DEVI void sk_small(const Args& p) {
   auto issue = [&]() {
 #pragma unroll
     for (int b = 0; b < UB; ++b) cp_async16(fill + b * 512 + lane * 16, gw + b * 32, true);
-    if (PROBE < 2 && lane < 3)
+    if (!NO_META && lane < 3)
       cp_async16(fill + UB * 512 + lane * 16, mtile + min((iu * UB * 64) >> p.gshift, ngm1) * mstride, true);
     gw += UB * 32;
     if (++iu == upt) {
@@ -578,8 +607,20 @@ DEVI void sk_small(const Args& p) {
     fill = fill + SLOT == ring_end ? ring : fill + SLOT;
   };
 #pragma unroll
-  for (int d = 0; d < D - 1; ++d) {
+  for (int d = 0; d < D - 1; ++d) {  // groups 0 .. D-2: the first units (no earlier kernel writes them)
     if (d < n) issue();
+    cp_commit();
+  }
+  pdl_wait(p.flags);  // x and everything written below come after the previous kernel
+  {  // group D-1: x
+    const int cpr = (kb_hi - kb_lo + 1) * 8;
+    const int total = NO_X ? 0 : PROBE == 5 ? mc * cpr / 4 : mc * cpr;
+    for (int c = threadIdx.x; c < total; c += blockDim.x) {
+      const int r = c / cpr, q = c - r * cpr;
+      const int k = kb_lo * 64 + q * 8;
+      const bool v = k < p.K;
+      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)r * p.K + (v ? k : 0), v);
+    }
     cp_commit();
   }
 
@@ -590,27 +631,37 @@ DEVI void sk_small(const Args& p) {
     const int mat = lane >> 3;
     lds = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2 - kb_lo * 128;
   }
-  cp_wait<D - 1>();
+  cp_wait<0>();  // x and the first units (the loop's wait<D - 1> stays right: x is one more younger group)
   __syncthreads();
-  {  // the sum of x over each staged unit, per batch row (rows past M: 0), for the zero-point correction
+  {  // the sum of x over each staged unit, per batch row (rows past M: 0), for the zero-point correction:
+     // 16 threads per (row, unit), 8 elements each, then a shuffle tree (all threads busy: this is on the path
+     // from pdl_wait to the first mma)
+    constexpr int CH = UB * 8;  // 16-byte chunks of a unit's row
+    static_assert(CH <= 32 && (CH & (CH - 1)) == 0, "a unit's row is reduced within one warp");
     const int u_lo = kb_lo / UB, nu = (kb_hi + 1) / UB - u_lo;
-    for (int c = threadIdx.x; c < (PROBE >= 3 ? 0 : 8 * nu); c += blockDim.x) {
-      const int j = c >> 3, r = c & 7;
+    const int items = NO_XSUM ? 0 : mc * nu * CH;
+    for (int c0 = 0; c0 < items; c0 += blockDim.x) {  // uniform trip count: every lane reaches the shuffles
+      const int c = c0 + threadIdx.x;
+      const int q = c & (CH - 1), ru = c / CH;  // ru = r * nu + j
+      const int r = ru / nu, j = ru - r * nu;
       float sum = 0.f;
-      if (r < mc) {
-        const uint32_t row = xs_base + (r * pitch + j * UB * 64) * 2;
-#pragma unroll 4
-        for (int q = 0; q < UB * 8; ++q) {
-          uint4 v;
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(row + q * 16));
-          sum += (to_f32<BF16>(v.x & 0xFFFFu) + to_f32<BF16>(v.x >> 16)) +
-                 (to_f32<BF16>(v.y & 0xFFFFu) + to_f32<BF16>(v.y >> 16)) +
-                 (to_f32<BF16>(v.z & 0xFFFFu) + to_f32<BF16>(v.z >> 16)) +
-                 (to_f32<BF16>(v.w & 0xFFFFu) + to_f32<BF16>(v.w >> 16));
-        }
+      if (c < items) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(xs_base + (r * pitch + j * UB * 64 + q * 8) * 2));
+        sum = (to_f32<BF16>(v.x & 0xFFFFu) + to_f32<BF16>(v.x >> 16)) +
+              (to_f32<BF16>(v.y & 0xFFFFu) + to_f32<BF16>(v.y >> 16)) +
+              (to_f32<BF16>(v.z & 0xFFFFu) + to_f32<BF16>(v.z >> 16)) +
+              (to_f32<BF16>(v.w & 0xFFFFu) + to_f32<BF16>(v.w >> 16));
       }
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xsum + ((u_lo + j) * 8 + r) * 4), "f"(sum) : "memory");
+#pragma unroll
+      for (int o = CH / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (c < items && q == 0)
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xsum + ((u_lo + j) * 8 + r) * 4), "f"(sum) : "memory");
+    }
+    for (int c = threadIdx.x; c < (NO_XSUM ? 0 : (8 - mc) * nu); c += blockDim.x) {  // rows past M
+      const int r = mc + c / nu, j = c % nu;
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xsum + ((u_lo + j) * 8 + r) * 4), "f"(0.f) : "memory");
     }
   }
   __syncthreads();
@@ -631,7 +682,7 @@ DEVI void sk_small(const Args& p) {
     uint2 zp;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(read + UB * 512 + g * 4));
     asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(zp.x), "=r"(zp.y) : "r"(read + UB * 512 + 32));
-    if constexpr (PROBE > 0) {
+    if constexpr (NO_ARITH) {
 #pragma unroll
       for (int b = 0; b < UB; ++b)
         acc[0] += __uint_as_float((wv[b].x ^ wv[b].y ^ wv[b].z ^ wv[b].w ^ sc) & 0x3FFFFFu);
@@ -673,8 +724,47 @@ DEVI void sk_small(const Args& p) {
           if (ml < mc && row < p.N) p.y[(size_t)ml * p.N + row] = from_f32<BF16>(v[e]);
         }
       };
+      const long long cta0 = (long long)blockIdx.x * nwarps;  // the CTA's first warp in the grid
       if (wa == wb) {
         store(acc);
+      } else if (wa >= cta0 && wb < cta0 + nwarps) {
+        // Every warp of this tile is in this CTA: the same hand-over through shared memory (slot 2w for a warp's
+        // first tile, 2w + 1 for its last; counter: the tile's first warp, which is the first warp of no other
+        // shared tile), a few tens of cycles instead of an L2 round trip per step.
+        const int lw = warp, la = (int)(wa - cta0), lb = (int)(wb - cta0);
+        const int lslot = (u0 / upt == tile) ? 2 * lw : 2 * lw + 1;
+        asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(lpart + (lslot * 32 + lane) * 16),
+                     "f"(acc[0]), "f"(acc[1]), "f"(acc[2]), "f"(acc[3]) : "memory");
+        __syncwarp();  // the lanes' stores before lane 0's release (as below, at CTA scope)
+        int last = 0;
+        if (lane == 0) {
+          int old;
+          asm volatile("atom.acq_rel.cta.shared.add.u32 %0, [%1], 1;\n"
+                       : "=r"(old)
+                       : "r"(lcnt + la * 4)
+                       : "memory");
+          last = old == lb - la;  // counters are used once per launch: no re-arming
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (last) {
+          __syncwarp();
+          const uint32_t part = lpart + lane * 16;
+          float4 v0;
+          const int s0 = start(wa) == (long long)tile * upt ? 2 * la : 2 * la + 1;
+          asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v0.x), "=f"(v0.y), "=f"(v0.z), "=f"(v0.w)
+                       : "r"(part + s0 * 512) : "memory");
+          float sum[4] = {v0.x, v0.y, v0.z, v0.w};
+          for (int w = la + 1; w <= lb; ++w) {
+            float4 v;
+            asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                         : "r"(part + 2 * w * 512) : "memory");
+            sum[0] += v.x;
+            sum[1] += v.y;
+            sum[2] += v.z;
+            sum[3] += v.w;
+          }
+          store(sum);
+        }
       } else {
         const long long slot = (u0 / upt == tile) ? 2 * gwarp : 2 * gwarp + 1;
         reinterpret_cast<float4*>(p.ws)[slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -781,12 +871,19 @@ DEVI void wg_large(const Args& p) {
   };
 
   static_assert(D - 1 >= STAGES - 2, "the weight ring runs at least as far ahead as the x tiles");
+  pdl_start(p.flags);
+  // One group for the first D - 1 blocks of weights (issued before pdl_wait: no earlier kernel writes them) and
+  // the first STAGES - 2 x tiles, then D - 2 empty groups: the loop's waits count groups as if group d held
+  // weights d and x tile d (each of those is in this group or an older one, as there).
 #pragma unroll
-  for (int d = 0; d < D - 1; ++d) {  // group d: weights of block d, and its x tile for d < STAGES - 2
-    if (d < STAGES - 2 && d < nb) load_x(d, kb0 + d);
+  for (int d = 0; d < D - 1; ++d)
     if (active && d < nb) ws.issue();
-    cp_commit();
-  }
+  pdl_wait(p.flags);
+#pragma unroll
+  for (int d = 0; d < STAGES - 2; ++d)
+    if (d < nb) load_x(d, kb0 + d);
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) cp_commit();
 
   float acc[BN / 2];
 #pragma unroll
@@ -838,8 +935,8 @@ DEVI void wg_large(const Args& p) {
 // ---------------------------------------------------------------------------------------------------------
 #define QT_ARGS                                                                                           \
   const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, \
-      float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift
-#define QT_PACK {qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift}
+      float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift, int flags
+#define QT_PACK {qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift, flags}
 
 #define QT_MMA(NAME, NT, BF16, POST, D, TN)                                        \
   extern "C" __global__ void __launch_bounds__(256) NAME(QT_ARGS) {                \
@@ -847,25 +944,34 @@ DEVI void wg_large(const Args& p) {
     qt::mma_small<NT, BF16, POST, D, TN>(a);                                       \
   }
 
+// The stream-K kernel's 16-warp CTAs with 4-slot rings must fit two to an SM on Hopper (64 registers a
+// thread): the next layer's CTA (programmatic dependent launch) is resident beside this one while it runs.
+// 6-slot rings take too much shared memory for that anyway, and elsewhere there is no such launch.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define QT_SK_MINB4 2
+#else
+#define QT_SK_MINB4 1
+#endif
+#define QT_SK_BOUNDS4 __launch_bounds__(512, QT_SK_MINB4)
+
 #define QT_SK(NAME, BF16, UB, D)                                                   \
-  extern "C" __global__ void __launch_bounds__(512) NAME(QT_ARGS) {                \
+  extern "C" __global__ void __launch_bounds__(512, (D) <= 4 ? QT_SK_MINB4 : 1) NAME(QT_ARGS) { \
     const qt::Args a = QT_PACK;                                                    \
     qt::sk_small<BF16, UB, D>(a);                                                  \
   }
 
 QT_SK(qt_sk_f16_u2_d4, false, 2, 4)
-extern "C" __global__ void __launch_bounds__(512) qt_sk_probe1_f16_u2_d4(QT_ARGS) {  // benchmarks only
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 4, 1>(a);
-}
-extern "C" __global__ void __launch_bounds__(512) qt_sk_probe2_f16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 4, 2>(a);
-}
-extern "C" __global__ void __launch_bounds__(512) qt_sk_probe3_f16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 4, 3>(a);
-}
+// Stream-K probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched): sk_small's PROBE.
+#define QT_SK_PROBE(PR)                                                             \
+  extern "C" __global__ void QT_SK_BOUNDS4 qt_sk_probe##PR##_f16_u2_d4(QT_ARGS) {   \
+    const qt::Args a = QT_PACK;                                                     \
+    qt::sk_small<false, 2, 4, PR>(a);                                               \
+  }
+QT_SK_PROBE(1)
+QT_SK_PROBE(2)
+QT_SK_PROBE(3)
+QT_SK_PROBE(4)
+QT_SK_PROBE(5)
 QT_SK(qt_sk_f16_u2_d6, false, 2, 6)
 QT_SK(qt_sk_bf16_u2_d4, true, 2, 4)
 QT_SK(qt_sk_bf16_u2_d6, true, 2, 6)

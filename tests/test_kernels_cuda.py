@@ -20,7 +20,9 @@ from qtool.kernels.cuda import act_order_plan, build, group_shift
 from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, Config, choose, plan, ring_depth, sk_fits
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
-ENTRY = set(re.findall(r"QT_(?:MMA|WG|SK)\((qt_\w+),", SRC)) | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
+ENTRY = (set(re.findall(r"QT_(?:MMA|WG|SK)\((qt_\w+),", SRC))
+         | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
+         | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)})
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -139,7 +141,8 @@ def test_stream_k_partition(n16, upt, tw):
 
 def test_large_m_choice_follows_the_layer_shape():
     # Llama-3-70B at M = 256 (tune-cuda-h200-v4.json): k/v narrow, q/o square, gate/up wide, down long-K
-    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8,
+                                                    pdl=False)
     assert choose(256, state(8192, 8192)).wgs == 4
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
@@ -216,3 +219,142 @@ def test_nvcc_builds_every_entry_point_without_spills(cc, tmp_path):
     spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert spills and max(spills) == 0
     assert Path(out).stat().st_size > 0
+
+
+def test_launch_structs_match_cuda_h():
+    """ctypes mirrors of CUlaunchAttribute / CUlaunchConfig (cuda.h, CUDA 12-13): sizes and offsets of the fields
+    cuLaunchKernelEx reads (an id padded to 8 bytes and a 64-byte value union; 7 uints, then the stream,
+    the attribute pointer and their count)."""
+    import ctypes
+
+    from qtool.kernels.cuda.driver import LaunchAttribute, LaunchConfig, pdl_config
+
+    assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(LaunchConfig) == 56
+    assert (LaunchConfig.hStream.offset, LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    attr = LaunchAttribute()
+    cfg = pdl_config((3, 2, 1), 256, 4096, 1234, attr)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.sharedMemBytes) == (
+        3, 2, 1, 256, 1, 4096)
+    assert cfg.hStream == 1234 and cfg.numAttrs == 1 and cfg.attrs.contents.id == 6  # PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value[0] == 1  # programmaticStreamSerializationAllowed
+
+
+def _body(name: str) -> str:
+    """The source of one device function of csrc/w4a16.cu, up to the next top-level definition, with the bodies
+    of its lambdas blanked (a definition is not an access; its calls are)."""
+    start = SRC.index(f"DEVI void {name}(")
+    end = min(i for i in (SRC.find("\ntemplate <", start + 1), SRC.find("\n#ifdef", start + 1),
+                          SRC.find("\n}  // namespace", start + 1)) if i > 0)
+    body = SRC[start:end]
+    for m in re.finditer(r"= \[&\]\([^)]*\) \{", body):
+        depth, i = 0, m.end() - 1
+        while True:
+            depth += {"{": 1, "}": -1}.get(body[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        body = body[:m.end()] + " " * (i - m.end()) + body[i:]
+    return body
+
+
+@pytest.mark.parametrize("name", ["sk_small", "mma_small", "wg_large"])
+def test_pdl_orders_every_dependent_access_after_the_wait(name):
+    """Programmatic dependent launch: before pdl_wait a kernel may only read what no earlier kernel writes (the
+    weight stream and its records); x, y, the workspace and the counters come after it."""
+    body = _body(name)
+    wait = body.index("pdl_wait(p.flags")
+    assert body.index("pdl_start(p.flags)") < wait
+    assert "issue()" in body[:wait]  # the first weight blocks are in flight before the wait
+    for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x("):
+        i = body.find(dependent)
+        assert i < 0 or i > wait, (name, dependent)
+
+
+def test_pdl_use_follows_device_config_and_environment(monkeypatch):
+    from qtool.kernels.cuda.launch import flags, use_pdl
+
+    hopper, ampere = state(8192, 8192), state(8192, 8192, cc=(8, 0))
+    monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
+    assert use_pdl(Config(), hopper) and not use_pdl(Config(), ampere)
+    assert not use_pdl(Config(pdl=False), hopper) and not use_pdl(Config(pdl=True), ampere)
+    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
+    assert not use_pdl(Config(), hopper) and use_pdl(Config(pdl=True), hopper)
+    assert flags(Config()) == 0 and flags(Config(trigger="start")) == 1 and "QT_PDL_EARLY = 1" in SRC
+    # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
+    assert flags(Config(trigger="start"), 264, 132) == 1 and flags(Config(trigger="start"), 128, 132) == 0
+    assert choose(256, state(8192, 8192)).pdl is False and choose(16, state(8192, 8192)).pdl is None
+    with pytest.raises(ValueError, match="trigger"):
+        flags(Config(trigger="later"))
+    assert Config(kind=SK, trigger="start").label().endswith("pdl-start")
+    assert "no-pdl" in Config(kind=MMA, pdl=False).label()
+
+
+@pytest.mark.parametrize("n16,upt,ctas,warps", [(64, 64, 64, 16), (512, 64, 132, 16), (13, 3, 5, 4), (64, 32, 22, 4),
+                                                (3, 7, 2, 5)])
+def test_stream_k_cta_local_hand_over(n16, upt, ctas, warps):
+    """A shared tile whose warps are all in one CTA is handed over in shared memory: its counter (the tile's first
+    warp, CTA-relative) is used by no other shared tile of the CTA, and the partial slots of the CTA's warps never
+    collide; a grid of whole tiles per CTA hands over nothing through global memory."""
+    for expr in ("wa >= cta0 && wb < cta0 + nwarps", "(u0 / upt == tile) ? 2 * lw : 2 * lw + 1",
+                 "start(wa) == (long long)tile * upt ? 2 * la : 2 * la + 1", "part + 2 * w * 512"):
+        assert expr in SRC, expr
+    units, tw = n16 * upt, ctas * warps
+
+    def start(w):
+        return w * units // tw
+
+    def owner(u):
+        return ((u + 1) * tw - 1) // units
+
+    counters, slots, global_tiles = {}, {}, 0
+    for tile in range(n16):
+        wa, wb = owner(tile * upt), owner(tile * upt + upt - 1)
+        if wa == wb:
+            continue
+        cta = wa // warps
+        if wb >= (cta + 1) * warps:
+            global_tiles += 1
+            continue
+        la = wa - cta * warps
+        assert (cta, la) not in counters
+        counters[(cta, la)] = tile
+        for w in range(wa, wb + 1):
+            lw = w - cta * warps
+            slot = 2 * lw if start(w) // upt == tile else 2 * lw + 1
+            if w > wa:
+                assert slot == 2 * lw
+            assert (cta, slot) not in slots
+            slots[(cta, slot)] = tile
+    if n16 % ctas == 0:
+        assert global_tiles == 0
+
+
+def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
+    """The launches benchmarks/tune_cuda_w4a16.py makes on a GPU (--check's forced variants and the chain, --tune's
+    candidates and variants) are valid configurations naming instantiated kernels, checked here on the CPU so a
+    stale option fails before a device run does."""
+    import dataclasses
+    import sys
+
+    from qtool.kernels.cuda.launch import flags
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_cuda_w4a16 as tune
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    for k, n in SHAPES + [(4096, 1024), (1536, 520)]:
+        st = state(k, n)
+        for m in (1, 5, 16, 33, 100, 256):
+            base = choose(m, st)
+            configs = [c for c in tune.forced_configs(m, st)]
+            configs += [dataclasses.replace(base, **v) for v in tune.VARIANTS.values()]
+            configs += [c for c in tune.candidates(m, probes=True) if isinstance(c, Config)]
+            configs += [dataclasses.replace(base, pdl=p, trigger=t) for p, t in ((True, "wait"), (True, "start"))]
+            for cfg in configs:
+                if cfg.kind == SK and (m > 8 or not sk_fits(1, st)):
+                    continue  # the scripts only force stream-K where it takes the layer
+                p = plan(cfg, m, st)
+                for dt in ("f16",) if cfg.probe else ("f16", "bf16"):  # the probes exist for fp16 tuning only
+                    assert p["name"].replace("{dt}", dt) in ENTRY, (cfg, p["name"])
+                flags(cfg, p["grid"][0], 132)

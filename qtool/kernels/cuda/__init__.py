@@ -3,7 +3,8 @@
 Three kernels, chosen per call by M and the layer (launch.py):
 - `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
   persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
-  unit's fp32 sum through sum(x); shared tiles finished by the last warp in the same launch.
+  unit's fp32 sum through sum(x); shared tiles finished by the last warp in the same launch (in shared memory
+  when all its warps are in one CTA; small layers get one CTA per tile).
 - `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
   from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
   same launch. For small M that `sk` does not take (M 9-32, groups of 64, act-order).
@@ -152,6 +153,9 @@ class CudaW4A16(Kernel):
             scales[layer.scales.dtype] = mma_tiles.tile_scales(layer.scales)
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
         eff = layer.effective_group_size
+        # The kernels read these tensors before waiting for the previous kernel in the stream (programmatic
+        # dependent launch, launch.py): they must be complete before the first launch.
+        torch.cuda.current_stream(dev).synchronize()
         return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, torch.cuda.get_device_capability(dev),
                          layer.n_groups,
                          group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
@@ -163,7 +167,7 @@ class CudaW4A16(Kernel):
         return run(x, state, state.config(x.shape[0]), out)
 
     def describe(self, state: CudaState, m: int) -> str:
-        from qtool.kernels.cuda.launch import plan
+        from qtool.kernels.cuda.launch import plan, use_pdl
 
         cfg = state.config(m)
-        return cfg.label(plan(cfg, m, state)["splits"])
+        return cfg.label(plan(cfg, m, state)["splits"]) + (" pdl" if use_pdl(cfg, state) else "")

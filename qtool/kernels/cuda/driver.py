@@ -15,6 +15,32 @@ import torch
 from qtool.errors import DeviceError
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute (cuda.h): an id, padding to 8 bytes, a 64-byte value union (8-byte aligned)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int64 * 8)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h), for cuLaunchKernelEx."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
+               attr: LaunchAttribute) -> LaunchConfig:
+    """A launch that lets the kernel start before the previous kernel in the stream ends (programmatic stream
+    serialization): it waits for it with griddepcontrol.wait (csrc/w4a16.cu, pdl_wait)."""
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed (an int at offset 0 of the union)
+    return LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
+                        ctypes.pointer(attr), 1)
 
 
 @lru_cache(maxsize=1)
@@ -28,6 +54,7 @@ def _lib() -> ctypes.CDLL:
     lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
     lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
     lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
     return lib
@@ -66,8 +93,11 @@ class Module:
             self._funcs[name] = f
         return f
 
-    def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
-        """Launch `name` on torch's current stream of this module's device; args are ctypes values."""
+    def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, args: list,
+               pdl: bool = False) -> None:
+        """Launch `name` on torch's current stream of this module's device; args are ctypes values. pdl: as a
+        programmatic dependent launch (sm_90+; the kernel must wait with griddepcontrol.wait before it reads
+        what earlier kernels write)."""
         f = self.function(name)
         if smem > 48 * 1024 and self._smem.get(name, 0) < smem:  # above 48 KB a kernel must opt in
             _check(_lib().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
@@ -75,5 +105,10 @@ class Module:
             self._smem[name] = smem
         stream = torch.cuda.current_stream(self.device).cuda_stream
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        if pdl:
+            attr = LaunchAttribute()
+            cfg = pdl_config(grid, block, smem, stream, attr)
+            _check(_lib().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
+            return
         _check(_lib().cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
                                      params, None), f"cuLaunchKernel({name})")

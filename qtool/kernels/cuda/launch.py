@@ -10,13 +10,18 @@ Why the choices look the way they do:
   ring's D - 1 blocks of weights in flight.
 - Large M on Hopper is tensor-core bound: wgmma with 64-row warpgroup tiles x BN batch columns, x tiles
   shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs.
+- On sm_90 every launch but the wgmma one is a programmatic dependent launch: the kernel streams its first weight
+  blocks while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it
+  reads x or writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's
+  output. QTOOL_CUDA_PDL=0 turns it off.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass"; tune-cuda-h200-v4*.json).
+bench.md, "Fourth pass" to "Sixth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,6 +29,7 @@ import torch
 
 MMA, WGMMA, SK = "mma", "wgmma", "sk"
 SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
+TRIGGER_FLAGS = {"wait": 0, "start": 1}  # Args::flags (csrc/w4a16.cu QT_PDL_EARLY)
 SK_BUILT = {(2, 4), (2, 6)}  # (blocks per unit, ring depth) instantiated in csrc/w4a16.cu
 SK_X_BUDGET = 64 * 1024  # bytes of x it stages (all of K): beyond this, fewer CTAs fit per SM than it needs
 SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # usable per SM (and per CTA)
@@ -68,21 +74,25 @@ class Config:
     depth: int = 0  # mma, post only: cp.async ring depth (0: 6; 12 is also built); sk: 0 = 4 (see SK_BUILT)
     ub: int = 2  # sk: 64-k blocks per work unit (the kernel takes any; SK_BUILT lists the instantiated ones)
     # benchmarks only (wrong results): the same weight stream without arithmetic; sk: 1, or 2 (also no metadata
-    # copies), or 3 (also no x staging)
+    # copies), or 3 (also no x staging), or 4 (the full kernel without the x sums), or 5 (staging a quarter of x)
     probe: int = 0
+    tpc: int = 0  # sk: whole tiles per CTA (grid = ceil(N16 / tpc); shared tiles handed over in shared memory)
+    pdl: bool | None = None  # programmatic dependent launch; None: where the device has it (pdl_default)
+    trigger: str = "wait"  # pdl: the next kernel may launch at this one's "start" or after its "wait"
 
     def label(self, splits: int | None = None) -> str:
         sp = splits if splits is not None else self.splits
+        nopdl = " no-pdl" if self.pdl is False else "" if self.trigger == "wait" else f" pdl-{self.trigger}"
         tail = f" split{sp}" if sp else f" {self.ctas_per_sm:g}/sm"
         if self.kind == MMA:
             d = f" d{self.depth}" if self.depth else ""
-            return f"cuda {'probe' if self.probe else 'mma'} nt{self.nt} tn{self.tn} w{self.warps}{d}{tail}"
+            return f"cuda {'probe' if self.probe else 'mma'} nt{self.nt} tn{self.tn} w{self.warps}{d}{tail}{nopdl}"
         if self.kind == SK:
+            grid = f"{self.tpc} tiles/cta" if self.tpc else f"{self.ctas_per_sm:g}/sm min{self.min_blocks}"
             return (f"cuda stream-k{f' probe{self.probe}' if self.probe else ''} u{self.ub} "
-                    f"d{ring_depth(SK, True, depth=self.depth)} w{self.warps} "
-                    f"{self.ctas_per_sm:g}/sm min{self.min_blocks}")
+                    f"d{ring_depth(SK, True, depth=self.depth)} w{self.warps} {grid}{nopdl}")
         st = f" s{self.stages}" if self.stages else ""
-        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}"
+        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{nopdl}"
 
 
 def wgmma_ok(cc: tuple[int, int]) -> bool:
@@ -98,25 +108,27 @@ def choose(m: int, st) -> Config:
             return Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
         # tune-cuda-h200-v4.json, Llama-3-70B at M = 256: a layer too narrow for a wave of 128 x 256 tiles
         # (k/v, 8 tiles) wants many small CTAs, two per SM (bn128, 4 stages: 31.7 us against 69.9); a square
-        # one (q/o) 4 warpgroups sharing each x tile (84.6 against 91-95); long-K and wide ones bn256 (253-270)
+        # one (q/o) 4 warpgroups sharing each x tile (84.6 against 91-95); long-K and wide ones bn256 (253-270).
+        # No programmatic dependent launch: it gained nothing at M = 256 and sometimes lost (bench.md, sixth pass).
         tiles = -(-st.N // 128) * -(-m // 256)
         if tiles * 8 < st.n_sm:
-            return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+            return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8, pdl=False)
         if tiles < st.n_sm and st.K <= 2 * st.N:
-            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8)
-        return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8)
+            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8, pdl=False)
+        return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8, pdl=False)
     # tune-cuda-h200-v4-depth.json (benchmarks/results/bench.md, fourth pass): at M <= 8 one tile per warp, 4 warps,
     # ~16 CTAs per SM of split work (195.7 us over the 70B layer; two tiles per warp 208-218 us); at M <= 16
     # two tiles per warp (they share the x fragments), 8 warps, ~3 CTAs per SM (296-299 us; one tile 365 us)
     if sk_fits(m, st):
-        # tune-cuda-h200-v5-m1.txt (bench.md, fifth pass), Llama-3-70B at M = 1: about one CTA of 16 warps per
-        # SM with long ranges for the large layers (gate/up 40.6 us, down 44.0; q/o 15.3 with 32 blocks per warp
-        # against 16.9 with 8), and for a small layer (k/v, 8192 blocks) 8 warps x 2 CTAs per SM with 8 blocks
-        # each (8.4 us against 9.8)
+        # tune-cuda-h200-v6.txt (bench.md, sixth pass), Llama-3-70B at M = 1 with programmatic dependent
+        # launch: a small layer (k/v, 8192 blocks) one CTA of 16 warps per tile with 6-slot rings, so the whole
+        # weight is in flight at once and the tile is summed in shared memory (5.0-5.5 us against 7.4-8.1 for the
+        # stream-K grids); larger ones one CTA of 16 warps per SM, every SM the same range, the next layer
+        # launched at this one's start (gate/up 36.3-36.9 us, down 39.0-39.5, q/o 14.0-14.2).
         blocks = -(-st.N // 16) * -(-st.K // 64)
         if blocks <= 16 * 8 * st.n_sm:
-            return Config(kind=SK, warps=8, ctas_per_sm=2.0, min_blocks=8)
-        return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=32 if blocks <= 128 * 8 * st.n_sm else 8)
+            return Config(kind=SK, warps=16, tpc=1, depth=6)
+        return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
     nt = 2 if m <= 16 else 4
@@ -135,17 +147,28 @@ def sk_takes(st, ub: int = 2) -> bool:
 
 
 def sk_x_bytes(m: int, kb: int, ub: int = 2) -> int:
-    """Shared memory before the stream-K rings (csrc/w4a16.cu sk_small): x [m][64 kb + 8 halves], then the
-    per-unit sums of x (float [kb / ub][8]), each rounded up to 128 bytes."""
+    """Shared memory before the stream-K kernel's local partials (csrc/w4a16.cu sk_small): x [m][64 kb + 8
+    halves], then the per-unit sums of x (float [kb / ub][8]), each rounded up to 128 bytes."""
     return -(-(m * (kb * 64 + 8) * 2) // 128) * 128 + -(-(kb // ub * 32) // 128) * 128
+
+
+def sk_local_bytes(warps: int) -> int:
+    """The stream-K kernel's CTA-local hand-over: float4 [2 warps][32] partials, int [warps] counters padded to
+    128 bytes."""
+    return warps * 1024 + -(-(warps * 4) // 128) * 128
+
+
+def sk_smem(m: int, kb: int, warps: int, ring: int, ub: int = 2) -> int:
+    """Dynamic shared memory of a stream-K CTA of `warps` warps with rings of `ring` bytes each."""
+    return sk_x_bytes(m, kb, ub) + sk_local_bytes(warps) + warps * ring
 
 
 def sk_fits(m: int, st) -> bool:
     """Whether the default choice for batch size m is the stream-K kernel: one batch tile, units that fit the
     layer, and x (all of K) within its budget."""
-    xs = sk_x_bytes(m, -(-st.K // 64))
-    return (m <= SK_MAX_M and sk_takes(st) and xs <= SK_X_BUDGET
-            and 2 * (xs + 8 * ring_bytes_per_warp(SK, True)) <= smem_per_sm(st.cc))
+    kb = -(-st.K // 64)
+    return (m <= SK_MAX_M and sk_takes(st) and sk_x_bytes(m, kb) <= SK_X_BUDGET
+            and 2 * sk_smem(m, kb, 8, ring_bytes_per_warp(SK, True)) <= smem_per_sm(st.cc))
 
 
 def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
@@ -158,15 +181,19 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     if (cfg.ub, depth) not in SK_BUILT:
         raise ValueError(f"no stream-K kernel with {cfg.ub} blocks per unit and ring depth {depth}")
     units = n16 * (kb // cfg.ub)
-    xs = sk_x_bytes(m, kb, cfg.ub)
     ring = ring_bytes_per_warp(SK, post, depth=cfg.depth, ub=cfg.ub)
-    fit = max(1, smem_per_sm(st.cc) // (xs + cfg.warps * ring + 1024))  # the driver reserves 1 KB per CTA
-    grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
-    grid = max(1, min(grid, units * cfg.ub // max(1, cfg.min_blocks * cfg.warps)))  # min_blocks per warp
+    if cfg.tpc:  # whole tiles per CTA: every tile's hand-over stays in its CTA's shared memory
+        grid = -(-n16 // cfg.tpc)
+    else:
+        smem = sk_smem(m, kb, cfg.warps, ring, cfg.ub)
+        fit = max(1, smem_per_sm(st.cc) // (smem + 1024))  # the driver reserves 1 KB per CTA
+        grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
+        grid = max(1, min(grid, units * cfg.ub // max(1, cfg.min_blocks * cfg.warps)))  # min_blocks per warp
     warps = min(cfg.warps, max(1, units // grid))
     name = f"qt_sk_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_u{cfg.ub}_d{depth}"
-    return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": xs + warps * ring, "splits": 1, "kbps": 0,
-            "rows": 8, "name": name, "post": post, "ws_floats": 2 * grid * warps * 128, "counters": n16}
+    return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": sk_smem(m, kb, warps, ring, cfg.ub), "splits": 1,
+            "kbps": 0, "rows": 8, "name": name, "post": post, "ws_floats": 2 * grid * warps * 128,
+            "counters": n16}
 
 
 @lru_cache(maxsize=8)
@@ -177,14 +204,36 @@ def _module(device_index: int, cc: tuple[int, int]):
     return Module(cubin_for(cc), torch.device("cuda", device_index))
 
 
-def _scales(st, dtype: torch.dtype) -> torch.Tensor:
+def _scales(st, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """The tiled scales for x's dtype, and whether they were made just now (by kernels still in the stream)."""
     t = st.scales.get(dtype)
     if t is None:
         from qtool.packing.mma_tiles import tile_scales
 
         t = tile_scales(st.scales_src.to(dtype))
         st.scales[dtype] = t
-    return t
+        return t, True
+    return t, False
+
+
+def pdl_default(cc: tuple[int, int]) -> bool:
+    """Programmatic dependent launch where the device has it (sm_90+), unless QTOOL_CUDA_PDL=0."""
+    return tuple(cc) >= (9, 0) and os.environ.get("QTOOL_CUDA_PDL", "1") != "0"
+
+
+def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
+    """The kernel's Args::flags for this launch. A trigger at the start lets a cascade of later grids take SM
+    slots as CTAs exit; that is only even (and only faster) when the grid gives every SM the same number of
+    CTAs, so a grid of another size (given grid and n_sm) triggers after its wait instead."""
+    if cfg.trigger not in TRIGGER_FLAGS:
+        raise ValueError(f"trigger {cfg.trigger!r} is not one of {sorted(TRIGGER_FLAGS)}")
+    if cfg.trigger == "start" and grid is not None and n_sm and grid % n_sm:
+        return TRIGGER_FLAGS["wait"]
+    return TRIGGER_FLAGS[cfg.trigger]
+
+
+def use_pdl(cfg: Config, st) -> bool:
+    return tuple(st.cc) >= (9, 0) and (pdl_default(st.cc) if cfg.pdl is None else cfg.pdl)
 
 
 def plan(cfg: Config, m: int, st) -> dict:
@@ -271,13 +320,16 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
             st.counters = torch.zeros(max(ntiles, 1024), dtype=torch.int32, device=x.device)
     ws = st.ws if shared else y
     cnt = st.counters if shared else y
+    scales, fresh = _scales(st, x.dtype)
     vp, ci = ctypes.c_void_p, ctypes.c_int
-    args = [vp(st.qweight.data_ptr()), vp(_scales(st, x.dtype).data_ptr()), vp(st.zeros.data_ptr()),
+    args = [vp(st.qweight.data_ptr()), vp(scales.data_ptr()), vp(st.zeros.data_ptr()),
             vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
             ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(p["kbps"]), ci(st.n_groups),
-            ci(st.gshift_blk)]
+            ci(st.gshift_blk), ci(flags(cfg, p["grid"][0] * p["grid"][1] * p["grid"][2], st.n_sm))]
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args)
+    # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
+    # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
+    _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args, pdl=use_pdl(cfg, st) and not fresh)
     if y is not out:
         out.copy_(y)
     return out
