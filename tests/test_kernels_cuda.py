@@ -75,6 +75,10 @@ def test_forced_configs_and_labels():
 
 def test_small_m_takes_stream_k_where_x_fits():
     assert choose(1, state(8192, 28672)).kind == SK and choose(1, state(28672, 8192)).kind == SK
+    # Llama-3-70B at M = 1: k/v one CTA per tile; down (long K) 4 whole tiles per CTA; the rest 132 CTAs
+    assert choose(1, state(8192, 1024)).tpc == 1 and choose(1, state(28672, 8192)).tpc == 4
+    assert choose(1, state(8192, 8192)).tpc == 0 and choose(1, state(8192, 28672)).trigger == "start"
+    assert plan(choose(1, state(28672, 8192)), 1, state(28672, 8192))["grid"] == (128, 1, 1)
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
     assert not sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
     assert choose(16, state(8192, 8192)).kind == MMA
