@@ -395,6 +395,9 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
 // range (one split) of x is staged in shared memory once; each warp streams its weight blocks from HBM
 // through its cp.async ring. Grid: (ceil(N16 / (warps TN)), splits, ceil(M / 8NT)).
 // POST: scale the fp32 block sums (one group per block); else scale the 16-bit fragment per k16 step.
+// Never a programmatic dependent launch (launch.py): it has no pdl_wait. A version that had one, with the first
+// weight blocks issued before it and x after, measured ~30 us slower over the 70B layer at M = 16 (all D - 1
+// blocks then had to land before the first mma; bench.md, sixth pass) and was reverted to this one.
 // ---------------------------------------------------------------------------------------------------------
 template <int NT, bool BF16, bool POST, int D, int TN, bool NULLC = false>
 DEVI void mma_small(const Args& p) {
@@ -413,16 +416,8 @@ DEVI void mma_small(const Args& p) {
   const uint32_t xs_base = smem_u32(smem4);
   const uint32_t ring_base = xs_base + ((min(8 * NT, p.M) * pitch * 2 + 127) & ~127);
   R ws(p, ring_base + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
-  pdl_start(p.flags);
 
-  const bool active = ws.ntiles > 0;
-#pragma unroll
-  for (int d = 0; d < D - 1; ++d) {  // groups 0 .. D-2: the first D-1 blocks (no earlier kernel writes them)
-    if (active && d < nb) ws.issue();
-    cp_commit();
-  }
-  pdl_wait(p.flags);  // x and everything written below come after the previous kernel
-  {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): group D-1
+  {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): commit group 0
     const int cpr = nb * 8;
     const int total = mc * cpr;
     for (int c = threadIdx.x; c < total; c += blockDim.x) {
@@ -431,6 +426,12 @@ DEVI void mma_small(const Args& p) {
       const bool v = k < p.K;
       cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
     }
+    cp_commit();
+  }
+  const bool active = ws.ntiles > 0;
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {  // groups 1 .. D-1: the first D-1 blocks
+    if (active && d < nb) ws.issue();
     cp_commit();
   }
 
@@ -450,14 +451,14 @@ DEVI void mma_small(const Args& p) {
     lds[j] = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
   }
 
-  cp_wait<0>();     // x (and the first blocks) have landed for this thread's copies ...
-  __syncthreads();  // ... and for everyone's
+  cp_wait<D - 1>();  // group 0 (x) has landed for this thread's copies ...
+  __syncthreads();   // ... and for everyone's
 
   if (active) {
     for (int i = 0; i < nb; ++i) {
       if (i + D - 1 < nb) ws.issue();
       cp_commit();
-      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies; D - 1 younger groups) ...
+      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
       __syncwarp();      // ... and the metadata the warp's lanes copied
       uint4 wv[TN];
       uint32_t sc0[TN];

@@ -262,10 +262,14 @@ def _body(name: str) -> str:
     return body
 
 
-@pytest.mark.parametrize("name", ["sk_small", "mma_small", "wg_large"])
+@pytest.mark.parametrize("name", ["sk_small", "wg_large"])
 def test_pdl_orders_every_dependent_access_after_the_wait(name):
     """Programmatic dependent launch: before pdl_wait a kernel may only read what no earlier kernel writes (the
-    weight stream and its records); x, y, the workspace and the counters come after it."""
+    weight stream and its records); x, y, the workspace and the counters come after it. The mma kernel has no
+    wait, and is never launched so."""
+    from qtool.kernels.cuda.launch import PDL_KINDS
+
+    assert "pdl_" not in _body("mma_small") and MMA not in PDL_KINDS
     body = _body(name)
     wait = body.index("pdl_wait(p.flags")
     assert body.index("pdl_start(p.flags)") < wait
@@ -280,14 +284,16 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
 
     hopper, ampere = state(8192, 8192), state(8192, 8192, cc=(8, 0))
     monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
-    assert use_pdl(Config(), hopper) and not use_pdl(Config(), ampere)
-    assert not use_pdl(Config(pdl=False), hopper) and not use_pdl(Config(pdl=True), ampere)
+    assert use_pdl(Config(kind=SK), hopper) and not use_pdl(Config(kind=SK), ampere)
+    assert not use_pdl(Config(kind=SK, pdl=False), hopper) and not use_pdl(Config(kind=SK, pdl=True), ampere)
+    assert use_pdl(choose(1, hopper), hopper)
     monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
-    assert not use_pdl(Config(), hopper) and use_pdl(Config(pdl=True), hopper)
+    assert not use_pdl(Config(kind=SK), hopper) and use_pdl(Config(kind=SK, pdl=True), hopper)
     assert flags(Config()) == 0 and flags(Config(trigger="start")) == 1 and "QT_PDL_EARLY = 1" in SRC
     # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
     assert flags(Config(trigger="start"), 264, 132) == 1 and flags(Config(trigger="start"), 128, 132) == 0
-    assert choose(256, state(8192, 8192)).pdl is False and choose(16, state(8192, 8192)).pdl is None
+    assert choose(256, state(8192, 8192)).pdl is False and not use_pdl(choose(16, hopper), hopper)
+    assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):
         flags(Config(trigger="later"))
     assert Config(kind=SK, trigger="start").label().endswith("pdl-start")

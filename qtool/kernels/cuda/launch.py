@@ -10,10 +10,11 @@ Why the choices look the way they do:
   ring's D - 1 blocks of weights in flight.
 - Large M on Hopper is tensor-core bound: wgmma with 64-row warpgroup tiles x BN batch columns, x tiles
   shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs.
-- On sm_90 every launch but the wgmma one is a programmatic dependent launch: the kernel streams its first weight
-  blocks while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it
-  reads x or writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's
-  output. QTOOL_CUDA_PDL=0 turns it off.
+- On sm_90 the stream-K launches are programmatic dependent launches: the kernel streams its first weight blocks
+  while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it reads x or
+  writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
+  QTOOL_CUDA_PDL=0 turns it off. The wgmma kernel can be launched so too (it gained nothing: off by default);
+  the mma kernel never (it does not wait).
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
 bench.md, "Fourth pass" to "Sixth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt).
 """
@@ -237,8 +238,14 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
     return TRIGGER_FLAGS[cfg.trigger]
 
 
+PDL_KINDS = (SK, WGMMA)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
+
+
 def use_pdl(cfg: Config, st) -> bool:
-    return tuple(st.cc) >= (9, 0) and (pdl_default(st.cc) if cfg.pdl is None else cfg.pdl)
+    """Whether this launch is a programmatic dependent launch: sm_90+, a kernel that waits for it, and on by
+    default (cfg.pdl None) where pdl_default says so."""
+    return (cfg.kind in PDL_KINDS and tuple(st.cc) >= (9, 0)
+            and (pdl_default(st.cc) if cfg.pdl is None else cfg.pdl))
 
 
 def plan(cfg: Config, m: int, st) -> dict:
