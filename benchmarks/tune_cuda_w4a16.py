@@ -31,7 +31,7 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda.launch import MMA, SK, SK_MAX_M, WGMMA, Config, choose, sk_takes  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, Config, choose, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
 SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
@@ -128,8 +128,10 @@ def chain_check() -> int:
             base = choose(m, st)
             x0 = torch.randn(m, k, device=dev).to(dt)
             chains = {}
-            for pdl, trig, graph in ((False, "wait", False), (True, "wait", False), (True, "wait", True),
-                                     (True, "start", True)):
+            runs = [(False, "wait", False)]
+            if base.kind in PDL_KINDS:  # the mma kernel is never launched so: nothing to compare
+                runs += [(True, "wait", False), (True, "wait", True), (True, "start", True)]
+            for pdl, trig, graph in runs:
                 st.override = dataclasses.replace(base, pdl=pdl, trigger=trig)
                 outs = [torch.full((m, k), float("nan"), dtype=dt, device=dev) for _ in range(6)]
                 def run(outs=outs, x0=x0, st=st):
@@ -149,7 +151,7 @@ def chain_check() -> int:
                 chains[(pdl, trig, graph)] = [o.clone() for o in outs]
             st.override = None
             ref = chains[(False, "wait", False)]
-            for key, outs in chains.items():
+            for key, outs in list(chains.items())[1:]:
                 total += 1
                 same = all(torch.equal(a, b) for a, b in zip(ref, outs))
                 if not same:

@@ -145,8 +145,7 @@ def test_stream_k_partition(n16, upt, tw):
 
 def test_large_m_choice_follows_the_layer_shape():
     # Llama-3-70B at M = 256 (tune-cuda-h200-v4.json): k/v narrow, q/o square, gate/up wide, down long-K
-    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8,
-                                                    pdl=False)
+    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
     assert choose(256, state(8192, 8192)).wgs == 4
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
@@ -292,7 +291,7 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert flags(Config()) == 0 and flags(Config(trigger="start")) == 1 and "QT_PDL_EARLY = 1" in SRC
     # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
     assert flags(Config(trigger="start"), 264, 132) == 1 and flags(Config(trigger="start"), 128, 132) == 0
-    assert choose(256, state(8192, 8192)).pdl is False and not use_pdl(choose(16, hopper), hopper)
+    assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, hopper), hopper)
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):
         flags(Config(trigger="later"))

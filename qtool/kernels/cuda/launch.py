@@ -78,7 +78,7 @@ class Config:
     # copies), or 3 (also no x staging), or 4 (the full kernel without the x sums), or 5 (staging a quarter of x)
     probe: int = 0
     tpc: int = 0  # sk: whole tiles per CTA (grid = ceil(N16 / tpc); shared tiles handed over in shared memory)
-    pdl: bool | None = None  # programmatic dependent launch; None: where the device has it (pdl_default)
+    pdl: bool | None = None  # programmatic dependent launch; None: the kind's default (use_pdl)
     trigger: str = "wait"  # pdl: the next kernel may launch at this one's "start" or after its "wait"
 
     def label(self, splits: int | None = None) -> str:
@@ -110,13 +110,12 @@ def choose(m: int, st) -> Config:
         # tune-cuda-h200-v4.json, Llama-3-70B at M = 256: a layer too narrow for a wave of 128 x 256 tiles
         # (k/v, 8 tiles) wants many small CTAs, two per SM (bn128, 4 stages: 31.7 us against 69.9); a square
         # one (q/o) 4 warpgroups sharing each x tile (84.6 against 91-95); long-K and wide ones bn256 (253-270).
-        # No programmatic dependent launch: it gained nothing at M = 256 and sometimes lost (bench.md, sixth pass).
         tiles = -(-st.N // 128) * -(-m // 256)
         if tiles * 8 < st.n_sm:
-            return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8, pdl=False)
+            return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
         if tiles < st.n_sm and st.K <= 2 * st.N:
-            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8, pdl=False)
-        return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8, pdl=False)
+            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8)
+        return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8)
     # tune-cuda-h200-v4-depth.json (benchmarks/results/bench.md, fourth pass): at M <= 8 one tile per warp, 4 warps,
     # ~16 CTAs per SM of split work (195.7 us over the 70B layer; two tiles per warp 208-218 us); at M <= 16
     # two tiles per warp (they share the x fragments), 8 warps, ~3 CTAs per SM (296-299 us; one tile 365 us)
@@ -222,9 +221,9 @@ def _scales(st, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
     return t, False
 
 
-def pdl_default(cc: tuple[int, int]) -> bool:
-    """Programmatic dependent launch where the device has it (sm_90+), unless QTOOL_CUDA_PDL=0."""
-    return tuple(cc) >= (9, 0) and os.environ.get("QTOOL_CUDA_PDL", "1") != "0"
+def pdl_enabled() -> bool:
+    """Programmatic dependent launch is on unless QTOOL_CUDA_PDL=0."""
+    return os.environ.get("QTOOL_CUDA_PDL", "1") != "0"
 
 
 def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
@@ -239,13 +238,15 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
 
 
 PDL_KINDS = (SK, WGMMA)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
+# on by default for stream-K only: the wgmma kernel gained nothing and sometimes lost at M = 256 (bench.md, sixth pass)
+PDL_DEFAULT_KINDS = (SK,)
 
 
 def use_pdl(cfg: Config, st) -> bool:
-    """Whether this launch is a programmatic dependent launch: sm_90+, a kernel that waits for it, and on by
-    default (cfg.pdl None) where pdl_default says so."""
-    return (cfg.kind in PDL_KINDS and tuple(st.cc) >= (9, 0)
-            and (pdl_default(st.cc) if cfg.pdl is None else cfg.pdl))
+    """Whether this launch is a programmatic dependent launch: sm_90+, a kernel that waits for it, and cfg.pdl
+    (None: the kind's default, unless QTOOL_CUDA_PDL=0)."""
+    want = (cfg.kind in PDL_DEFAULT_KINDS and pdl_enabled()) if cfg.pdl is None else cfg.pdl
+    return want and cfg.kind in PDL_KINDS and tuple(st.cc) >= (9, 0)
 
 
 def plan(cfg: Config, m: int, st) -> dict:
