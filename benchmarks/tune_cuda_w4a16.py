@@ -51,11 +51,17 @@ def forced_configs(m: int, st) -> list[Config]:
                for w, tpc, d, pdl, trig in ((16, 1, 4, None, "wait"), (8, 2, 6, None, "start"), (4, 3, 4, None, "wait"),
                                             (16, 1, 6, False, "wait"))
                if sk_takes(st)]
+        # the zero subtracted per fragment (on both grids and both ring depths), and the normal L2 policy
+        cs += [Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, zsub=True, trigger="start"),
+               Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True),
+               Config(kind=SK, warps=8, tpc=2, zsub=True, evict="none")] if sk_takes(st) else []
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=1, splits=1))
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
+        cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="weights"))
+    cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="weights"))
     return cs
 
 
@@ -109,7 +115,11 @@ def check() -> int:
 # the activations the previous kernel just wrote, where the rotation otherwise leaves each call's x cold
 VARIANTS = {"default, no pdl": dict(pdl=False), "default, pdl": dict(pdl=True),
             "default, pdl, trigger at start": dict(pdl=True, trigger="start"),
-            "default, pdl, trigger after wait": dict(pdl=True, trigger="wait"), "default, hot x": {}}
+            "default, pdl, trigger after wait": dict(pdl=True, trigger="wait"), "default, hot x": {},
+            # the L2 policy of the weight copies: normal or evict-first (the default)
+            "default, evict none": dict(evict="none"), "default, evict weights": dict(evict="weights"),
+            # stream-K: the zero subtracted per fragment or by the x sums
+            "default, zsub": dict(zsub=True), "default, no zsub": dict(zsub=False)}
 
 
 def chain_check() -> int:
@@ -128,11 +138,14 @@ def chain_check() -> int:
             base = choose(m, st)
             x0 = torch.randn(m, k, device=dev).to(dt)
             chains = {}
-            runs = [(False, "wait", False)]
+            runs = [(False, "wait", False, "none")]
             if base.kind in PDL_KINDS:  # the mma kernel is never launched so: nothing to compare
-                runs += [(True, "wait", False), (True, "wait", True), (True, "start", True)]
-            for pdl, trig, graph in runs:
-                st.override = dataclasses.replace(base, pdl=pdl, trigger=trig)
+                runs += [(True, "wait", False, "none"), (True, "wait", True, "none"), (True, "start", True, "none"),
+                         (True, "start", True, "weights")]
+            else:  # L2 evict-first weight copies: a hint, the same bits
+                runs.append((False, "wait", True, "weights"))
+            for pdl, trig, graph, ev in runs:
+                st.override = dataclasses.replace(base, pdl=pdl, trigger=trig, evict=ev)
                 outs = [torch.full((m, k), float("nan"), dtype=dt, device=dev) for _ in range(6)]
                 def run(outs=outs, x0=x0, st=st):
                     prev = x0
@@ -148,22 +161,25 @@ def chain_check() -> int:
                 else:
                     run()
                 torch.cuda.synchronize()
-                chains[(pdl, trig, graph)] = [o.clone() for o in outs]
+                chains[(pdl, trig, graph, ev)] = [o.clone() for o in outs]
             st.override = None
-            ref = chains[(False, "wait", False)]
+            ref = chains[(False, "wait", False, "none")]
             for key, outs in list(chains.items())[1:]:
                 total += 1
                 same = all(torch.equal(a, b) for a, b in zip(ref, outs))
                 if not same:
                     bad += 1
                     print(f"FAIL chain {tag} K=N={k} M={m} {base.label()} pdl={key[0]} trigger={key[1]} "
-                          f"graph={key[2]}: differs from the plain launches")
+                          f"graph={key[2]} evict={key[3]}: differs from the plain launches")
     print(f"chain check: {total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
 
-def candidates(m: int, probes: bool = False, full: bool = True) -> list[Config | str | None]:
+def candidates(m: int, probes: bool = False, full: bool = True, variants_only: bool = False
+               ) -> list[Config | str | None]:
     c: list[Config | str | None] = [None, *VARIANTS]
+    if variants_only:
+        return c
     if m <= SK_MAX_M:  # group 128: units of two blocks
         c += [Config(kind=SK, ub=2, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
               for w, d, cps, mb in ((16, 4, 1.0, 8), (16, 4, 1.0, 32), (16, 4, 2.0, 8), (8, 4, 2.0, 8),
@@ -190,7 +206,7 @@ def candidates(m: int, probes: bool = False, full: bool = True) -> list[Config |
 
 
 def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
-         full: bool = True) -> None:
+         full: bool = True, variants_only: bool = False) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     rows = []
@@ -211,7 +227,7 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 tr = time_calls([(lambda s=s: s.qweight.sum(dtype=torch.int64)) for s in states], dev, graphs=True)
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
                                  us=tr.median_s * 1e6))
-            for cfg in candidates(m, probes, full):
+            for cfg in candidates(m, probes, full, variants_only):
                 for s in states:
                     s.override = None
                     s.override = dataclasses.replace(s.config(m), **VARIANTS[cfg]) if cfg in VARIANTS else cfg
@@ -257,6 +273,8 @@ def main() -> int:
     ap.add_argument("--probes", action="store_true", help="also time the stream-K bandwidth probes (--tune)")
     ap.add_argument("--defaults-above-8", action="store_true",
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
+    ap.add_argument("--variants-only", action="store_true",
+                    help="time only the default choice and its launch variants (--tune)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
@@ -264,7 +282,7 @@ def main() -> int:
     rc = (check() | chain_check()) if a.check else 0
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
-             not a.defaults_above_8)
+             not a.defaults_above_8, a.variants_only)
     return rc
 
 

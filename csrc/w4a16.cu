@@ -26,7 +26,8 @@
 // applied either to the fp32 accumulator once per block (groups of >= 64: exact products on the tensor core,
 // one rounding fewer than the dense baseline) or to the 16-bit fragment (smaller groups, and the wgmma
 // kernel, whose 128 accumulators per thread leave no room for a second set). The stream-K kernel skips the FMA:
-// it feeds (bias + q) and removes (bias + z) * sum(x) from the fp32 sum of each unit (sk_small).
+// it feeds (bias + q) and removes (bias + z) * sum(x) from the fp32 sum of each unit (sk_small), or, in its ZSUB
+// form, subtracts the zero by the same FMA.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -176,6 +177,19 @@ DEVI void cp_async16(uint32_t saddr, const void* gptr, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gptr), "r"(n) : "memory");
 }
+// cp_async16 with an L2 cache policy (createpolicy): the same copy, with the policy as a hint
+DEVI void cp_async16_hint(uint32_t saddr, const void* gptr, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(saddr), "l"(gptr),
+               "l"(policy) : "memory");
+}
+DEVI uint64_t l2_policy(bool evict_first) {
+  uint64_t pol;
+  if (evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
 template <int BYTES>
 DEVI void cp_async_ca(uint32_t saddr, const void* gptr) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(gptr), "n"(BYTES) : "memory");
@@ -197,7 +211,11 @@ DEVI void cp_wait() {
 // which triggers at its start too, a cascade of waiting grids whose CTAs take the SM slots as CTAs exit. The
 // stream-K kernel's large layers measured faster that way (1-2 us a call, benchmarks/results/bench.md, sixth
 // pass) when the grid gives every SM the same CTAs, and slower otherwise (launch.py only asks for it then).
-enum { QT_PDL_EARLY = 1 };
+// Args::flags: bit 0 QT_PDL_EARLY; bit 1 QT_EVICT_FIRST: the weight copies carry an L2 evict-first policy. Read
+// once per call, they should be the first lines L2 lets go; at M = 1 this is worth ~20 us over a Llama-3-70B
+// layer (bench.md, seventh pass). The scale and zero records keep the normal policy: four consecutive units
+// share a 128-byte line of them, and evicting those early measured slower.
+enum { QT_PDL_EARLY = 1, QT_EVICT_FIRST = 2 };
 DEVI void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -234,7 +252,7 @@ struct Args {
   float* ws;
   int* cnt;
   int M, N, K, KB, kbps, NG, gshift;  // gshift >= 0: group of element k = min(k >> gshift, NG - 1); else gtab
-  int flags;                          // QT_PDL_EARLY or 0
+  int flags;                          // QT_PDL_EARLY | QT_EVICT_FIRST
 };
 
 // A warp's weight stream over TN adjacent 16-row tiles: a cp.async ring of D slots, each {the 32 lanes' 16
@@ -259,11 +277,12 @@ struct Stream {
   const int* gtab;
   int kb_next, gshift, ngm1, lane, ntiles;  // ntiles: tiles of this warp inside N (1..TN), 0 = idle warp
   bool mlane;
+  uint64_t pol;  // L2 policy of the weight copies (Args::flags QT_EVICT_FIRST)
 
   DEVI Stream(const Args& p, uint32_t warp_base, int lane_, int tn0, int n16, int kb0)
       : base(warp_base), end(warp_base + BYTES_PER_WARP), fill(warp_base), read(warp_base),
         gw(p.qw + ((size_t)tn0 * p.KB + kb0) * 32 + lane_), tstride((size_t)p.KB * 32), gtab(p.gtab),
-        kb_next(kb0), gshift(p.gshift), ngm1(p.NG - 1), lane(lane_) {
+        kb_next(kb0), gshift(p.gshift), ngm1(p.NG - 1), lane(lane_), pol(l2_policy(p.flags & QT_EVICT_FIRST)) {
     ntiles = max(0, min(TN, n16 - tn0));
     const int t = lane_ / 3, part = lane_ - 3 * t;
     mlane = t < ntiles;
@@ -284,7 +303,7 @@ struct Stream {
   DEVI void issue() {  // the next block into the next slot
 #pragma unroll
     for (int t = 0; t < TN; ++t)
-      if (t < ntiles) cp_async16(fill + t * 512 + lane * 16, gw + t * tstride, true);
+      if (t < ntiles) cp_async16_hint(fill + t * 512 + lane * 16, gw + t * tstride, pol);
     if (mlane) {
 #pragma unroll
       for (int s = 0; s < NS; ++s)
@@ -549,10 +568,14 @@ DEVI void mma_small(const Args& p) {
 // ---------------------------------------------------------------------------------------------------------
 // PROBE (benchmarks only, wrong results): 1 = the same streams with no arithmetic, 2 = also no metadata copies,
 // 3 = also no x staging; 4 = the full kernel without the x sums; 5 = the full kernel staging a quarter of x
-template <bool BF16, int UB, int D, int PROBE = 0>
+// ZSUB: the zero point is removed from each fragment by one FMA (dequant) instead of (bias + z) * sum(x) from
+// the block sums: no x sums between the wait for the previous kernel and the first mma, no cancellation in
+// fp32; four more instructions per k16 step. Faster on the grids of whole tiles per CTA (k/v, down), slower on
+// the 1/sm grid (gate/up): benchmarks/results/bench.md, seventh pass.
+template <bool BF16, int UB, int D, int PROBE = 0, bool ZSUB = false>
 DEVI void sk_small(const Args& p) {
   constexpr bool NO_ARITH = PROBE >= 1 && PROBE <= 3, NO_META = PROBE == 2 || PROBE == 3, NO_X = PROBE == 3,
-                 NO_XSUM = PROBE >= 3;
+                 NO_XSUM = PROBE >= 3 || ZSUB;
   extern __shared__ uint4 smem4[];
   constexpr int META = 48, SLOT = UB * 512 + META;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -595,9 +618,10 @@ DEVI void sk_small(const Args& p) {
   const int ngm1 = p.NG - 1;
   uint32_t fill = ring, read = ring;
   const int n = (int)(u1 - u0);
+  const uint64_t pol = l2_policy(p.flags & QT_EVICT_FIRST);
   auto issue = [&]() {
 #pragma unroll
-    for (int b = 0; b < UB; ++b) cp_async16(fill + b * 512 + lane * 16, gw + b * 32, true);
+    for (int b = 0; b < UB; ++b) cp_async16_hint(fill + b * 512 + lane * 16, gw + b * 32, pol);
     if (!NO_META && lane < 3)
       cp_async16(fill + UB * 512 + lane * 16, mtile + min((iu * UB * 64) >> p.gshift, ngm1) * mstride, true);
     gw += UB * 32;
@@ -665,7 +689,7 @@ DEVI void sk_small(const Args& p) {
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xsum + ((u_lo + j) * 8 + r) * 4), "f"(0.f) : "memory");
     }
   }
-  __syncthreads();
+  if constexpr (!ZSUB) __syncthreads();
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int tile = (int)(u0 / upt), u = (int)(u0 % upt);
@@ -690,6 +714,8 @@ DEVI void sk_small(const Args& p) {
     } else {
       float accb[4] = {0.f, 0.f, 0.f, 0.f};
       const uint32_t xb = lds + u * (UB * 128);
+      RowConst rc;
+      if constexpr (ZSUB) rc = row_const<BF16>(sc, zp, g);
 #pragma unroll
       for (int b = 0; b < UB; ++b) {
         uint32_t bx[4];
@@ -697,21 +723,33 @@ DEVI void sk_small(const Args& p) {
         for (int s = 0; s < 4; ++s) {
           if (s % 2 == 0) ldsm_x4(bx, xb + b * 128 + s * 32);
           uint32_t a[4];
-          biased<BF16>(word(wv[b], s), a);
+          if constexpr (ZSUB) {
+            dequant<BF16, false>(word(wv[b], s), rc, a);
+          } else {
+            biased<BF16>(word(wv[b], s), a);
+          }
           mma16816<BF16>(accb, a, bx[(s & 1) * 2], bx[(s & 1) * 2 + 1]);
         }
       }
-      // accb = sum (bias + q) x (rows g), (bias + 16 q) x (rows g + 8, fp16): remove (bias + z) sum x, then scale
-      // (s1 / 16 undoes the high nibble's factor 16; a power of two, exact)
-      float2 xs;
-      asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(xs.x), "=f"(xs.y) : "r"(xsum + (u * 8 + 2 * t) * 4));
-      const float z0 = (float)((zp.x >> (4 * g)) & 15u), z1 = (float)((zp.y >> (4 * g)) & 15u);
-      const float c0 = BF16 ? 128.f + z0 : 1024.f + z0, c1 = BF16 ? 128.f + z1 : 1024.f + 16.f * z1;
-      const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16) * (BF16 ? 1.f : 0.0625f);
-      acc[0] = fmaf(s0, fmaf(-c0, xs.x, accb[0]), acc[0]);
-      acc[1] = fmaf(s0, fmaf(-c0, xs.y, accb[1]), acc[1]);
-      acc[2] = fmaf(s1, fmaf(-c1, xs.x, accb[2]), acc[2]);
-      acc[3] = fmaf(s1, fmaf(-c1, xs.y, accb[3]), acc[3]);
+      if constexpr (ZSUB) {  // accb = sum (q - z) x: only the scale is left
+        const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16);
+        acc[0] = fmaf(s0, accb[0], acc[0]);
+        acc[1] = fmaf(s0, accb[1], acc[1]);
+        acc[2] = fmaf(s1, accb[2], acc[2]);
+        acc[3] = fmaf(s1, accb[3], acc[3]);
+      } else {
+        // accb = sum (bias + q) x (rows g), (bias + 16 q) x (rows g + 8, fp16): remove (bias + z) sum x, then scale
+        // (s1 / 16 undoes the high nibble's factor 16; a power of two, exact)
+        float2 xs;
+        asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(xs.x), "=f"(xs.y) : "r"(xsum + (u * 8 + 2 * t) * 4));
+        const float z0 = (float)((zp.x >> (4 * g)) & 15u), z1 = (float)((zp.y >> (4 * g)) & 15u);
+        const float c0 = BF16 ? 128.f + z0 : 1024.f + z0, c1 = BF16 ? 128.f + z1 : 1024.f + 16.f * z1;
+        const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16) * (BF16 ? 1.f : 0.0625f);
+        acc[0] = fmaf(s0, fmaf(-c0, xs.x, accb[0]), acc[0]);
+        acc[1] = fmaf(s0, fmaf(-c0, xs.y, accb[1]), acc[1]);
+        acc[2] = fmaf(s1, fmaf(-c1, xs.x, accb[2]), acc[2]);
+        acc[3] = fmaf(s1, fmaf(-c1, xs.y, accb[3]), acc[3]);
+      }
     }
     read = read + SLOT == ring_end ? ring : read + SLOT;
 
@@ -974,6 +1012,18 @@ QT_SK_PROBE(3)
 QT_SK_PROBE(4)
 QT_SK_PROBE(5)
 QT_SK(qt_sk_f16_u2_d6, false, 2, 6)
+// zero removed per fragment (ZSUB): qt_sk_z_{f16,bf16}_u2_d{D}
+#define QT_SK_Z(D)                                                                       \
+  extern "C" __global__ void __launch_bounds__(512, (D) <= 4 ? QT_SK_MINB4 : 1) qt_sk_z_f16_u2_d##D(QT_ARGS) {  \
+    const qt::Args a = QT_PACK;                                                          \
+    qt::sk_small<false, 2, D, 0, true>(a);                                               \
+  }                                                                                      \
+  extern "C" __global__ void __launch_bounds__(512, (D) <= 4 ? QT_SK_MINB4 : 1) qt_sk_z_bf16_u2_d##D(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                          \
+    qt::sk_small<true, 2, D, 0, true>(a);                                                \
+  }
+QT_SK_Z(4)
+QT_SK_Z(6)
 QT_SK(qt_sk_bf16_u2_d4, true, 2, 4)
 QT_SK(qt_sk_bf16_u2_d6, true, 2, 6)
 

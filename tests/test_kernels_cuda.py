@@ -22,7 +22,8 @@ from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, Config, choose,
 SRC = (build.CSRC / "w4a16.cu").read_text()
 ENTRY = (set(re.findall(r"QT_(?:MMA|WG|SK)\((qt_\w+),", SRC))
          | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
-         | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)})
+         | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
+         | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")})
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -88,6 +89,13 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert p["grid"] == (128, 1, 1) and p["block"] == 256  # 64 x 128 blocks: 8 per warp, not 4 CTAs per SM
     assert p["name"] == "qt_sk_{dt}_u2_d4"
     assert plan(Config(kind=SK, depth=6), 1, state(8192, 1024))["name"] == "qt_sk_{dt}_u2_d6"
+    # the whole-tile grids (k/v, down) subtract the zero per fragment; the 1/sm grid keeps the x sums
+    kv, down, gate = (choose(1, state(k, n)) for k, n in ((8192, 1024), (28672, 8192), (8192, 28672)))
+    assert kv.zsub and down.zsub and not gate.zsub and "zsub" in kv.label() and "zsub" not in gate.label()
+    assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
+    assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"
+    with pytest.raises(ValueError, match="zsub"):
+        plan(Config(kind=SK, zsub=True, probe=1), 1, state(8192, 1024))
     st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8)  # group 256: units of 4 would fit
     with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
         plan(Config(kind=SK, ub=4), 1, st8)
@@ -288,9 +296,18 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert use_pdl(choose(1, hopper), hopper)
     monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
     assert not use_pdl(Config(kind=SK), hopper) and use_pdl(Config(kind=SK, pdl=True), hopper)
-    assert flags(Config()) == 0 and flags(Config(trigger="start")) == 1 and "QT_PDL_EARLY = 1" in SRC
+    plain = {"evict": "none"}
+    assert flags(Config(**plain)) == 0 and flags(Config(trigger="start", **plain)) == 1
+    assert "QT_PDL_EARLY = 1, QT_EVICT_FIRST = 2" in SRC
     # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
-    assert flags(Config(trigger="start"), 264, 132) == 1 and flags(Config(trigger="start"), 128, 132) == 0
+    assert flags(Config(trigger="start", **plain), 264, 132) == 1
+    assert flags(Config(trigger="start", **plain), 128, 132) == 0
+    # evict-first weight copies: the default, for every kernel (each Stream and the stream-K ring read the bit)
+    assert flags(Config()) == 2 and flags(Config(kind=SK, trigger="start"), 264, 132) == 3
+    assert all(flags(choose(m, hopper)) & 2 for m in (1, 16, 256))
+    assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 2  # Stream (mma, wgmma) and sk_small
+    with pytest.raises(ValueError, match="evict"):
+        flags(Config(evict="all"))
     assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, hopper), hopper)
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):

@@ -15,8 +15,13 @@ Why the choices look the way they do:
   writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
   QTOOL_CUDA_PDL=0 turns it off. The wgmma kernel can be launched so too (it gained nothing: off by default);
   the mma kernel never (it does not wait).
+- Every kernel's weight copies carry an L2 evict-first policy (Config.evict): read once per call, they should not
+  push out what is read again (x, the scale records, the next layer's first blocks). Worth ~20 us over the 70B
+  layer at M = 1 and ~20 us at M = 16 (bench.md, seventh pass).
+- The stream-K grids of whole tiles (k/v, down) subtract the zero point per fragment (Config.zsub) instead of
+  correcting the block sums with sums of x: the x sums sat between the wait and the first mma.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass" to "Sixth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt).
+bench.md, "Fourth pass" to "Seventh pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7*).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 MMA, WGMMA, SK = "mma", "wgmma", "sk"
 SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
 TRIGGER_FLAGS = {"wait": 0, "start": 1}  # Args::flags (csrc/w4a16.cu QT_PDL_EARLY)
+EVICT_FLAGS = {"none": 0, "weights": 2}  # Args::flags QT_EVICT_FIRST
 SK_BUILT = {(2, 4), (2, 6)}  # (blocks per unit, ring depth) instantiated in csrc/w4a16.cu
 SK_X_BUDGET = 64 * 1024  # bytes of x it stages (all of K): beyond this, fewer CTAs fit per SM than it needs
 SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # usable per SM (and per CTA)
@@ -80,20 +86,23 @@ class Config:
     tpc: int = 0  # sk: whole tiles per CTA (grid = ceil(N16 / tpc); shared tiles handed over in shared memory)
     pdl: bool | None = None  # programmatic dependent launch; None: the kind's default (use_pdl)
     trigger: str = "wait"  # pdl: the next kernel may launch at this one's "start" or after its "wait"
+    zsub: bool = False  # sk: the zero point subtracted per fragment (no x sums; csrc/w4a16.cu sk_small ZSUB)
+    evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
 
     def label(self, splits: int | None = None) -> str:
         sp = splits if splits is not None else self.splits
         nopdl = " no-pdl" if self.pdl is False else "" if self.trigger == "wait" else f" pdl-{self.trigger}"
+        ev = "" if self.evict == "weights" else f" evict-{self.evict}"
         tail = f" split{sp}" if sp else f" {self.ctas_per_sm:g}/sm"
         if self.kind == MMA:
             d = f" d{self.depth}" if self.depth else ""
-            return f"cuda {'probe' if self.probe else 'mma'} nt{self.nt} tn{self.tn} w{self.warps}{d}{tail}{nopdl}"
+            return f"cuda {'probe' if self.probe else 'mma'} nt{self.nt} tn{self.tn} w{self.warps}{d}{tail}{ev}{nopdl}"
         if self.kind == SK:
             grid = f"{self.tpc} tiles/cta" if self.tpc else f"{self.ctas_per_sm:g}/sm min{self.min_blocks}"
-            return (f"cuda stream-k{f' probe{self.probe}' if self.probe else ''} u{self.ub} "
-                    f"d{ring_depth(SK, True, depth=self.depth)} w{self.warps} {grid}{nopdl}")
+            return (f"cuda stream-k{f' probe{self.probe}' if self.probe else ''}{' zsub' if self.zsub else ''} "
+                    f"u{self.ub} d{ring_depth(SK, True, depth=self.depth)} w{self.warps} {grid}{ev}{nopdl}")
         st = f" s{self.stages}" if self.stages else ""
-        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{nopdl}"
+        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{ev}{nopdl}"
 
 
 def wgmma_ok(cc: tuple[int, int]) -> bool:
@@ -127,12 +136,15 @@ def choose(m: int, st) -> Config:
         # launched at this one's start (gate/up 36.3-36.9 us, q/o 14.0-14.2), except a long-K one (down), whose
         # tiles span several warps: whole tiles per CTA, so every hand-over stays in shared memory (36.8-38.5 us
         # in five runs against 38.9-39.8).
+        # Seventh pass (tune-cuda-h200-v7-steps.txt): the whole-tile grids subtract the zero per fragment (k/v 4.3 us
+        # against 4.8, down 36.7-37.0 against 36.9-37.2); the 1/sm grid keeps the x sums (gate/up 34.9-35.0
+        # against 35.7-36.6 with zsub).
         n16 = -(-st.N // 16)
         blocks = n16 * -(-st.K // 64)
         if blocks <= 16 * 8 * st.n_sm:
-            return Config(kind=SK, warps=16, tpc=1, depth=6)
+            return Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True)
         if st.K >= 2 * st.N and n16 >= st.n_sm:
-            return Config(kind=SK, warps=16, tpc=max(1, round(n16 / st.n_sm)))
+            return Config(kind=SK, warps=16, tpc=max(1, round(n16 / st.n_sm)), zsub=True)
         return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
@@ -195,7 +207,10 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
         grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
         grid = max(1, min(grid, units * cfg.ub // max(1, cfg.min_blocks * cfg.warps)))  # min_blocks per warp
     warps = min(cfg.warps, max(1, units // grid))
-    name = f"qt_sk_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_u{cfg.ub}_d{depth}"
+    if cfg.zsub and (cfg.probe or cfg.ub != 2):
+        raise ValueError("the stream-K probes and units other than 2 blocks have no zsub form")
+    pre = f"probe{cfg.probe}_" if cfg.probe else "z_" if cfg.zsub else ""
+    name = f"qt_sk_{pre}{{dt}}_u{cfg.ub}_d{depth}"
     return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": sk_smem(m, kb, warps, ring, cfg.ub), "splits": 1,
             "kbps": 0, "rows": 8, "name": name, "post": post, "ws_floats": 2 * grid * warps * 128,
             "counters": n16}
@@ -229,12 +244,15 @@ def pdl_enabled() -> bool:
 def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
     """The kernel's Args::flags for this launch. A trigger at the start lets a cascade of later grids take SM
     slots as CTAs exit; that is only even (and only faster) when the grid gives every SM the same number of
-    CTAs, so a grid of another size (given grid and n_sm) triggers after its wait instead."""
+    CTAs, so a grid of another size (given grid and n_sm) triggers after its wait instead. The L2 policy of
+    the weight copies is here too."""
     if cfg.trigger not in TRIGGER_FLAGS:
         raise ValueError(f"trigger {cfg.trigger!r} is not one of {sorted(TRIGGER_FLAGS)}")
-    if cfg.trigger == "start" and grid is not None and n_sm and grid % n_sm:
-        return TRIGGER_FLAGS["wait"]
-    return TRIGGER_FLAGS[cfg.trigger]
+    if cfg.evict not in EVICT_FLAGS:
+        raise ValueError(f"evict {cfg.evict!r} is not one of {sorted(EVICT_FLAGS)}")
+    even = not (grid is not None and n_sm and grid % n_sm)
+    f = TRIGGER_FLAGS[cfg.trigger if even else "wait"]
+    return f | EVICT_FLAGS[cfg.evict]
 
 
 PDL_KINDS = (SK, WGMMA)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
