@@ -187,6 +187,10 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         c += [Config(kind=SK, ub=2, warps=w, depth=d, ctas_per_sm=1.0, min_blocks=8, trigger="start")
               for w, d in ((16, 4), (12, 6), (16, 6))]
         c.append(Config(kind=SK, ub=2, warps=16, tpc=4, trigger="start"))
+        # the zero subtracted per fragment on the other grids
+        c += [Config(kind=SK, ub=2, warps=16, depth=d, ctas_per_sm=1.0, min_blocks=8, trigger="start", zsub=True)
+              for d in (4, 6)]
+        c += [Config(kind=SK, ub=2, warps=16, tpc=tpc, zsub=True) for tpc in (2, 4)]
         # whole tiles per CTA (hand-over in shared memory): 64 / 512 / 1792 tiles of k/v, q/o and down, gate/up
         c += [Config(kind=SK, ub=2, warps=w, depth=d, tpc=tpc)
               for tpc, w, d in ((1, 16, 6), (2, 16, 4), (4, 16, 4), (7, 16, 4), (14, 16, 4))]

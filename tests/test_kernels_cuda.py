@@ -83,6 +83,10 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
     assert not sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
     assert choose(16, state(8192, 8192)).kind == MMA
+    # M = 9-16: a small layer (k/v) one tile per warp with 12-slot rings, the others two tiles per warp
+    kv16, q16 = choose(16, state(8192, 1024)), choose(16, state(8192, 8192))
+    assert (kv16.tn, kv16.depth, q16.tn, q16.depth) == (1, 12, 2, 0) and choose(17, state(8192, 1024)).tn == 2
+    assert plan(kv16, 16, state(8192, 1024))["name"] == "qt_mma_{dt}_nt2_tn1_post_d12"
     assert choose(1, state(8192, 8192, post=False)).kind == MMA  # groups not found by a shift: no stream-K
     assert choose(1, state(8256, 1024)).kind == MMA  # 129 blocks: not whole units of two
     p = plan(Config(kind=SK, warps=8, ctas_per_sm=4.0, min_blocks=8), 1, state(8192, 1024))
