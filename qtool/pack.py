@@ -223,8 +223,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     plans = plan_modules(ck, job)
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes)
-    todo = {p.weight: p for p in plans if p.action == "quantize"}
-    if not todo:
+    to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
+    if not to_quantize:
         raise UsageError("no linear weights to quantize", path=ck.path,
                          fix="check --include/--exclude; embeddings, lm_head and norms stay dense by default")
     if job.dry_run:
@@ -238,13 +238,13 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     names = list(ck.tensors)
     with atomic_output(job.out, job.force) as tmp:
         # every packed module writes at most 4 tensors in place of its weight
-        w = BackgroundWriter(ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(todo)))
+        w = BackgroundWriter(ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(to_quantize)))
         try:
             for k, name in enumerate(names):
                 info: TensorInfo = ck.tensors[name]
                 if on_progress:
                     on_progress(name, k, len(names))
-                plan = todo.get(name)
+                plan = to_quantize.get(name)
                 if plan is None:
                     w.add_raw(name, info)
                     continue

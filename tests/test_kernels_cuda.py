@@ -311,11 +311,11 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert all(flags(choose(m, hopper)) & 2 for m in (1, 16, 256))
     assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 2  # Stream (mma, wgmma) and sk_small
     with pytest.raises(ValueError, match="evict"):
-        flags(Config(evict="all"))
+        Config(evict="all")  # refused where it is made, not at launch
     assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, hopper), hopper)
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):
-        flags(Config(trigger="later"))
+        Config(trigger="later")
     assert Config(kind=SK, trigger="start").label().endswith("pdl-start")
     assert "no-pdl" in Config(kind=MMA, pdl=False).label()
 

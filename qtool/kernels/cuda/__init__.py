@@ -3,8 +3,9 @@
 Three kernels, chosen per call by M and the layer (launch.py):
 - `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
   persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
-  unit's fp32 sum through sum(x); shared tiles finished by the last warp in the same launch (in shared memory
-  when all its warps are in one CTA; small layers get one CTA per tile).
+  unit's fp32 sum through sum(x), or (grids of whole tiles per CTA) from each fragment by one FMA; shared tiles
+  finished by the last warp in the same launch (in shared memory when all its warps are in one CTA; small layers
+  get one CTA per tile). Weight copies carry an L2 evict-first policy in every kernel.
 - `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
   from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
   same launch. For small M that `sk` does not take (M 9-32, groups of 64, act-order).

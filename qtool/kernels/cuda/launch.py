@@ -89,6 +89,12 @@ class Config:
     zsub: bool = False  # sk: the zero point subtracted per fragment (no x sums; csrc/w4a16.cu sk_small ZSUB)
     evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
 
+    def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
+        if self.trigger not in TRIGGER_FLAGS:
+            raise ValueError(f"trigger {self.trigger!r} is not one of {sorted(TRIGGER_FLAGS)}")
+        if self.evict not in EVICT_FLAGS:
+            raise ValueError(f"evict {self.evict!r} is not one of {sorted(EVICT_FLAGS)}")
+
     def label(self, splits: int | None = None) -> str:
         sp = splits if splits is not None else self.splits
         nopdl = " no-pdl" if self.pdl is False else "" if self.trigger == "wait" else f" pdl-{self.trigger}"
@@ -107,6 +113,12 @@ class Config:
 
 def wgmma_ok(cc: tuple[int, int]) -> bool:
     return cc == (9, 0)
+
+
+def small_layer(st) -> bool:
+    """A layer of at most 16 64-k blocks per warp of 8 warps per SM (Llama-3-70B's k/v: 8192 blocks): too few
+    for a grid of split work to keep every SM streaming, so small M gives it its own launch shape."""
+    return -(-st.N // 16) * -(-st.K // 64) <= 16 * 8 * st.n_sm
 
 
 def choose(m: int, st) -> Config:
@@ -140,15 +152,14 @@ def choose(m: int, st) -> Config:
         # against 4.8, down 36.7-37.0 against 36.9-37.2); the 1/sm grid keeps the x sums (gate/up 34.9-35.0
         # against 35.7-36.6 with zsub).
         n16 = -(-st.N // 16)
-        blocks = n16 * -(-st.K // 64)
-        if blocks <= 16 * 8 * st.n_sm:
+        if small_layer(st):
             return Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True)
         if st.K >= 2 * st.N and n16 >= st.n_sm:
             return Config(kind=SK, warps=16, tpc=max(1, round(n16 / st.n_sm)), zsub=True)
         return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
-    if m <= 16 and -(-st.N // 16) * -(-st.K // 64) <= 16 * 8 * st.n_sm:
+    if m <= 16 and small_layer(st):
         # a small layer (k/v) at M = 16: one tile per warp and 12-slot rings, so more of its few blocks are in
         # flight at once (15.4 us against 17.1, tune-cuda-h200-v7-m16.json)
         return Config(kind=MMA, nt=2, tn=1, warps=4, depth=12, ctas_per_sm=4.0, min_blocks=4)
@@ -201,6 +212,8 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     depth = ring_depth(SK, post, depth=cfg.depth)
     if (cfg.ub, depth) not in SK_BUILT:
         raise ValueError(f"no stream-K kernel with {cfg.ub} blocks per unit and ring depth {depth}")
+    if cfg.zsub and (cfg.probe or cfg.ub != 2):
+        raise ValueError("the stream-K probes and units other than 2 blocks have no zsub form")
     units = n16 * (kb // cfg.ub)
     ring = ring_bytes_per_warp(SK, post, depth=cfg.depth, ub=cfg.ub)
     if cfg.tpc:  # whole tiles per CTA: every tile's hand-over stays in its CTA's shared memory
@@ -211,8 +224,6 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
         grid = max(1, min(round(cfg.ctas_per_sm * st.n_sm), fit * st.n_sm))
         grid = max(1, min(grid, units * cfg.ub // max(1, cfg.min_blocks * cfg.warps)))  # min_blocks per warp
     warps = min(cfg.warps, max(1, units // grid))
-    if cfg.zsub and (cfg.probe or cfg.ub != 2):
-        raise ValueError("the stream-K probes and units other than 2 blocks have no zsub form")
     pre = f"probe{cfg.probe}_" if cfg.probe else "z_" if cfg.zsub else ""
     name = f"qt_sk_{pre}{{dt}}_u{cfg.ub}_d{depth}"
     return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": sk_smem(m, kb, warps, ring, cfg.ub), "splits": 1,
@@ -250,10 +261,6 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
     slots as CTAs exit; that is only even (and only faster) when the grid gives every SM the same number of
     CTAs, so a grid of another size (given grid and n_sm) triggers after its wait instead. The L2 policy of
     the weight copies is here too."""
-    if cfg.trigger not in TRIGGER_FLAGS:
-        raise ValueError(f"trigger {cfg.trigger!r} is not one of {sorted(TRIGGER_FLAGS)}")
-    if cfg.evict not in EVICT_FLAGS:
-        raise ValueError(f"evict {cfg.evict!r} is not one of {sorted(EVICT_FLAGS)}")
     even = not (grid is not None and n_sm and grid % n_sm)
     f = TRIGGER_FLAGS[cfg.trigger if even else "wait"]
     return f | EVICT_FLAGS[cfg.evict]
