@@ -31,7 +31,7 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, Config, choose, sk_takes  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, XS, Config, choose, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
 SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
@@ -62,6 +62,10 @@ def forced_configs(m: int, st) -> list[Config]:
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="none"))  # the default is evict-first
     cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="none"))
+    if st.gshift_blk >= 0:  # x streamed in chunks (one group per block): both chunk sizes, split or not, pdl
+        cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
+               for tn, w, d, xc, sp, pdl in ((1, 16, 6, 2, 1, None), (1, 4, 12, 4, 3, True), (2, 8, 6, 2, 2, True),
+                                             (2, 3, 12, 4, 1, False), (1, 7, 6, 2, 5, True))]
     return cs
 
 
@@ -135,42 +139,45 @@ def chain_check() -> int:
         plain = random_plain(k, k, group_size=128, dtype=dt, device=dev, seed=7)
         st = kern.prepare(PackedLayer.from_plain(plain))
         for m in (1, 5, 16, 256):
-            base = choose(m, st)
-            x0 = torch.randn(m, k, device=dev).to(dt)
-            chains = {}
-            runs = [(False, "wait", False, "none")]
-            if base.kind in PDL_KINDS:  # the mma kernel is never launched so: nothing to compare
-                runs += [(True, "wait", False, "none"), (True, "wait", True, "none"), (True, "start", True, "none"),
-                         (True, "start", True, "weights")]
-            else:  # L2 evict-first weight copies: a hint, the same bits
-                runs.append((False, "wait", True, "weights"))
-            for pdl, trig, graph, ev in runs:
-                st.override = dataclasses.replace(base, pdl=pdl, trigger=trig, evict=ev)
-                outs = [torch.full((m, k), float("nan"), dtype=dt, device=dev) for _ in range(6)]
-                def run(outs=outs, x0=x0, st=st):
-                    prev = x0
-                    for o in outs:
-                        prev = kern.forward(prev, st, out=o)
-                if graph:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
+            bases = [choose(m, st)]
+            if m == 16:  # the x-streaming kernel, which waits for the previous kernel before it reads x
+                bases.append(Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=2.0))
+            for base in bases:
+                x0 = torch.randn(m, k, device=dev).to(dt)
+                chains = {}
+                runs = [(False, "wait", False, "none")]
+                if base.kind in PDL_KINDS:  # the mma kernel is never launched so: nothing to compare
+                    runs += [(True, "wait", False, "none"), (True, "wait", True, "none"), (True, "start", True, "none"),
+                             (True, "start", True, "weights")]
+                else:  # L2 evict-first weight copies: a hint, the same bits
+                    runs.append((False, "wait", True, "weights"))
+                for pdl, trig, graph, ev in runs:
+                    st.override = dataclasses.replace(base, pdl=pdl, trigger=trig, evict=ev)
+                    outs = [torch.full((m, k), float("nan"), dtype=dt, device=dev) for _ in range(6)]
+                    def run(outs=outs, x0=x0, st=st):
+                        prev = x0
+                        for o in outs:
+                            prev = kern.forward(prev, st, out=o)
+                    if graph:
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            run()
+                        for o in outs:
+                            o.fill_(float("nan"))
+                        g.replay()
+                    else:
                         run()
-                    for o in outs:
-                        o.fill_(float("nan"))
-                    g.replay()
-                else:
-                    run()
-                torch.cuda.synchronize()
-                chains[(pdl, trig, graph, ev)] = [o.clone() for o in outs]
-            st.override = None
-            ref = chains[(False, "wait", False, "none")]
-            for key, outs in list(chains.items())[1:]:
-                total += 1
-                same = all(torch.equal(a, b) for a, b in zip(ref, outs))
-                if not same:
-                    bad += 1
-                    print(f"FAIL chain {tag} K=N={k} M={m} {base.label()} pdl={key[0]} trigger={key[1]} "
-                          f"graph={key[2]} evict={key[3]}: differs from the plain launches")
+                    torch.cuda.synchronize()
+                    chains[(pdl, trig, graph, ev)] = [o.clone() for o in outs]
+                st.override = None
+                ref = chains[(False, "wait", False, "none")]
+                for key, outs in list(chains.items())[1:]:
+                    total += 1
+                    same = all(torch.equal(a, b) for a, b in zip(ref, outs))
+                    if not same:
+                        bad += 1
+                        print(f"FAIL chain {tag} K=N={k} M={m} {base.label()} pdl={key[0]} trigger={key[1]} "
+                              f"graph={key[2]} evict={key[3]}: differs from the plain launches")
     print(f"chain check: {total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
@@ -203,6 +210,20 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         nt = 1 if m <= 8 else 2
         c += [Config(kind=MMA, nt=nt, tn=tn, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
               for tn, w in ((1, 4), (2, 4), (2, 8)) for d in (0, 12) for cps, mb in ((4.0, 4), (16.0, 4), (32.0, 2))]
+        if m > 8:  # x streamed in chunks: about one wave of CTAs, whole tiles (gate/up) or a few long K slices
+            c += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, ctas_per_sm=cps, pdl=pdl, min_blocks=mb)
+                  for tn, w, d, xc, cps, pdl, mb in (
+                      (1, 14, 6, 2, 1.0, None, 4), (1, 16, 6, 2, 1.0, None, 4), (1, 16, 12, 4, 1.0, None, 4),
+                      (1, 8, 6, 2, 2.0, None, 4), (1, 8, 12, 4, 2.0, None, 4), (1, 4, 6, 2, 4.0, None, 4),
+                      (2, 8, 12, 4, 1.0, None, 4), (2, 4, 6, 2, 2.0, None, 4), (1, 14, 6, 2, 1.0, True, 4),
+                      (1, 16, 6, 2, 1.0, True, 4), (1, 8, 6, 2, 2.0, True, 4), (2, 4, 6, 2, 2.0, True, 4),
+                      (1, 8, 6, 2, 3.0, None, 4), (1, 8, 6, 2, 3.0, True, 4),
+                      # fewer K splits on the small layers (k/v): fewer partials for the last CTA to sum
+                      (1, 8, 6, 2, 3.0, True, 8), (1, 8, 6, 2, 3.0, True, 16), (1, 4, 6, 2, 4.0, True, 8),
+                      (1, 16, 6, 2, 1.0, True, 8), (1, 8, 12, 4, 3.0, True, 8))]
+            if probes:
+                c += [Config(kind=XS, nt=2, tn=1, warps=w, xc=2, ctas_per_sm=cps, probe=pr)
+                      for pr in (1, 2, 3) for w, cps in ((16, 1.0), (8, 3.0))]
     else:
         c += [Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stg, ctas_per_sm=cps, min_blocks=8)
               for bn, wgs, stg in ((128, 2, 4), (256, 2, 0), (128, 4, 0)) for cps in (1.0, 2.0)]
@@ -210,7 +231,7 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
 
 
 def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
-         full: bool = True, variants_only: bool = False) -> None:
+         full: bool = True, variants_only: bool = False, only: str | None = None) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     rows = []
@@ -232,6 +253,8 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
                                  us=tr.median_s * 1e6))
             for cfg in candidates(m, probes, full, variants_only):
+                if only and isinstance(cfg, Config) and cfg.kind != only:
+                    continue
                 for s in states:
                     s.override = None
                     s.override = dataclasses.replace(s.config(m), **VARIANTS[cfg]) if cfg in VARIANTS else cfg
@@ -279,6 +302,8 @@ def main() -> int:
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
     ap.add_argument("--variants-only", action="store_true",
                     help="time only the default choice and its launch variants (--tune)")
+    ap.add_argument("--only", choices=[MMA, SK, XS, WGMMA],
+                    help="of the candidates, time only this kind's (with the default and its variants; --tune)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
@@ -286,7 +311,7 @@ def main() -> int:
     rc = (check() | chain_check()) if a.check else 0
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
-             not a.defaults_above_8, a.variants_only)
+             not a.defaults_above_8, a.variants_only, a.only)
     return rc
 
 

@@ -547,6 +547,163 @@ DEVI void mma_small(const Args& p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Small-batch kernel with x streamed (sm_80+): mma_small's warps and weight rings (POST: one group per 64-k
+// block), but x goes through a ring of XS chunks of XC blocks in shared memory instead of being staged for the
+// CTA's whole K slice before the first mma. So the K slice is not bounded by shared memory, and a grid of about
+// one CTA per SM can own whole tiles (no split, no partials) or a few long K slices, each warp streaming one
+// contiguous run of its tile: the shape the stream-K kernel uses at M = 1, for batches whose x (16 rows of all
+// of K) is too large to stage whole. A barrier per chunk keeps the warps within XS - 1 chunks of each other;
+// the weight rings run across it. Grid: (ceil(N16 / (warps TN)), splits, ceil(M / 8NT)).
+// cp.async groups: the prologue is one group (the first D - 1 weight blocks and the first XS - 1 x chunks) and
+// D - 2 empty ones; iteration i commits weights i + D - 1, and at a chunk start the chunk XS - 1 ahead. Waiting
+// for block i's weights (D - 2 younger groups, before iteration i's commit) then also covers chunk i / XC, which
+// was committed (XS - 1) XC >= D - 1 iterations earlier.
+// Launched as a programmatic dependent launch or not (launch.py): its weights before the wait, x and y after it.
+// PROBE (benchmarks only, wrong results): 1 = the same streams and barriers with no arithmetic, 2 = the full
+// arithmetic with no barriers (chunk slots overwritten while read), 3 = the arithmetic on chunk 0 only (no x
+// stream, no barriers)
+// ---------------------------------------------------------------------------------------------------------
+template <int NT, bool BF16, int D, int TN, int XC, int XS, int PROBE = 0>
+DEVI void mma_xs(const Args& p) {
+  static_assert((XS - 1) * XC >= D - 1, "a chunk lands no later than the weights of its first block");
+  extern __shared__ uint4 smem4[];
+  using R = Stream<D, 1, TN>;
+  constexpr int XP = XC * 64 + 8;  // pitch in halves; +16 bytes so the 8 rows of an ldmatrix hit 8 bank groups
+  constexpr int XSLOT = 8 * NT * XP * 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int n16 = (p.N + 15) >> 4;
+  const int tn0 = (blockIdx.x * nwarps + warp) * TN;
+  const int kb0 = blockIdx.y * p.kbps;
+  const int nb = min(p.KB, kb0 + p.kbps) - kb0;
+  const int m0 = blockIdx.z * (8 * NT);
+  const int mc = min(8 * NT, p.M - m0);
+  const uint32_t xs_base = smem_u32(smem4);
+  R ws(p, xs_base + XS * XSLOT + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
+  const bool active = ws.ntiles > 0;
+
+  pdl_start(p.flags);
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d)
+    if (active && d < nb) ws.issue();
+  pdl_wait(p.flags);
+
+  // A chunk is mc rows of XC x 8 16-byte pieces; this thread's first piece (row r0, piece q0) is worked out once
+  // (with 8 x NT x XC x 8 <= threads, the only one), the rest per chunk.
+  const int r0 = threadIdx.x / (XC * 8), q0 = threadIdx.x % (XC * 8);
+  const uint16_t* xg0 = p.x + (size_t)(m0 + min(r0, mc - 1)) * p.K + kb0 * 64 + q0 * 8;
+  const uint32_t xo0 = (r0 * XP + q0 * 8) * 2;
+  auto load_x = [&](int c) {  // chunk c of the K slice (zero beyond K) into slot c % XS
+    const uint32_t st = xs_base + (c % XS) * XSLOT;
+    const int kc = (kb0 + c * XC) * 64;
+    if (r0 < mc) {
+      const bool v = kc + q0 * 8 < p.K;
+      cp_async16(st + xo0, v ? xg0 + c * XC * 64 : p.x, v);
+    }
+    for (int e = threadIdx.x + blockDim.x; e < mc * XC * 8; e += blockDim.x) {
+      const int r = e / (XC * 8), q = e - r * (XC * 8);
+      const int k = kc + q * 8;
+      const bool v = k < p.K;
+      cp_async16(st + (r * XP + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
+    }
+  };
+  const int nchunks = (nb + XC - 1) / XC;
+#pragma unroll
+  for (int c = 0; c < XS - 1; ++c)
+    if (c < nchunks && (PROBE != 3 || c == 0)) load_x(c);
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) cp_commit();
+
+  float acc[TN][NT][4];
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+
+  // ldmatrix.x4 row addresses within a slot: lanes 8i..8i+7 give the rows of matrix i; matrices = (k 0-7,
+  // k 8-15) of steps s and s+1.
+  uint32_t lds[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    int r = 8 * j + (lane & 7);
+    if (r >= mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
+    const int mat = lane >> 3;
+    lds[j] = (r * XP + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
+  }
+
+  // One chunk per iteration, its XC blocks unrolled (the block's place in the chunk is then a constant).
+  for (int chunk = 0; chunk < nchunks; ++chunk) {
+    if constexpr (PROBE != 3) {
+      cp_wait<D - 2>();  // the chunk's first block's weights and the chunk (this thread's copies) ...
+      if constexpr (PROBE != 2) __syncthreads();  // ... everyone's; every warp is done with the previous slot
+      if (chunk + XS - 1 < nchunks) load_x(chunk + XS - 1);
+    }
+    const uint32_t xrow = xs_base + (PROBE == 3 ? 0 : (chunk % XS) * XSLOT);
+#pragma unroll
+    for (int ib = 0; ib < XC; ++ib) {
+      const int i = chunk * XC + ib;
+      if (i >= nb) break;  // the same for the whole CTA
+      if (active && i + D - 1 < nb) ws.issue();
+      cp_commit();
+      cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
+      __syncwarp();      // ... and the metadata the warp's lanes copied
+      if (PROBE == 1 && active) {
+#pragma unroll
+        for (int u = 0; u < TN; ++u) {
+          const uint4 wv = ws.weights(u);
+          acc[u][0][0] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ ws.scale(0, u) ^ ws.zero(0, u).x) & 0x3FFFFFu);
+        }
+      } else if (active) {
+        uint4 wv[TN];
+        uint32_t sc0[TN];
+        RowConst rc[TN];
+#pragma unroll
+        for (int u = 0; u < TN; ++u) {
+          wv[u] = ws.weights(u);
+          sc0[u] = ws.scale(0, u);
+          rc[u] = row_const<BF16>(sc0[u], ws.zero(0, u), g);
+        }
+        float accb[TN][NT][4];
+#pragma unroll
+        for (int u = 0; u < TN; ++u)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) accb[u][j][0] = accb[u][j][1] = accb[u][j][2] = accb[u][j][3] = 0.f;
+        uint32_t bx[NT][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          if (s % 2 == 0) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) ldsm_x4(bx[j], xrow + lds[j] + ib * 128 + s * 32);
+          }
+#pragma unroll
+          for (int u = 0; u < TN; ++u) {
+            uint32_t a[4];
+            dequant<BF16, false>(word(wv[u], s), rc[u], a);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+              mma16816<BF16>(accb[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < TN; ++u) {
+          const float s0 = to_f32<BF16>(sc0[u] & 0xFFFFu), s1 = to_f32<BF16>(sc0[u] >> 16);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            acc[u][j][0] = fmaf(s0, accb[u][j][0], acc[u][j][0]);
+            acc[u][j][1] = fmaf(s0, accb[u][j][1], acc[u][j][1]);
+            acc[u][j][2] = fmaf(s1, accb[u][j][2], acc[u][j][2]);
+            acc[u][j][3] = fmaf(s1, accb[u][j][3], acc[u][j][3]);
+          }
+        }
+      }
+      ws.next();
+    }
+  }
+  cp_wait<0>();
+  epilogue<NT, BF16, TN>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Stream-K kernel for the smallest batches (M <= 8, x staged whole): the weight stream as one contiguous run.
 // Work unit: UB consecutive 64-k blocks of one tile (KB % UB == 0), with one group for the whole unit (group
 // size a power of two >= 64 UB, or one group). The N16 x KB / UB units, tile-major, are cut into gridDim.x *
@@ -1026,6 +1183,31 @@ QT_SK_Z(4)
 QT_SK_Z(6)
 QT_SK(qt_sk_bf16_u2_d4, true, 2, 4)
 QT_SK(qt_sk_bf16_u2_d6, true, 2, 6)
+
+// x streamed in chunks (mma_xs): 4 chunk slots; XC blocks per chunk with (4 - 1) XC >= D - 1. At most 80
+// registers a thread with one tile per warp, so three CTAs of 8 warps fit an SM (launch.py's q/o and k/v grid).
+#define QT_XS(NAME, NT, BF16, D, TN, XC)                                           \
+  extern "C" __global__ void __maxnreg__((TN) == 1 ? 80 : 128) NAME(QT_ARGS) {     \
+    const qt::Args a = QT_PACK;                                                    \
+    qt::mma_xs<NT, BF16, D, TN, XC, 4>(a);                                         \
+  }
+QT_XS(qt_xs_f16_nt2_tn1_d6_x2, 2, false, 6, 1, 2)
+QT_XS(qt_xs_f16_nt2_tn1_d12_x4, 2, false, 12, 1, 4)
+QT_XS(qt_xs_f16_nt2_tn2_d6_x2, 2, false, 6, 2, 2)
+QT_XS(qt_xs_f16_nt2_tn2_d12_x4, 2, false, 12, 2, 4)
+QT_XS(qt_xs_bf16_nt2_tn1_d6_x2, 2, true, 6, 1, 2)
+QT_XS(qt_xs_bf16_nt2_tn1_d12_x4, 2, true, 12, 1, 4)
+QT_XS(qt_xs_bf16_nt2_tn2_d6_x2, 2, true, 6, 2, 2)
+QT_XS(qt_xs_bf16_nt2_tn2_d12_x4, 2, true, 12, 2, 4)
+// its probes (benchmarks only, wrong results): qt_xs_probe{PR}_f16_nt2_tn1_d6_x2
+#define QT_XS_PROBE(PR)                                                               \
+  extern "C" __global__ void __maxnreg__(80) qt_xs_probe##PR##_f16_nt2_tn1_d6_x2(QT_ARGS) {  \
+    const qt::Args a = QT_PACK;                                                       \
+    qt::mma_xs<2, false, 6, 1, 2, 4, PR>(a);                                          \
+  }
+QT_XS_PROBE(1)
+QT_XS_PROBE(2)
+QT_XS_PROBE(3)
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {

@@ -17,13 +17,14 @@ import torch
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, get_kernel
 from qtool.kernels.cuda import act_order_plan, build, group_shift
-from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, Config, choose, plan, ring_depth, sk_fits
+from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XS, Config, choose, plan, ring_depth, sk_fits
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
-ENTRY = (set(re.findall(r"QT_(?:MMA|WG|SK)\((qt_\w+),", SRC))
+ENTRY = (set(re.findall(r"QT_(?:MMA|WG|SK|XS)\((qt_\w+),", SRC))
          | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
          | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
-         | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")})
+         | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
+         | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)})
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -40,7 +41,7 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             st = state(k, n, post, cc)
             cfg = choose(m, st)
             if cc != (9, 0):
-                assert cfg.kind in (MMA, SK)  # wgmma is sm_90a only
+                assert cfg.kind in (MMA, SK, XS)  # wgmma is sm_90a only
             p = plan(cfg, m, st)
             for dt in ("f16", "bf16"):
                 assert p["name"].replace("{dt}", dt) in ENTRY, p["name"]
@@ -53,7 +54,7 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             gx, splits, gz = p["grid"]
             kb = -(-k // 64)
             assert splits == -(-kb // p["kbps"]) and (splits - 1) * p["kbps"] < kb  # no empty split
-            assert gz * p["rows"] >= m and gx * (16 * (p["block"] // 32) * (cfg.tn if cfg.kind == MMA else 1)) >= n
+            assert gz * p["rows"] >= m and gx * (16 * (p["block"] // 32) * (cfg.tn if cfg.kind in (MMA, XS) else 1)) >= n
 
 
 def test_forced_configs_and_labels():
@@ -76,17 +77,29 @@ def test_forced_configs_and_labels():
 
 def test_small_m_takes_stream_k_where_x_fits():
     assert choose(1, state(8192, 28672)).kind == SK and choose(1, state(28672, 8192)).kind == SK
-    # Llama-3-70B at M = 1: k/v one CTA per tile; down (long K) 4 whole tiles per CTA; the rest 132 CTAs
+    # Llama-3-70B at M = 1: k/v one CTA per tile; down (long K) and q/o (4 tiles per SM) 4 whole tiles per CTA;
+    # gate/up 132 CTAs
     assert choose(1, state(8192, 1024)).tpc == 1 and choose(1, state(28672, 8192)).tpc == 4
-    assert choose(1, state(8192, 8192)).tpc == 0 and choose(1, state(8192, 28672)).trigger == "start"
+    assert choose(1, state(8192, 8192)).tpc == 4 and choose(1, state(8192, 28672)).tpc == 0
+    assert choose(1, state(8192, 28672)).trigger == "start"
     assert plan(choose(1, state(28672, 8192)), 1, state(28672, 8192))["grid"] == (128, 1, 1)
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
     assert not sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
-    assert choose(16, state(8192, 8192)).kind == MMA
-    # M = 9-16: a small layer (k/v) one tile per warp with 12-slot rings, the others two tiles per warp
-    kv16, q16 = choose(16, state(8192, 1024)), choose(16, state(8192, 8192))
-    assert (kv16.tn, kv16.depth, q16.tn, q16.depth) == (1, 12, 2, 0) and choose(17, state(8192, 1024)).tn == 2
-    assert plan(kv16, 16, state(8192, 1024))["name"] == "qt_mma_{dt}_nt2_tn1_post_d12"
+    # M = 9-16, one group per block: x streamed, 3 CTAs of 8 warps per SM (k/v) or one of 16 warps with K slices
+    # (q/o, down); a wide layer (gate/up) the split mma grid, two tiles per warp
+    q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
+                                                                      (8192, 28672)))
+    assert (q16.kind, q16.warps, kv16.kind, kv16.warps, down16.kind, down16.warps) == (XS, 16, XS, 8, XS, 16)
+    assert (gate16.kind, gate16.tn) == (MMA, 2) and choose(17, state(8192, 1024)).kind == MMA
+    p = plan(down16, 16, state(28672, 8192))
+    assert p["grid"] == (32, 4, 1) and p["kbps"] == 112 and p["name"] == "qt_xs_{dt}_nt2_tn1_d6_x2"
+    assert p["smem"] == 4 * 16 * (2 * 64 + 8) * 2 + 16 * 6 * (512 + 48)  # 4 x chunks, 16 rings of 6 blocks
+    assert plan(kv16, 16, state(8192, 1024))["grid"] == (8, 16, 1)  # 8 blocks per warp: 16 splits
+    # groups under a block: the mma kernel, a small layer (k/v) one tile per warp with 12-slot rings
+    kv16 = choose(16, state(8192, 1024, post=False))
+    assert (kv16.kind, kv16.tn, kv16.depth) == (MMA, 1, 12)
+    with pytest.raises(ValueError, match="x-streaming"):
+        plan(Config(kind=XS, nt=2, tn=1), 16, state(8192, 1024, post=False))
     assert choose(1, state(8192, 8192, post=False)).kind == MMA  # groups not found by a shift: no stream-K
     assert choose(1, state(8256, 1024)).kind == MMA  # 129 blocks: not whole units of two
     p = plan(Config(kind=SK, warps=8, ctas_per_sm=4.0, min_blocks=8), 1, state(8192, 1024))
@@ -273,7 +286,7 @@ def _body(name: str) -> str:
     return body
 
 
-@pytest.mark.parametrize("name", ["sk_small", "wg_large"])
+@pytest.mark.parametrize("name", ["sk_small", "wg_large", "mma_xs"])
 def test_pdl_orders_every_dependent_access_after_the_wait(name):
     """Programmatic dependent launch: before pdl_wait a kernel may only read what no earlier kernel writes (the
     weight stream and its records); x, y, the workspace and the counters come after it. The mma kernel has no
@@ -312,7 +325,12 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 2  # Stream (mma, wgmma) and sk_small
     with pytest.raises(ValueError, match="evict"):
         Config(evict="all")  # refused where it is made, not at launch
-    assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, hopper), hopper)
+    gate = state(8192, 28672)
+    assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, gate), gate)
+    assert not use_pdl(choose(16, hopper), hopper)  # the x-streaming choice made under QTOOL_CUDA_PDL=0 ...
+    monkeypatch.delenv("QTOOL_CUDA_PDL")
+    assert use_pdl(choose(16, hopper), hopper)  # ... and without it (q/o)
+    assert use_pdl(choose(16, state(28672, 8192)), hopper)  # down too
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):
         Config(trigger="later")

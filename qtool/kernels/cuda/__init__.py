@@ -1,6 +1,6 @@
 """`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/w4a16.cu) over the mma tile layout (qtool/packing/mma_tiles.py).
 
-Three kernels, chosen per call by M and the layer (launch.py):
+Four kernels, chosen per call by M and the layer (launch.py):
 - `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
   persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
   unit's fp32 sum through sum(x), or (grids of whole tiles per CTA) from each fragment by one FMA; shared tiles
@@ -8,7 +8,10 @@ Three kernels, chosen per call by M and the layer (launch.py):
   get one CTA per tile). Weight copies carry an L2 evict-first policy in every kernel.
 - `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
   from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
-  same launch. For small M that `sk` does not take (M 9-32, groups of 64, act-order).
+  same launch. For small M that `sk` and `xs` do not take (M 9-32, groups of 64, act-order).
+- `xs` (sm_80+, M 9-16 on layers of under 8 tiles per SM, one group per block): the `mma` kernel's warps with
+  x streamed through a ring of chunks in shared memory instead of staged per CTA, so a grid of about one wave
+  gives each warp one long run of its tile (no split, or a few long K slices).
 - `wgmma` (sm_90a only): wgmma m64nNk16 with A from registers (the same per-lane words) and x tiles from
   shared memory; for large M, where the tensor cores' rate matters.
 
@@ -95,7 +98,8 @@ def act_order_plan(g_idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 class CudaW4A16(Kernel):
     id = "cuda-w4a16"
     summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): stream-K mma.sync for M <= 8, mma.sync with in-register LOP3 "
-               "dequant for other small M, wgmma (sm_90a) for large M; weights repacked once to the mma tile layout")
+               "dequant for other small M (x streamed in chunks at M 9-16), wgmma (sm_90a) for large M; weights "
+               "repacked once to the mma tile layout")
     devices = ("cuda",)
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)

@@ -4,6 +4,9 @@ Why the choices look the way they do:
 - M <= 8 (x small enough to stage whole): the stream-K kernel. The weight is cut into one equal contiguous range
   per warp of a persistent grid, so every SM streams the same bytes with no tail wave; the grid size per layer
   shape comes from benchmarks/tune_cuda_w4a16.py (bench.md, fifth pass).
+- M = 9-16 on layers of under 8 tiles per SM with one group per 64-k block: the x-streaming mma kernel (x through
+  a ring of chunks in shared memory, so a CTA's K slice is not bounded by it): about one wave of CTAs, each warp
+  one long contiguous run of its tile (bench.md, eighth pass).
 - Other small M streams the weight: every SM must pull bytes at once, so the grid is sized to several CTAs per SM
   by splitting K (the x slice a CTA stages in shared memory is bounded by X_BUDGET, and the partial sums are
   finished by the last CTA of each tile in the same launch). Each warp owns TN 16-row tiles and keeps its
@@ -14,7 +17,7 @@ Why the choices look the way they do:
   while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it reads x or
   writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
   QTOOL_CUDA_PDL=0 turns it off. The wgmma kernel can be launched so too (it gained nothing: off by default);
-  the mma kernel never (it does not wait).
+  the mma kernel never (it does not wait); the x-streaming one where choose() says so.
 - Every kernel's weight copies carry an L2 evict-first policy (Config.evict): read once per call, they should not
   push out what is read again (x, the scale records, the next layer's first blocks). Worth ~20 us over the 70B
   layer at M = 1 and ~20 us at M = 16 (bench.md, seventh pass).
@@ -33,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-MMA, WGMMA, SK = "mma", "wgmma", "sk"
+MMA, WGMMA, SK, XS = "mma", "wgmma", "sk", "xs"
 SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
 TRIGGER_FLAGS = {"wait": 0, "start": 1}  # Args::flags (csrc/w4a16.cu QT_PDL_EARLY)
 EVICT_FLAGS = {"none": 0, "weights": 2}  # Args::flags QT_EVICT_FIRST
@@ -43,6 +46,8 @@ SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # us
 SMEM_OTHER = 99 * 1024  # sm_86 / sm_89
 X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough for several CTAs per SM
 WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
+XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/w4a16.cu QT_XS)
+XS_BUILT = {(2, 1, 6, 2), (2, 1, 12, 4), (2, 2, 6, 2), (2, 2, 12, 4)}  # (nt, tn, ring depth, chunk blocks)
 
 
 def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
@@ -51,6 +56,8 @@ def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
         return (depth or 6) if post else 4
     if kind == SK:
         return depth or 4
+    if kind == XS:
+        return depth or 6
     return stages if post else stages - 1
 
 
@@ -59,14 +66,15 @@ def ring_bytes_per_warp(kind: str, post: bool, stages: int = 0, tn: int = 1, dep
     stream-K: D slots of UB x 512 bytes + one record."""
     if kind == SK:
         return ring_depth(kind, post, depth=depth) * (ub * 512 + 48)
-    ns = 1 if post else 4
+    ns = 1 if post or kind == XS else 4
     return ring_depth(kind, post, stages, depth) * tn * (512 + ns * 48)
 
 
 @dataclass(frozen=True)
 class Config:
-    """kind mma: nt = batch tiles of 8 per CTA (1, 2, 4), warps per CTA; kind wgmma: bn (64/128/256), wgs
-    warpgroups per CTA. splits: K splits (0 = choose from ctas_per_sm). post: scale fp32 block sums (mma)."""
+    """kind mma: nt = batch tiles of 8 per CTA (1, 2, 4), warps per CTA; kind xs: the same with x streamed in
+    chunks of xc blocks (groups of >= 64 only); kind wgmma: bn (64/128/256), wgs warpgroups per CTA. splits: K
+    splits (0 = choose from ctas_per_sm). post: scale fp32 block sums (mma)."""
 
     kind: str = MMA
     nt: int = 1
@@ -88,6 +96,7 @@ class Config:
     trigger: str = "wait"  # pdl: the next kernel may launch at this one's "start" or after its "wait"
     zsub: bool = False  # sk: the zero point subtracted per fragment (no x sums; csrc/w4a16.cu sk_small ZSUB)
     evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
+    xc: int = 2  # xs: 64-k blocks per x chunk (XS_BUILT lists the instantiated ones)
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
         if self.trigger not in TRIGGER_FLAGS:
@@ -107,6 +116,12 @@ class Config:
             grid = f"{self.tpc} tiles/cta" if self.tpc else f"{self.ctas_per_sm:g}/sm min{self.min_blocks}"
             return (f"cuda stream-k{f' probe{self.probe}' if self.probe else ''}{' zsub' if self.zsub else ''} "
                     f"u{self.ub} d{ring_depth(SK, True, depth=self.depth)} w{self.warps} {grid}{ev}{nopdl}")
+        if self.kind == XS:
+            d = ring_depth(XS, True, depth=self.depth)
+            pr = f" probe{self.probe}" if self.probe else ""
+            pdl = " pdl" if self.pdl else ""  # not launched so by default
+            mb = f" min{self.min_blocks}" if self.min_blocks != 4 else ""
+            return f"cuda mma-xs{pr} nt{self.nt} tn{self.tn} w{self.warps} d{d} x{self.xc}{tail}{mb}{ev}{nopdl}{pdl}"
         st = f" s{self.stages}" if self.stages else ""
         return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{ev}{nopdl}"
 
@@ -150,15 +165,26 @@ def choose(m: int, st) -> Config:
         # in five runs against 38.9-39.8).
         # Seventh pass (tune-cuda-h200-v7-steps.txt): the whole-tile grids subtract the zero per fragment (k/v 4.3 us
         # against 4.8, down 36.7-37.0 against 36.9-37.2); the 1/sm grid keeps the x sums (gate/up 34.9-35.0
-        # against 35.7-36.6 with zsub).
+        # against 35.7-36.6 with zsub). Eighth pass (tune-cuda-h200-v8-steps.txt): a layer of at most 4 tiles per SM
+        # (q/o) takes the whole-tile grid too (12.9-13.1 us against 13.5-13.7 for the 1/sm grid).
         n16 = -(-st.N // 16)
         if small_layer(st):
             return Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True)
-        if st.K >= 2 * st.N and n16 >= st.n_sm:
+        if n16 >= st.n_sm and (st.K >= 2 * st.N or n16 <= 4 * st.n_sm):
             return Config(kind=SK, warps=16, tpc=max(1, round(n16 / st.n_sm)), zsub=True)
         return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
+    if m <= 16 and st.gshift_blk >= 0 and -(-st.N // 16) < 8 * st.n_sm:
+        # x streamed in chunks, launched dependent (tune-cuda-h200-v8-steps.txt, bench.md eighth pass), Llama-3-70B
+        # at M = 16: a small layer (k/v) three CTAs of 8 warps per SM, 8 blocks per warp at least, so fewer K
+        # splits for the last CTA of a tile to sum (10.0-10.3 us against 15.4-15.7 for the mma grid); q/o and down
+        # one CTA of 16 warps per SM, each warp a K slice of one tile (21.4 against 27.8-28.5; 58.5-59.1 against
+        # 69.4-69.7). A wide layer (gate/up, >= 8 tiles per SM) keeps the split mma grid: the x stream gained
+        # nothing there (61.7-66.6 against 62.7-63.3).
+        if small_layer(st):
+            return Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8, pdl=pdl_enabled())
+        return Config(kind=XS, nt=2, tn=1, warps=16, ctas_per_sm=1.0, pdl=pdl_enabled())
     if m <= 16 and small_layer(st):
         # a small layer (k/v) at M = 16: one tile per warp and 12-slot rings, so more of its few blocks are in
         # flight at once (15.4 us against 17.1, tune-cuda-h200-v7-m16.json)
@@ -266,7 +292,7 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
     return f | EVICT_FLAGS[cfg.evict]
 
 
-PDL_KINDS = (SK, WGMMA)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
+PDL_KINDS = (SK, WGMMA, XS)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
 # on by default for stream-K only: the wgmma kernel gained nothing and sometimes lost at M = 256 (bench.md, sixth pass)
 PDL_DEFAULT_KINDS = (SK,)
 
@@ -286,11 +312,17 @@ def plan(cfg: Config, m: int, st) -> dict:
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
     if cfg.kind == SK:
         return _sk_plan(cfg, m, st, n16, kb, post)
-    if cfg.kind == MMA:
+    if cfg.kind == XS:
+        depth = ring_depth(XS, True, depth=cfg.depth)
+        probe_ok = not cfg.probe or (cfg.nt, cfg.tn, depth, cfg.xc) == (2, 1, 6, 2)
+        if not post or (cfg.nt, cfg.tn, depth, cfg.xc) not in XS_BUILT or not probe_ok:
+            raise ValueError(f"no x-streaming kernel for nt {cfg.nt}, tn {cfg.tn}, ring depth {depth}, chunks of "
+                             f"{cfg.xc} blocks{'' if post else ' and groups under 64 blocks'}")
+    if cfg.kind in (MMA, XS):
         rows = 8 * cfg.nt
         gx, gz = -(-n16 // (cfg.warps * cfg.tn)), -(-m // rows)
         mc = min(m, rows)
-        max_kbps = max(1, ((X_BUDGET // (2 * mc)) - 8) // 64)
+        max_kbps = kb if cfg.kind == XS else max(1, ((X_BUDGET // (2 * mc)) - 8) // 64)
         threads = 32 * cfg.warps
         tiles = gx * gz
     else:
@@ -308,10 +340,14 @@ def plan(cfg: Config, m: int, st) -> dict:
     kbps = min(kbps, max_kbps)
     splits = -(-kb // kbps)
     stages = cfg.stages or WG_STAGES.get(cfg.bn, 6)
-    mma = cfg.kind == MMA
+    mma = cfg.kind in (MMA, XS)
     depth = cfg.depth if (mma and post and not cfg.probe) else 0
     ring = threads // 32 * ring_bytes_per_warp(cfg.kind, post, stages, cfg.tn if mma else 1, depth)
-    if cfg.kind == MMA:
+    if cfg.kind == XS:
+        smem = XS_STAGES * rows * (cfg.xc * 64 + 8) * 2 + ring
+        pre = f"probe{cfg.probe}_" if cfg.probe else ""
+        name = f"qt_xs_{pre}{{dt}}_nt{cfg.nt}_tn{cfg.tn}_d{ring_depth(XS, True, depth=cfg.depth)}_x{cfg.xc}"
+    elif cfg.kind == MMA:
         smem = -(-(min(m, rows) * (kbps * 64 + 8) * 2) // 128) * 128 + ring
         name = f"qt_{'probe' if cfg.probe else 'mma'}_{{dt}}_nt{cfg.nt}_tn{cfg.tn}_{'post' if post else 'step'}"
         if depth and depth != 6:
