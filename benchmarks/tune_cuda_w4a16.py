@@ -261,7 +261,9 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 if cfg in VARIANTS:
                     label = cfg + ":" + states[0].override.label()
                 else:
-                    label = cfg.label() if cfg else "default:" + states[0].config(m).label()
+                    # Config.label() does not show a forced dependent launch: candidates with one get rows of their own
+                    label = (cfg.label() + (" pdl" if cfg.pdl else "")) if cfg else (
+                        "default:" + states[0].config(m).label())
                 xs_call = [xs[0]] * len(xs) if isinstance(cfg, str) and cfg.endswith("hot x") else xs
                 tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs_call, states)], dev,
                                 graphs=True)

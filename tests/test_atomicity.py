@@ -275,6 +275,30 @@ def test_atomic_output_rolls_back_on_interrupt(tmp_path):
     assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not leftovers(dest)
 
 
+def test_interrupt_outside_the_handlers_is_cleaned_at_exit(tmp_path):
+    """A Ctrl-C that lands after the temporary output exists but where atomic_output's handlers cannot see it
+    (contextlib's __enter__ has the path, the with block is not set up yet): the exit hook removes it, and
+    leaves a published output and another process's temporary output alone."""
+    from qtool.io import writer
+
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    cm = atomic_output(dest, force=True)
+    tmp = cm.__enter__()  # ... and the interrupt comes here: __exit__ never runs
+    (tmp / "half.bin").write_bytes(b"x")
+    done = tmp_path / "done"
+    with atomic_output(done) as t:
+        (t / "a.txt").write_text("a")
+    other = tmp_path / f".out{TMP_TAG}{os.getpid() + 1}-abcdef"  # a forked child's view: not this process's
+    other.mkdir()
+    writer._LIVE.add(other)
+    assert leftovers(dest) == sorted([tmp.name, other.name])
+    writer._remove_live()
+    assert leftovers(dest) == [other.name] and (done / "a.txt").read_text() == "a"
+    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not writer._LIVE
+
+
 def test_atomic_output_disk_full_is_an_output_error(tmp_path):
     import errno
 

@@ -19,6 +19,7 @@ shard is rewritten once with a larger header.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -91,6 +92,26 @@ def _remove(p: Path) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
+
+
+# This process's temporary outputs that are neither published nor removed yet. A Ctrl-C can land where no
+# handler of atomic_output sees it: after the mkdir and before its try, or in contextlib's __enter__ after the
+# generator has yielded and before the with block is set up (a loaded machine can deschedule the process at
+# exactly that point). The exit hook below removes what such an interrupt leaves.
+_LIVE: set[Path] = set()
+
+
+def _remove_live() -> None:
+    """atexit: remove this process's unpublished temporary outputs (see _LIVE); a forked child that exits
+    through atexit leaves its parent's alone (their names carry the parent's pid)."""
+    mine = f"{TMP_TAG}{os.getpid()}-"
+    for p in sorted(_LIVE):
+        if mine in p.name:
+            _remove(p)
+    _LIVE.clear()
+
+
+atexit.register(_remove_live)
 
 
 def clean_stale(dest: Path) -> None:
@@ -245,6 +266,16 @@ def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = Tr
         raise OutputError("parent directory does not exist", path=dest, fix="create it first")
     clean_stale(dest)
     tmp = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-{os.urandom(3).hex()}"
+    _LIVE.add(tmp)  # before it exists: removed at exit unless published or removed below
+    try:
+        yield from _fill_and_publish(tmp, dest, directory, sync)
+    finally:
+        _LIVE.discard(tmp)
+
+
+def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool) -> Iterator[Path]:
+    """atomic_output's body once the temporary name is registered: create it, yield it, then publish it (or
+    remove it on any exception)."""
     try:
         if directory:
             tmp.mkdir()

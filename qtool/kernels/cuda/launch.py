@@ -119,9 +119,8 @@ class Config:
         if self.kind == XS:
             d = ring_depth(XS, True, depth=self.depth)
             pr = f" probe{self.probe}" if self.probe else ""
-            pdl = " pdl" if self.pdl else ""  # not launched so by default
             mb = f" min{self.min_blocks}" if self.min_blocks != 4 else ""
-            return f"cuda mma-xs{pr} nt{self.nt} tn{self.tn} w{self.warps} d{d} x{self.xc}{tail}{mb}{ev}{nopdl}{pdl}"
+            return f"cuda mma-xs{pr} nt{self.nt} tn{self.tn} w{self.warps} d{d} x{self.xc}{tail}{mb}{ev}{nopdl}"
         st = f" s{self.stages}" if self.stages else ""
         return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{ev}{nopdl}"
 
@@ -178,10 +177,10 @@ def choose(m: int, st) -> Config:
     if m <= 16 and st.gshift_blk >= 0 and -(-st.N // 16) < 8 * st.n_sm:
         # x streamed in chunks, launched dependent (tune-cuda-h200-v8-steps.txt, bench.md eighth pass), Llama-3-70B
         # at M = 16: a small layer (k/v) three CTAs of 8 warps per SM, 8 blocks per warp at least, so fewer K
-        # splits for the last CTA of a tile to sum (10.0-10.3 us against 15.4-15.7 for the mma grid); q/o and down
-        # one CTA of 16 warps per SM, each warp a K slice of one tile (21.4 against 27.8-28.5; 58.5-59.1 against
-        # 69.4-69.7). A wide layer (gate/up, >= 8 tiles per SM) keeps the split mma grid: the x stream gained
-        # nothing there (61.7-66.6 against 62.7-63.3).
+        # splits for the last CTA of a tile to sum (10.2-10.3 us against 15.4-15.7 for the mma grid); q/o and down
+        # one CTA of 16 warps per SM, each warp a K slice of one tile (21.4-21.6 against 27.8-28.5; 58.5-59.7
+        # against 69.4-69.7). A wide layer (gate/up, >= 8 tiles per SM) keeps the split mma grid: the x stream
+        # gained nothing there (61.6-66.6 against 62.7-63.3).
         if small_layer(st):
             return Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8, pdl=pdl_enabled())
         return Config(kind=XS, nt=2, tn=1, warps=16, ctas_per_sm=1.0, pdl=pdl_enabled())
