@@ -110,7 +110,8 @@ def test_small_m_takes_stream_k_where_x_fits():
     kv, down, gate = (choose(1, state(k, n)) for k, n in ((8192, 1024), (28672, 8192), (8192, 28672)))
     assert kv.zsub and down.zsub and not gate.zsub and "zsub" in kv.label() and "zsub" not in gate.label()
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
-    assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"
+    assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings
+    assert plan(choose(1, state(8192, 8192)), 1, state(8192, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"  # q/o: 4
     with pytest.raises(ValueError, match="zsub"):
         plan(Config(kind=SK, zsub=True, probe=1), 1, state(8192, 1024))
     st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8)  # group 256: units of 4 would fit
