@@ -170,7 +170,9 @@ def choose(m: int, st) -> Config:
         if small_layer(st):
             return Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True)
         if n16 >= st.n_sm and (st.K >= 2 * st.N or n16 <= 4 * st.n_sm):
-            long_k = st.K >= 2 * st.N  # down: 6-slot rings (36.0 us against 36.8 with 4, run 7; q/o: 13.8 against 13.0)
+            # down: 6-slot rings (36.0 us against 36.8 with 4 slots in one run, tune-cuda-h200-v8-steps.txt run 7;
+            # 35.4-35.8 in run 8); q/o keeps 4 (13.0 against 13.8)
+            long_k = st.K >= 2 * st.N
             return Config(kind=SK, warps=16, tpc=max(1, round(n16 / st.n_sm)), zsub=True, depth=6 if long_k else 0)
         return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
