@@ -408,6 +408,67 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   }
 }
 
+// One 64-k block of a warp's TN tiles, from the ring slot being read, into acc (the mma kernels' arithmetic).
+// POST: one group per block; the block's fp32 sums of (q - z) x are scaled once into acc. Else one group per k16
+// step, whose scale is applied to the 16-bit fragment. lds[j] + xoff: the ldmatrix row address of batch tile j
+// at the block's first k.
+template <int NT, bool BF16, bool POST, int TN, class R>
+DEVI void mma_block(float (&acc)[TN][NT][4], const R& ws, int g, const uint32_t (&lds)[NT], uint32_t xoff) {
+  uint4 wv[TN];
+  uint32_t sc0[TN];
+  RowConst rc[TN];
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+    wv[u] = ws.weights(u);
+    sc0[u] = ws.scale(0, u);
+    rc[u] = row_const<BF16>(sc0[u], ws.zero(0, u), g);
+  }
+  float accb[TN][NT][4];
+  if constexpr (POST) {
+#pragma unroll
+    for (int u = 0; u < TN; ++u)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) accb[u][j][0] = accb[u][j][1] = accb[u][j][2] = accb[u][j][3] = 0.f;
+  }
+  uint32_t bx[NT][4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    if (s % 2 == 0) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) ldsm_x4(bx[j], lds[j] + xoff + s * 32);
+    }
+#pragma unroll
+    for (int u = 0; u < TN; ++u) {
+      if constexpr (!POST) {
+        if (s > 0) rc[u] = row_const<BF16>(ws.scale(s, u), ws.zero(s, u), g);
+      }
+      uint32_t a[4];
+      dequant<BF16, !POST>(word(wv[u], s), rc[u], a);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (POST) {
+          mma16816<BF16>(accb[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
+        } else {
+          mma16816<BF16>(acc[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
+        }
+      }
+    }
+  }
+  if constexpr (POST) {
+#pragma unroll
+    for (int u = 0; u < TN; ++u) {
+      const float s0 = to_f32<BF16>(sc0[u] & 0xFFFFu), s1 = to_f32<BF16>(sc0[u] >> 16);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[u][j][0] = fmaf(s0, accb[u][j][0], acc[u][j][0]);
+        acc[u][j][1] = fmaf(s0, accb[u][j][1], acc[u][j][1]);
+        acc[u][j][2] = fmaf(s1, accb[u][j][2], acc[u][j][2]);
+        acc[u][j][3] = fmaf(s1, accb[u][j][3], acc[u][j][3]);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Small-batch kernel (sm_80+): mma.sync m16n8k16 with the weight as the A operand (16 output rows per tile, TN
 // adjacent tiles per warp sharing the x fragments) and x^T as B (NT tiles of 8 batch columns). The CTA's K
@@ -479,65 +540,16 @@ DEVI void mma_small(const Args& p) {
       cp_commit();
       cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
       __syncwarp();      // ... and the metadata the warp's lanes copied
-      uint4 wv[TN];
-      uint32_t sc0[TN];
-      RowConst rc[TN];
-#pragma unroll
-      for (int u = 0; u < TN; ++u) {
-        wv[u] = ws.weights(u);
-        sc0[u] = ws.scale(0, u);
-        rc[u] = row_const<BF16>(sc0[u], ws.zero(0, u), g);
-      }
       if constexpr (NULLC) {  // benchmarks only: the same stream with no arithmetic (a bandwidth probe)
 #pragma unroll
-        for (int u = 0; u < TN; ++u)
-          acc[u][0][0] += __uint_as_float((wv[u].x ^ wv[u].y ^ wv[u].z ^ wv[u].w ^ sc0[u] ^ rc[u].nz0) & 0x3FFFFFu);
-        ws.next();
-        continue;
-      }
-      float accb[TN][NT][4];
-      if constexpr (POST) {
-#pragma unroll
-        for (int u = 0; u < TN; ++u)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) accb[u][j][0] = accb[u][j][1] = accb[u][j][2] = accb[u][j][3] = 0.f;
-      }
-      uint32_t bx[NT][4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        if (s % 2 == 0) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j) ldsm_x4(bx[j], lds[j] + i * 128 + s * 32);
-        }
-#pragma unroll
         for (int u = 0; u < TN; ++u) {
-          if constexpr (!POST) {
-            if (s > 0) rc[u] = row_const<BF16>(ws.scale(s, u), ws.zero(s, u), g);
-          }
-          uint32_t a[4];
-          dequant<BF16, !POST>(word(wv[u], s), rc[u], a);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            if constexpr (POST) {
-              mma16816<BF16>(accb[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
-            } else {
-              mma16816<BF16>(acc[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
-            }
-          }
+          const uint4 wv = ws.weights(u);
+          const uint32_t sc0 = ws.scale(0, u);
+          const RowConst rc = row_const<BF16>(sc0, ws.zero(0, u), g);
+          acc[u][0][0] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ sc0 ^ rc.nz0) & 0x3FFFFFu);
         }
-      }
-      if constexpr (POST) {
-#pragma unroll
-        for (int u = 0; u < TN; ++u) {
-          const float s0 = to_f32<BF16>(sc0[u] & 0xFFFFu), s1 = to_f32<BF16>(sc0[u] >> 16);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            acc[u][j][0] = fmaf(s0, accb[u][j][0], acc[u][j][0]);
-            acc[u][j][1] = fmaf(s0, accb[u][j][1], acc[u][j][1]);
-            acc[u][j][2] = fmaf(s1, accb[u][j][2], acc[u][j][2]);
-            acc[u][j][3] = fmaf(s1, accb[u][j][3], acc[u][j][3]);
-          }
-        }
+      } else {
+        mma_block<NT, BF16, POST>(acc, ws, g, lds, i * 128);
       }
       ws.next();
     }
@@ -654,47 +666,7 @@ DEVI void mma_xs(const Args& p) {
           acc[u][0][0] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ ws.scale(0, u) ^ ws.zero(0, u).x) & 0x3FFFFFu);
         }
       } else if (active) {
-        uint4 wv[TN];
-        uint32_t sc0[TN];
-        RowConst rc[TN];
-#pragma unroll
-        for (int u = 0; u < TN; ++u) {
-          wv[u] = ws.weights(u);
-          sc0[u] = ws.scale(0, u);
-          rc[u] = row_const<BF16>(sc0[u], ws.zero(0, u), g);
-        }
-        float accb[TN][NT][4];
-#pragma unroll
-        for (int u = 0; u < TN; ++u)
-#pragma unroll
-          for (int j = 0; j < NT; ++j) accb[u][j][0] = accb[u][j][1] = accb[u][j][2] = accb[u][j][3] = 0.f;
-        uint32_t bx[NT][4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          if (s % 2 == 0) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) ldsm_x4(bx[j], xrow + lds[j] + ib * 128 + s * 32);
-          }
-#pragma unroll
-          for (int u = 0; u < TN; ++u) {
-            uint32_t a[4];
-            dequant<BF16, false>(word(wv[u], s), rc[u], a);
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-              mma16816<BF16>(accb[u][j], a, bx[j][(s & 1) * 2], bx[j][(s & 1) * 2 + 1]);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < TN; ++u) {
-          const float s0 = to_f32<BF16>(sc0[u] & 0xFFFFu), s1 = to_f32<BF16>(sc0[u] >> 16);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            acc[u][j][0] = fmaf(s0, accb[u][j][0], acc[u][j][0]);
-            acc[u][j][1] = fmaf(s0, accb[u][j][1], acc[u][j][1]);
-            acc[u][j][2] = fmaf(s1, accb[u][j][2], acc[u][j][2]);
-            acc[u][j][3] = fmaf(s1, accb[u][j][3], acc[u][j][3]);
-          }
-        }
+        mma_block<NT, BF16, true>(acc, ws, g, lds, xrow + ib * 128);
       }
       ws.next();
     }

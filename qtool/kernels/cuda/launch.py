@@ -48,6 +48,7 @@ X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough 
 WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/w4a16.cu QT_XS)
 XS_BUILT = {(2, 1, 6, 2), (2, 1, 12, 4), (2, 2, 6, 2), (2, 2, 12, 4)}  # (nt, tn, ring depth, chunk blocks)
+XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE) are built for
 
 
 def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
@@ -316,8 +317,8 @@ def plan(cfg: Config, m: int, st) -> dict:
         return _sk_plan(cfg, m, st, n16, kb, post)
     if cfg.kind == XS:
         depth = ring_depth(XS, True, depth=cfg.depth)
-        probe_ok = not cfg.probe or (cfg.nt, cfg.tn, depth, cfg.xc) == (2, 1, 6, 2)
-        if not post or (cfg.nt, cfg.tn, depth, cfg.xc) not in XS_BUILT or not probe_ok:
+        shape = (cfg.nt, cfg.tn, depth, cfg.xc)
+        if not post or shape not in XS_BUILT or (cfg.probe and shape != XS_PROBE_BUILT):
             raise ValueError(f"no x-streaming kernel for nt {cfg.nt}, tn {cfg.tn}, ring depth {depth}, chunks of "
                              f"{cfg.xc} blocks{'' if post else ' and groups under 64 blocks'}")
     if cfg.kind in (MMA, XS):
