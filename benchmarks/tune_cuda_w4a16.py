@@ -61,6 +61,8 @@ def forced_configs(m: int, st) -> list[Config]:
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="none"))  # the default is evict-first
+        # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
+        cs += [Config(kind=WGMMA, bn=128, wgs=2, splits=2, tma=False), Config(kind=WGMMA, bn=256, wgs=2, stages=6)]
     cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="none"))
     if st.gshift_blk >= 0:  # x streamed in chunks (one group per block): both chunk sizes, split or not, pdl
         cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
@@ -225,8 +227,14 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
                 c += [Config(kind=XS, nt=2, tn=1, warps=w, xc=2, ctas_per_sm=cps, probe=pr)
                       for pr in (1, 2, 3) for w, cps in ((16, 1.0), (8, 3.0))]
     else:
-        c += [Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stg, ctas_per_sm=cps, min_blocks=8)
-              for bn, wgs, stg in ((128, 2, 4), (256, 2, 0), (128, 4, 0)) for cps in (1.0, 2.0)]
+        c += [Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stg, ctas_per_sm=1.0, min_blocks=8)
+              for bn, wgs, stg in ((128, 2, 4), (256, 2, 4), (256, 2, 6), (128, 4, 6), (64, 2, 6))]
+        # K splits against the tail wave (gate/up: 224 tiles of 128 rows on 132 SMs)
+        c += [Config(kind=WGMMA, bn=256, wgs=2, stages=stg, splits=sp) for stg in (4, 6) for sp in (2, 3, 4)]
+        c += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8, tma=False)]
+        if probes:
+            c += [Config(kind=WGMMA, bn=bn, wgs=wgs, ctas_per_sm=1.0, min_blocks=8, probe=pr)
+                  for bn, wgs in ((128, 4), (256, 2)) for pr in (1, 2, 3)]
     return c
 
 

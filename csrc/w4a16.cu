@@ -353,21 +353,26 @@ DEVI void for_each_acc(const float (&acc)[TN][NT][4], int n0, F&& f) {
       for (int e = 0; e < 4; ++e) f(n0 + 16 * u + g + (e >> 1) * 8, 8 * j + 2 * t + (e & 1), acc[u][j][e]);
 }
 
-template <int NT, bool BF16, int TN = 1>
-DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w) {
+// has_acc = false: a warp without accumulators (the wgmma kernel's producer), which only helps sum the partials.
+// V: float4s of partials per thread per pass (see below; 2 where registers are capped at 80).
+template <int NT, bool BF16, int TN = 1, int V = 4>
+DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w,
+                   bool has_acc = true) {
   const int splits = gridDim.y;
   if (splits == 1) {
-    for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
-      if (ml < mc && n < p.N) p.y[(size_t)(m0 + ml) * p.N + n] = from_f32<BF16>(v);
-    });
+    if (has_acc)
+      for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+        if (ml < mc && n < p.N) p.y[(size_t)(m0 + ml) * p.N + n] = from_f32<BF16>(v);
+      });
     return;
   }
   const int np = ((p.N + 15) >> 4) * 16;
   const size_t slab = (size_t)(8 * NT) * np;  // one split's partials for this batch chunk: [8 NT][np]
   float* mine = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * slab;
-  for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
-    if (ml < mc && n < np) mine[(size_t)ml * np + n] = v;
-  });
+  if (has_acc)
+    for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+      if (ml < mc && n < np) mine[(size_t)ml * np + n] = v;
+    });
   __shared__ int last;
   __threadfence();
   __syncthreads();
@@ -379,32 +384,47 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // EPT elements per thread at once, so EPT x (unrolled) splits loads are in flight instead of one
-  constexpr int EPT = 4;
-  const int total = mc * tile_w;
+  // Four adjacent outputs per float4, V float4s per thread at once, so V x (unrolled) splits 16-byte loads are in
+  // flight instead of one 4-byte load: this loop is latency-bound (an L2 round trip per pass), and with one
+  // element per thread per pass it cost ~20 us of Llama-3-70B q/o at M = 256 (bench.md, ninth pass). Partials
+  // are written for every n < np (np and tile_n0 multiples of 16), so a float4 never straddles the end.
+  const int w4 = tile_w >> 2, total = mc * w4;
   const size_t stride = (size_t)gridDim.z * slab;
-  for (int e0 = threadIdx.x; e0 < total; e0 += blockDim.x * EPT) {
-    const float* src[EPT];
-    size_t dst[EPT];
-    bool ok[EPT];
-    float sum[EPT];
+  for (int e0 = threadIdx.x; e0 < total; e0 += blockDim.x * V) {
+    const float4* src[V];
+    int n[V], ml[V];
+    bool ok[V];
+    float4 sum[V];
 #pragma unroll
-    for (int u = 0; u < EPT; ++u) {
+    for (int u = 0; u < V; ++u) {
       const int e = e0 + u * blockDim.x;
-      const int ml = e / tile_w, n = tile_n0 + (e - ml * tile_w);
-      ok[u] = e < total && n < p.N;
-      src[u] = p.ws + (size_t)blockIdx.z * slab + (size_t)(ok[u] ? ml : 0) * np + (ok[u] ? n : 0);
-      dst[u] = (size_t)(m0 + ml) * p.N + n;
-      sum[u] = 0.f;
+      ml[u] = e / w4;
+      n[u] = tile_n0 + 4 * (e - ml[u] * w4);
+      ok[u] = e < total && n[u] < np;
+      src[u] = reinterpret_cast<const float4*>(p.ws + (size_t)blockIdx.z * slab + (size_t)(ok[u] ? ml[u] : 0) * np +
+                                               (ok[u] ? n[u] : 0));
+      sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll 4
     for (int s = 0; s < splits; ++s) {
 #pragma unroll
-      for (int u = 0; u < EPT; ++u) sum[u] += __ldcg(src[u] + s * stride);
+      for (int u = 0; u < V; ++u) {
+        const float4 v = __ldcg(src[u] + s * (stride >> 2));
+        sum[u].x += v.x;
+        sum[u].y += v.y;
+        sum[u].z += v.z;
+        sum[u].w += v.w;
+      }
     }
 #pragma unroll
-    for (int u = 0; u < EPT; ++u)
-      if (ok[u]) p.y[dst[u]] = from_f32<BF16>(sum[u]);
+    for (int u = 0; u < V; ++u) {
+      if (!ok[u]) continue;
+      uint16_t* dst = p.y + (size_t)(m0 + ml[u]) * p.N + n[u];
+      const float f[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (n[u] + c < p.N) dst[c] = from_f32<BF16>(f[c]);
+    }
   }
 }
 
@@ -672,7 +692,7 @@ DEVI void mma_xs(const Args& p) {
     }
   }
   cp_wait<0>();
-  epilogue<NT, BF16, TN>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+  epilogue<NT, BF16, TN, TN == 1 ? 2 : 4>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -995,6 +1015,52 @@ DEVI void wg_wait() {
 DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
+// x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
+// rows, 128-byte swizzle: the layout sw128_desc describes), one thread issues each tile's copy, and the copy
+// completes on the slot's "full" mbarrier; each warp releases a slot on its "empty" mbarrier once the wgmmas
+// that read it are done. No thread copies x, no CTA barrier, no proxy fence per block: the x path of the
+// cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us of 270 on
+// Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
+struct alignas(64) TMap {  // CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled
+  unsigned long long v[16];
+};
+DEVI void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DEVI void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DEVI void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this parity has completed
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "QT_MBAR_WAIT:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra QT_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+DEVI bool mbar_test(uint32_t bar, uint32_t parity) {  // the same, without waiting
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+DEVI void tma_load_2d(uint32_t dst, const TMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
 template <int BN, bool BF16>
 DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (BF16) {
@@ -1008,8 +1074,10 @@ DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
   }
 }
 
-template <int BN, int WGS, int STAGES, bool BF16, int NS, int D>
-DEVI void wg_large(const Args& p) {
+// PROBE (benchmarks only, wrong results): 1 = no async-proxy fence before the barrier, 2 = no x tiles, fence or
+// barrier (slot 0 read throughout), 3 = 2 without the dequantization (the raw words enter the tensor core).
+template <int BN, int WGS, int STAGES, bool BF16, int NS, int D, int PROBE = 0, bool TMA_X = false>
+DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   extern __shared__ uint4 smem4[];
   constexpr int SLOT = BN * 128;  // bytes: BN rows of 64 halves
   constexpr int NTH = 128 * WGS;
@@ -1018,7 +1086,8 @@ DEVI void wg_large(const Args& p) {
   const int g = lane >> 2;
   const int n16 = (p.N + 15) >> 4;
   const int tn = blockIdx.x * (4 * WGS) + warp;
-  const bool active = tn < n16;
+  const bool producer = TMA_X && warp == 4 * WGS;  // TMA_X: one more warp, which copies x
+  const bool active = tn < n16 && !producer;
   const int kb0 = blockIdx.y * p.kbps;
   const int nb = min(p.KB, kb0 + p.kbps) - kb0;
   const int m0 = blockIdx.z * BN;
@@ -1038,60 +1107,136 @@ DEVI void wg_large(const Args& p) {
     }
   };
 
-  static_assert(D - 1 >= STAGES - 2, "the weight ring runs at least as far ahead as the x tiles");
-  pdl_start(p.flags);
-  // One group for the first D - 1 blocks of weights (issued before pdl_wait: no earlier kernel writes them) and
-  // the first STAGES - 2 x tiles, then D - 2 empty groups: the loop's waits count groups as if group d held
-  // weights d and x tile d (each of those is in this group or an older one, as there).
-#pragma unroll
-  for (int d = 0; d < D - 1; ++d)
-    if (active && d < nb) ws.issue();
-  pdl_wait(p.flags);
-#pragma unroll
-  for (int d = 0; d < STAGES - 2; ++d)
-    if (d < nb) load_x(d, kb0 + d);
-#pragma unroll
-  for (int d = 0; d < D - 1; ++d) cp_commit();
-
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   uint32_t a[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 
-  // Group committed in iteration i: x of block i + STAGES - 2 and weights of block i + D - 1, so waiting
-  // for block i's x tile (STAGES - 3 younger groups) also covers its (older) weights.
-  int xslot = 0;
-  for (int i = 0; i < nb; ++i) {
-    cp_wait<STAGES - 3>();  // block i's x tile, weights and metadata have landed (this thread's copies)
-    fence_proxy_async();    // ... and the x tile is visible to the tensor cores' (async proxy) reads
-    __syncthreads();        // every thread's copies; every warpgroup is done with block i - 2's x slot
-    if (i + STAGES - 2 < nb) load_x((i + STAGES - 2) % STAGES, kb0 + i + STAGES - 2);
-    if (active && i + D - 1 < nb) ws.issue();
-    cp_commit();
-    const uint32_t st = sbase + xslot * SLOT;
+  // One 64-k block: the warp's slot of the weight ring against the x tile at st, four k16 steps. after_step(s)
+  // runs once the previous step's wgmma is done.
+  auto block = [&](uint32_t st, auto&& after_step) {
     const uint4 wv = active ? ws.weights() : make_uint4(0, 0, 0, 0);
     RowConst rc = row_const<BF16>(ws.scale(0), ws.zero(0), g);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
+      const int b = s & 1;
       if constexpr (NS == 4) {
         if (s > 0) rc = row_const<BF16>(ws.scale(s), ws.zero(s), g);
       }
-      if (active) dequant<BF16, true>(word(wv, s), rc, a[s & 1]);
+      if constexpr (PROBE == 3) {
+        a[b][0] = word(wv, s) ^ rc.s0;
+        a[b][1] = a[b][0] >> 1;
+        a[b][2] = a[b][0] >> 2;
+        a[b][3] = a[b][0] >> 3;
+      } else {
+        if (active) dequant<BF16, true>(word(wv, s), rc, a[b]);
+      }
       wg_fence();
-      wgmma_rs<BN, BF16>(acc, a[s & 1], sw128_desc(st + s * 32));
+      wgmma_rs<BN, BF16>(acc, a[b], sw128_desc(st + s * 32));
       wg_commit();
       wg_wait<1>();          // the previous step's wgmma is done: its A registers may be rewritten
       keep(a[(s + 1) & 1]);  // ... and not before (the compiler must not reuse them earlier)
+      after_step(s);
     }
     ws.next();
-    xslot = xslot + 1 == STAGES ? 0 : xslot + 1;
+  };
+  if constexpr (TMA_X) {
+    static_assert(PROBE == 0, "the probes are of the cp.async form");
+    // Barriers: full[STAGES] (one arrival: the producer's expect_tx; the copy's bytes complete the phase) and
+    // empty[STAGES] (one arrival per consumer warp). x tile j goes to slot j % STAGES, phase j / STAGES.
+    __shared__ __align__(8) uint64_t bars[2 * STAGES];
+    const uint32_t full = smem_u32(bars), empty = full + STAGES * 8;
+    pdl_start(p.flags);
+    if (tid == 0) {
+#pragma unroll
+      for (int j = 0; j < STAGES; ++j) {
+        mbar_init(full + j * 8, 1);
+        mbar_init(empty + j * 8, 4 * WGS);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+    }
+    // The first D - 1 blocks of weights (before pdl_wait: no earlier kernel writes them), a group each.
+#pragma unroll
+    for (int d = 0; d < D - 1; ++d) {
+      if (active && d < nb) ws.issue();
+      cp_commit();
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+    pdl_wait(p.flags);
+
+    if (producer) {
+      // One lane of the last warp: each x tile into its slot once the consumers have released the slot's
+      // previous tile. A warp of its own, so the copies run ahead of every consumer warp, not of one.
+      if (lane == 0) {
+        for (int j = 0; j < nb; ++j) {
+          const int slot = j % STAGES;
+          if (j >= STAGES) mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // tile j - STAGES released
+          mbar_expect_tx(full + slot * 8, SLOT);
+          tma_load_2d(sbase + slot * SLOT, xmap, (kb0 + j) * 64, m0, full + slot * 8);
+        }
+      }
+      __syncwarp();
+    } else {
+      int xslot = 0;
+      uint32_t phase = 0;
+      for (int i = 0; i < nb; ++i) {
+        cp_wait<D - 2>();  // block i's weights and metadata (this lane's copies; one group per block) ...
+        __syncwarp();      // ... and the other lanes'; every lane has read the slot issue() refills
+        if (active && i + D - 1 < nb) ws.issue();
+        cp_commit();
+        mbar_wait(full + xslot * 8, phase);  // x tile i has landed
+        const int prev = xslot == 0 ? STAGES - 1 : xslot - 1;
+        block(sbase + xslot * SLOT, [&](int s) {
+          // after step 0 every wgmma of block i - 1 is done: its x slot is free (one arrival per warp)
+          if (s == 0 && i > 0 && lane == 0) mbar_arrive(empty + prev * 8);
+        });
+        if (++xslot == STAGES) {
+          xslot = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+  } else {
+    static_assert(D - 1 >= STAGES - 2, "the weight ring runs at least as far ahead as the x tiles");
+    pdl_start(p.flags);
+    // One group for the first D - 1 blocks of weights (issued before pdl_wait: no earlier kernel writes them) and
+    // the first STAGES - 2 x tiles, then D - 2 empty groups: the loop's waits count groups as if group d held
+    // weights d and x tile d (each of those is in this group or an older one, as there).
+#pragma unroll
+    for (int d = 0; d < D - 1; ++d)
+      if (active && d < nb) ws.issue();
+    pdl_wait(p.flags);
+#pragma unroll
+    for (int d = 0; d < STAGES - 2; ++d)
+      if (d < nb && (PROBE < 2 || d == 0)) load_x(d, kb0 + d);
+#pragma unroll
+    for (int d = 0; d < D - 1; ++d) cp_commit();
+
+    // Group committed in iteration i: x of block i + STAGES - 2 and weights of block i + D - 1, so waiting
+    // for block i's x tile (STAGES - 3 younger groups) also covers its (older) weights.
+    int xslot = 0;
+    for (int i = 0; i < nb; ++i) {
+      cp_wait<STAGES - 3>();  // block i's x tile, weights and metadata have landed (this thread's copies)
+      if constexpr (PROBE < 2) {
+        if constexpr (PROBE != 1) fence_proxy_async();  // ... and the x tile is visible to the tensor cores' reads
+        __syncthreads();  // every thread's copies; every warpgroup is done with block i - 2's x slot
+        if (i + STAGES - 2 < nb) load_x((i + STAGES - 2) % STAGES, kb0 + i + STAGES - 2);
+      }
+      if (active && i + D - 1 < nb) ws.issue();
+      cp_commit();
+      const uint32_t st = sbase + (PROBE >= 2 ? 0 : xslot * SLOT);
+      block(st, [](int) {});
+      xslot = xslot + 1 == STAGES ? 0 : xslot + 1;
+    }
   }
   wg_wait<0>();
+  keep(a[0]);
+  keep(a[1]);
   cp_wait<0>();
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   float (&acc4)[1][BN / 8][4] = *reinterpret_cast<float (*)[1][BN / 8][4]>(acc);
-  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16);
+  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, !producer);
 }
 #endif
 
@@ -1229,11 +1374,39 @@ QT_MMA(qt_mma_bf16_nt2_tn2_post_d12, 2, true, true, 12, 2)
 // Ring depth: D - 1 >= STAGES - 2 (the weights run at least as far ahead as x); D = STAGES keeps the
 // smem of bn128 / 4 stages at 82 KB, two CTAs per SM.
 #ifdef QT_WGMMA
-#define QT_WG(NAME, BN, WGS, ST, BF16, NS)                                     \
+#define QT_WGX(NAME, BN, WGS, ST, BF16, NS, PR)                                \
   extern "C" __global__ void __launch_bounds__(128 * WGS, 1) NAME(QT_ARGS) {   \
     const qt::Args a = QT_PACK;                                                \
-    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1)>(a);           \
+    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1), PR>(a);       \
   }
+#define QT_WG(NAME, BN, WGS, ST, BF16, NS) QT_WGX(NAME, BN, WGS, ST, BF16, NS, 0)
+// x by the tensor memory accelerator (TMA_X): one more argument, x's tensor map (launch.py encodes it per call);
+// qt_wg_{dt}_bn{BN}_wg{WGS}_s{ST}_{blk,step}_tma
+#define QT_WGT1(NAME, BN, WGS, ST, BF16, NS)                                                      \
+  extern "C" __global__ void __launch_bounds__(128 * WGS + 32, 1) NAME(QT_ARGS, const __grid_constant__ qt::TMap xmap) { \
+    const qt::Args a = QT_PACK;                                                                    \
+    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1), 0, true>(a, &xmap);              \
+  }
+#define QT_WGT(BN, WGS, ST)                                                         \
+  QT_WGT1(qt_wg_f16_bn##BN##_wg##WGS##_s##ST##_blk_tma, BN, WGS, ST, false, 1)   \
+  QT_WGT1(qt_wg_f16_bn##BN##_wg##WGS##_s##ST##_step_tma, BN, WGS, ST, false, 4)  \
+  QT_WGT1(qt_wg_bf16_bn##BN##_wg##WGS##_s##ST##_blk_tma, BN, WGS, ST, true, 1)   \
+  QT_WGT1(qt_wg_bf16_bn##BN##_wg##WGS##_s##ST##_step_tma, BN, WGS, ST, true, 4)
+QT_WGT(64, 2, 6)
+QT_WGT(128, 1, 6)
+QT_WGT(128, 2, 6)
+QT_WGT(128, 2, 4)
+QT_WGT(256, 2, 4)
+QT_WGT(256, 2, 6)
+// its probes (benchmarks only, wrong results): qt_wg_probe{PR}_f16_bn{BN}_wg{WGS}_s{ST}_blk
+#define QT_WG_PROBE(BN, WGS, ST, PR) \
+  QT_WGX(qt_wg_probe##PR##_f16_bn##BN##_wg##WGS##_s##ST##_blk, BN, WGS, ST, false, 1, PR)
+QT_WG_PROBE(128, 4, 6, 1)
+QT_WG_PROBE(128, 4, 6, 2)
+QT_WG_PROBE(128, 4, 6, 3)
+QT_WG_PROBE(256, 2, 4, 1)
+QT_WG_PROBE(256, 2, 4, 2)
+QT_WG_PROBE(256, 2, 4, 3)
 
 QT_WG(qt_wg_f16_bn64_wg2_s6_blk, 64, 2, 6, false, 1)
 QT_WG(qt_wg_f16_bn64_wg2_s6_step, 64, 2, 6, false, 4)

@@ -20,11 +20,15 @@ from qtool.kernels.cuda import act_order_plan, build, group_shift
 from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XS, Config, choose, plan, ring_depth, sk_fits
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
-ENTRY = (set(re.findall(r"QT_(?:MMA|WG|SK|XS)\((qt_\w+),", SRC))
+ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
          | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
          | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
          | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
-         | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)})
+         | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)}
+         | {f"qt_wg_probe{pr}_f16_bn{bn}_wg{w}_s{st}_blk"
+            for bn, w, st, pr in re.findall(r"^QT_WG_PROBE\((\d+), (\d+), (\d+), (\d+)\)", SRC, re.M)}
+         | {f"qt_wg_{dt}_bn{bn}_wg{w}_s{st}_{ns}_tma" for bn, w, st in re.findall(r"^QT_WGT\((\d+), (\d+), (\d+)\)", SRC, re.M)
+            for dt in ("f16", "bf16") for ns in ("blk", "step")})
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -70,7 +74,10 @@ def test_forced_configs_and_labels():
     assert p["grid"] == (32, 1, 2) and p["block"] == 512
     assert p["smem"] == 1024 + WG_STAGES[128] * 128 * 128 + 16 * ring_depth(WGMMA, True, 6) * (512 + 48)
     p = plan(Config(kind=WGMMA, bn=128, wgs=2, stages=4), 256, st)
-    assert p["name"] == "qt_wg_{dt}_bn128_wg2_s4_blk" and p["smem"] <= 113 * 1024  # two CTAs per SM
+    assert p["name"] == "qt_wg_{dt}_bn128_wg2_s4_blk_tma" and p["smem"] <= 113 * 1024  # two CTAs per SM
+    assert p["tma"] and not plan(Config(kind=WGMMA, bn=128, wgs=2, stages=4), 256, state(8196, 8192))["tma"]
+    p = plan(Config(kind=WGMMA, bn=128, wgs=2, stages=4, tma=False), 256, st)
+    assert p["name"] == "qt_wg_{dt}_bn128_wg2_s4_blk" and not p["tma"]
     assert Config(kind=MMA, nt=1).label() == "cuda mma nt1 tn2 w4 6/sm"
     assert Config(kind=MMA, nt=1).label(8) == "cuda mma nt1 tn2 w4 split8"
 
@@ -170,9 +177,13 @@ def test_stream_k_partition(n16, upt, tw):
 
 
 def test_large_m_choice_follows_the_layer_shape():
-    # Llama-3-70B at M = 256 (tune-cuda-h200-v4.json): k/v narrow, q/o square, gate/up wide, down long-K
+    # Llama-3-70B at M = 256 (bench.md, ninth pass): k/v narrow, q/o square, gate/up wide, down long-K; x by TMA
+    # (one more warp) where K allows it
     assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
-    assert choose(256, state(8192, 8192)).wgs == 4
+    q = choose(256, state(8192, 8192))
+    assert (q.bn, q.wgs, q.stages) == (256, 2, 6)
+    p = plan(q, 256, state(8192, 8192))
+    assert p["tma"] and p["block"] == 288 and p["name"] == "qt_wg_{dt}_bn256_wg2_s6_blk_tma" and p["grid"] == (64, 2, 1)
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
 
@@ -269,6 +280,36 @@ def test_launch_structs_match_cuda_h():
     assert attr.value[0] == 1  # programmaticStreamSerializationAllowed
 
 
+def test_tensor_map_mirror_matches_cuda_h():
+    """The x tensor map of the wgmma kernel's TMA form: CUtensorMap is 128 opaque bytes (the kernel's TMap), and
+    the enum values launch passes to cuTensorMapEncodeTiled are cuda.h's (checked against the header if present)."""
+    import ctypes
+
+    from qtool.kernels.cuda import driver
+
+    assert ctypes.sizeof(driver.TensorMap) == 128 and "struct alignas(64) TMap" in SRC
+    assert "unsigned long long v[16];" in SRC
+    header = next((p for p in (Path("/usr/local/cuda/include/cuda.h"),) if p.is_file()), None)
+    if header is None:
+        pytest.skip("no cuda.h to compare with")
+    text = header.read_text(errors="replace")
+
+    def value(enum: str, name: str) -> int:
+        body = re.search(r"typedef enum " + enum + r"_enum \{(.*?)\}", text, re.S).group(1)
+        v = -1
+        for item in re.findall(r"(CU_\w+)(?:\s*=\s*(\w+))?", body):
+            v = int(item[1], 0) if item[1] else v + 1
+            if item[0] == name:
+                return v
+        raise KeyError(name)
+
+    assert value("CUtensorMapDataType", "CU_TENSOR_MAP_DATA_TYPE_UINT16") == driver.TMAP_UINT16
+    assert value("CUtensorMapSwizzle", "CU_TENSOR_MAP_SWIZZLE_128B") == driver.TMAP_SWIZZLE_128B
+    assert value("CUtensorMapL2promotion", "CU_TENSOR_MAP_L2_PROMOTION_L2_128B") == driver.TMAP_L2_128B
+    assert value("CUtensorMapInterleave", "CU_TENSOR_MAP_INTERLEAVE_NONE") == 0
+    assert value("CUtensorMapFloatOOBfill", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE") == 0
+
+
 def _body(name: str) -> str:
     """The source of one device function of csrc/w4a16.cu, up to the next top-level definition, with the bodies
     of its lambdas blanked (a definition is not an access; its calls are)."""
@@ -296,12 +337,16 @@ def test_pdl_orders_every_dependent_access_after_the_wait(name):
 
     assert "pdl_" not in _body("mma_small") and MMA not in PDL_KINDS
     body = _body(name)
-    wait = body.index("pdl_wait(p.flags")
-    assert body.index("pdl_start(p.flags)") < wait
-    assert "issue()" in body[:wait]  # the first weight blocks are in flight before the wait
-    for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x("):
-        i = body.find(dependent)
-        assert i < 0 or i > wait, (name, dependent)
+    # wg_large has two forms (x by TMA, x by cp.async), each with its own prologue: check each from its start
+    forms = [body[:body.index("} else {", body.index("if constexpr (TMA_X)"))],
+             body[body.index("} else {", body.index("if constexpr (TMA_X)")):]] if name == "wg_large" else [body]
+    for form in forms:
+        wait = form.index("pdl_wait(p.flags")
+        assert form.index("pdl_start(p.flags)") < wait
+        assert "issue()" in form[:wait]  # the first weight blocks are in flight before the wait
+        for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x(", "tma_load_2d("):
+            i = form.find(dependent)
+            assert i < 0 or i > wait, (name, dependent)
 
 
 def test_pdl_use_follows_device_config_and_environment(monkeypatch):

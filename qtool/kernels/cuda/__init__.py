@@ -59,6 +59,7 @@ class CudaState:
     ws: torch.Tensor | None = None
     counters: torch.Tensor | None = None
     retired: list = field(default_factory=list)  # superseded buffers that captured graphs may still use
+    tmaps: dict = field(default_factory=dict)  # x tensor maps of the wgmma kernel's TMA form (launch.x_map)
 
     def config(self, m: int):
         from qtool.kernels.cuda.launch import choose

@@ -43,6 +43,33 @@ def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
                         ctypes.pointer(attr), 1)
 
 
+class TensorMap(ctypes.Structure):
+    """CUtensorMap (cuda.h): 128 opaque bytes, passed to a kernel by value (a __grid_constant__ parameter)."""
+
+    _fields_ = [("v", ctypes.c_uint64 * 16)]
+
+
+# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16 (a 2-byte copy: fp16 and bf16 alike), CU_TENSOR_MAP_SWIZZLE_128B,
+# CU_TENSOR_MAP_L2_PROMOTION_L2_128B (INTERLEAVE_NONE and FLOAT_OOB_FILL_NONE are 0: out-of-bounds reads give 0)
+TMAP_UINT16, TMAP_SWIZZLE_128B, TMAP_L2_128B = 1, 3, 2
+
+
+def x_tensor_map(ptr: int, rows: int, cols: int, box_rows: int) -> TensorMap:
+    """The tensor map of a row-major 2-byte matrix [rows][cols] at device address ptr (16-byte aligned, cols % 8
+    == 0) read in boxes of 64 columns x box_rows rows, swizzled by 128 bytes (csrc/w4a16.cu, TMA_X)."""
+    buf = (ctypes.c_uint8 * 192)()  # the driver writes the map at a 64-byte aligned address
+    at = (ctypes.addressof(buf) + 63) & ~63
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    dims, strides = (u64 * 2)(cols, rows), (u64 * 1)(cols * 2)
+    box, estr = (u32 * 2)(64, box_rows), (u32 * 2)(1, 1)
+    _check(_lib().cuTensorMapEncodeTiled(ctypes.c_void_p(at), TMAP_UINT16, 2, ctypes.c_void_p(ptr), dims, strides,
+                                         box, estr, 0, TMAP_SWIZZLE_128B, TMAP_L2_128B, 0),
+           f"cuTensorMapEncodeTiled({rows}x{cols}, box {box_rows}x64)")
+    out = TensorMap()
+    ctypes.memmove(ctypes.addressof(out), at, 128)
+    return out
+
+
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
     try:
@@ -57,6 +84,9 @@ def _lib() -> ctypes.CDLL:
     lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    i = ctypes.c_int
+    lib.cuTensorMapEncodeTiled.argtypes = [vp, i, u, vp, u64p, u64p, u32p, u32p, i, i, i, i]
     return lib
 
 

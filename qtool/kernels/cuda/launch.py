@@ -49,6 +49,10 @@ WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/w4a16.cu QT_XS)
 XS_BUILT = {(2, 1, 6, 2), (2, 1, 12, 4), (2, 2, 6, 2), (2, 2, 12, 4)}  # (nt, tn, ring depth, chunk blocks)
 XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE) are built for
+# wgmma (bn, warpgroups, stages) built as probes (QT_WG_PROBE, fp16, x by cp.async)
+WG_PROBE_BUILT = {(128, 4, 6), (256, 2, 4)}
+# (bn, warpgroups, stages) built with x read by the tensor memory accelerator (QT_WGT, ..._tma)
+WG_TMA_BUILT = {(64, 2, 6), (128, 1, 6), (128, 2, 6), (128, 2, 4), (256, 2, 4), (256, 2, 6)}
 
 
 def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
@@ -98,6 +102,7 @@ class Config:
     zsub: bool = False  # sk: the zero point subtracted per fragment (no x sums; csrc/w4a16.cu sk_small ZSUB)
     evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
     xc: int = 2  # xs: 64-k blocks per x chunk (XS_BUILT lists the instantiated ones)
+    tma: bool = True  # wgmma: x by the tensor memory accelerator where built and K % 8 == 0 (else by cp.async)
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
         if self.trigger not in TRIGGER_FLAGS:
@@ -123,7 +128,9 @@ class Config:
             mb = f" min{self.min_blocks}" if self.min_blocks != 4 else ""
             return f"cuda mma-xs{pr} nt{self.nt} tn{self.tn} w{self.warps} d{d} x{self.xc}{tail}{mb}{ev}{nopdl}"
         st = f" s{self.stages}" if self.stages else ""
-        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{tail}{ev}{nopdl}"
+        pr = f" probe{self.probe}" if self.probe else ""
+        x = "" if self.tma else " cp.async-x"
+        return f"cuda wgmma{pr} bn{self.bn} wg{self.wgs}{st}{x}{tail}{ev}{nopdl}"
 
 
 def wgmma_ok(cc: tuple[int, int]) -> bool:
@@ -143,14 +150,15 @@ def choose(m: int, st) -> Config:
             return Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=8)
         if m <= 128:
             return Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
-        # tune-cuda-h200-v4.json, Llama-3-70B at M = 256: a layer too narrow for a wave of 128 x 256 tiles
-        # (k/v, 8 tiles) wants many small CTAs, two per SM (bn128, 4 stages: 31.7 us against 69.9); a square
-        # one (q/o) 4 warpgroups sharing each x tile (84.6 against 91-95); long-K and wide ones bn256 (253-270).
+        # Llama-3-70B at M = 256 (bench.md, ninth pass; x by TMA): a layer too narrow for a wave of 128 x 256
+        # tiles (k/v, 8 tiles) small CTAs (bn128, 4 stages: 21.1-22.3 us against 35.0 for bn256); a square one
+        # (q/o) bn256 with 6 stages (65.1 against 68.4 with 4, 82.3 for 4 warpgroups of bn128); long-K and wide
+        # ones bn256 (gate/up 221.6-230.4, down 211.5-222.8).
         tiles = -(-st.N // 128) * -(-m // 256)
         if tiles * 8 < st.n_sm:
             return Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
         if tiles < st.n_sm and st.K <= 2 * st.N:
-            return Config(kind=WGMMA, bn=128, wgs=4, ctas_per_sm=1.0, min_blocks=8)
+            return Config(kind=WGMMA, bn=256, wgs=2, stages=6, ctas_per_sm=1.0, min_blocks=8)
         return Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8)
     # tune-cuda-h200-v4-depth.json (benchmarks/results/bench.md, fourth pass): at M <= 8 one tile per warp, 4 warps,
     # ~16 CTAs per SM of split work (195.7 us over the 70B layer; two tiles per warp 208-218 us); at M <= 16
@@ -343,6 +351,7 @@ def plan(cfg: Config, m: int, st) -> dict:
     kbps = min(kbps, max_kbps)
     splits = -(-kb // kbps)
     stages = cfg.stages or WG_STAGES.get(cfg.bn, 6)
+    tma = False
     mma = cfg.kind in (MMA, XS)
     depth = cfg.depth if (mma and post and not cfg.probe) else 0
     ring = threads // 32 * ring_bytes_per_warp(cfg.kind, post, stages, cfg.tn if mma else 1, depth)
@@ -357,11 +366,34 @@ def plan(cfg: Config, m: int, st) -> dict:
             name += f"_d{depth}"
     else:
         smem = 1024 + stages * cfg.bn * 128 + ring
-        name = f"qt_wg_{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
+        shape = (cfg.bn, cfg.wgs, stages)
+        tma = cfg.tma and not cfg.probe and st.K % 8 == 0 and shape in WG_TMA_BUILT
+        if cfg.probe and (not post or shape not in WG_PROBE_BUILT):
+            raise ValueError(f"no wgmma probe for bn {cfg.bn}, {cfg.wgs} warpgroups, {stages} stages"
+                             f"{'' if post else ' and groups under 64 blocks'}")
+        pre = f"probe{cfg.probe}_" if cfg.probe else ""
+        name = f"qt_wg_{pre}{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
+        if tma:
+            name += "_tma"
+            threads += 32  # its producer warp, which copies x (no weight ring)
     split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
-            "rows": rows, "name": name, "post": post,
+            "rows": rows, "name": name, "post": post, "tma": cfg.kind == WGMMA and tma,
             "ws_floats": splits * gz * rows * n16 * 16 if split else 0, "counters": gx * gz if split else 0}
+
+
+def x_map(st, x: torch.Tensor, box_rows: int):
+    """x's tensor map for the wgmma kernel's TMA form, cached per (address, shape, box) on the state: a map
+    holds only those, so it stays right for any tensor later at the same address (the bench rotates a few)."""
+    from qtool.kernels.cuda.driver import x_tensor_map
+
+    key = (x.data_ptr(), x.shape[0], x.shape[1], box_rows)
+    maps = st.tmaps
+    if key not in maps:
+        if len(maps) >= 64:
+            maps.clear()
+        maps[key] = x_tensor_map(*key)
+    return maps[key]
 
 
 def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -407,6 +439,8 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
             vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
             ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(p["kbps"]), ci(st.n_groups),
             ci(st.gshift_blk), ci(flags(cfg, p["grid"][0] * p["grid"][1] * p["grid"][2], st.n_sm))]
+    if p.get("tma"):
+        args.append(x_map(st, x, p["rows"]))
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
     # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
