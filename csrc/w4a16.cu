@@ -999,8 +999,9 @@ DEVI void sk_small(const Args& p) {
 // ---------------------------------------------------------------------------------------------------------
 // Large-batch kernel (sm_90a): wgmma m64nBNk16 with A = the dequantized weight from registers (each warp of a
 // warpgroup owns a 16-row tile, same per-lane words as mma_small) and B = a BN x 64 tile of x in shared memory
-// (K-major, 128-byte swizzle), streamed through STAGES slots by cp.async. WGS warpgroups share each x tile.
-// Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)).
+// (K-major, 128-byte swizzle), streamed through STAGES slots, by the tensor memory accelerator from one more
+// (producer) warp (TMA_X) or by cp.async from every thread. WGS warpgroups share each x tile.
+// Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)); block 128 WGS threads (+ 32 with TMA_X).
 // ---------------------------------------------------------------------------------------------------------
 DEVI uint64_t sw128_desc(uint32_t saddr) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |

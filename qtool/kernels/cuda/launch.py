@@ -12,7 +12,10 @@ Why the choices look the way they do:
   finished by the last CTA of each tile in the same launch). Each warp owns TN 16-row tiles and keeps its
   ring's D - 1 blocks of weights in flight.
 - Large M on Hopper is tensor-core bound: wgmma with 64-row warpgroup tiles x BN batch columns, x tiles
-  shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs.
+  shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs. Where K % 8 == 0 the x
+  tiles are copied by the tensor memory accelerator from a producer warp (a tensor map made per x, cached on
+  the state): the per-block copies and CTA barriers of the cp.async form cost ~25 % at M = 256 (bench.md, ninth
+  pass).
 - On sm_90 the stream-K launches are programmatic dependent launches: the kernel streams its first weight blocks
   while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it reads x or
   writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
@@ -24,7 +27,7 @@ Why the choices look the way they do:
 - The stream-K grids of whole tiles (k/v, down) subtract the zero point per fragment (Config.zsub) instead of
   correcting the block sums with sums of x: the x sums sat between the wait and the first mma.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass" to "Seventh pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7*).
+bench.md, "Fourth pass" to "Ninth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7*, -v8*, -v9*).
 """
 
 from __future__ import annotations
