@@ -692,7 +692,8 @@ DEVI void mma_xs(const Args& p) {
     }
   }
   cp_wait<0>();
-  epilogue<NT, BF16, TN, TN == 1 ? 2 : 4>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+  constexpr int V = TN == 1 ? 2 : 4;  // float4s per thread per pass of the split-K sum: 80 registers at TN = 1
+  epilogue<NT, BF16, TN, V>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1017,11 +1018,11 @@ DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" 
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
 // x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
-// rows, 128-byte swizzle: the layout sw128_desc describes), one thread issues each tile's copy, and the copy
-// completes on the slot's "full" mbarrier; each warp releases a slot on its "empty" mbarrier once the wgmmas
-// that read it are done. No thread copies x, no CTA barrier, no proxy fence per block: the x path of the
-// cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us of 270 on
-// Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
+// rows, 128-byte swizzle: the layout sw128_desc describes), one lane of a producer warp issues each tile's copy,
+// and the copy completes on the slot's "full" mbarrier; each consumer warp releases a slot on its "empty"
+// mbarrier once the wgmmas that read it are done. No thread copies x, no CTA barrier, no proxy fence per block:
+// the x path of the cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us of
+// 270 on Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
 struct alignas(64) TMap {  // CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled
   unsigned long long v[16];
 };
@@ -1043,21 +1044,10 @@ DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this
       "r"(parity)
       : "memory");
 }
-DEVI bool mbar_test(uint32_t bar, uint32_t parity) {  // the same, without waiting
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
 DEVI void tma_load_2d(uint32_t dst, const TMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          dst),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
@@ -1383,10 +1373,11 @@ QT_MMA(qt_mma_bf16_nt2_tn2_post_d12, 2, true, true, 12, 2)
 #define QT_WG(NAME, BN, WGS, ST, BF16, NS) QT_WGX(NAME, BN, WGS, ST, BF16, NS, 0)
 // x by the tensor memory accelerator (TMA_X): one more argument, x's tensor map (launch.py encodes it per call);
 // qt_wg_{dt}_bn{BN}_wg{WGS}_s{ST}_{blk,step}_tma
-#define QT_WGT1(NAME, BN, WGS, ST, BF16, NS)                                                      \
-  extern "C" __global__ void __launch_bounds__(128 * WGS + 32, 1) NAME(QT_ARGS, const __grid_constant__ qt::TMap xmap) { \
-    const qt::Args a = QT_PACK;                                                                    \
-    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1), 0, true>(a, &xmap);              \
+#define QT_WGT1(NAME, BN, WGS, ST, BF16, NS)                                                \
+  extern "C" __global__ void __launch_bounds__(128 * WGS + 32, 1)                             \
+      NAME(QT_ARGS, const __grid_constant__ qt::TMap xmap) {                                   \
+    const qt::Args a = QT_PACK;                                                              \
+    qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1), 0, true>(a, &xmap);        \
   }
 #define QT_WGT(BN, WGS, ST)                                                         \
   QT_WGT1(qt_wg_f16_bn##BN##_wg##WGS##_s##ST##_blk_tma, BN, WGS, ST, false, 1)   \

@@ -185,6 +185,11 @@ def test_large_m_choice_follows_the_layer_shape():
     p = plan(q, 256, state(8192, 8192))
     assert p["tma"] and p["block"] == 288 and p["name"] == "qt_wg_{dt}_bn256_wg2_s6_blk_tma" and p["grid"] == (64, 2, 1)
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
+    from qtool.kernels.cuda import CudaW4A16
+
+    st = state(8192, 8192)
+    assert CudaW4A16().describe(SimpleNamespace(**vars(st), config=lambda m: q), 256) == (
+        "cuda wgmma bn256 wg2 s6 split2 x-tma")
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
 
 

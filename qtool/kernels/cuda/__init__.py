@@ -176,4 +176,5 @@ class CudaW4A16(Kernel):
         from qtool.kernels.cuda.launch import plan, use_pdl
 
         cfg = state.config(m)
-        return cfg.label(plan(cfg, m, state)["splits"]) + (" pdl" if use_pdl(cfg, state) else "")
+        p = plan(cfg, m, state)
+        return cfg.label(p["splits"]) + (" x-tma" if p.get("tma") else "") + (" pdl" if use_pdl(cfg, state) else "")
