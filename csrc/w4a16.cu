@@ -190,10 +190,6 @@ DEVI uint64_t l2_policy(bool evict_first) {
     asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
-template <int BYTES>
-DEVI void cp_async_ca(uint32_t saddr, const void* gptr) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(gptr), "n"(BYTES) : "memory");
-}
 DEVI void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 DEVI void cp_wait() {
@@ -428,6 +424,18 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   }
 }
 
+// A warp's place in the grid of the mma kernels (mma_small, mma_xs): x = CTAs of nwarps warps of TN 16-row tiles
+// (this warp's first: tn0), y = K splits of p.kbps blocks (this one: nb blocks from kb0), z = batch tiles of 8 NT
+// rows (this one: mc rows from m0).
+template <int NT, int TN>
+struct MmaPlace {
+  int lane, warp, nwarps, g, n16, tn0, kb0, nb, m0, mc;
+  DEVI explicit MmaPlace(const Args& p)
+      : lane(threadIdx.x & 31), warp(threadIdx.x >> 5), nwarps(blockDim.x >> 5), g(lane >> 2),
+        n16((p.N + 15) >> 4), tn0((blockIdx.x * nwarps + warp) * TN), kb0(blockIdx.y * p.kbps),
+        nb(min(p.KB, kb0 + p.kbps) - kb0), m0(blockIdx.z * (8 * NT)), mc(min(8 * NT, p.M - m0)) {}
+};
+
 // One 64-k block of a warp's TN tiles, from the ring slot being read, into acc (the mma kernels' arithmetic).
 // POST: one group per block; the block's fp32 sums of (q - z) x are scaled once into acc. Else one group per k16
 // step, whose scale is applied to the 16-bit fragment. lds[j] + xoff: the ldmatrix row address of batch tile j
@@ -504,34 +512,27 @@ DEVI void mma_small(const Args& p) {
   extern __shared__ uint4 smem4[];
   constexpr int NS = POST ? 1 : 4;
   using R = Stream<D, NS, TN>;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int g = lane >> 2;
-  const int n16 = (p.N + 15) >> 4;
-  const int tn0 = (blockIdx.x * nwarps + warp) * TN;
-  const int kb0 = blockIdx.y * p.kbps;
-  const int nb = min(p.KB, kb0 + p.kbps) - kb0;
-  const int m0 = blockIdx.z * (8 * NT);
-  const int mc = min(8 * NT, p.M - m0);
+  const MmaPlace<NT, TN> at(p);
   const int pitch = p.kbps * 64 + 8;  // halves; +16 bytes so the 8 rows of an ldmatrix hit 8 bank groups
   const uint32_t xs_base = smem_u32(smem4);
   const uint32_t ring_base = xs_base + ((min(8 * NT, p.M) * pitch * 2 + 127) & ~127);
-  R ws(p, ring_base + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
+  R ws(p, ring_base + at.warp * R::BYTES_PER_WARP, at.lane, at.tn0, at.n16, at.kb0);
 
   {  // stage x[m0 : m0 + mc, 64 kb0 : 64 (kb0 + nb)] (zero beyond K): commit group 0
-    const int cpr = nb * 8;
-    const int total = mc * cpr;
+    const int cpr = at.nb * 8;
+    const int total = at.mc * cpr;
     for (int c = threadIdx.x; c < total; c += blockDim.x) {
       const int r = c / cpr, q = c - r * cpr;
-      const int k = kb0 * 64 + q * 8;
+      const int k = at.kb0 * 64 + q * 8;
       const bool v = k < p.K;
-      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
+      cp_async16(xs_base + (r * pitch + q * 8) * 2, p.x + (size_t)(at.m0 + r) * p.K + (v ? k : 0), v);
     }
     cp_commit();
   }
   const bool active = ws.ntiles > 0;
 #pragma unroll
   for (int d = 0; d < D - 1; ++d) {  // groups 1 .. D-1: the first D-1 blocks
-    if (active && d < nb) ws.issue();
+    if (active && d < at.nb) ws.issue();
     cp_commit();
   }
 
@@ -545,9 +546,9 @@ DEVI void mma_small(const Args& p) {
   uint32_t lds[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    int r = 8 * j + (lane & 7);
-    if (r >= mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
-    const int mat = lane >> 3;
+    int r = 8 * j + (at.lane & 7);
+    if (r >= at.mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
+    const int mat = at.lane >> 3;
     lds[j] = xs_base + (r * pitch + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
   }
 
@@ -555,8 +556,8 @@ DEVI void mma_small(const Args& p) {
   __syncthreads();   // ... and for everyone's
 
   if (active) {
-    for (int i = 0; i < nb; ++i) {
-      if (i + D - 1 < nb) ws.issue();
+    for (int i = 0; i < at.nb; ++i) {
+      if (i + D - 1 < at.nb) ws.issue();
       cp_commit();
       cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
       __syncwarp();      // ... and the metadata the warp's lanes copied
@@ -565,17 +566,17 @@ DEVI void mma_small(const Args& p) {
         for (int u = 0; u < TN; ++u) {
           const uint4 wv = ws.weights(u);
           const uint32_t sc0 = ws.scale(0, u);
-          const RowConst rc = row_const<BF16>(sc0, ws.zero(0, u), g);
+          const RowConst rc = row_const<BF16>(sc0, ws.zero(0, u), at.g);
           acc[u][0][0] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ sc0 ^ rc.nz0) & 0x3FFFFFu);
         }
       } else {
-        mma_block<NT, BF16, POST>(acc, ws, g, lds, i * 128);
+        mma_block<NT, BF16, POST>(acc, ws, at.g, lds, i * 128);
       }
       ws.next();
     }
   }
   cp_wait<0>();
-  epilogue<NT, BF16, TN>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+  epilogue<NT, BF16, TN>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16, at.nwarps * TN * 16);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -602,44 +603,37 @@ DEVI void mma_xs(const Args& p) {
   using R = Stream<D, 1, TN>;
   constexpr int XP = XC * 64 + 8;  // pitch in halves; +16 bytes so the 8 rows of an ldmatrix hit 8 bank groups
   constexpr int XSLOT = 8 * NT * XP * 2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int g = lane >> 2;
-  const int n16 = (p.N + 15) >> 4;
-  const int tn0 = (blockIdx.x * nwarps + warp) * TN;
-  const int kb0 = blockIdx.y * p.kbps;
-  const int nb = min(p.KB, kb0 + p.kbps) - kb0;
-  const int m0 = blockIdx.z * (8 * NT);
-  const int mc = min(8 * NT, p.M - m0);
+  const MmaPlace<NT, TN> at(p);
   const uint32_t xs_base = smem_u32(smem4);
-  R ws(p, xs_base + XS * XSLOT + warp * R::BYTES_PER_WARP, lane, tn0, n16, kb0);
+  R ws(p, xs_base + XS * XSLOT + at.warp * R::BYTES_PER_WARP, at.lane, at.tn0, at.n16, at.kb0);
   const bool active = ws.ntiles > 0;
 
   pdl_start(p.flags);
 #pragma unroll
   for (int d = 0; d < D - 1; ++d)
-    if (active && d < nb) ws.issue();
+    if (active && d < at.nb) ws.issue();
   pdl_wait(p.flags);
 
   // A chunk is mc rows of XC x 8 16-byte pieces; this thread's first piece (row r0, piece q0) is worked out once
   // (with 8 x NT x XC x 8 <= threads, the only one), the rest per chunk.
   const int r0 = threadIdx.x / (XC * 8), q0 = threadIdx.x % (XC * 8);
-  const uint16_t* xg0 = p.x + (size_t)(m0 + min(r0, mc - 1)) * p.K + kb0 * 64 + q0 * 8;
+  const uint16_t* xg0 = p.x + (size_t)(at.m0 + min(r0, at.mc - 1)) * p.K + at.kb0 * 64 + q0 * 8;
   const uint32_t xo0 = (r0 * XP + q0 * 8) * 2;
   auto load_x = [&](int c) {  // chunk c of the K slice (zero beyond K) into slot c % XS
     const uint32_t st = xs_base + (c % XS) * XSLOT;
-    const int kc = (kb0 + c * XC) * 64;
-    if (r0 < mc) {
+    const int kc = (at.kb0 + c * XC) * 64;
+    if (r0 < at.mc) {
       const bool v = kc + q0 * 8 < p.K;
       cp_async16(st + xo0, v ? xg0 + c * XC * 64 : p.x, v);
     }
-    for (int e = threadIdx.x + blockDim.x; e < mc * XC * 8; e += blockDim.x) {
+    for (int e = threadIdx.x + blockDim.x; e < at.mc * XC * 8; e += blockDim.x) {
       const int r = e / (XC * 8), q = e - r * (XC * 8);
       const int k = kc + q * 8;
       const bool v = k < p.K;
-      cp_async16(st + (r * XP + q * 8) * 2, p.x + (size_t)(m0 + r) * p.K + (v ? k : 0), v);
+      cp_async16(st + (r * XP + q * 8) * 2, p.x + (size_t)(at.m0 + r) * p.K + (v ? k : 0), v);
     }
   };
-  const int nchunks = (nb + XC - 1) / XC;
+  const int nchunks = (at.nb + XC - 1) / XC;
 #pragma unroll
   for (int c = 0; c < XS - 1; ++c)
     if (c < nchunks && (PROBE != 3 || c == 0)) load_x(c);
@@ -657,9 +651,9 @@ DEVI void mma_xs(const Args& p) {
   uint32_t lds[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    int r = 8 * j + (lane & 7);
-    if (r >= mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
-    const int mat = lane >> 3;
+    int r = 8 * j + (at.lane & 7);
+    if (r >= at.mc) r = 0;  // batch columns past M: any valid row (their outputs are never stored)
+    const int mat = at.lane >> 3;
     lds[j] = (r * XP + (mat & 1) * 8 + (mat >> 1) * 16) * 2;
   }
 
@@ -674,8 +668,8 @@ DEVI void mma_xs(const Args& p) {
 #pragma unroll
     for (int ib = 0; ib < XC; ++ib) {
       const int i = chunk * XC + ib;
-      if (i >= nb) break;  // the same for the whole CTA
-      if (active && i + D - 1 < nb) ws.issue();
+      if (i >= at.nb) break;  // the same for the whole CTA
+      if (active && i + D - 1 < at.nb) ws.issue();
       cp_commit();
       cp_wait<D - 1>();  // block i's slot is complete (this lane's copies) ...
       __syncwarp();      // ... and the metadata the warp's lanes copied
@@ -686,14 +680,14 @@ DEVI void mma_xs(const Args& p) {
           acc[u][0][0] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ ws.scale(0, u) ^ ws.zero(0, u).x) & 0x3FFFFFu);
         }
       } else if (active) {
-        mma_block<NT, BF16, true>(acc, ws, g, lds, xrow + ib * 128);
+        mma_block<NT, BF16, true>(acc, ws, at.g, lds, xrow + ib * 128);
       }
       ws.next();
     }
   }
   cp_wait<0>();
   constexpr int V = TN == 1 ? 2 : 4;  // float4s per thread per pass of the split-K sum: 80 registers at TN = 1
-  epilogue<NT, BF16, TN, V>(p, acc, tn0 * 16, m0, mc, blockIdx.x * nwarps * TN * 16, nwarps * TN * 16);
+  epilogue<NT, BF16, TN, V>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16, at.nwarps * TN * 16);
 }
 
 // ---------------------------------------------------------------------------------------------------------

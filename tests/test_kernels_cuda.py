@@ -50,6 +50,8 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             for dt in ("f16", "bf16"):
                 assert p["name"].replace("{dt}", dt) in ENTRY, p["name"]
             assert p["smem"] <= SMEM_MAX
+            # x by TMA exactly for the kernels built so, which take one more (producer) warp
+            assert p["tma"] == p["name"].endswith("_tma") and (p["block"] % 128 == 32) == p["tma"]
             if cfg.kind == SK:
                 units = -(-n // 16) * -(-k // 64) // cfg.ub
                 assert m <= 8 and p["grid"][0] * (p["block"] // 32) <= units  # every warp range non-empty
@@ -313,6 +315,44 @@ def test_tensor_map_mirror_matches_cuda_h():
     assert value("CUtensorMapL2promotion", "CU_TENSOR_MAP_L2_PROMOTION_L2_128B") == driver.TMAP_L2_128B
     assert value("CUtensorMapInterleave", "CU_TENSOR_MAP_INTERLEAVE_NONE") == 0
     assert value("CUtensorMapFloatOOBfill", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE") == 0
+
+
+def test_x_tensor_map_arguments(monkeypatch):
+    """x_tensor_map asks the driver for x [rows][cols] (2-byte elements) as dims {cols, rows}, a row stride of
+    2 cols bytes, boxes of 64 columns x box_rows rows, 128-byte swizzle, zero fill; at a 64-byte aligned address,
+    whose 128 bytes come back as the kernel argument."""
+    import ctypes
+
+    from qtool.kernels.cuda import driver
+
+    seen = {}
+
+    class FakeLib:
+        def cuTensorMapEncodeTiled(self, at, dtype, rank, ptr, dims, strides, box, estr, inter, swz, l2, oob):
+            seen.update(at=at.value, dtype=dtype, rank=rank, ptr=ptr.value, dims=list(dims[:2]),
+                        strides=list(strides[:1]), box=list(box[:2]), estr=list(estr[:2]), rest=(inter, swz, l2, oob))
+            ctypes.memmove(at.value, bytes(range(128)), 128)
+            return 0
+
+    monkeypatch.setattr(driver, "_lib", lambda: FakeLib())
+    m = driver.x_tensor_map(0x7F0000001000, 256, 8192, 128)
+    assert seen["at"] % 64 == 0 and seen["ptr"] == 0x7F0000001000 and (seen["dtype"], seen["rank"]) == (1, 2)
+    assert seen["dims"] == [8192, 256] and seen["strides"] == [16384] and seen["box"] == [64, 128]
+    assert seen["estr"] == [1, 1] and seen["rest"] == (0, driver.TMAP_SWIZZLE_128B, driver.TMAP_L2_128B, 0)
+    assert bytes(m) == bytes(range(128))
+
+
+def test_x_map_is_cached_per_address_shape_and_box(monkeypatch):
+    from qtool.kernels.cuda import driver, launch
+
+    made = []
+    monkeypatch.setattr(driver, "x_tensor_map", lambda *key: made.append(key) or key)
+    st = SimpleNamespace(tmaps={})
+    x = torch.zeros(4, 64, dtype=torch.float16)
+    assert launch.x_map(st, x, 128) == launch.x_map(st, x, 128) and len(made) == 1
+    launch.x_map(st, x, 64)
+    launch.x_map(st, x[:2], 128)  # same address, another shape
+    assert len(made) == 3 and made[0] == (x.data_ptr(), 4, 64, 128)
 
 
 def _body(name: str) -> str:

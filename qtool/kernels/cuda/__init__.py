@@ -177,4 +177,4 @@ class CudaW4A16(Kernel):
 
         cfg = state.config(m)
         p = plan(cfg, m, state)
-        return cfg.label(p["splits"]) + (" x-tma" if p.get("tma") else "") + (" pdl" if use_pdl(cfg, state) else "")
+        return cfg.label(p["splits"]) + (" x-tma" if p["tma"] else "") + (" pdl" if use_pdl(cfg, state) else "")

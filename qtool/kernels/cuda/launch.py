@@ -267,7 +267,7 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     pre = f"probe{cfg.probe}_" if cfg.probe else "z_" if cfg.zsub else ""
     name = f"qt_sk_{pre}{{dt}}_u{cfg.ub}_d{depth}"
     return {"grid": (grid, 1, 1), "block": 32 * warps, "smem": sk_smem(m, kb, warps, ring, cfg.ub), "splits": 1,
-            "kbps": 0, "rows": 8, "name": name, "post": post, "ws_floats": 2 * grid * warps * 128,
+            "kbps": 0, "rows": 8, "name": name, "post": post, "tma": False, "ws_floats": 2 * grid * warps * 128,
             "counters": n16}
 
 
@@ -319,8 +319,9 @@ def use_pdl(cfg: Config, st) -> bool:
 
 
 def plan(cfg: Config, m: int, st) -> dict:
-    """Grid, block, shared memory, split, kernel name ("{dt}" stands for x's dtype) and the workspace the call
-    needs (ws_floats fp32 partials, counters per-tile arrival counters; 0 when it finishes in place)."""
+    """Grid, block, shared memory, split, kernel name ("{dt}" stands for x's dtype), whether x goes by the tensor
+    memory accelerator (tma: one more argument, x's tensor map) and the workspace the call needs (ws_floats fp32
+    partials, counters per-tile arrival counters; 0 when it finishes in place)."""
     n16 = -(-st.N // 16)
     kb = -(-st.K // 64)
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
@@ -381,7 +382,7 @@ def plan(cfg: Config, m: int, st) -> dict:
             threads += 32  # its producer warp, which copies x (no weight ring)
     split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
-            "rows": rows, "name": name, "post": post, "tma": cfg.kind == WGMMA and tma,
+            "rows": rows, "name": name, "post": post, "tma": tma,
             "ws_floats": splits * gz * rows * n16 * 16 if split else 0, "counters": gx * gz if split else 0}
 
 
@@ -442,7 +443,7 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
             vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
             ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(p["kbps"]), ci(st.n_groups),
             ci(st.gshift_blk), ci(flags(cfg, p["grid"][0] * p["grid"][1] * p["grid"][2], st.n_sm))]
-    if p.get("tma"):
+    if p["tma"]:
         args.append(x_map(st, x, p["rows"]))
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
