@@ -3,7 +3,13 @@
     ncu --clock-control none -k regex:qt_ -c 2 --section SpeedOfLight --section WarpStateStats \\
         --section Occupancy python benchmarks/profile_cuda_w4a16.py
 
-M = 1 (the mma kernel) and M = 256 (the wgmma kernel); results in benchmarks/results/bench.md.
+    # M = 256 only, with cuBLAS's dense fp16 GEMM of the same shape after it (profile both: -k regex:'qt_|nvjet')
+    python benchmarks/profile_cuda_w4a16.py 256 --dense
+    # another layer shape (K x N; down_proj here)
+    python benchmarks/profile_cuda_w4a16.py 16 --shape 28672x8192
+
+Batch sizes from the command line (default 1 and 256: the stream-K kernel and the wgmma kernel); results in
+benchmarks/results/bench.md.
 """
 
 import sys
@@ -16,13 +22,25 @@ import torch  # noqa: E402
 from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
 
+args = sys.argv[1:]
+dense = "--dense" in args
+k, n = 8192, 28672
+if "--shape" in args:
+    i = args.index("--shape")
+    k, n = (int(v) for v in args[i + 1].split("x"))
+    del args[i : i + 2]
+sizes = [int(a) for a in args if a != "--dense"] or [1, 256]
+
 dev = torch.device("cuda")
 kern = get_kernel("cuda-w4a16")
-plain = random_plain(28672, 8192, group_size=128, dtype=torch.float16, device=dev, seed=1)
+plain = random_plain(n, k, group_size=128, dtype=torch.float16, device=dev, seed=1)
 state = kern.prepare(PackedLayer.from_plain(plain))
+w = torch.randn(n, k, device=dev).half() if dense else None
 del plain
-for m in (1, 256):
-    x = torch.randn(m, 8192, device=dev).half()
+for m in sizes:
+    x = torch.randn(m, k, device=dev).half()
     print(m, kern.describe(state, m))
     kern.forward(x, state)
+    if dense:
+        torch.nn.functional.linear(x, w)
     torch.cuda.synchronize()

@@ -349,51 +349,57 @@ DEVI void for_each_acc(const float (&acc)[TN][NT][4], int n0, F&& f) {
       for (int e = 0; e < 4; ++e) f(n0 + 16 * u + g + (e >> 1) * 8, 8 * j + 2 * t + (e & 1), acc[u][j][e]);
 }
 
-// has_acc = false: a warp without accumulators (the wgmma kernel's producer), which only helps sum the partials.
-// V: float4s of partials per thread per pass (see below; 2 where registers are capped at 80).
+// nthr: the CTA's first nthr threads hold accumulators and sum the partials (the wgmma kernel's producer
+// warpgroup, beyond them, only meets the two CTA barriers: epilogue_barriers). V: float4s of partials per thread
+// per pass (see below; 2 where registers are capped at 80).
 template <int NT, bool BF16, int TN = 1, int V = 4>
 DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w,
-                   bool has_acc = true) {
+                   int nthr) {
   const int splits = gridDim.y;
   if (splits == 1) {
-    if (has_acc)
-      for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
-        if (ml < mc && n < p.N) p.y[(size_t)(m0 + ml) * p.N + n] = from_f32<BF16>(v);
-      });
+    for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+      if (ml < mc && n < p.N) p.y[(size_t)(m0 + ml) * p.N + n] = from_f32<BF16>(v);
+    });
     return;
   }
   const int np = ((p.N + 15) >> 4) * 16;
   const size_t slab = (size_t)(8 * NT) * np;  // one split's partials for this batch chunk: [8 NT][np]
   float* mine = p.ws + ((size_t)blockIdx.y * gridDim.z + blockIdx.z) * slab;
-  if (has_acc)
-    for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
-      if (ml < mc && n < np) mine[(size_t)ml * np + n] = v;
-    });
+  for_each_acc<NT, TN>(acc, n0, [&](int n, int ml, float v) {
+    if (ml < mc && n < np) mine[(size_t)ml * np + n] = v;
+  });
+  // The CTA barrier orders every thread's partials before thread 0's fence, which (being cumulative) releases
+  // them at GPU scope before its arrival; the last CTA's thread 0 fences again (acquire) before the barrier
+  // that lets its threads read the others' partials. One fence per CTA, not one per thread: with a fence in
+  // every thread, the fence was 12 % of the warps' stall samples of Llama-3-70B gate/up at M = 16 (split 9;
+  // Nsight Compute, tenth pass in bench.md).
   __shared__ int last;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     int* c = p.cnt + blockIdx.z * gridDim.x + blockIdx.x;
     last = atomicAdd(c, 1) == splits - 1;
-    if (last) *c = 0;  // every other CTA of this tile has arrived: safe to re-arm
+    if (last) {
+      *c = 0;  // every other CTA of this tile has arrived: safe to re-arm
+      __threadfence();
+    }
   }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   // Four adjacent outputs per float4, V float4s per thread at once, so V x (unrolled) splits 16-byte loads are in
   // flight instead of one 4-byte load: this loop is latency-bound (an L2 round trip per pass), and with one
   // element per thread per pass it cost ~20 us of Llama-3-70B q/o at M = 256 (bench.md, ninth pass). Partials
   // are written for every n < np (np and tile_n0 multiples of 16), so a float4 never straddles the end.
   const int w4 = tile_w >> 2, total = mc * w4;
   const size_t stride = (size_t)gridDim.z * slab;
-  for (int e0 = threadIdx.x; e0 < total; e0 += blockDim.x * V) {
+  for (int e0 = threadIdx.x; e0 < total; e0 += nthr * V) {
     const float4* src[V];
     int n[V], ml[V];
     bool ok[V];
     float4 sum[V];
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      const int e = e0 + u * blockDim.x;
+      const int e = e0 + u * nthr;
       ml[u] = e / w4;
       n[u] = tile_n0 + 4 * (e - ml[u] * w4);
       ok[u] = e < total && n[u] < np;
@@ -421,6 +427,15 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
       for (int c = 0; c < 4; ++c)
         if (n[u] + c < p.N) dst[c] = from_f32<BF16>(f[c]);
     }
+  }
+}
+
+// The wgmma kernel's producer warpgroup in the epilogue: it holds no accumulators and its registers were given to
+// the consumers (setmaxnreg), so it only meets the epilogue's two CTA barriers (split K).
+DEVI void epilogue_barriers() {
+  if (gridDim.y > 1) {
+    __syncthreads();
+    __syncthreads();
   }
 }
 
@@ -576,7 +591,8 @@ DEVI void mma_small(const Args& p) {
     }
   }
   cp_wait<0>();
-  epilogue<NT, BF16, TN>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16, at.nwarps * TN * 16);
+  epilogue<NT, BF16, TN>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16, at.nwarps * TN * 16,
+                         blockDim.x);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -687,7 +703,8 @@ DEVI void mma_xs(const Args& p) {
   }
   cp_wait<0>();
   constexpr int V = TN == 1 ? 2 : 4;  // float4s per thread per pass of the split-K sum: 80 registers at TN = 1
-  epilogue<NT, BF16, TN, V>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16, at.nwarps * TN * 16);
+  epilogue<NT, BF16, TN, V>(p, acc, at.tn0 * 16, at.m0, at.mc, blockIdx.x * at.nwarps * TN * 16,
+                            at.nwarps * TN * 16, blockDim.x);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -995,13 +1012,15 @@ DEVI void sk_small(const Args& p) {
 // Large-batch kernel (sm_90a): wgmma m64nBNk16 with A = the dequantized weight from registers (each warp of a
 // warpgroup owns a 16-row tile, same per-lane words as mma_small) and B = a BN x 64 tile of x in shared memory
 // (K-major, 128-byte swizzle), streamed through STAGES slots, by the tensor memory accelerator from one more
-// (producer) warp (TMA_X) or by cp.async from every thread. WGS warpgroups share each x tile.
-// Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)); block 128 WGS threads (+ 32 with TMA_X).
+// (producer) warpgroup (TMA_X) or by cp.async from every thread. WGS warpgroups share each x tile.
+// Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)); block 128 WGS threads (+ 128 with TMA_X).
 // ---------------------------------------------------------------------------------------------------------
-DEVI uint64_t sw128_desc(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
-}
+// The descriptor's high word (stride 1024 bytes between 8-row groups, 128-byte swizzle) and its low word: the
+// start address / 16 (bits 0-13: shared addresses are below 2^18, so adding a k16 step's 2 never carries out)
+// and the leading offset 1.
+constexpr uint32_t SW128_HI = (1024 >> 4) | (1u << 30);
+DEVI uint32_t sw128_lo(uint32_t saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
+DEVI uint64_t sw128_desc(uint32_t saddr) { return ((uint64_t)SW128_HI << 32) | sw128_lo(saddr); }
 DEVI void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 DEVI void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -1012,11 +1031,15 @@ DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" 
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
 // x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
-// rows, 128-byte swizzle: the layout sw128_desc describes), one lane of a producer warp issues each tile's copy,
+// rows, 128-byte swizzle: the layout sw128_desc describes), one lane of a producer warpgroup issues each tile's copy,
 // and the copy completes on the slot's "full" mbarrier; each consumer warp releases a slot on its "empty"
 // mbarrier once the wgmmas that read it are done. No thread copies x, no CTA barrier, no proxy fence per block:
 // the x path of the cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us of
 // 270 on Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
+// The producer is a whole warpgroup so that it can give its registers to the consumers (setmaxnreg works per
+// warpgroup): at 168 registers a thread for every warp of 3 warpgroups, ptxas had 38 beside the 128 accumulators
+// and recomputed the loop's addresses, predicates and scale pairs every block and step; the consumers'
+// instruction stream, not the tensor pipe, set the pace (Nsight Compute, tenth pass in bench.md).
 struct alignas(64) TMap {  // CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled
   unsigned long long v[16];
 };
@@ -1071,7 +1094,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   const int g = lane >> 2;
   const int n16 = (p.N + 15) >> 4;
   const int tn = blockIdx.x * (4 * WGS) + warp;
-  const bool producer = TMA_X && warp == 4 * WGS;  // TMA_X: one more warp, which copies x
+  const bool producer = TMA_X && warp >= 4 * WGS;  // TMA_X: one more warpgroup, whose first lane copies x
   const bool active = tn < n16 && !producer;
   const int kb0 = blockIdx.y * p.kbps;
   const int nb = min(p.KB, kb0 + p.kbps) - kb0;
@@ -1097,10 +1120,12 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   uint32_t a[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 
-  // One 64-k block: the warp's slot of the weight ring against the x tile at st, four k16 steps. after_step(s)
-  // runs once the previous step's wgmma is done.
-  auto block = [&](uint32_t st, auto&& after_step) {
-    const uint4 wv = active ? ws.weights() : make_uint4(0, 0, 0, 0);
+  // One 64-k block: the warp's slot of the weight ring against the x tile whose descriptor's low word is dlo
+  // (sw128_lo), four k16 steps. after_step(s) runs once the previous step's wgmma is done. Idle warps (past N)
+  // dequantize whatever their slot holds, without a branch: only their own accumulator rows see it, and those
+  // are never stored.
+  auto block = [&](uint32_t dlo, auto&& after_step) {
+    const uint4 wv = ws.weights();
     RowConst rc = row_const<BF16>(ws.scale(0), ws.zero(0), g);
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -1114,10 +1139,10 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
         a[b][2] = a[b][0] >> 2;
         a[b][3] = a[b][0] >> 3;
       } else {
-        if (active) dequant<BF16, true>(word(wv, s), rc, a[b]);
+        dequant<BF16, true>(word(wv, s), rc, a[b]);
       }
       wg_fence();
-      wgmma_rs<BN, BF16>(acc, a[b], sw128_desc(st + s * 32));
+      wgmma_rs<BN, BF16>(acc, a[b], ((uint64_t)SW128_HI << 32) | (dlo + 2 * s));  // + 32 bytes a step
       wg_commit();
       wg_wait<1>();          // the previous step's wgmma is done: its A registers may be rewritten
       keep(a[(s + 1) & 1]);  // ... and not before (the compiler must not reuse them earlier)
@@ -1150,9 +1175,10 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
     pdl_wait(p.flags);
 
     if (producer) {
-      // One lane of the last warp: each x tile into its slot once the consumers have released the slot's
-      // previous tile. A warp of its own, so the copies run ahead of every consumer warp, not of one.
-      if (lane == 0) {
+      // Lane 0 of the producer warpgroup's first warp: each x tile into its slot once the consumers have released
+      // the slot's previous tile. Warps of their own, so the copies run ahead of every consumer warp, not of one.
+      if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (warp == 4 * WGS && lane == 0) {
         for (int j = 0; j < nb; ++j) {
           const int slot = j % STAGES;
           if (j >= STAGES) mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // tile j - STAGES released
@@ -1161,24 +1187,31 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
         }
       }
       __syncwarp();
-    } else {
-      int xslot = 0;
-      uint32_t phase = 0;
-      for (int i = 0; i < nb; ++i) {
-        cp_wait<D - 2>();  // block i's weights and metadata (this lane's copies; one group per block) ...
-        __syncwarp();      // ... and the other lanes'; every lane has read the slot issue() refills
-        if (active && i + D - 1 < nb) ws.issue();
-        cp_commit();
-        mbar_wait(full + xslot * 8, phase);  // x tile i has landed
-        const int prev = xslot == 0 ? STAGES - 1 : xslot - 1;
-        block(sbase + xslot * SLOT, [&](int s) {
-          // after step 0 every wgmma of block i - 1 is done: its x slot is free (one arrival per warp)
-          if (s == 0 && i > 0 && lane == 0) mbar_arrive(empty + prev * 8);
-        });
-        if (++xslot == STAGES) {
-          xslot = 0;
-          phase ^= 1u;
-        }
+      epilogue_barriers();
+      return;
+    }
+    // 3 warpgroups of 168 registers = 64512; the producer's 128 threads keep 40 and the 256 consumers get 232.
+    static_assert(WGS <= 2, "setmaxnreg counts for at most two consumer warpgroups");
+    if constexpr (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    int xslot = 0;
+    uint32_t phase = 0, xdlo = sw128_lo(sbase);
+    for (int i = 0; i < nb; ++i) {
+      cp_wait<D - 2>();  // block i's weights and metadata (this lane's copies; one group per block) ...
+      __syncwarp();      // ... and the other lanes'; every lane has read the slot issue() refills
+      if (active && i + D - 1 < nb) ws.issue();
+      cp_commit();
+      mbar_wait(full + xslot * 8, phase);  // x tile i has landed
+      const int prev = xslot == 0 ? STAGES - 1 : xslot - 1;
+      block(xdlo, [&](int s) {
+        // after step 0 every wgmma of block i - 1 is done: its x slot is free (one arrival per warp)
+        if (s == 0 && i > 0 && lane == 0) mbar_arrive(empty + prev * 8);
+      });
+      if (++xslot == STAGES) {
+        xslot = 0;
+        phase ^= 1u;
+        xdlo = sw128_lo(sbase);
+      } else {
+        xdlo += SLOT >> 4;
       }
     }
   } else {
@@ -1209,8 +1242,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       }
       if (active && i + D - 1 < nb) ws.issue();
       cp_commit();
-      const uint32_t st = sbase + (PROBE >= 2 ? 0 : xslot * SLOT);
-      block(st, [](int) {});
+      block(sw128_lo(sbase + (PROBE >= 2 ? 0 : xslot * SLOT)), [](int) {});
       xslot = xslot + 1 == STAGES ? 0 : xslot + 1;
     }
   }
@@ -1221,7 +1253,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   float (&acc4)[1][BN / 8][4] = *reinterpret_cast<float (*)[1][BN / 8][4]>(acc);
-  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, !producer);
+  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH);
 }
 #endif
 
@@ -1368,7 +1400,7 @@ QT_MMA(qt_mma_bf16_nt2_tn2_post_d12, 2, true, true, 12, 2)
 // x by the tensor memory accelerator (TMA_X): one more argument, x's tensor map (launch.py encodes it per call);
 // qt_wg_{dt}_bn{BN}_wg{WGS}_s{ST}_{blk,step}_tma
 #define QT_WGT1(NAME, BN, WGS, ST, BF16, NS)                                                \
-  extern "C" __global__ void __launch_bounds__(128 * WGS + 32, 1)                             \
+  extern "C" __global__ void __launch_bounds__(128 * WGS + 128, 1)                            \
       NAME(QT_ARGS, const __grid_constant__ qt::TMap xmap) {                                   \
     const qt::Args a = QT_PACK;                                                              \
     qt::wg_large<BN, WGS, ST, BF16, NS, (NS == 1 ? ST : ST - 1), 0, true>(a, &xmap);        \

@@ -379,7 +379,7 @@ def plan(cfg: Config, m: int, st) -> dict:
         name = f"qt_wg_{pre}{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
         if tma:
             name += "_tma"
-            threads += 32  # its producer warp, which copies x (no weight ring)
+            threads += 128  # its producer warpgroup, which copies x (no weight ring)
     split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
             "rows": rows, "name": name, "post": post, "tma": tma,
