@@ -1031,11 +1031,12 @@ DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" 
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
 // x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
-// rows, 128-byte swizzle: the layout sw128_desc describes), one lane of a producer warpgroup issues each tile's copy,
-// and the copy completes on the slot's "full" mbarrier; each consumer warp releases a slot on its "empty"
-// mbarrier once the wgmmas that read it are done. No thread copies x, no CTA barrier, no proxy fence per block:
-// the x path of the cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us of
-// 270 on Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
+// rows, 128-byte swizzle: the layout sw128_desc describes); a producer warpgroup copies each block's x tile (one
+// lane, by the tensor map) and the CTA's weights and metadata for it (cp.async, all 128 threads) into a stage,
+// completing the stage's "full" mbarrier; each consumer warp releases a stage on its "empty" mbarrier once the
+// wgmmas that read it are done. The consumers copy nothing and meet at no CTA barrier and no proxy fence per
+// block: the x path of the cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us
+// of 270 on Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
 // The producer is a whole warpgroup so that it can give its registers to the consumers (setmaxnreg works per
 // warpgroup): at 168 registers a thread for every warp of 3 warpgroups, ptxas had 38 beside the 128 accumulators
 // and recomputed the loop's addresses, predicates and scale pairs every block and step; the consumers'
@@ -1069,6 +1070,12 @@ DEVI void tma_load_2d(uint32_t dst, const TMap* map, int c0, int c1, uint32_t ba
       : "memory");
 }
 
+// The mbarrier's pending arrival count drops by one once every cp.async this thread issued so far has landed
+// (noinc: the barrier's expected count includes this arrival).
+DEVI void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 template <int BN, bool BF16>
 DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (BF16) {
@@ -1094,7 +1101,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   const int g = lane >> 2;
   const int n16 = (p.N + 15) >> 4;
   const int tn = blockIdx.x * (4 * WGS) + warp;
-  const bool producer = TMA_X && warp >= 4 * WGS;  // TMA_X: one more warpgroup, whose first lane copies x
+  const bool producer = TMA_X && warp >= 4 * WGS;  // TMA_X: one more warpgroup, which copies x and the weights
   const bool active = tn < n16 && !producer;
   const int kb0 = blockIdx.y * p.kbps;
   const int nb = min(p.KB, kb0 + p.kbps) - kb0;
@@ -1152,66 +1159,119 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   };
   if constexpr (TMA_X) {
     static_assert(PROBE == 0, "the probes are of the cp.async form");
-    // Barriers: full[STAGES] (one arrival: the producer's expect_tx; the copy's bytes complete the phase) and
-    // empty[STAGES] (one arrival per consumer warp). x tile j goes to slot j % STAGES, phase j / STAGES.
+    // A stage holds x tile j (SLOT bytes at sbase + slot SLOT) and, after all x slots, block j's weights and
+    // metadata for the CTA's 4 WGS warps (WSLOT each, laid out as a Stream slot: the warp reads it with the
+    // same accessors). Barriers: full[STAGES] (the producer's expect_tx arrival, whose x bytes complete with the
+    // copy, and one arrival per producer thread once its cp.asyncs have landed) and empty[STAGES] (one arrival
+    // per consumer warp). Block j uses stage j % STAGES, phase j / STAGES.
+    constexpr int WSLOT = R::SLOT, WSTAGE = 4 * WGS * WSLOT;
+    const uint32_t wbase = sbase + STAGES * SLOT;
     __shared__ __align__(8) uint64_t bars[2 * STAGES];
     const uint32_t full = smem_u32(bars), empty = full + STAGES * 8;
     pdl_start(p.flags);
     if (tid == 0) {
 #pragma unroll
       for (int j = 0; j < STAGES; ++j) {
-        mbar_init(full + j * 8, 1);
+        mbar_init(full + j * 8, 1 + 128);
         mbar_init(empty + j * 8, 4 * WGS);
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
     }
-    // The first D - 1 blocks of weights (before pdl_wait: no earlier kernel writes them), a group each.
-#pragma unroll
-    for (int d = 0; d < D - 1; ++d) {
-      if (active && d < nb) ws.issue();
-      cp_commit();
-    }
     __syncthreads();  // the barriers are initialized before anyone waits on them
-    pdl_wait(p.flags);
 
     if (producer) {
-      // Lane 0 of the producer warpgroup's first warp: each x tile into its slot once the consumers have released
-      // the slot's previous tile. Warps of their own, so the copies run ahead of every consumer warp, not of one.
-      if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-      if (warp == 4 * WGS && lane == 0) {
-        for (int j = 0; j < nb; ++j) {
-          const int slot = j % STAGES;
-          if (j >= STAGES) mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // tile j - STAGES released
+      // The producer warpgroup fills each stage once the consumers have released its previous block: its 128
+      // threads copy the CTA's weights and metadata (16-byte cp.asyncs, the same PPT pieces of each block per
+      // thread) and arrive when they land; thread 0 arms the barrier with x's bytes and copies the x tile (tensor
+      // map). Warps of their own, so the copies run ahead of every consumer warp, not of one, and the consumers
+      // issue no copies at all: their own cp.async rings cost each consumer warp ~50 instructions a block.
+      // (One 1-D bulk copy per tile's weights and per metadata record instead, 25 a block from one warp, was
+      // correct and far slower: gate/up 347 us against 205, tenth pass.)
+      if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+      constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
+      const int ptid = tid - NTH, t0 = blockIdx.x * 4 * WGS;
+      // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
+      // (q - 32) / 3 (group step), part (q - 32) % 3 (scales 0-3, 4-7; zeros)
+      const char* src[PPT];
+      uint32_t dst[PPT];
+      int step[PPT];  // -1: weights (src advances 512 bytes a block); else the record's group step ...
+      uint32_t mstride[PPT];  // ... and the bytes from one group's record to the next (scales 32, zeros 16)
+      bool valid[PPT];
+#pragma unroll
+      for (int r = 0; r < PPT; ++r) {
+        const int c = ptid + 128 * r, t = c / PT, q = c - t * PT, tile = t0 + t;
+        valid[r] = t < 4 * WGS && tile < n16;
+        const int tl = valid[r] ? tile : 0;
+        if (q < 32) {
+          src[r] = reinterpret_cast<const char*>(p.qw + ((size_t)tl * p.KB + kb0) * 32 + q);
+          dst[r] = t * WSLOT + q * 16;
+          step[r] = -1;
+          mstride[r] = 0;
+        } else {
+          const int rec = (q - 32) / 3, part = q - 32 - 3 * rec;
+          src[r] = part < 2 ? reinterpret_cast<const char*>(p.msc + (size_t)tl * p.NG * 8 + part * 4)
+                            : reinterpret_cast<const char*>(p.mzp + (size_t)tl * p.NG);
+          dst[r] = t * WSLOT + 512 + rec * R::META + part * 16;
+          step[r] = rec;
+          mstride[r] = part < 2 ? 32 : 16;
+        }
+      }
+      auto weights = [&](int j) {  // block j's pieces into its stage, then this thread's arrival
+        const int slot = j % STAGES, kb = kb0 + j;
+        const uint32_t base = wbase + slot * WSTAGE;
+#pragma unroll
+        for (int r = 0; r < PPT; ++r) {
+          if (!valid[r]) continue;
+          // No L2 policy hint (evict-first) here: with one, ptxas 13.0 gave these cp.asyncs an odd uniform
+          // register as their memory descriptor, which faults (illegal instruction; compute-sanitizer, tenth pass).
+          const size_t off = step[r] < 0 ? (size_t)j * 512 : (size_t)ws.group(kb, step[r]) * mstride[r];
+          cp_async16(base + dst[r], src[r] + off, true);
+        }
+        cp_async_arrive(full + slot * 8);
+      };
+      // The first stages' weights before pdl_wait (no earlier kernel writes them); their x after it.
+#pragma unroll 1
+      for (int j = 0; j < min(nb, STAGES); ++j) weights(j);
+      pdl_wait(p.flags);
+#pragma unroll 1
+      for (int j = 0; j < nb; ++j) {
+        const int slot = j % STAGES;
+        if (j >= STAGES) {
+          if (lane == 0) mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // block j - STAGES released it
+          __syncwarp();
+          weights(j);
+        }
+        if (ptid == 0) {
           mbar_expect_tx(full + slot * 8, SLOT);
           tma_load_2d(sbase + slot * SLOT, xmap, (kb0 + j) * 64, m0, full + slot * 8);
         }
       }
-      __syncwarp();
+      cp_wait<0>();
       epilogue_barriers();
       return;
     }
-    // 3 warpgroups of 168 registers = 64512; the producer's 128 threads keep 40 and the 256 consumers get 232.
+    pdl_wait(p.flags);  // before the epilogue writes y, the workspace and the counters
+    // 3 warpgroups of 168 registers = 64512; the producer's 128 threads keep 56 and the 256 consumers get 224.
     static_assert(WGS <= 2, "setmaxnreg counts for at most two consumer warpgroups");
-    if constexpr (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    if constexpr (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     int xslot = 0;
-    uint32_t phase = 0, xdlo = sw128_lo(sbase);
+    uint32_t phase = 0, xdlo = sw128_lo(sbase), wread = wbase + warp * WSLOT;
     for (int i = 0; i < nb; ++i) {
-      cp_wait<D - 2>();  // block i's weights and metadata (this lane's copies; one group per block) ...
-      __syncwarp();      // ... and the other lanes'; every lane has read the slot issue() refills
-      if (active && i + D - 1 < nb) ws.issue();
-      cp_commit();
-      mbar_wait(full + xslot * 8, phase);  // x tile i has landed
+      mbar_wait(full + xslot * 8, phase);  // x tile i, the weights and metadata of block i have landed
+      ws.read = wread;
       const int prev = xslot == 0 ? STAGES - 1 : xslot - 1;
       block(xdlo, [&](int s) {
-        // after step 0 every wgmma of block i - 1 is done: its x slot is free (one arrival per warp)
+        // after step 0 every wgmma of block i - 1 is done (and its weights were read before): its stage is free
         if (s == 0 && i > 0 && lane == 0) mbar_arrive(empty + prev * 8);
       });
       if (++xslot == STAGES) {
         xslot = 0;
         phase ^= 1u;
         xdlo = sw128_lo(sbase);
+        wread = wbase + warp * WSLOT;
       } else {
         xdlo += SLOT >> 4;
+        wread += WSTAGE;
       }
     }
   } else {

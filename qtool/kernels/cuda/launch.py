@@ -12,10 +12,12 @@ Why the choices look the way they do:
   finished by the last CTA of each tile in the same launch). Each warp owns TN 16-row tiles and keeps its
   ring's D - 1 blocks of weights in flight.
 - Large M on Hopper is tensor-core bound: wgmma with 64-row warpgroup tiles x BN batch columns, x tiles
-  shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs. Where K % 8 == 0 the x
-  tiles are copied by the tensor memory accelerator from a producer warp (a tensor map made per x, cached on
-  the state): the per-block copies and CTA barriers of the cp.async form cost ~25 % at M = 256 (bench.md, ninth
-  pass).
+  shared by the CTA's warpgroups, about one CTA per SM, split-K only to fill the SMs. Where K % 8 == 0 a
+  producer warpgroup copies each block's x tile (by the tensor memory accelerator: a tensor map made per x,
+  cached on the state) and the CTA's weights into shared-memory stages, and gives its registers to the two
+  consumer warpgroups (setmaxnreg), which then only dequantize and issue wgmmas: the per-block copies and CTA
+  barriers of the cp.async form cost ~25 % at M = 256 (bench.md, ninth pass), and the consumers' own copies and
+  recomputed addresses under 168 registers another ~10 % (tenth pass).
 - On sm_90 the stream-K launches are programmatic dependent launches: the kernel streams its first weight blocks
   while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it reads x or
   writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
@@ -23,11 +25,12 @@ Why the choices look the way they do:
   the mma kernel never (it does not wait); the x-streaming one where choose() says so.
 - Every kernel's weight copies carry an L2 evict-first policy (Config.evict): read once per call, they should not
   push out what is read again (x, the scale records, the next layer's first blocks). Worth ~20 us over the 70B
-  layer at M = 1 and ~20 us at M = 16 (bench.md, seventh pass).
+  layer at M = 1 and ~20 us at M = 16 (bench.md, seventh pass). Not the wgmma producer's copies: with the hint
+  there, nvcc 13.0 emits a faulting instruction (csrc/w4a16.cu); at M = 256 it was worth ~2 % (ninth pass).
 - The stream-K grids of whole tiles (k/v, down) subtract the zero point per fragment (Config.zsub) instead of
   correcting the block sums with sums of x: the x sums sat between the wait and the first mma.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass" to "Ninth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7*, -v8*, -v9*).
+bench.md, "Fourth pass" to "Tenth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7* to -v10*).
 """
 
 from __future__ import annotations
@@ -379,7 +382,9 @@ def plan(cfg: Config, m: int, st) -> dict:
         name = f"qt_wg_{pre}{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
         if tma:
             name += "_tma"
-            threads += 128  # its producer warpgroup, which copies x (no weight ring)
+            # no per-warp rings: each stage also holds every warp's weights and metadata of its block
+            smem = 1024 + stages * (cfg.bn * 128 + threads // 32 * (512 + (1 if post else 4) * 48))
+            threads += 128  # its producer warpgroup, which copies x and the weights
     split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
             "rows": rows, "name": name, "post": post, "tma": tma,
