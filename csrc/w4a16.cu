@@ -1015,12 +1015,11 @@ DEVI void sk_small(const Args& p) {
 // (producer) warpgroup (TMA_X) or by cp.async from every thread. WGS warpgroups share each x tile.
 // Grid: (ceil(N16 / (4 WGS)), splits, ceil(M / BN)); block 128 WGS threads (+ 128 with TMA_X).
 // ---------------------------------------------------------------------------------------------------------
-// The descriptor's high word (stride 1024 bytes between 8-row groups, 128-byte swizzle) and its low word: the
-// start address / 16 (bits 0-13: shared addresses are below 2^18, so adding a k16 step's 2 never carries out)
-// and the leading offset 1.
-constexpr uint32_t SW128_HI = (1024 >> 4) | (1u << 30);
+// The descriptor of a K-major tile with 128-byte swizzle: its low word holds the start address / 16 (bits 0-13:
+// shared addresses are below 2^18, so adding a k16 step's 2 never carries out) and the leading offset 1, its high
+// word the stride (1024 bytes between 8-row groups) and the swizzle mode. The loops keep only the low word.
 DEVI uint32_t sw128_lo(uint32_t saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
-DEVI uint64_t sw128_desc(uint32_t saddr) { return ((uint64_t)SW128_HI << 32) | sw128_lo(saddr); }
+DEVI uint64_t sw128_desc(uint32_t lo) { return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | lo; }
 DEVI void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 DEVI void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -1031,7 +1030,7 @@ DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" 
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
 // x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
-// rows, 128-byte swizzle: the layout sw128_desc describes); a producer warpgroup copies each block's x tile (one
+// rows, 128-byte swizzle: the layout sw128_lo / sw128_desc describe); a producer warpgroup copies each block's x tile (one
 // lane, by the tensor map) and the CTA's weights and metadata for it (cp.async, all 128 threads) into a stage,
 // completing the stage's "full" mbarrier; each consumer warp releases a stage on its "empty" mbarrier once the
 // wgmmas that read it are done. The consumers copy nothing and meet at no CTA barrier and no proxy fence per
@@ -1102,7 +1101,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   const int n16 = (p.N + 15) >> 4;
   const int tn = blockIdx.x * (4 * WGS) + warp;
   const bool producer = TMA_X && warp >= 4 * WGS;  // TMA_X: one more warpgroup, which copies x and the weights
-  const bool active = tn < n16 && !producer;
+  const bool active = tn < n16;  // (the cp.async form's ring copies; that form has no producer)
   const int kb0 = blockIdx.y * p.kbps;
   const int nb = min(p.KB, kb0 + p.kbps) - kb0;
   const int m0 = blockIdx.z * BN;
@@ -1149,7 +1148,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
         dequant<BF16, true>(word(wv, s), rc, a[b]);
       }
       wg_fence();
-      wgmma_rs<BN, BF16>(acc, a[b], ((uint64_t)SW128_HI << 32) | (dlo + 2 * s));  // + 32 bytes a step
+      wgmma_rs<BN, BF16>(acc, a[b], sw128_desc(dlo + 2 * s));  // + 32 bytes a step
       wg_commit();
       wg_wait<1>();          // the previous step's wgmma is done: its A registers may be rewritten
       keep(a[(s + 1) & 1]);  // ... and not before (the compiler must not reuse them earlier)

@@ -72,13 +72,17 @@ def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
     return stages if post else stages - 1
 
 
+def slot_bytes(post: bool, tn: int = 1) -> int:
+    """Stream<D, NS, TN>::SLOT: TN x (512 bytes of weights + NS 48-byte metadata records), NS = 1 or 4."""
+    return tn * (512 + (1 if post else 4) * 48)
+
+
 def ring_bytes_per_warp(kind: str, post: bool, stages: int = 0, tn: int = 1, depth: int = 0, ub: int = 2) -> int:
     """Stream<D, NS, TN>::BYTES_PER_WARP: D slots of TN x (512 bytes of weights + NS 48-byte metadata records);
     stream-K: D slots of UB x 512 bytes + one record."""
     if kind == SK:
         return ring_depth(kind, post, depth=depth) * (ub * 512 + 48)
-    ns = 1 if post or kind == XS else 4
-    return ring_depth(kind, post, stages, depth) * tn * (512 + ns * 48)
+    return ring_depth(kind, post, stages, depth) * slot_bytes(post or kind == XS, tn)
 
 
 @dataclass(frozen=True)
@@ -383,7 +387,7 @@ def plan(cfg: Config, m: int, st) -> dict:
         if tma:
             name += "_tma"
             # no per-warp rings: each stage also holds every warp's weights and metadata of its block
-            smem = 1024 + stages * (cfg.bn * 128 + threads // 32 * (512 + (1 if post else 4) * 48))
+            smem = 1024 + stages * (cfg.bn * 128 + threads // 32 * slot_bytes(post))
             threads += 128  # its producer warpgroup, which copies x and the weights
     split = splits > 1
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
