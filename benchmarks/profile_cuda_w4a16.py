@@ -5,6 +5,8 @@
 
     # M = 256 only, with cuBLAS's dense fp16 GEMM of the same shape after it (profile both: -k regex:'qt_|nvjet')
     python benchmarks/profile_cuda_w4a16.py 256 --dense
+    # the x-in-registers kernel forced (M <= 16)
+    python benchmarks/profile_cuda_w4a16.py 16 --xr     # --xr=2: its probe 2
     # another layer shape (K x N; down_proj here)
     python benchmarks/profile_cuda_w4a16.py 16 --shape 28672x8192
 
@@ -29,7 +31,9 @@ if "--shape" in args:
     i = args.index("--shape")
     k, n = (int(v) for v in args[i + 1].split("x"))
     del args[i : i + 2]
-sizes = [int(a) for a in args if a != "--dense"] or [1, 256]
+# --xr[=P]: force the x-in-registers kernel (16 warps, 4 blocks per warp, 3-unit rings; probe P) at M <= 16
+xr = next((a for a in args if a.startswith("--xr")), None)
+sizes = [int(a) for a in args if not a.startswith("--")] or [1, 256]
 
 dev = torch.device("cuda")
 kern = get_kernel("cuda-w4a16")
@@ -39,6 +43,12 @@ w = torch.randn(n, k, device=dev).half() if dense else None
 del plain
 for m in sizes:
     x = torch.randn(m, k, device=dev).half()
+    if xr:
+        from qtool.kernels.cuda.launch import XR, Config
+
+        probe = int(xr.partition("=")[2] or 0)
+        state.override = Config(kind=XR, nt=1 if m <= 8 else 2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True,
+                                probe=probe)
     print(m, kern.describe(state, m))
     kern.forward(x, state)
     if dense:

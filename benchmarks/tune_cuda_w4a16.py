@@ -31,6 +31,7 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
+from qtool.kernels.cuda import launch  # noqa: E402
 from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, XS, Config, choose, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
@@ -68,6 +69,13 @@ def forced_configs(m: int, st) -> list[Config]:
         cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
                for tn, w, d, xc, sp, pdl in ((1, 16, 6, 2, 1, None), (1, 4, 12, 4, 3, True), (2, 8, 6, 2, 2, True),
                                              (2, 3, 12, 4, 1, False), (1, 7, 6, 2, 5, True))]
+    if st.gshift_blk >= 0 and m <= 16:  # x in registers: one and several K groups, CTAs crossing K groups, pdl
+        nt = 1 if m <= 8 else 2
+        cs += [Config(kind=launch.XR, nt=2, r=r, warps=w, depth=d, ctas_per_sm=c, pdl=pdl)
+               for r, w, d, c, pdl in ((4, 16, 4, 1.0, None), (4, 16, 3, 1.0, True), (2, 8, 4, 2.0, True),
+                                       (4, 4, 4, 0.3, False), (2, 3, 4, 1.0, True))]
+        if nt == 1:
+            cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
     return cs
 
 
@@ -142,8 +150,9 @@ def chain_check() -> int:
         st = kern.prepare(PackedLayer.from_plain(plain))
         for m in (1, 5, 16, 256):
             bases = [choose(m, st)]
-            if m == 16:  # the x-streaming kernel, which waits for the previous kernel before it reads x
+            if m == 16:  # the x-streaming and x-in-registers kernels, which wait before they read x
                 bases.append(Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=2.0))
+                bases.append(Config(kind=launch.XR, nt=2, r=4, warps=16, ctas_per_sm=1.0))
             for base in bases:
                 x0 = torch.randn(m, k, device=dev).to(dt)
                 chains = {}
@@ -212,6 +221,13 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         nt = 1 if m <= 8 else 2
         c += [Config(kind=MMA, nt=nt, tn=tn, warps=w, depth=d, ctas_per_sm=cps, min_blocks=mb)
               for tn, w in ((1, 4), (2, 4), (2, 8)) for d in (0, 12) for cps, mb in ((4.0, 4), (16.0, 4), (32.0, 2))]
+        # x in registers: K groups of warps x r blocks, one or two CTAs per SM
+        c += [Config(kind=launch.XR, nt=nt, r=r, warps=w, depth=d, ctas_per_sm=cps, pdl=pdl)
+              for r, w, d, cps, pdl in ((4, 16, 4, 1.0, True), (4, 16, 3, 1.0, True), (4, 16, 4, 1.0, False),
+                                        (4, 8, 4, 2.0, True), (2, 16, 4, 1.0, True), (2, 8, 4, 2.0, True))
+              if (nt, r, d) in launch.XR_BUILT]
+        if probes and m > 8:
+            c += [Config(kind=launch.XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True, probe=pr) for pr in (1, 2, 3)]
         if m > 8:  # x streamed in chunks: about one wave of CTAs, whole tiles (gate/up) or a few long K slices
             c += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, ctas_per_sm=cps, pdl=pdl, min_blocks=mb)
                   for tn, w, d, xc, cps, pdl, mb in (
@@ -312,7 +328,7 @@ def main() -> int:
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
     ap.add_argument("--variants-only", action="store_true",
                     help="time only the default choice and its launch variants (--tune)")
-    ap.add_argument("--only", choices=[MMA, SK, XS, WGMMA],
+    ap.add_argument("--only", choices=[MMA, SK, XS, launch.XR, WGMMA],
                     help="of the candidates, time only this kind's (with the default and its variants; --tune)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)

@@ -191,6 +191,33 @@ DEVI uint64_t l2_policy(bool evict_first) {
   return pol;
 }
 DEVI void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// mbarriers in shared memory (sm_80+; the wait spins on try_wait from sm_90, on test_wait before)
+DEVI void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DEVI void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this parity has completed
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "QT_MBAR_WAIT:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra QT_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "QT_MBAR_TEST:\n"
+      " mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra QT_MBAR_TEST;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
 template <int N>
 DEVI void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -707,6 +734,374 @@ DEVI void mma_xs(const Args& p) {
                             at.nwarps * TN * 16, blockDim.x);
 }
 
+// Among the four lanes t = 0..3 of a row group: lane t's v[e] becomes lane e's v[t] (two butterfly rounds: in
+// round m, a lane swaps with lane t ^ m the elements whose bit m differs from its own).
+DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int t) {
+  uint32_t* v[4] = {&v0, &v1, &v2, &v3};
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1) {
+    const bool hi = t & m;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e & m) continue;
+      const int e1 = e | m;  // the pair (e, e1): the lane keeps v[e] (hi: v[e1]) and takes its partner's other
+      const uint32_t send = hi ? *v[e] : *v[e1];
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, m);
+      if (hi) {
+        *v[e] = recv;
+      } else {
+        *v[e1] = recv;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Small-batch kernel with x held in registers (sm_80+, M <= 8 NT, one group per 64-k block or coarser): the work
+// is cut along K first. A CTA of NW warps covers one "K group" of NW x R blocks, each warp R of them, and holds
+// that x as mma B fragments in registers (R blocks x 4 k16 steps x NT x 2 words a lane, loaded once); it then
+// walks tiles, every warp streaming its R blocks of each tile (R x 512 contiguous bytes) through its cp.async
+// ring. A weight word then meets x with no shared-memory read of x, no x stream and no CTA barrier: the
+// dequantization and NT mmas. Without the hand-over below (probe 2) this runs Llama-3-70B gate/up at M = 16 at
+// the copy bandwidth (29.4 us); mma_xs's bare x and weight streams took 42.7 (benchmarks/results/bench.md,
+// eighth and eleventh passes).
+// The warps' fp32 partial sums of a tile (fragment order) meet in shared memory: S slots of [NW][32 lanes][NT]
+// float4, each with a "full" mbarrier (lane 0 of every warp arrives) and an "empty" one. Warp f % NW sums the
+// CTA's f-th unit in warp order L units later (so it seldom waits) and stores y, or, with several K groups, its K
+// group's fp32 partial to the workspace; after its loop each warp counts its units in, and the last K group of
+// a tile to arrive sums the tile's partials in K-group order (deterministic) and re-arms the tile's counter.
+// (Summing by the last warp to arrive instead of a fixed warp made the slowest warp slower still; counting in
+// within the loop put a fence, which waits for the ring's copies in flight, on the summing warp: both much
+// slower, eleventh pass.)
+// Work: units (K group kg, tile), kg-major, cut into one equal contiguous range per CTA (a persistent grid); a CTA
+// whose range crosses into the next K group reloads its x registers there.
+// Shared: the rings (NW x D slots of R x 512 bytes of weights and R 48-byte records), the S partial slots, then
+// 2 S mbarriers. Workspace: ws [G][N16][32][NT] float4, cnt [N16]. The group of a block is found by a shift;
+// GB = blocks per group inside a warp's range (min(R, group / 64), both powers of two): a record per GB blocks.
+// PROBE (benchmarks only, wrong results): 1 = the same streams and hand-over with no arithmetic, 2 = the
+// arithmetic with no hand-over, 3 = the full kernel with x never loaded (constant fragments)
+// ---------------------------------------------------------------------------------------------------------
+template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0>
+DEVI void xr_small(const Args& p) {
+  static_assert(L < S, "a unit's partial slot is summed before the slot is written again");
+  constexpr int META = 48, SLOT = R * (512 + META);
+  extern __shared__ uint4 smem4[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n16 = (p.N + 15) >> 4;
+  const long long units = (long long)((p.KB + nw * R - 1) / (nw * R)) * n16;  // K groups x tiles
+  const int u0 = (int)(blockIdx.x * units / gridDim.x), n = (int)((blockIdx.x + 1) * units / gridDim.x) - u0;
+  const uint32_t base = smem_u32(smem4);
+  const uint32_t ring = base + warp * (D * SLOT), ring_end = ring + D * SLOT;
+  const uint32_t pslot = nw * 32 * NT * 16;      // bytes of one partial slot
+  const uint32_t part = base + nw * (D * SLOT);  // S partial slots
+  const uint32_t full = part + S * pslot, empty = full + S * 8;  // per slot: "full" and "empty" mbarriers
+  const int lgb = min(max(p.gshift - 6, 0), 31 - __clz(R));  // log2 GB
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full + s * 8, nw);
+      mbar_init(empty + s * 8, 1);
+    }
+  }
+  pdl_start(p.flags);
+
+  // Producer side of the ring, by running pointers (the loop is issue-bound: every instruction counts): this
+  // lane's next weight piece and record piece, advanced one tile per unit and reset at each K group. A warp whose
+  // range runs past K copies its last in-range block again for the missing ones (x is 0 there, so they add 0 and
+  // the loop needs no bounds); a warp wholly past K copies nothing and computes nothing.
+  const uint4* wsrc = nullptr;
+  const char* msrc = nullptr;
+  int itile = u0 % n16, ikg = u0 / n16, inb = 0;
+  const int rec = lane / 3, prt = lane - 3 * rec;  // lanes < 3 R / GB: piece prt of record rec
+  const bool mlane = rec < (R >> lgb);
+  auto k_group = [&]() {  // the producer enters K group ikg at tile itile
+    const int kb0 = (ikg * nw + warp) * R;
+    inb = min(R, p.KB - kb0);
+    const int kbr = min(kb0 + (mlane ? rec << lgb : 0), p.KB - 1);  // the record's first block (clamped)
+    const int grp = min((kbr * 64) >> p.gshift, p.NG - 1);
+    wsrc = p.qw + ((size_t)itile * p.KB + kb0) * 32 + lane;
+    msrc = prt < 2 ? (const char*)(p.msc + ((size_t)itile * p.NG + grp) * 8 + prt * 4)
+                   : (const char*)(p.mzp + (size_t)itile * p.NG + grp);
+  };
+  k_group();
+  uint32_t fill = ring;
+  auto issue = [&](bool copy) {  // the slot advances either way, so that the slot to read is always `fill`
+    if (copy && inb > 0) {
+      const uint64_t pol = l2_policy(p.flags & QT_EVICT_FIRST);
+      if (inb == R) {
+#pragma unroll
+        for (int b = 0; b < R; ++b) cp_async16_hint(fill + b * 512 + lane * 16, wsrc + b * 32, pol);
+      } else {
+#pragma unroll
+        for (int b = 0; b < R; ++b) cp_async16_hint(fill + b * 512 + lane * 16, wsrc + min(b, inb - 1) * 32, pol);
+      }
+      if (mlane) cp_async16(fill + R * 512 + rec * META + prt * 16, msrc, true);
+    }
+    if (++itile == n16) {
+      itile = 0;
+      ++ikg;
+      k_group();
+    } else {
+      wsrc += (size_t)p.KB * 32;
+      msrc += (size_t)p.NG * (prt < 2 ? 32 : 16);
+    }
+    fill = fill + SLOT == ring_end ? ring : fill + SLOT;
+  };
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {  // groups 0 .. D-2: the first units (no earlier kernel writes them)
+    issue(d < n);
+    cp_commit();
+  }
+  pdl_wait(p.flags);  // x, y and the workspace come after the previous kernel
+  __syncthreads();    // the mbarriers' initialization
+
+  // x as B fragments: lane (g, t) of batch tile j holds x[8 j + g][k + 2t, k + 2t + 1] and [k + 2t + 8, + 9] for
+  // each k16 step k of its R blocks (rows past M and k past K: 0)
+  uint32_t xb[R][4][NT][2];
+  auto load_x = [&](int kg) {
+    if constexpr (PROBE == 3) {
+#pragma unroll
+      for (int b = 0; b < R; ++b)
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) xb[b][s][j][0] = xb[b][s][j][1] = 0x3C003C00u ^ (lane * 0x10001u) ^ kg;
+      return;
+    }
+    // Lane t of a row loads the row's 16-byte chunks t and t + 4 of each block (words 4t..4t+3, 16+4t..16+4t+3)
+    // and the row's four lanes transpose them (transpose4), so that lane t holds words t, 4+t, .. 28+t: its
+    // fragments. Four-byte loads of the fragments themselves (64 a lane, each warp load touching 8 rows' lines)
+    // drew 13 % of the warps' stall samples (Nsight Compute, eleventh pass in benchmarks/results/bench.md).
+    const int k0 = (kg * nw + warp) * R * 64 + 8 * t;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int row = 8 * j + g;
+      const uint16_t* xr = p.x + (size_t)min(row, p.M - 1) * p.K;
+#pragma unroll
+      for (int b = 0; b < R; ++b)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int k = k0 + b * 64 + c * 32;
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (row < p.M && k < p.K) v = *reinterpret_cast<const uint4*>(xr + k);
+          xb[b][2 * c][j][0] = v.x;
+          xb[b][2 * c][j][1] = v.y;
+          xb[b][2 * c + 1][j][0] = v.z;
+          xb[b][2 * c + 1][j][1] = v.w;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int b = 0; b < R; ++b)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) transpose4(xb[b][2 * c][j][0], xb[b][2 * c][j][1], xb[b][2 * c + 1][j][0],
+                                               xb[b][2 * c + 1][j][1], t);
+  };
+
+  const int G = (int)(units / n16);  // K groups
+  auto store_y = [&](int tile, const float4 (&v)[NT]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float e4[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = tile * 16 + g + (e >> 1) * 8, ml = 8 * j + 2 * t + (e & 1);
+        if (ml < p.M && row < p.N) p.y[(size_t)ml * p.N + row] = from_f32<BF16>(e4[e]);
+      }
+    }
+  };
+
+  // the finishing warp's part: unit f's partials summed in warp order, then y, or with several K groups this
+  // K group's fp32 partial in the workspace (ws [G][N16][32][NT] float4)
+  auto finish = [&](int f) {
+    const int slot = f % S;
+    mbar_wait(full + slot * 8, (f / S) & 1);  // every warp's partial of unit f
+    float4 sum[NT];
+    const uint32_t src = part + slot * pslot + lane * (NT * 16);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(sum[j].x), "=f"(sum[j].y), "=f"(sum[j].z),
+                   "=f"(sum[j].w) : "r"(src + j * 16) : "memory");
+    for (int w = 1; w < nw; ++w) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(src + w * (32 * NT * 16) + j * 16) : "memory");
+        sum[j].x += v.x;
+        sum[j].y += v.y;
+        sum[j].z += v.z;
+        sum[j].w += v.w;
+      }
+    }
+    __syncwarp();  // the lanes' loads above are done with the slot before lane 0 releases it
+    if (lane == 0) mbar_arrive(empty + slot * 8);
+    const int u = u0 + f, tile = u % n16;
+    if (G == 1) {
+      store_y(tile, sum);
+    } else {  // this K group's partial; counted and summed after the loop (tail)
+      float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / n16) * n16 + tile) * 32 * NT + lane * NT;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[j]);
+    }
+  };
+
+  // One unit's sums from the slot at `read`, with GB blocks per group: acc = sum over groups of scale x (the
+  // group's fp32 sums of (q - z) x). The record of group r is at read + R * 512 + r * META.
+  auto compute = [&](auto gbc, uint32_t read, float (&acc)[NT][4]) {
+    constexpr int GB = decltype(gbc)::value;
+#pragma unroll
+    for (int r = 0; r < R / GB; ++r) {
+      const uint32_t rp = read + R * 512 + r * META;
+      uint32_t sc;
+      uint2 zp;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(rp + g * 4));
+      asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(zp.x), "=r"(zp.y) : "r"(rp + 32));
+      const RowConst rc = row_const<BF16>(sc, zp, g);
+      float accb[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) accb[j][0] = accb[j][1] = accb[j][2] = accb[j][3] = 0.f;
+#pragma unroll
+      for (int bb = 0; bb < GB; ++bb) {
+        const int b = r * GB + bb;
+        uint4 wv;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wv.x), "=r"(wv.y), "=r"(wv.z), "=r"(wv.w)
+                     : "r"(read + b * 512 + lane * 16));
+        if constexpr (PROBE == 1) {
+          accb[0][b & 3] += __uint_as_float((wv.x ^ wv.y ^ wv.z ^ wv.w ^ rc.nz0 ^ rc.s1) & 0x3FFFFFu);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            uint32_t a[4];
+            dequant<BF16, false>(word(wv, s), rc, a);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma16816<BF16>(accb[j], a, xb[b][s][j][0], xb[b][s][j][1]);
+          }
+        }
+      }
+      const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(s0, accb[j][0], acc[j][0]);
+        acc[j][1] = fmaf(s0, accb[j][1], acc[j][1]);
+        acc[j][2] = fmaf(s1, accb[j][2], acc[j][2]);
+        acc[j][3] = fmaf(s1, accb[j][3], acc[j][3]);
+      }
+    }
+  };
+
+  int tile = u0 % n16, kg = u0 / n16;
+  bool live = (kg * nw + warp) * R < p.KB;  // this warp has blocks in K group kg
+  int fw = ((-L) % nw + nw) % nw;           // the warp that finishes unit i - L, i.e. (i - L) mod nw
+  for (int i = 0; i < n; ++i) {
+    issue(i + D - 1 < n);  // unit i + D - 1 into the slot of unit i - 1; `fill` is now unit i's slot
+    cp_commit();
+    if (i == 0 || tile == 0) {  // a new K group (the same for every warp of the CTA)
+      load_x(kg);
+      live = (kg * nw + warp) * R < p.KB;
+    }
+    cp_wait<D - 1>();  // unit i's slot is complete (this lane's copies) ...
+    __syncwarp();      // ... and the records the warp's lanes copied
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    if (live) {
+      if constexpr (R >= 4) {
+        if (lgb >= 2) {
+          compute(std::integral_constant<int, 4>{}, fill, acc);
+        } else if (lgb == 1) {
+          compute(std::integral_constant<int, 2>{}, fill, acc);
+        } else {
+          compute(std::integral_constant<int, 1>{}, fill, acc);
+        }
+      } else {
+        if (lgb >= 1) {
+          compute(std::integral_constant<int, 2>{}, fill, acc);
+        } else {
+          compute(std::integral_constant<int, 1>{}, fill, acc);
+        }
+      }
+    }
+    if constexpr (PROBE == 2) {  // keep the sums alive, exchange nothing
+#pragma unroll
+      for (int j = 0; j < NT; ++j) asm volatile("" ::"f"(acc[j][0]), "f"(acc[j][1]), "f"(acc[j][2]), "f"(acc[j][3]));
+      if (++tile == n16) {
+        tile = 0;
+        ++kg;
+      }
+      continue;
+    }
+    const int slot = i % S;
+    if (i >= S) mbar_wait(empty + slot * 8, ((i / S) - 1) & 1);  // unit i - S's partials were summed
+    const uint32_t dst = part + slot * pslot + (warp * 32 + lane) * (NT * 16);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + j * 16), "f"(acc[j][0]), "f"(acc[j][1]),
+                   "f"(acc[j][2]), "f"(acc[j][3]) : "memory");
+    __syncwarp();  // the lanes' stores before lane 0's arrival (a release at CTA scope)
+    if (lane == 0) mbar_arrive(full + slot * 8);
+    if (i >= L && fw == warp) finish(i - L);
+    fw = fw + 1 == nw ? 0 : fw + 1;
+    if (++tile == n16) {
+      tile = 0;
+      ++kg;
+    }
+  }
+  if constexpr (PROBE != 2) {
+    for (int f = max(0, n - L); f < n; ++f)
+      if (f % nw == warp) finish(f);
+  }
+  cp_wait<0>();
+  if (PROBE == 2 || G == 1) return;
+  // The K-group hand-over, once per warp after its loop: a fence in the loop (a release per unit) waited for the
+  // ring's copies in flight and held the finishing warp, and through the partial slots every warp, ~13 us of
+  // Llama-3-70B gate/up at M = 16 (benchmarks/results/bench.md, eleventh pass). Lane l counts this warp's l-th
+  // finished unit (units warp, warp + NW, ...) in; the last K group of a tile to arrive sums its G partials in
+  // K-group order (deterministic) and re-arms the tile's counter.
+  __syncwarp();      // the lanes' partial stores ...
+  __threadfence();   // ... released before the counts below
+  const int mine = n > warp ? (n - 1 - warp) / nw + 1 : 0;  // units f = warp + nw c, c < mine
+  for (int c0 = 0; c0 < mine; c0 += 32) {
+    int last = 0;
+    const int c = c0 + lane;
+    int ctile = 0;
+    if (c < mine) {
+      ctile = (u0 + warp + nw * c) % n16;
+      last = atomicAdd(p.cnt + ctile, 1) == G - 1;
+      if (last) p.cnt[ctile] = 0;  // every other K group of this tile has arrived: safe to re-arm
+    }
+    unsigned todo = __ballot_sync(0xffffffffu, last);
+    if (todo) {
+      __syncwarp();      // the counting lanes' observations ...
+      __threadfence();   // ... before every lane's reads of the other K groups' partials
+    }
+    while (todo) {
+      const int src = __ffs(todo) - 1;
+      todo &= todo - 1;
+      const int tl = __shfl_sync(0xffffffffu, ctile, src);
+      const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
+      const size_t kstride = (size_t)n16 * 32 * NT;  // float4s from one K group's partials to the next
+      float4 tot[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
+      for (int k = 1; k < G; ++k) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const float4 v = __ldcg(ws + k * kstride + j);
+          tot[j].x += v.x;
+          tot[j].y += v.y;
+          tot[j].z += v.z;
+          tot[j].w += v.w;
+        }
+      }
+      store_y(tl, tot);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Stream-K kernel for the smallest batches (M <= 8, x staged whole): the weight stream as one contiguous run.
 // Work unit: UB consecutive 64-k blocks of one tile (KB % UB == 0), with one group for the whole unit (group
@@ -1043,23 +1438,8 @@ DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]),
 struct alignas(64) TMap {  // CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled
   unsigned long long v[16];
 };
-DEVI void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 DEVI void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-DEVI void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this parity has completed
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "QT_MBAR_WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra QT_MBAR_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 DEVI void tma_load_2d(uint32_t dst, const TMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
@@ -1401,6 +1781,31 @@ QT_XS(qt_xs_bf16_nt2_tn2_d12_x4, 2, true, 12, 2, 4)
 QT_XS_PROBE(1)
 QT_XS_PROBE(2)
 QT_XS_PROBE(3)
+
+// x in registers (xr_small): NT batch tiles, R blocks per warp and tile, rings of D units. At most 128 registers
+// a thread (64 of them x at NT 2, R 4), so one CTA of 16 warps or two of 8 fit an SM.
+#define QT_XR(NT, R, D)                                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt##NT##_r##R##_d##D(QT_ARGS) {  \
+    const qt::Args a = QT_PACK;                                                                    \
+    qt::xr_small<false, NT, R, D>(a);                                                              \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt##NT##_r##R##_d##D(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                                    \
+    qt::xr_small<true, NT, R, D>(a);                                                               \
+  }
+QT_XR(2, 4, 3)
+QT_XR(2, 4, 4)
+QT_XR(2, 2, 4)
+QT_XR(1, 4, 4)
+// its probes (benchmarks only, wrong results): qt_xr_probe{PR}_f16_nt2_r4_d3
+#define QT_XR_PROBE(PR)                                                                          \
+  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_probe##PR##_f16_nt2_r4_d3(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                                  \
+    qt::xr_small<false, 2, 4, 3, 4, 2, PR>(a);                                                         \
+  }
+QT_XR_PROBE(1)
+QT_XR_PROBE(2)
+QT_XR_PROBE(3)
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {

@@ -17,8 +17,8 @@ import torch
 
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, get_kernel
-from qtool.kernels.cuda import act_order_plan, build, group_shift
-from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XS, Config, choose, plan, ring_depth, sk_fits
+from qtool.kernels.cuda import act_order_plan, build, group_shift, launch
+from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XR, XS, Config, choose, plan, ring_depth
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
 ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
@@ -26,6 +26,9 @@ ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
          | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
          | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
          | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)}
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" for nt, r, d in re.findall(r"^QT_XR\((\d+), (\d+), (\d+)\)", SRC, re.M)
+            for dt in ("f16", "bf16")}
+         | {f"qt_xr_probe{pr}_f16_nt2_r4_d3" for pr in re.findall(r"^QT_XR_PROBE\((\d+)\)", SRC, re.M)}
          | {f"qt_wg_probe{pr}_f16_bn{bn}_wg{w}_s{st}_blk"
             for bn, w, st, pr in re.findall(r"^QT_WG_PROBE\((\d+), (\d+), (\d+), (\d+)\)", SRC, re.M)}
          | {f"qt_wg_{dt}_bn{bn}_wg{w}_s{st}_{ns}_tma" for bn, w, st in re.findall(r"^QT_WGT\((\d+), (\d+), (\d+)\)", SRC, re.M)
@@ -59,6 +62,12 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
                 units = -(-n // 16) * -(-k // 64) // cfg.ub
                 assert m <= 8 and p["grid"][0] * (p["block"] // 32) <= units  # every warp range non-empty
                 assert p["ws_floats"] == 2 * p["grid"][0] * (p["block"] // 32) * 128 and p["counters"] == -(-n // 16)
+                continue
+            if cfg.kind == XR:  # K groups of 16 warps x 4 blocks; never more CTAs than (K group, tile) units
+                kb = -(-k // 64)
+                kgroups = -(-kb // (cfg.warps * cfg.r))
+                assert 8 < m <= 16 and cc == (9, 0) and p["splits"] == kgroups
+                assert p["grid"][0] <= kgroups * -(-n // 16) and p["rows"] == 16
                 continue
             gx, splits, gz = p["grid"]
             kb = -(-k // 64)
@@ -96,13 +105,19 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert choose(1, state(8192, 28672)).trigger == "start"
     assert plan(choose(1, state(28672, 8192)), 1, state(28672, 8192))["grid"] == (128, 1, 1)
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
-    assert not sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
-    # M = 9-16, one group per block: x streamed, 3 CTAs of 8 warps per SM (k/v) or one of 16 warps with K slices
-    # (q/o, down); a wide layer (gate/up) the split mma grid, two tiles per warp
+    assert not launch.sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
+    # M = 9-16, groups of >= 128, on the H200: x in registers on layers of >= 4 units (K group x tile) per SM
+    # (q/o, gate/up, down); x streamed, 3 CTAs of 8 warps per SM, on k/v (128 units)
     q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
                                                                       (8192, 28672)))
-    assert (q16.kind, q16.warps, kv16.kind, kv16.warps, down16.kind, down16.warps) == (XS, 16, XS, 8, XS, 16)
-    assert (gate16.kind, gate16.tn) == (MMA, 2) and choose(17, state(8192, 1024)).kind == MMA
+    assert (q16.kind, kv16.kind, kv16.warps) == (XR, XS, 8)
+    assert (down16.kind, down16.r, down16.warps, down16.depth, gate16.kind) == (XR, 4, 16, 3, XR)
+    assert choose(8, state(8192, 28672)).kind != XR and choose(17, state(8192, 1024)).kind == MMA
+    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
+    assert choose(16, g64).kind == XS
+    # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
+    down16 = choose(16, state(28672, 8192, cc=(8, 0)))
+    assert down16.kind == XS and choose(16, state(8192, 28672, cc=(8, 0))).kind == MMA
     p = plan(down16, 16, state(28672, 8192))
     assert p["grid"] == (32, 4, 1) and p["kbps"] == 112 and p["name"] == "qt_xs_{dt}_nt2_tn1_d6_x2"
     assert p["smem"] == 4 * 16 * (2 * 64 + 8) * 2 + 16 * 6 * (512 + 48)  # 4 x chunks, 16 rings of 6 blocks
@@ -384,7 +399,7 @@ def _body(name: str) -> str:
     return body
 
 
-@pytest.mark.parametrize("name", ["sk_small", "wg_large", "mma_xs"])
+@pytest.mark.parametrize("name", ["sk_small", "wg_large", "mma_xs", "xr_small"])
 def test_pdl_orders_every_dependent_access_after_the_wait(name):
     """Programmatic dependent launch: before pdl_wait a kernel may only read what no earlier kernel writes (the
     weight stream and its records); x, y, the workspace and the counters come after it. The mma kernel has no
@@ -400,8 +415,9 @@ def test_pdl_orders_every_dependent_access_after_the_wait(name):
         wait = form.index("pdl_wait(p.flags")
         assert form.index("pdl_start(p.flags)") < wait
         # the first weight blocks are in flight before the wait (each warp's ring, or the producer's cp.asyncs)
-        assert "issue()" in form[:wait] or "weights(j)" in form[:wait]
-        for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x(", "tma_load_2d("):
+        assert "issue()" in form[:wait] or "issue(d < n)" in form[:wait] or "weights(j)" in form[:wait]
+        for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x(", "tma_load_2d(", "finish(",
+                          "store_y("):
             i = form.find(dependent)
             assert i < 0 or i > wait, (name, dependent)
 
@@ -425,7 +441,8 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     # evict-first weight copies: the default, for every kernel (each Stream and the stream-K ring read the bit)
     assert flags(Config()) == 2 and flags(Config(kind=SK, trigger="start"), 264, 132) == 3
     assert all(flags(choose(m, hopper)) & 2 for m in (1, 16, 256))
-    assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 2  # Stream (mma, xs, wgmma by cp.async) and sk_small
+    # Stream (mma, xs, wgmma by cp.async), sk_small and xr_small
+    assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 3
     with pytest.raises(ValueError, match="evict"):
         Config(evict="all")  # refused where it is made, not at launch
     gate = state(8192, 28672)
@@ -503,9 +520,39 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
             configs += [c for c in tune.candidates(m, probes=True) if isinstance(c, Config)]
             configs += [dataclasses.replace(base, pdl=p, trigger=t) for p, t in ((True, "wait"), (True, "start"))]
             for cfg in configs:
-                if cfg.kind == SK and (m > 8 or not sk_fits(1, st)):
+                if cfg.kind == SK and (m > 8 or not launch.sk_fits(1, st)):
                     continue  # the scripts only force stream-K where it takes the layer
                 p = plan(cfg, m, st)
                 for dt in ("f16",) if cfg.probe else ("f16", "bf16"):  # the probes exist for fp16 tuning only
                     assert p["name"].replace("{dt}", dt) in ENTRY, (cfg, p["name"])
                 flags(cfg, p["grid"][0], 132)
+
+
+def test_x_in_registers_plan():
+    """K groups of warps x r blocks; units (K group, tile) over about ctas_per_sm CTAs per SM; partials per K
+    group in the workspace only when there are several; every built shape fits one CTA per SM."""
+    from qtool.kernels.cuda.launch import XR_BUILT, XR_PROBE_BUILT, xr_smem
+
+    assert all(f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" in ENTRY for nt, r, d in XR_BUILT for dt in ("f16", "bf16"))
+    assert f"qt_xr_probe1_f16_nt{XR_PROBE_BUILT[0]}_r{XR_PROBE_BUILT[1]}_d{XR_PROBE_BUILT[2]}" in ENTRY
+    for nt, r, d in XR_BUILT:
+        assert xr_smem(16, r, d, nt) <= SMEM_MAX - 1024
+    cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
+    gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
+    assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2
+    assert gate["name"] == "qt_xr_{dt}_nt2_r4_d3" and gate["rows"] == 16
+    assert gate["ws_floats"] == 2 * 1792 * 32 * 2 * 4 and gate["counters"] == 1792
+    assert gate["smem"] == 16 * 3 * 4 * 560 + 4 * 16 * 32 * 2 * 16 + 4 * 16
+    down = plan(cfg, 9, state(28672, 8192))
+    assert down["splits"] == 7 and down["grid"] == (132, 1, 1)
+    one = plan(Config(kind=XR, nt=2, r=4, warps=16), 16, state(4096, 512))  # one K group: y stored in place
+    assert one["splits"] == 1 and one["ws_floats"] == 0 and one["counters"] == 0
+    assert one["grid"] == (32, 1, 1)  # never more CTAs than units
+    assert plan(Config(kind=XR, nt=1, r=4, warps=5, ctas_per_sm=0.7), 3, state(384, 200))["grid"] == (13, 1, 1)
+    assert cfg.label(2) == "cuda xr nt2 r4 w16 d3 1/sm kg2"
+    for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8), Config(kind=XR, nt=2, r=4, probe=1)):
+        with pytest.raises(ValueError, match="x-in-registers"):
+            plan(bad, 16, state(8192, 8192))
+    with pytest.raises(ValueError, match="x-in-registers"):
+        plan(cfg, 16, state(8192, 8192, post=False))
+

@@ -6,10 +6,14 @@ The kernel cannot run here; what can be checked is everything it relies on:
 - the LOP3 + FMA dequantization gives exactly q - z for every q, z in fp16 and bf16 (bit-level emulation);
 - a lane-by-lane emulation of the kernel's decode over a whole layer reproduces the dequantized weight;
 - the stream-K kernel's biased fragments carry each code exactly, and its per-unit correction by
-  (bias + z) * sum(x) reproduces the layer product.
+  (bias + z) * sum(x) reproduces the layer product;
+- the x-in-registers kernel's x transpose gives its lanes their B fragments, and its work split (K groups,
+  warps' blocks, records, the order of the sums) reproduces the layer product.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,3 +288,127 @@ def test_stream_k_unit_arithmetic_reproduces_the_layer_product(bf16):
                 y[16 * tn + g + 8] += s1 * (accb[g + 8] - c1 * xu.sum())
     ref = x @ dequantize_packed(layer, torch.float64).numpy()  # [K] @ [K, N]
     np.testing.assert_allclose(y[:n], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+
+
+def _transpose4(v: list[list[int]]) -> list[list[int]]:
+    """csrc/w4a16.cu transpose4 over one row's four lanes: v[t][e] is lane t's element e; two butterfly rounds,
+    the same sends and keeps as the kernel's."""
+    v = [list(r) for r in v]
+    for m in (1, 2):
+        new = [list(r) for r in v]
+        for e in range(4):
+            if e & m:
+                continue
+            e1 = e | m
+            send = [v[t][e] if t & m else v[t][e1] for t in range(4)]
+            for t in range(4):
+                recv = send[t ^ m]
+                if t & m:
+                    new[t][e] = recv
+                else:
+                    new[t][e1] = recv
+        v = new
+    return v
+
+
+def test_x_in_registers_fragments_come_out_in_mma_order():
+    """xr_small's x load: lane t of a row loads 16-byte chunks t and t + 4 of a 64-k block (words 4t.. and
+    16 + 4t..), the row's four lanes transpose them, and lane t's registers are then its B fragments: word
+    8 s + 4 h + t (the pair k = 16 s + 8 h + 2t, + 1) for step s, half h."""
+    words = list(range(32))  # one row's 32 words of a block
+    for c in range(2):
+        got = _transpose4([[words[16 * c + 4 * t + e] for e in range(4)] for t in range(4)])
+        for t in range(4):
+            # v.x, v.y -> step 2c (h 0, 1); v.z, v.w -> step 2c + 1
+            assert got[t] == [8 * (2 * c) + t, 8 * (2 * c) + 4 + t, 8 * (2 * c + 1) + t, 8 * (2 * c + 1) + 4 + t]
+    assert "transpose4(xb[b][2 * c][j][0], xb[b][2 * c][j][1], xb[b][2 * c + 1][j][0]," in _SRC
+    assert "const int k0 = (kg * nw + warp) * R * 64 + 8 * t;" in _SRC and "k0 + b * 64 + c * 32" in _SRC
+
+
+_SRC = (Path(__file__).parents[1] / "csrc" / "w4a16.cu").read_text()
+
+
+# (K, group, warps, blocks per warp, CTAs, M): a warp partly past K with one record per block (448, 64) and with
+# two blocks per record (640, 128, one warp of 4); warps wholly past K (640, 128, 3 x 2); a single group, one K
+# group (512); CTAs whose ranges cross K groups (all but 512)
+@pytest.mark.parametrize("k,gsz,nw,r,ctas,m", [(448, 64, 3, 2, 3, 11), (640, 128, 1, 4, 2, 3), (640, 128, 3, 2, 3, 16),
+                                               (512, -1, 2, 4, 3, 16)])
+def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, ctas, m):
+    """Emulate xr_small's work split in float64: units (K group of nw x r blocks, tile) cut per CTA by the
+    kernel's formula; each warp's r blocks of a tile (a warp partly past K re-reads its last block, x being 0
+    there; a warp wholly past K adds nothing), one scale record per GB = min(r, group / 64) blocks, the fp32
+    sums scaled per record; the warps' partials summed in warp order, the K groups' in K-group order. Checks the
+    block, record and group arithmetic against x @ dequant(W)^T (the fragments themselves: tests above)."""
+    n, bf16 = 40, False
+    layer, qw, zt, sc = tiled_layer(n, k, gsz, bf16, seed=5)
+    n16, kb = mma_tiles.padded(n, k)
+    ng = layer.n_groups
+    gshift = 30 if ng == 1 else gsz.bit_length() - 1  # qtool.kernels.cuda.group_shift
+    lgb = min(max(gshift - 6, 0), r.bit_length() - 1)
+    gb = 1 << lgb
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(9)).half().double().numpy()
+    xpad = np.zeros((m, kb * 64))
+    xpad[:, :k] = x
+    # the dequantized tile rows (q - z, unscaled) and the per-(tile, group, row) scales, from the lane emulation
+    q_minus_z = np.zeros((n16 * 16, kb * 64))
+    for tn in range(n16):
+        for b in range(kb):
+            grp = min(64 * b // (gsz if gsz > 0 else 1 << 30), ng - 1)
+            zp = zt[tn, grp].numpy().astype(np.uint32)
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                z0 = np.array([(zp[0] >> (4 * g)) & 15], dtype=np.uint32)
+                z1 = np.array([(zp[1] >> (4 * g)) & 15], dtype=np.uint32)
+                for s in range(4):
+                    w = np.array([int(qw[tn, b, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
+                    vals = _pair_values(emulate_dequant(w, z0, z1, bf16), bf16)[:, 0]
+                    for e, (row, kx) in enumerate(fragment_coords(g, t)):
+                        q_minus_z[16 * tn + row, 64 * b + 16 * s + kx] = vals[e]
+
+    def scale(tn, grp):
+        s = np.zeros(16)
+        for g in range(8):
+            s[g], s[g + 8] = _pair_values([np.array([int(sc[tn, grp, g]) & 0xFFFFFFFF], dtype=np.uint32)], bf16)[:, 0]
+        return s
+
+    kgroups = -(-kb // (nw * r))
+    units = kgroups * n16
+    assert "blockIdx.x * units / gridDim.x" in _SRC and "inb = min(R, p.KB - kb0);" in _SRC
+    assert "wsrc + min(b, inb - 1) * 32" in _SRC and "min(max(p.gshift - 6, 0), 31 - __clz(R))" in _SRC
+    assert "const int kbr = min(kb0 + (mlane ? rec << lgb : 0), p.KB - 1);" in _SRC
+    partial = {}  # (kg, tile) -> the unit's sum over warps, in warp order
+    crossed = False
+    for cta in range(ctas):
+        u0, u1 = cta * units // ctas, (cta + 1) * units // ctas
+        crossed |= u1 > u0 and u0 // n16 != (u1 - 1) // n16  # this CTA reloads x for a second K group
+        for u in range(u0, u1):
+            kg, tile = divmod(u, n16)
+            total = np.zeros((16, m))
+            for warp in range(nw):
+                kb0 = (kg * nw + warp) * r
+                inb = min(r, kb - kb0)
+                acc = np.zeros((16, m))
+                if inb > 0:  # live
+                    for rec in range(r // gb):
+                        kbr = min(kb0 + rec * gb, kb - 1)
+                        grp = min((kbr * 64) >> gshift, ng - 1)
+                        accb = np.zeros((16, m))
+                        for bb in range(gb):
+                            b = rec * gb + bb
+                            src = kb0 + min(b, inb - 1)  # the block whose weights land in slot b
+                            kx = kb0 + b  # the block of x in register set b (0 past K)
+                            xb = xpad[:, 64 * kx:64 * kx + 64] if kx < kb else np.zeros((m, 64))
+                            accb += q_minus_z[16 * tile:16 * tile + 16, 64 * src:64 * src + 64] @ xb.T
+                        acc += scale(tile, grp)[:, None] * accb
+                total = total + acc
+            partial[(kg, tile)] = total
+    assert sorted(partial) == [(g, t) for g in range(kgroups) for t in range(n16)]  # every unit exactly once
+    assert crossed == (kgroups > 1)
+    y = np.zeros((m, n16 * 16))
+    for tile in range(n16):
+        tot = partial[(0, tile)]
+        for g in range(1, kgroups):
+            tot = tot + partial[(g, tile)]
+        y[:, 16 * tile:16 * tile + 16] = tot.T
+    ref = x @ dequantize_packed(layer, torch.float64).numpy()
+    np.testing.assert_allclose(y[:, :n], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())

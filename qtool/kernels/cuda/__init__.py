@@ -99,8 +99,8 @@ def act_order_plan(g_idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 class CudaW4A16(Kernel):
     id = "cuda-w4a16"
     summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): stream-K mma.sync for M <= 8, mma.sync with in-register LOP3 "
-               "dequant for other small M (x streamed in chunks at M 9-16), wgmma (sm_90a) for large M; weights "
-               "repacked once to the mma tile layout")
+               "dequant for other small M (at M 9-16 x held in registers or streamed in chunks), wgmma (sm_90a) "
+               "for large M; weights repacked once to the mma tile layout")
     devices = ("cuda",)
     bits = (4,)
     dtypes = (torch.float16, torch.bfloat16)

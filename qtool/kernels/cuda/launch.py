@@ -4,9 +4,14 @@ Why the choices look the way they do:
 - M <= 8 (x small enough to stage whole): the stream-K kernel. The weight is cut into one equal contiguous range
   per warp of a persistent grid, so every SM streams the same bytes with no tail wave; the grid size per layer
   shape comes from benchmarks/tune_cuda_w4a16.py (bench.md, fifth pass).
-- M = 9-16 on layers of under 8 tiles per SM with one group per 64-k block: the x-streaming mma kernel (x through
-  a ring of chunks in shared memory, so a CTA's K slice is not bounded by it): about one wave of CTAs, each warp
-  one long contiguous run of its tile (bench.md, eighth pass).
+- M = 9-16 on the H200's layers of at least 4 units (K group x tile) per SM with groups of >= 128 or one group:
+  x held in registers (xr): a CTA of 16 warps owns a K group of 16 x 4 blocks and holds that x as mma fragments,
+  then walks tiles, each warp streaming its 4 blocks of each tile; the warps' partial sums meet in shared memory
+  and the K groups' in the workspace once per warp after its loop. No x stream, no ldmatrix, no CTA barrier per
+  block (bench.md, eleventh pass).
+- M = 9-16 on other layers of under 8 tiles per SM with one group per 64-k block (and on other GPUs): the
+  x-streaming mma kernel (x through a ring of chunks in shared memory, so a CTA's K slice is not bounded by it):
+  about one wave of CTAs, each warp one long contiguous run of its tile (bench.md, eighth pass).
 - Other small M streams the weight: every SM must pull bytes at once, so the grid is sized to several CTAs per SM
   by splitting K (the x slice a CTA stages in shared memory is bounded by X_BUDGET, and the partial sums are
   finished by the last CTA of each tile in the same launch). Each warp owns TN 16-row tiles and keeps its
@@ -22,7 +27,7 @@ Why the choices look the way they do:
   while the kernel before it on the stream finishes, and waits for it (griddepcontrol.wait) before it reads x or
   writes anything; prepare() synchronizes so the weights themselves are never that earlier kernel's output.
   QTOOL_CUDA_PDL=0 turns it off. The wgmma kernel can be launched so too (it gained nothing: off by default);
-  the mma kernel never (it does not wait); the x-streaming one where choose() says so.
+  the mma kernel never (it does not wait); the x-streaming and x-in-registers ones where choose() says so.
 - Every kernel's weight copies carry an L2 evict-first policy (Config.evict): read once per call, they should not
   push out what is read again (x, the scale records, the next layer's first blocks). Worth ~20 us over the 70B
   layer at M = 1 and ~20 us at M = 16 (bench.md, seventh pass). Not the wgmma producer's copies: with the hint
@@ -30,7 +35,7 @@ Why the choices look the way they do:
 - The stream-K grids of whole tiles (k/v, down) subtract the zero point per fragment (Config.zsub) instead of
   correcting the block sums with sums of x: the x sums sat between the wait and the first mma.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass" to "Tenth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7* to -v10*).
+bench.md, "Fourth pass" to "Eleventh pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7* to -v11*).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from functools import lru_cache
 
 import torch
 
-MMA, WGMMA, SK, XS = "mma", "wgmma", "sk", "xs"
+MMA, WGMMA, SK, XS, XR = "mma", "wgmma", "sk", "xs", "xr"
 SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
 TRIGGER_FLAGS = {"wait": 0, "start": 1}  # Args::flags (csrc/w4a16.cu QT_PDL_EARLY)
 EVICT_FLAGS = {"none": 0, "weights": 2}  # Args::flags QT_EVICT_FIRST
@@ -55,6 +60,9 @@ WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/w4a16.cu QT_XS)
 XS_BUILT = {(2, 1, 6, 2), (2, 1, 12, 4), (2, 2, 6, 2), (2, 2, 12, 4)}  # (nt, tn, ring depth, chunk blocks)
 XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE) are built for
+XR_BUILT = {(2, 4, 3), (2, 4, 4), (2, 2, 4), (1, 4, 4)}  # x in registers: (nt, blocks per warp and tile, ring depth)
+XR_SLOTS = 4  # its partial-sum slots (csrc/w4a16.cu xr_small S)
+XR_PROBE_BUILT = (2, 4, 3)  # the one shape its probes (QT_XR_PROBE) are built for
 # wgmma (bn, warpgroups, stages) built as probes (QT_WG_PROBE, fp16, x by cp.async)
 WG_PROBE_BUILT = {(128, 4, 6), (256, 2, 4)}
 # (bn, warpgroups, stages) built with x read by the tensor memory accelerator (QT_WGT, ..._tma)
@@ -69,6 +77,8 @@ def ring_depth(kind: str, post: bool, stages: int = 0, depth: int = 0) -> int:
         return depth or 4
     if kind == XS:
         return depth or 6
+    if kind == XR:
+        return depth or 4
     return stages if post else stages - 1
 
 
@@ -112,6 +122,7 @@ class Config:
     zsub: bool = False  # sk: the zero point subtracted per fragment (no x sums; csrc/w4a16.cu sk_small ZSUB)
     evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
     xc: int = 2  # xs: 64-k blocks per x chunk (XS_BUILT lists the instantiated ones)
+    r: int = 4  # xr: 64-k blocks per warp and tile (its x in registers; XR_BUILT lists the instantiated ones)
     tma: bool = True  # wgmma: x by the tensor memory accelerator where built and K % 8 == 0 (else by cp.async)
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
@@ -137,6 +148,11 @@ class Config:
             pr = f" probe{self.probe}" if self.probe else ""
             mb = f" min{self.min_blocks}" if self.min_blocks != 4 else ""
             return f"cuda mma-xs{pr} nt{self.nt} tn{self.tn} w{self.warps} d{d} x{self.xc}{tail}{mb}{ev}{nopdl}"
+        if self.kind == XR:
+            d = ring_depth(XR, True, depth=self.depth)
+            kg = f" kg{sp}" if sp else ""
+            pr = f" probe{self.probe}" if self.probe else ""
+            return f"cuda xr{pr} nt{self.nt} r{self.r} w{self.warps} d{d} {self.ctas_per_sm:g}/sm{kg}{ev}{nopdl}"
         st = f" s{self.stages}" if self.stages else ""
         pr = f" probe{self.probe}" if self.probe else ""
         x = "" if self.tma else " cp.async-x"
@@ -196,6 +212,14 @@ def choose(m: int, st) -> Config:
         return Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
     if m <= 8:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
+    if 8 < m <= 16 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0) and xr_units(st) >= 4 * st.n_sm:
+        # x in registers (tune-cuda-h200-v11-steps.txt, bench.md eleventh pass), Llama-3-70B at M = 16: layers of
+        # at least 4 units (K group x tile) per SM, one CTA of 16 warps per SM, 3-unit rings: gate/up 46.6-47.0 us
+        # against 59.6-60.2 for the split mma grid, down 47.4-48.0 against 57.4-57.9 and q/o 19.1 against 20.1-20.2
+        # for the x-streaming kernel; k/v (128 units) keeps the latter (7.5-7.6 us against 8.0). Groups of >= 128
+        # or one group: the record-per-block form (groups of 64) was not run on a GPU. Measured on the H200 only:
+        # other GPUs keep the choices below.
+        return Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled())
     if m <= 16 and st.gshift_blk >= 0 and -(-st.N // 16) < 8 * st.n_sm:
         # x streamed in chunks, launched dependent (tune-cuda-h200-v8-steps.txt, bench.md eighth pass), Llama-3-70B
         # at M = 16: a small layer (k/v) three CTAs of 8 warps per SM, 8 blocks per warp at least, so fewer K
@@ -212,6 +236,12 @@ def choose(m: int, st) -> Config:
         return Config(kind=MMA, nt=2, tn=1, warps=4, depth=12, ctas_per_sm=4.0, min_blocks=4)
     nt = 2 if m <= 16 else 4
     return Config(kind=MMA, nt=nt, tn=2, warps=8, ctas_per_sm=3.0)
+
+
+def xr_units(st, warps: int = 16, r: int = 4) -> int:
+    """Work units (K group of warps x r blocks, 16-row tile) of the x-in-registers kernel for this layer."""
+    kb = -(-st.K // 64)
+    return -(-kb // (warps * r)) * -(-st.N // 16)
 
 
 def smem_per_sm(cc: tuple[int, int]) -> int:
@@ -278,6 +308,31 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
             "counters": n16}
 
 
+def xr_smem(warps: int, r: int, depth: int, nt: int) -> int:
+    """Dynamic shared memory of an x-in-registers CTA (csrc/w4a16.cu xr_small): the warps' rings of depth slots
+    {r x 512 bytes of weights, r 48-byte records}, XR_SLOTS partial slots [warps][32][nt] float4, then per slot
+    two mbarriers (8 bytes each)."""
+    return warps * depth * r * (512 + 48) + XR_SLOTS * warps * 32 * nt * 16 + XR_SLOTS * 16
+
+
+def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
+    """Grid of the x-in-registers kernel: units (K group of warps x r blocks, tile) cut into equal ranges over
+    about ctas_per_sm CTAs per SM; K groups > 1 leave fp32 partials [G][N16][32][nt] float4 in the workspace."""
+    depth = ring_depth(XR, True, depth=cfg.depth)
+    shape = (cfg.nt, cfg.r, depth)
+    if not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and shape != XR_PROBE_BUILT):
+        raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
+                         f"{depth}{'' if post else ' and groups not found by a shift'}")
+    kgroups = -(-kb // (cfg.warps * cfg.r))
+    units = kgroups * n16
+    grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
+    return {"grid": (grid, 1, 1), "block": 32 * cfg.warps, "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt),
+            "splits": kgroups, "kbps": 0, "rows": 8 * cfg.nt,
+            "name": f"qt_xr_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_nt{cfg.nt}_r{cfg.r}_d{depth}",
+            "post": post, "tma": False, "ws_floats": kgroups * n16 * 128 * cfg.nt if kgroups > 1 else 0,
+            "counters": n16 if kgroups > 1 else 0}
+
+
 @lru_cache(maxsize=8)
 def _module(device_index: int, cc: tuple[int, int]):
     from qtool.kernels.cuda.build import cubin_for
@@ -313,7 +368,7 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
     return f | EVICT_FLAGS[cfg.evict]
 
 
-PDL_KINDS = (SK, WGMMA, XS)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
+PDL_KINDS = (SK, WGMMA, XS, XR)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
 # on by default for stream-K only: the wgmma kernel gained nothing and sometimes lost at M = 256 (bench.md, sixth pass)
 PDL_DEFAULT_KINDS = (SK,)
 
@@ -334,6 +389,8 @@ def plan(cfg: Config, m: int, st) -> dict:
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
     if cfg.kind == SK:
         return _sk_plan(cfg, m, st, n16, kb, post)
+    if cfg.kind == XR:
+        return _xr_plan(cfg, m, st, n16, kb, post)
     if cfg.kind == XS:
         depth = ring_depth(XS, True, depth=cfg.depth)
         shape = (cfg.nt, cfg.tn, depth, cfg.xc)
