@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
+from qtool.kernels.cuda.launch import XR, Config  # noqa: E402
 
 args = sys.argv[1:]
 dense = "--dense" in args
@@ -33,6 +34,7 @@ if "--shape" in args:
     del args[i : i + 2]
 # --xr[=P]: force the x-in-registers kernel (16 warps, 4 blocks per warp, 3-unit rings; probe P) at M <= 16
 xr = next((a for a in args if a.startswith("--xr")), None)
+xr_probe = int(xr.partition("=")[2] or 0) if xr else 0
 sizes = [int(a) for a in args if not a.startswith("--")] or [1, 256]
 
 dev = torch.device("cuda")
@@ -44,11 +46,8 @@ del plain
 for m in sizes:
     x = torch.randn(m, k, device=dev).half()
     if xr:
-        from qtool.kernels.cuda.launch import XR, Config
-
-        probe = int(xr.partition("=")[2] or 0)
         state.override = Config(kind=XR, nt=1 if m <= 8 else 2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True,
-                                probe=probe)
+                                probe=xr_probe)
     print(m, kern.describe(state, m))
     kern.forward(x, state)
     if dense:

@@ -70,11 +70,10 @@ def forced_configs(m: int, st) -> list[Config]:
                for tn, w, d, xc, sp, pdl in ((1, 16, 6, 2, 1, None), (1, 4, 12, 4, 3, True), (2, 8, 6, 2, 2, True),
                                              (2, 3, 12, 4, 1, False), (1, 7, 6, 2, 5, True))]
     if st.gshift_blk >= 0 and m <= 16:  # x in registers: one and several K groups, CTAs crossing K groups, pdl
-        nt = 1 if m <= 8 else 2
         cs += [Config(kind=launch.XR, nt=2, r=r, warps=w, depth=d, ctas_per_sm=c, pdl=pdl)
                for r, w, d, c, pdl in ((4, 16, 4, 1.0, None), (4, 16, 3, 1.0, True), (2, 8, 4, 2.0, True),
                                        (4, 4, 4, 0.3, False), (2, 3, 4, 1.0, True))]
-        if nt == 1:
+        if m <= 8:  # and one batch tile
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
     return cs
 

@@ -192,6 +192,20 @@ DEVI uint64_t l2_policy(bool evict_first) {
 }
 DEVI void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
+// fp32 partial sums four at a time: a 16-byte shared-memory load, and a += b
+DEVI float4 lds_f4(uint32_t saddr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(saddr)
+               : "memory");
+  return v;
+}
+DEVI void add_to(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
 // mbarriers in shared memory (sm_80+; the wait spins on try_wait from sm_90, on test_wait before)
 DEVI void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -438,11 +452,7 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
     for (int s = 0; s < splits; ++s) {
 #pragma unroll
       for (int u = 0; u < V; ++u) {
-        const float4 v = __ldcg(src[u] + s * (stride >> 2));
-        sum[u].x += v.x;
-        sum[u].y += v.y;
-        sum[u].z += v.z;
-        sum[u].w += v.w;
+        add_to(sum[u], __ldcg(src[u] + s * (stride >> 2)));
       }
     }
 #pragma unroll
@@ -808,10 +818,10 @@ DEVI void xr_small(const Args& p) {
   pdl_start(p.flags);
 
   // Producer side of the ring, by running pointers (recomputed per unit, the addresses took about a quarter of the
-  // first version's 572 instructions per warp and unit; ncu-v11-h200.txt): this lane's next weight piece and record
-  // piece, advanced one tile per unit and reset at each K group. A warp whose
-  // range runs past K copies its last in-range block again for the missing ones (x is 0 there, so they add 0 and
-  // the loop needs no bounds); a warp wholly past K copies nothing and computes nothing.
+  // first version's 572 instructions per warp and unit; ncu-v11-h200.txt): this lane's next weight piece and
+  // record piece, advanced one tile per unit and reset at each K group. A warp whose range runs past K copies its
+  // last in-range block again for the missing ones (x is 0 there, so they add 0 and the loop needs no bounds); a
+  // warp wholly past K copies nothing and computes nothing.
   const uint4* wsrc = nullptr;
   const char* msrc = nullptr;
   int itile = u0 % n16, ikg = u0 / n16, inb = 0;
@@ -923,20 +933,10 @@ DEVI void xr_small(const Args& p) {
     float4 sum[NT];
     const uint32_t src = part + slot * pslot + lane * (NT * 16);
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(sum[j].x), "=f"(sum[j].y), "=f"(sum[j].z),
-                   "=f"(sum[j].w) : "r"(src + j * 16) : "memory");
+    for (int j = 0; j < NT; ++j) sum[j] = lds_f4(src + j * 16);
     for (int w = 1; w < nw; ++w) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        float4 v;
-        asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                     : "r"(src + w * (32 * NT * 16) + j * 16) : "memory");
-        sum[j].x += v.x;
-        sum[j].y += v.y;
-        sum[j].z += v.z;
-        sum[j].w += v.w;
-      }
+      for (int j = 0; j < NT; ++j) add_to(sum[j], lds_f4(src + w * (32 * NT * 16) + j * 16));
     }
     __syncwarp();  // the lanes' loads above are done with the slot before lane 0 releases it
     if (lane == 0) mbar_arrive(empty + slot * 8);
@@ -1009,21 +1009,13 @@ DEVI void xr_small(const Args& p) {
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    if (live) {
-      if constexpr (R >= 4) {
-        if (lgb >= 2) {
-          compute(std::integral_constant<int, 4>{}, fill, acc);
-        } else if (lgb == 1) {
-          compute(std::integral_constant<int, 2>{}, fill, acc);
-        } else {
-          compute(std::integral_constant<int, 1>{}, fill, acc);
-        }
+    if (live) {  // GB = 1 << lgb as a constant (lgb <= log2 R; R is 2 or 4)
+      if (lgb >= 2) {
+        compute(std::integral_constant<int, (R >= 4 ? 4 : 2)>{}, fill, acc);
+      } else if (lgb == 1) {
+        compute(std::integral_constant<int, 2>{}, fill, acc);
       } else {
-        if (lgb >= 1) {
-          compute(std::integral_constant<int, 2>{}, fill, acc);
-        } else {
-          compute(std::integral_constant<int, 1>{}, fill, acc);
-        }
+        compute(std::integral_constant<int, 1>{}, fill, acc);
       }
     }
     if constexpr (PROBE == 2) {  // keep the sums alive, exchange nothing
@@ -1090,13 +1082,7 @@ DEVI void xr_small(const Args& p) {
       for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
       for (int k = 1; k < G; ++k) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const float4 v = __ldcg(ws + k * kstride + j);
-          tot[j].x += v.x;
-          tot[j].y += v.y;
-          tot[j].z += v.z;
-          tot[j].w += v.w;
-        }
+        for (int j = 0; j < NT; ++j) add_to(tot[j], __ldcg(ws + k * kstride + j));
       }
       store_y(tl, tot);
     }

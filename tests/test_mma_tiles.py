@@ -321,6 +321,10 @@ def test_x_in_registers_fragments_come_out_in_mma_order():
         for t in range(4):
             # v.x, v.y -> step 2c (h 0, 1); v.z, v.w -> step 2c + 1
             assert got[t] == [8 * (2 * c) + t, 8 * (2 * c) + 4 + t, 8 * (2 * c + 1) + t, 8 * (2 * c + 1) + 4 + t]
+    # the emulation above is the kernel's own butterfly: fail here if the source stops doing what it mirrors
+    for line in ("const bool hi = t & m;", "const uint32_t send = hi ? *v[e] : *v[e1];",
+                 "__shfl_xor_sync(0xffffffffu, send, m);", "*v[e] = recv;", "*v[e1] = recv;"):
+        assert line in _SRC, line
     assert "transpose4(xb[b][2 * c][j][0], xb[b][2 * c][j][1], xb[b][2 * c + 1][j][0]," in _SRC
     assert "const int k0 = (kg * nw + warp) * R * 64 + 8 * t;" in _SRC and "k0 + b * 64 + c * 32" in _SRC
 

@@ -323,8 +323,8 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     if not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and shape != XR_PROBE_BUILT):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
                          f"{depth}{'' if post else ' and groups not found by a shift'}")
-    kgroups = -(-kb // (cfg.warps * cfg.r))
-    units = kgroups * n16
+    units = xr_units(st, cfg.warps, cfg.r)
+    kgroups = units // n16
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
     return {"grid": (grid, 1, 1), "block": 32 * cfg.warps, "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt),
             "splits": kgroups, "kbps": 0, "rows": 8 * cfg.nt,
