@@ -32,7 +32,8 @@ if "--shape" in args:
     i = args.index("--shape")
     k, n = (int(v) for v in args[i + 1].split("x"))
     del args[i : i + 2]
-# --xr[=P]: force the x-in-registers kernel (16 warps, 4 blocks per warp, 3-unit rings; probe P) at M <= 16
+# --xr[=P]: force the x-in-registers kernel as the eleventh pass chose it (16 warps, 4 blocks per warp, 3-unit
+# rings; its probes are built for this shape; probe P) at M <= 16
 xr = next((a for a in args if a.startswith("--xr")), None)
 xr_probe = int(xr.partition("=")[2] or 0) if xr else 0
 sizes = [int(a) for a in args if not a.startswith("--")] or [1, 256]

@@ -72,7 +72,10 @@ def forced_configs(m: int, st) -> list[Config]:
     if st.gshift_blk >= 0 and m <= 16:  # x in registers: one and several K groups, CTAs crossing K groups, pdl
         cs += [Config(kind=launch.XR, nt=2, r=r, warps=w, depth=d, ctas_per_sm=c, pdl=pdl)
                for r, w, d, c, pdl in ((4, 16, 4, 1.0, None), (4, 16, 3, 1.0, True), (2, 8, 4, 2.0, True),
-                                       (4, 4, 4, 0.3, False), (2, 3, 4, 1.0, True))]
+                                       (4, 4, 4, 0.3, False), (2, 3, 4, 1.0, True), (8, 8, 3, 1.0, True),
+                                       (8, 4, 3, 2.0, None), (8, 3, 3, 0.4, False))]
+        cs += [Config(kind=launch.XR, nt=2, r=8, t=2, warps=w, depth=2, ctas_per_sm=c, pdl=pdl)
+               for w, c, pdl in ((8, 1.0, None), (3, 0.6, True), (5, 0.3, False))]
         if m <= 8:  # and one batch tile
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
     return cs
@@ -223,10 +226,15 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         # x in registers: K groups of warps x r blocks, one or two CTAs per SM
         c += [Config(kind=launch.XR, nt=nt, r=r, warps=w, depth=d, ctas_per_sm=cps, pdl=pdl)
               for r, w, d, cps, pdl in ((4, 16, 4, 1.0, True), (4, 16, 3, 1.0, True), (4, 16, 4, 1.0, False),
-                                        (4, 8, 4, 2.0, True), (2, 16, 4, 1.0, True), (2, 8, 4, 2.0, True))
-              if (nt, r, d) in launch.XR_BUILT]
+                                        (4, 8, 4, 2.0, True), (2, 16, 4, 1.0, True), (2, 8, 4, 2.0, True),
+                                        (8, 8, 3, 1.0, True), (8, 4, 3, 2.0, True))
+              if (nt, r, d, 1) in launch.XR_BUILT]
+        # units of two tiles: one exchange of the warps' partial sums per two tiles
+        c += [Config(kind=launch.XR, nt=nt, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl)
+              for pdl in (True, False) if (nt, 8, 2, 2) in launch.XR_BUILT]
         if probes and m > 8:
-            c += [Config(kind=launch.XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True, probe=pr) for pr in (1, 2, 3)]
+            c += [Config(kind=launch.XR, nt=2, r=r, warps=16 if r == 4 else 8, depth=3, ctas_per_sm=1.0, pdl=True,
+                         probe=pr) for r in (4, 8) for pr in (1, 2, 3, 4, 5, 7) if pr <= 3 or r == 4]
         if m > 8:  # x streamed in chunks: about one wave of CTAs, whole tiles (gate/up) or a few long K slices
             c += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, ctas_per_sm=cps, pdl=pdl, min_blocks=mb)
                   for tn, w, d, xc, cps, pdl, mb in (

@@ -770,40 +770,44 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // Small-batch kernel with x held in registers (sm_80+, M <= 8 NT, one group per 64-k block or coarser): the work
 // is cut along K first. A CTA of NW warps covers one "K group" of NW x R blocks, each warp R of them, and holds
 // that x as mma B fragments in registers (R blocks x 4 k16 steps x NT x 2 words a lane, loaded once); it then
-// walks tiles, every warp streaming its R blocks of each tile (R x 512 contiguous bytes) through its cp.async
-// ring. A weight word then meets x with no shared-memory read of x, no x stream and no CTA barrier: the
-// dequantization and NT mmas. Without the hand-over below (probe 2) this runs Llama-3-70B gate/up at M = 16 at
-// the copy bandwidth (29.4 us); mma_xs's bare x and weight streams took 42.7 (benchmarks/results/bench.md,
-// eighth and eleventh passes).
-// The warps' fp32 partial sums of a tile (fragment order) meet in shared memory: S slots of [NW][32 lanes][NT]
-// float4, each with a "full" mbarrier (lane 0 of every warp arrives) and an "empty" one. Warp f % NW sums the
-// CTA's f-th unit in warp order L units later (so it seldom waits) and stores y, or, with several K groups, its K
-// group's fp32 partial to the workspace; after its loop each warp counts its units in, and the last K group of
-// a tile to arrive sums the tile's partials in K-group order (deterministic) and re-arms the tile's counter.
+// walks units of T tiles, every warp streaming its R blocks of each tile (R x 512 contiguous bytes) through its
+// cp.async ring. A weight word then meets x with no shared-memory read of x, no x stream and no CTA barrier: the
+// dequantization and NT mmas. That arithmetic sets the pace on Llama-3-70B gate/up at M = 16: 35 us for the
+// streams, x loads and hand-over without it, 41.5 without the hand-over, 43.3-47.1 in full; the mmas are its
+// costliest part (benchmarks/results/bench.md, twelfth pass).
+// The warps' fp32 partial sums of a unit meet in shared memory: S slots of [NW][T][NT][32 lanes] float4, each with
+// a "full" mbarrier (lane 0 of every warp arrives) and an "empty" one. Warp f % NW sums the CTA's f-th unit in
+// warp order L units later (so it seldom waits) and stores y, or, with several K groups, its K group's fp32
+// partials to the workspace; after its loop each warp counts its units in, and the last K group of a unit to
+// arrive sums its tiles' partials in K-group order (deterministic) and re-arms the unit's counter.
 // (Summing by the last warp to arrive instead of a fixed warp made the slowest warp slower still; counting in
 // within the loop put a fence, which waits for the ring's copies in flight, on the summing warp: both much
 // slower, eleventh pass.)
-// Work: units (K group kg, tile), kg-major, cut into one equal contiguous range per CTA (a persistent grid); a CTA
-// whose range crosses into the next K group reloads its x registers there.
-// Shared: the rings (NW x D slots of R x 512 bytes of weights and R 48-byte records), the S partial slots, then
-// 2 S mbarriers. Workspace: ws [G][N16][32][NT] float4, cnt [N16]. The group of a block is found by a shift;
-// GB = blocks per group inside a warp's range (min(R, group / 64), both powers of two): a record per GB blocks.
+// Work: units (K group kg, T tiles), kg-major, cut into one equal contiguous range per CTA (a persistent grid); a
+// CTA whose range crosses into the next K group reloads its x registers there. The last unit of a K group may
+// hold tiles past N: they copy the unit's first tile again and are never stored.
+// Shared: the rings (NW x D slots of T x {R x 512 bytes of weights, R 48-byte records}), the S partial slots, then
+// 2 S mbarriers. Workspace: ws [G][N16][32][NT] float4, cnt [units per K group]. The group of a block is found
+// by a shift; GB = blocks per group inside a warp's range (min(R, group / 64), both powers of two): a record per
+// GB blocks.
 // PROBE (benchmarks only, wrong results): 1 = the same streams and hand-over with no arithmetic, 2 = the
-// arithmetic with no hand-over, 3 = the full kernel with x never loaded (constant fragments)
+// arithmetic with no hand-over, 3 = the full kernel with x never loaded (constant fragments), 4 = the finishing
+// warp reads one warp's partial instead of summing all, 5 = the hand-over without its waits, 7 = the
+// dequantization without the mmas (the fragments folded into the sums by LOP3s)
 // ---------------------------------------------------------------------------------------------------------
-template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0>
+template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0, int T = 1>
 DEVI void xr_small(const Args& p) {
   static_assert(L < S, "a unit's partial slot is summed before the slot is written again");
-  constexpr int META = 48, SLOT = R * (512 + META);
+  constexpr int META = 48, TS = R * (512 + META), SLOT = T * TS;
   extern __shared__ uint4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n16 = (p.N + 15) >> 4;
-  const long long units = (long long)((p.KB + nw * R - 1) / (nw * R)) * n16;  // K groups x tiles
+  const int n16 = (p.N + 15) >> 4, ntu = (n16 + T - 1) / T;  // tiles; units of T tiles per K group
+  const long long units = (long long)((p.KB + nw * R - 1) / (nw * R)) * ntu;  // K groups x units of T tiles
   const int u0 = (int)(blockIdx.x * units / gridDim.x), n = (int)((blockIdx.x + 1) * units / gridDim.x) - u0;
   const uint32_t base = smem_u32(smem4);
   const uint32_t ring = base + warp * (D * SLOT), ring_end = ring + D * SLOT;
-  const uint32_t pslot = nw * 32 * NT * 16;      // bytes of one partial slot
+  const uint32_t pslot = nw * T * NT * 512;      // bytes of one partial slot: [nw][T][NT][32 lanes] float4
   const uint32_t part = base + nw * (D * SLOT);  // S partial slots
   const uint32_t full = part + S * pslot, empty = full + S * 8;  // per slot: "full" and "empty" mbarriers
   const int lgb = min(max(p.gshift - 6, 0), 31 - __clz(R));  // log2 GB
@@ -824,7 +828,7 @@ DEVI void xr_small(const Args& p) {
   // warp wholly past K copies nothing and computes nothing.
   const uint4* wsrc = nullptr;
   const char* msrc = nullptr;
-  int itile = u0 % n16, ikg = u0 / n16, inb = 0;
+  int itile = u0 % ntu, ikg = u0 / ntu, inb = 0;  // the producer's unit of T tiles and K group
   const int rec = lane / 3, prt = lane - 3 * rec;  // lanes < 3 R / GB: piece prt of record rec
   const bool mlane = rec < (R >> lgb);
   auto k_group = [&]() {  // the producer enters K group ikg at tile itile
@@ -832,31 +836,40 @@ DEVI void xr_small(const Args& p) {
     inb = min(R, p.KB - kb0);
     const int kbr = min(kb0 + (mlane ? rec << lgb : 0), p.KB - 1);  // the record's first block (clamped)
     const int grp = min((kbr * 64) >> p.gshift, p.NG - 1);
-    wsrc = p.qw + ((size_t)itile * p.KB + kb0) * 32 + lane;
-    msrc = prt < 2 ? (const char*)(p.msc + ((size_t)itile * p.NG + grp) * 8 + prt * 4)
-                   : (const char*)(p.mzp + (size_t)itile * p.NG + grp);
+    wsrc = p.qw + ((size_t)itile * T * p.KB + kb0) * 32 + lane;
+    msrc = prt < 2 ? (const char*)(p.msc + ((size_t)itile * T * p.NG + grp) * 8 + prt * 4)
+                   : (const char*)(p.mzp + (size_t)itile * T * p.NG + grp);
   };
+  const size_t wstep = (size_t)p.KB * 32, mstep = (size_t)p.NG * (prt < 2 ? 32 : 16);  // one tile further
   k_group();
   uint32_t fill = ring;
   auto issue = [&](bool copy) {  // the slot advances either way, so that the slot to read is always `fill`
     if (copy && inb > 0) {
       const uint64_t pol = l2_policy(p.flags & QT_EVICT_FIRST);
-      if (inb == R) {
 #pragma unroll
-        for (int b = 0; b < R; ++b) cp_async16_hint(fill + b * 512 + lane * 16, wsrc + b * 32, pol);
-      } else {
+      for (int tt = 0; tt < T; ++tt) {
+        // a unit's tiles past N (the last unit of a K group, N16 % T != 0) copy its first tile again
+        const bool in = tt == 0 || itile * T + tt < n16;
+        const uint4* ws = in ? wsrc + tt * wstep : wsrc;
+        const char* ms = in ? msrc + tt * mstep : msrc;
+        const uint32_t dst = fill + tt * TS;
+        if (inb == R) {
 #pragma unroll
-        for (int b = 0; b < R; ++b) cp_async16_hint(fill + b * 512 + lane * 16, wsrc + min(b, inb - 1) * 32, pol);
+          for (int b = 0; b < R; ++b) cp_async16_hint(dst + b * 512 + lane * 16, ws + b * 32, pol);
+        } else {
+#pragma unroll
+          for (int b = 0; b < R; ++b) cp_async16_hint(dst + b * 512 + lane * 16, ws + min(b, inb - 1) * 32, pol);
+        }
+        if (mlane) cp_async16(dst + R * 512 + rec * META + prt * 16, ms, true);
       }
-      if (mlane) cp_async16(fill + R * 512 + rec * META + prt * 16, msrc, true);
     }
-    if (++itile == n16) {
+    if (++itile == ntu) {
       itile = 0;
       ++ikg;
       k_group();
     } else {
-      wsrc += (size_t)p.KB * 32;
-      msrc += (size_t)p.NG * (prt < 2 ? 32 : 16);
+      wsrc += T * wstep;
+      msrc += T * mstep;
     }
     fill = fill + SLOT == ring_end ? ring : fill + SLOT;
   };
@@ -912,7 +925,7 @@ DEVI void xr_small(const Args& p) {
                                                xb[b][2 * c + 1][j][1], t);
   };
 
-  const int G = (int)(units / n16);  // K groups
+  const int G = (int)(units / ntu);  // K groups
   auto store_y = [&](int tile, const float4 (&v)[NT]) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -926,27 +939,32 @@ DEVI void xr_small(const Args& p) {
   };
 
   // the finishing warp's part: unit f's partials summed in warp order, then y, or with several K groups this
-  // K group's fp32 partial in the workspace (ws [G][N16][32][NT] float4)
+  // K group's fp32 partials in the workspace (ws [G][N16][32][NT] float4)
   auto finish = [&](int f) {
     const int slot = f % S;
-    mbar_wait(full + slot * 8, (f / S) & 1);  // every warp's partial of unit f
-    float4 sum[NT];
-    const uint32_t src = part + slot * pslot + lane * (NT * 16);
+    if constexpr (PROBE != 5) mbar_wait(full + slot * 8, (f / S) & 1);  // every warp's partial of unit f
+    float4 sum[T][NT];
+    const uint32_t src = part + slot * pslot + lane * 16;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) sum[j] = lds_f4(src + j * 16);
-    for (int w = 1; w < nw; ++w) {
+    for (int c = 0; c < T * NT; ++c) sum[c / NT][c % NT] = lds_f4(src + c * 512);
+    for (int w = 1; w < (PROBE == 4 ? 1 : nw); ++w) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) add_to(sum[j], lds_f4(src + w * (32 * NT * 16) + j * 16));
+      for (int c = 0; c < T * NT; ++c) add_to(sum[c / NT][c % NT], lds_f4(src + (w * T * NT + c) * 512));
     }
     __syncwarp();  // the lanes' loads above are done with the slot before lane 0 releases it
     if (lane == 0) mbar_arrive(empty + slot * 8);
-    const int u = u0 + f, tile = u % n16;
-    if (G == 1) {
-      store_y(tile, sum);
-    } else {  // this K group's partial; counted and summed after the loop (tail)
-      float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / n16) * n16 + tile) * 32 * NT + lane * NT;
+    const int u = u0 + f;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[j]);
+    for (int tt = 0; tt < T; ++tt) {
+      const int tile = (u % ntu) * T + tt;
+      if (T > 1 && tile >= n16) break;
+      if (G == 1) {
+        store_y(tile, sum[tt]);
+      } else {  // this K group's partial; counted and summed after the loop (tail)
+        float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / ntu) * n16 + tile) * 32 * NT + lane * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[tt][j]);
+      }
     }
   };
 
@@ -978,8 +996,15 @@ DEVI void xr_small(const Args& p) {
           for (int s = 0; s < 4; ++s) {
             uint32_t a[4];
             dequant<BF16, false>(word(wv, s), rc, a);
+            if constexpr (PROBE == 7) {  // no mma: the fragments folded into the sums by LOP3s
 #pragma unroll
-            for (int j = 0; j < NT; ++j) mma16816<BF16>(accb[j], a, xb[b][s][j][0], xb[b][s][j][1]);
+              for (int j = 0; j < NT; ++j)
+                accb[j][s] =
+                    __uint_as_float(__float_as_uint(accb[j][s]) ^ a[0] ^ a[1] ^ a[2] ^ a[3] ^ xb[b][s][j][0]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < NT; ++j) mma16816<BF16>(accb[j], a, xb[b][s][j][0], xb[b][s][j][1]);
+            }
           }
         }
       }
@@ -994,7 +1019,7 @@ DEVI void xr_small(const Args& p) {
     }
   };
 
-  int tile = u0 % n16, kg = u0 / n16;
+  int tile = u0 % ntu, kg = u0 / ntu;      // the unit's T tiles and K group
   bool live = (kg * nw + warp) * R < p.KB;  // this warp has blocks in K group kg
   int fw = ((-L) % nw + nw) % nw;           // the warp that finishes unit i - L, i.e. (i - L) mod nw
   for (int i = 0; i < n; ++i) {
@@ -1006,39 +1031,50 @@ DEVI void xr_small(const Args& p) {
     }
     cp_wait<D - 1>();  // unit i's slot is complete (this lane's copies) ...
     __syncwarp();      // ... and the records the warp's lanes copied
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    if (live) {  // GB = 1 << lgb as a constant (lgb <= log2 R; R is 2 or 4)
-      if (lgb >= 2) {
-        compute(std::integral_constant<int, (R >= 4 ? 4 : 2)>{}, fill, acc);
-      } else if (lgb == 1) {
-        compute(std::integral_constant<int, 2>{}, fill, acc);
-      } else {
-        compute(std::integral_constant<int, 1>{}, fill, acc);
-      }
-    }
-    if constexpr (PROBE == 2) {  // keep the sums alive, exchange nothing
-#pragma unroll
-      for (int j = 0; j < NT; ++j) asm volatile("" ::"f"(acc[j][0]), "f"(acc[j][1]), "f"(acc[j][2]), "f"(acc[j][3]));
-      if (++tile == n16) {
-        tile = 0;
-        ++kg;
-      }
-      continue;
-    }
     const int slot = i % S;
-    if (i >= S) mbar_wait(empty + slot * 8, ((i / S) - 1) & 1);  // unit i - S's partials were summed
-    const uint32_t dst = part + slot * pslot + (warp * 32 + lane) * (NT * 16);
+    if constexpr (PROBE != 2 && PROBE != 5) {
+      if (i >= S) mbar_wait(empty + slot * 8, ((i / S) - 1) & 1);  // unit i - S's partials were summed
+    }
+    const uint32_t dst = part + slot * pslot + warp * (T * NT * 512) + lane * 16;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + j * 16), "f"(acc[j][0]), "f"(acc[j][1]),
-                   "f"(acc[j][2]), "f"(acc[j][3]) : "memory");
-    __syncwarp();  // the lanes' stores before lane 0's arrival (a release at CTA scope)
-    if (lane == 0) mbar_arrive(full + slot * 8);
-    if (i >= L && fw == warp) finish(i - L);
-    fw = fw + 1 == nw ? 0 : fw + 1;
-    if (++tile == n16) {
+    for (int tt = 0; tt < T; ++tt) {  // each tile's sums go to the slot as soon as they are made
+      float acc[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+      if (live) {  // GB = 1 << lgb as a constant (lgb <= log2 R; R is 2, 4 or 8)
+        const uint32_t read = fill + tt * TS;
+        if (R >= 8 && lgb >= 3) {
+          compute(std::integral_constant<int, (R >= 8 ? 8 : 2)>{}, read, acc);
+        } else if (R >= 4 && lgb >= 2) {
+          compute(std::integral_constant<int, (R >= 4 ? 4 : 2)>{}, read, acc);
+        } else if (lgb == 1) {
+          compute(std::integral_constant<int, 2>{}, read, acc);
+        } else {
+          compute(std::integral_constant<int, 1>{}, read, acc);
+        }
+      }
+      if constexpr (PROBE == 2) {
+        // exchange nothing; the sums kept alive by a store no run takes (a NaN payload arithmetic never makes).
+        // An empty asm taking them as inputs did not: ptxas dropped the arithmetic, 131 instructions a unit
+        // against 434 (Nsight Compute, twelfth pass in benchmarks/results/bench.md).
+        float v = 0.f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) v += (acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3]);
+        if (__float_as_uint(v) == 0x7FC00001u) p.y[0] = 0;
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + (tt * NT + j) * 512), "f"(acc[j][0]),
+                       "f"(acc[j][1]), "f"(acc[j][2]), "f"(acc[j][3]) : "memory");
+      }
+    }
+    if constexpr (PROBE != 2) {
+      __syncwarp();  // the lanes' stores before lane 0's arrival (a release at CTA scope)
+      if (lane == 0) mbar_arrive(full + slot * 8);
+      if (i >= L && fw == warp) finish(i - L);
+      fw = fw + 1 == nw ? 0 : fw + 1;
+    }
+    if (++tile == ntu) {
       tile = 0;
       ++kg;
     }
@@ -1060,11 +1096,11 @@ DEVI void xr_small(const Args& p) {
   for (int c0 = 0; c0 < mine; c0 += 32) {
     int last = 0;
     const int c = c0 + lane;
-    int ctile = 0;
+    int ctile = 0;  // the unit's place in its K group (its tiles T ctile ..)
     if (c < mine) {
-      ctile = (u0 + warp + nw * c) % n16;
+      ctile = (u0 + warp + nw * c) % ntu;
       last = atomicAdd(p.cnt + ctile, 1) == G - 1;
-      if (last) p.cnt[ctile] = 0;  // every other K group of this tile has arrived: safe to re-arm
+      if (last) p.cnt[ctile] = 0;  // every other K group of these tiles has arrived: safe to re-arm
     }
     unsigned todo = __ballot_sync(0xffffffffu, last);
     if (todo) {
@@ -1074,17 +1110,22 @@ DEVI void xr_small(const Args& p) {
     while (todo) {
       const int src = __ffs(todo) - 1;
       todo &= todo - 1;
-      const int tl = __shfl_sync(0xffffffffu, ctile, src);
-      const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
-      const size_t kstride = (size_t)n16 * 32 * NT;  // float4s from one K group's partials to the next
-      float4 tot[NT];
+      const int tu = __shfl_sync(0xffffffffu, ctile, src);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
-      for (int k = 1; k < G; ++k) {
+      for (int tt = 0; tt < T; ++tt) {
+        const int tl = tu * T + tt;
+        if (T > 1 && tl >= n16) break;
+        const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
+        const size_t kstride = (size_t)n16 * 32 * NT;  // float4s from one K group's partials to the next
+        float4 tot[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) add_to(tot[j], __ldcg(ws + k * kstride + j));
+        for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
+        for (int k = 1; k < G; ++k) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) add_to(tot[j], __ldcg(ws + k * kstride + j));
+        }
+        store_y(tl, tot);
       }
-      store_y(tl, tot);
     }
   }
 }
@@ -1769,30 +1810,50 @@ QT_XS_PROBE(1)
 QT_XS_PROBE(2)
 QT_XS_PROBE(3)
 
-// x in registers (xr_small): NT batch tiles, R blocks per warp and tile, rings of D units. At most 128 registers
-// a thread (64 of them x at NT 2, R 4), so one CTA of 16 warps or two of 8 fit an SM.
-#define QT_XR(NT, R, D)                                                                              \
-  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt##NT##_r##R##_d##D(QT_ARGS) {  \
-    const qt::Args a = QT_PACK;                                                                    \
-    qt::xr_small<false, NT, R, D>(a);                                                              \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt##NT##_r##R##_d##D(QT_ARGS) { \
-    const qt::Args a = QT_PACK;                                                                    \
-    qt::xr_small<true, NT, R, D>(a);                                                               \
+// x in registers (xr_small): NT batch tiles, R blocks per warp and tile, rings of D units, at most TH threads a
+// CTA. R 4: at most 128 registers a thread (64 of them x at NT 2), so one CTA of 16 warps or two of 8 fit an SM;
+// R 8: 128 registers of x, so at most 8 warps (255 registers a thread).
+#define QT_XR(NT, R, D, TH)                                                                         \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D(QT_ARGS) {  \
+    const qt::Args a = QT_PACK;                                                                   \
+    qt::xr_small<false, NT, R, D>(a);                                                             \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                                   \
+    qt::xr_small<true, NT, R, D>(a);                                                              \
   }
-QT_XR(2, 4, 3)
-QT_XR(2, 4, 4)
-QT_XR(2, 2, 4)
-QT_XR(1, 4, 4)
-// its probes (benchmarks only, wrong results): qt_xr_probe{PR}_f16_nt2_r4_d3
-#define QT_XR_PROBE(PR)                                                                          \
-  extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_probe##PR##_f16_nt2_r4_d3(QT_ARGS) { \
-    const qt::Args a = QT_PACK;                                                                  \
-    qt::xr_small<false, 2, 4, 3, 4, 2, PR>(a);                                                         \
+QT_XR(2, 4, 3, 512)
+QT_XR(2, 4, 4, 512)
+QT_XR(2, 2, 4, 512)
+QT_XR(1, 4, 4, 512)
+QT_XR(2, 8, 3, 256)
+// units of T tiles (one partial-sum exchange per T tiles), S partial slots summed L units late:
+// qt_xr_{dt}_nt{NT}_r{R}_d{D}_t{T}_s{S}
+#define QT_XRT(NT, R, D, TH, T, S, L)                                                                          \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D##_t##T##_s##S(QT_ARGS) {  \
+    const qt::Args a = QT_PACK;                                                                              \
+    qt::xr_small<false, NT, R, D, S, L, 0, T>(a);                                                            \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D##_t##T##_s##S(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                                              \
+    qt::xr_small<true, NT, R, D, S, L, 0, T>(a);                                                             \
   }
-QT_XR_PROBE(1)
-QT_XR_PROBE(2)
-QT_XR_PROBE(3)
+QT_XRT(2, 8, 2, 256, 2, 4, 2)
+// its probes (benchmarks only, wrong results): qt_xr_probe{PR}_f16_nt{NT}_r{R}_d{D}
+#define QT_XR_PROBE(PR, NT, R, D, TH)                                                                   \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_probe##PR##_f16_nt##NT##_r##R##_d##D(QT_ARGS) { \
+    const qt::Args a = QT_PACK;                                                                         \
+    qt::xr_small<false, NT, R, D, 4, 2, PR>(a);                                                         \
+  }
+QT_XR_PROBE(1, 2, 4, 3, 512)
+QT_XR_PROBE(2, 2, 4, 3, 512)
+QT_XR_PROBE(3, 2, 4, 3, 512)
+QT_XR_PROBE(4, 2, 4, 3, 512)
+QT_XR_PROBE(5, 2, 4, 3, 512)
+QT_XR_PROBE(7, 2, 4, 3, 512)
+QT_XR_PROBE(1, 2, 8, 3, 256)
+QT_XR_PROBE(2, 2, 8, 3, 256)
+QT_XR_PROBE(3, 2, 8, 3, 256)
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {

@@ -6,6 +6,7 @@ their arithmetic and layout are emulated lane by lane in tests/test_mma_tiles.py
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -26,9 +27,13 @@ ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
          | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
          | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
          | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" for nt, r, d in re.findall(r"^QT_XR\((\d+), (\d+), (\d+)\)", SRC, re.M)
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" for nt, r, d in re.findall(r"^QT_XR\((\d+), (\d+), (\d+), \d+\)", SRC, re.M)
             for dt in ("f16", "bf16")}
-         | {f"qt_xr_probe{pr}_f16_nt2_r4_d3" for pr in re.findall(r"^QT_XR_PROBE\((\d+)\)", SRC, re.M)}
+         | {f"qt_xr_probe{pr}_f16_nt{nt}_r{r}_d{d}"
+            for pr, nt, r, d in re.findall(r"^QT_XR_PROBE\((\d+), (\d+), (\d+), (\d+), \d+\)", SRC, re.M)}
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_t{t}_s{sl}"
+            for nt, r, d, t, sl in re.findall(r"^QT_XRT\((\d+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", SRC, re.M)
+            for dt in ("f16", "bf16")}
          | {f"qt_wg_probe{pr}_f16_bn{bn}_wg{w}_s{st}_blk"
             for bn, w, st, pr in re.findall(r"^QT_WG_PROBE\((\d+), (\d+), (\d+), (\d+)\)", SRC, re.M)}
          | {f"qt_wg_{dt}_bn{bn}_wg{w}_s{st}_{ns}_tma" for bn, w, st in re.findall(r"^QT_WGT\((\d+), (\d+), (\d+)\)", SRC, re.M)
@@ -63,11 +68,11 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
                 assert m <= 8 and p["grid"][0] * (p["block"] // 32) <= units  # every warp range non-empty
                 assert p["ws_floats"] == 2 * p["grid"][0] * (p["block"] // 32) * 128 and p["counters"] == -(-n // 16)
                 continue
-            if cfg.kind == XR:  # K groups of 16 warps x 4 blocks; never more CTAs than (K group, tile) units
+            if cfg.kind == XR:  # K groups of warps x r blocks; never more CTAs than (K group, t tiles) units
                 kb = -(-k // 64)
                 kgroups = -(-kb // (cfg.warps * cfg.r))
                 assert 8 < m <= 16 and cc == (9, 0) and p["splits"] == kgroups
-                assert p["grid"][0] <= kgroups * -(-n // 16) and p["rows"] == 16
+                assert p["grid"][0] <= kgroups * -(-n // (16 * cfg.t)) and p["rows"] == 16
                 continue
             gx, splits, gz = p["grid"]
             kb = -(-k // 64)
@@ -107,11 +112,13 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
     assert not launch.sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
     # M = 9-16, groups of >= 128, on the H200: x in registers on layers of >= 4 units (K group x tile) per SM
-    # (q/o, gate/up, down); x streamed, 3 CTAs of 8 warps per SM, on k/v (128 units)
+    # (q/o, gate/up, down), 8 warps of 8 blocks, units of two tiles with >= 8 such units per SM (gate/up, down);
+    # x streamed, 3 CTAs of 8 warps per SM, on k/v (128 units)
     q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
                                                                       (8192, 28672)))
-    assert (q16.kind, kv16.kind, kv16.warps) == (XR, XS, 8)
-    assert (down16.kind, down16.r, down16.warps, down16.depth, gate16.kind) == (XR, 4, 16, 3, XR)
+    assert (q16.kind, q16.r, q16.warps, q16.t, q16.depth, kv16.kind, kv16.warps) == (XR, 8, 8, 1, 3, XS, 8)
+    assert (down16.kind, down16.r, down16.warps, down16.t, down16.depth) == (XR, 8, 8, 2, 2)
+    assert (gate16.kind, gate16.t) == (XR, 2)
     assert choose(8, state(8192, 28672)).kind != XR and choose(17, state(8192, 1024)).kind == MMA
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
@@ -502,7 +509,6 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
     """The launches benchmarks/tune_cuda_w4a16.py makes on a GPU (--check's forced variants and the chain, --tune's
     candidates and variants) are valid configurations naming instantiated kernels, checked here on the CPU so a
     stale option fails before a device run does."""
-    import dataclasses
     import sys
 
     from qtool.kernels.cuda.launch import flags
@@ -531,18 +537,27 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
 def test_x_in_registers_plan():
     """K groups of warps x r blocks; units (K group, tile) over about ctas_per_sm CTAs per SM; partials per K
     group in the workspace only when there are several; every built shape fits one CTA per SM."""
-    from qtool.kernels.cuda.launch import XR_BUILT, XR_PROBE_BUILT, xr_smem
+    from qtool.kernels.cuda.launch import XR_BUILT, XR_MAX_WARPS, XR_PROBE_BUILT, xr_smem, xr_units
 
-    assert all(f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" in ENTRY for nt, r, d in XR_BUILT for dt in ("f16", "bf16"))
-    assert f"qt_xr_probe1_f16_nt{XR_PROBE_BUILT[0]}_r{XR_PROBE_BUILT[1]}_d{XR_PROBE_BUILT[2]}" in ENTRY
-    for nt, r, d in XR_BUILT:
-        assert xr_smem(16, r, d, nt) <= SMEM_MAX - 1024
+    for (nt, r, d, t), sl in XR_BUILT.items():
+        name = f"qt_xr_{{}}_nt{nt}_r{r}_d{d}" + (f"_t{t}_s{sl}" if t > 1 else "")
+        assert {name.format("f16"), name.format("bf16")} <= ENTRY
+        assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl) <= SMEM_MAX - 1024
+        # r 8 (128 registers of x): __launch_bounds__ of 256 threads, and plans of at most 8 warps
+        th = 32 * XR_MAX_WARPS.get(r, 16)
+        macro = rf"QT_XR\({nt}, {r}, {d}, {th}\)" if t == 1 else rf"QT_XRT\({nt}, {r}, {d}, {th}, {t}, {sl}, \d+\)"
+        assert re.search(rf"^{macro}$", SRC, re.M), (nt, r, d, t)
+    assert all(f"qt_xr_probe{pr}_f16_nt{nt}_r{r}_d{d}" in ENTRY for nt, r, d, _ in XR_PROBE_BUILT for pr in (1, 2, 3))
     cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
     gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
     assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2
     assert gate["name"] == "qt_xr_{dt}_nt2_r4_d3" and gate["rows"] == 16
     assert gate["ws_floats"] == 2 * 1792 * 32 * 2 * 4 and gate["counters"] == 1792
     assert gate["smem"] == 16 * 3 * 4 * 560 + 4 * 16 * 32 * 2 * 16 + 4 * 16
+    pair = plan(Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2), 16, state(8192, 28672 - 16))  # 1791 tiles
+    assert pair["name"] == "qt_xr_{dt}_nt2_r8_d2_t2_s4" and pair["splits"] == 2 and pair["counters"] == 1791
+    assert pair["smem"] == 8 * 2 * 2 * 8 * 560 + 4 * 8 * 2 * 2 * 512 + 4 * 16 and pair["block"] == 256
+    assert pair["ws_floats"] == 2 * 1791 * 32 * 2 * 4 and xr_units(state(8192, 28672 - 16), 8, 8, 2) == 2 * 896
     down = plan(cfg, 9, state(28672, 8192))
     assert down["splits"] == 7 and down["grid"] == (132, 1, 1)
     one = plan(Config(kind=XR, nt=2, r=4, warps=16), 16, state(4096, 512))  # one K group: y stored in place
@@ -550,7 +565,11 @@ def test_x_in_registers_plan():
     assert one["grid"] == (32, 1, 1)  # never more CTAs than units
     assert plan(Config(kind=XR, nt=1, r=4, warps=5, ctas_per_sm=0.7), 3, state(384, 200))["grid"] == (13, 1, 1)
     assert cfg.label(2) == "cuda xr nt2 r4 w16 d3 1/sm kg2"
-    for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8), Config(kind=XR, nt=2, r=4, probe=1)):
+    eight = plan(Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0), 16, state(8192, 28672))
+    assert eight["block"] == 256 and eight["splits"] == 2 and eight["name"] == "qt_xr_{dt}_nt2_r8_d3"
+    assert eight["smem"] == 8 * 3 * 8 * 560 + 4 * 8 * 32 * 2 * 16 + 4 * 16
+    for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8, warps=16), Config(kind=XR, nt=2, r=8, depth=5),
+                Config(kind=XR, nt=2, r=4, probe=1), Config(kind=XR, nt=2, r=4, t=2, depth=2)):
         with pytest.raises(ValueError, match="x-in-registers"):
             plan(bad, 16, state(8192, 8192))
     with pytest.raises(ValueError, match="x-in-registers"):

@@ -332,17 +332,21 @@ def test_x_in_registers_fragments_come_out_in_mma_order():
 _SRC = (Path(__file__).parents[1] / "csrc" / "w4a16.cu").read_text()
 
 
-# (K, group, warps, blocks per warp, CTAs, M): a warp partly past K with one record per block (448, 64) and with
-# two blocks per record (640, 128, one warp of 4); warps wholly past K (640, 128, 3 x 2); a single group, one K
-# group (512); CTAs whose ranges cross K groups (all but 512)
-@pytest.mark.parametrize("k,gsz,nw,r,ctas,m", [(448, 64, 3, 2, 3, 11), (640, 128, 1, 4, 2, 3), (640, 128, 3, 2, 3, 16),
-                                               (512, -1, 2, 4, 3, 16)])
-def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, ctas, m):
-    """Emulate xr_small's work split in float64: units (K group of nw x r blocks, tile) cut per CTA by the
-    kernel's formula; each warp's r blocks of a tile (a warp partly past K re-reads its last block, x being 0
-    there; a warp wholly past K adds nothing), one scale record per GB = min(r, group / 64) blocks, the fp32
-    sums scaled per record; the warps' partials summed in warp order, the K groups' in K-group order. Checks the
-    block, record and group arithmetic against x @ dequant(W)^T (the fragments themselves: tests above)."""
+# (K, group, warps, blocks per warp, tiles per unit, CTAs, M): a warp partly past K with one record per block
+# (448, 64) and with two blocks per record (640, 128, one warp of 4); warps wholly past K (640, 128, 3 x 2); a
+# single group, one K group (512); CTAs whose ranges cross K groups (all but 512); units of two tiles, the last of
+# each K group with a tile past N (3 tiles), in one CTA crossing K groups and (K 1024, 8 blocks a warp, one
+# group) in three
+@pytest.mark.parametrize("k,gsz,nw,r,tpu,ctas,m", [(448, 64, 3, 2, 1, 3, 11), (640, 128, 1, 4, 1, 2, 3),
+                                                 (640, 128, 3, 2, 1, 3, 16), (512, -1, 2, 4, 1, 3, 16),
+                                                 (640, 128, 3, 2, 2, 1, 16), (1024, -1, 2, 8, 2, 3, 9)])
+def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, tpu, ctas, m):
+    """Emulate xr_small's work split in float64: units (K group of nw x r blocks, t tiles) cut per CTA by the
+    kernel's formula; each warp's r blocks of each tile of a unit (a warp partly past K re-reads its last block,
+    x being 0 there; a warp wholly past K adds nothing; a tile past N re-reads the unit's first tile and is not
+    stored), one scale record per GB = min(r, group / 64) blocks, the fp32 sums scaled per record; the warps'
+    partials summed in warp order, the K groups' in K-group order. Checks the block, record and group arithmetic
+    against x @ dequant(W)^T (the fragments themselves: tests above)."""
     n, bf16 = 40, False
     layer, qw, zt, sc = tiled_layer(n, k, gsz, bf16, seed=5)
     n16, kb = mma_tiles.padded(n, k)
@@ -375,18 +379,22 @@ def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, c
             s[g], s[g + 8] = _pair_values([np.array([int(sc[tn, grp, g]) & 0xFFFFFFFF], dtype=np.uint32)], bf16)[:, 0]
         return s
 
-    kgroups = -(-kb // (nw * r))
-    units = kgroups * n16
+    kgroups, ntu = -(-kb // (nw * r)), -(-n16 // tpu)
+    units = kgroups * ntu
     assert "blockIdx.x * units / gridDim.x" in _SRC and "inb = min(R, p.KB - kb0);" in _SRC
-    assert "wsrc + min(b, inb - 1) * 32" in _SRC and "min(max(p.gshift - 6, 0), 31 - __clz(R))" in _SRC
+    assert "ws + min(b, inb - 1) * 32" in _SRC and "min(max(p.gshift - 6, 0), 31 - __clz(R))" in _SRC
+    assert "const bool in = tt == 0 || itile * T + tt < n16;" in _SRC and "if (T > 1 && tile >= n16) break;" in _SRC
     assert "const int kbr = min(kb0 + (mlane ? rec << lgb : 0), p.KB - 1);" in _SRC
     partial = {}  # (kg, tile) -> the unit's sum over warps, in warp order
     crossed = False
     for cta in range(ctas):
         u0, u1 = cta * units // ctas, (cta + 1) * units // ctas
-        crossed |= u1 > u0 and u0 // n16 != (u1 - 1) // n16  # this CTA reloads x for a second K group
-        for u in range(u0, u1):
-            kg, tile = divmod(u, n16)
+        crossed |= u1 > u0 and u0 // ntu != (u1 - 1) // ntu  # this CTA reloads x for a second K group
+        for u, tt in ((u, tt) for u in range(u0, u1) for tt in range(tpu)):
+            kg, tu = divmod(u, ntu)
+            tile = tu * tpu + tt
+            if tile >= n16:
+                continue  # its copies repeat the unit's first tile; its sums are never stored
             total = np.zeros((16, m))
             for warp in range(nw):
                 kb0 = (kg * nw + warp) * r

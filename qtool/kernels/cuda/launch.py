@@ -60,9 +60,11 @@ WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/w4a16.cu QT_XS)
 XS_BUILT = {(2, 1, 6, 2), (2, 1, 12, 4), (2, 2, 6, 2), (2, 2, 12, 4)}  # (nt, tn, ring depth, chunk blocks)
 XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE) are built for
-XR_BUILT = {(2, 4, 3), (2, 4, 4), (2, 2, 4), (1, 4, 4)}  # x in registers: (nt, blocks per warp and tile, ring depth)
-XR_SLOTS = 4  # its partial-sum slots (csrc/w4a16.cu xr_small S)
-XR_PROBE_BUILT = (2, 4, 3)  # the one shape its probes (QT_XR_PROBE) are built for
+# x in registers: (nt, blocks per warp and tile, ring depth, tiles per unit) -> partial-sum slots (csrc/w4a16.cu
+# xr_small S); r 8 kernels take at most 8 warps (registers)
+XR_BUILT = {(2, 4, 3, 1): 4, (2, 4, 4, 1): 4, (2, 2, 4, 1): 4, (1, 4, 4, 1): 4, (2, 8, 3, 1): 4, (2, 8, 2, 2): 4}
+XR_PROBE_BUILT = {(2, 4, 3, 1), (2, 8, 3, 1)}  # the shapes its probes (QT_XR_PROBE) are built for
+XR_MAX_WARPS = {8: 8}  # blocks per warp -> most warps a CTA (r 8: 128 registers of x, 255 a thread)
 # wgmma (bn, warpgroups, stages) built as probes (QT_WG_PROBE, fp16, x by cp.async)
 WG_PROBE_BUILT = {(128, 4, 6), (256, 2, 4)}
 # (bn, warpgroups, stages) built with x read by the tensor memory accelerator (QT_WGT, ..._tma)
@@ -123,6 +125,7 @@ class Config:
     evict: str = "weights"  # L2 policy of the weight copies: evict-first ("weights") or normal ("none")
     xc: int = 2  # xs: 64-k blocks per x chunk (XS_BUILT lists the instantiated ones)
     r: int = 4  # xr: 64-k blocks per warp and tile (its x in registers; XR_BUILT lists the instantiated ones)
+    t: int = 1  # xr: tiles per work unit (one exchange of the warps' partial sums per unit)
     tma: bool = True  # wgmma: x by the tensor memory accelerator where built and K % 8 == 0 (else by cp.async)
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
@@ -152,7 +155,8 @@ class Config:
             d = ring_depth(XR, True, depth=self.depth)
             kg = f" kg{sp}" if sp else ""
             pr = f" probe{self.probe}" if self.probe else ""
-            return f"cuda xr{pr} nt{self.nt} r{self.r} w{self.warps} d{d} {self.ctas_per_sm:g}/sm{kg}{ev}{nopdl}"
+            tu = f" t{self.t}" if self.t > 1 else ""
+            return f"cuda xr{pr} nt{self.nt} r{self.r}{tu} w{self.warps} d{d} {self.ctas_per_sm:g}/sm{kg}{ev}{nopdl}"
         st = f" s{self.stages}" if self.stages else ""
         pr = f" probe{self.probe}" if self.probe else ""
         x = "" if self.tma else " cp.async-x"
@@ -214,12 +218,17 @@ def choose(m: int, st) -> Config:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
     if 8 < m <= 16 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0) and xr_units(st) >= 4 * st.n_sm:
         # x in registers (tune-cuda-h200-v11-steps.txt, bench.md eleventh pass), Llama-3-70B at M = 16: layers of
-        # at least 4 units (K group x tile) per SM, one CTA of 16 warps per SM, 3-unit rings: gate/up 46.6-47.0 us
-        # against 59.6-60.2 for the split mma grid, down 47.4-48.0 against 57.4-57.9 and q/o 19.1 against 20.1-20.2
-        # for the x-streaming kernel; k/v (128 units) keeps the latter (7.5-7.6 us against 8.0). Groups of >= 128
-        # or one group: the record-per-block form (groups of 64) was not run on a GPU. Measured on the H200 only:
-        # other GPUs keep the choices below.
-        return Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled())
+        # at least 4 units (K group x tile) per SM, one CTA per SM: gate/up 46.6-47.0 us against 59.6-60.2 for the
+        # split mma grid, down 47.4-48.0 against 57.4-57.9 and q/o 19.1 against 20.1-20.2 for the x-streaming
+        # kernel; k/v (128 units) keeps the latter (7.5-7.6 us against 8.0). Twelfth pass (tune-cuda-h200-v12-
+        # steps.txt): 8 warps of 8 blocks (the same 4096-k K groups) in place of 16 of 4, q/o 18.4-18.8 against
+        # 19.0-19.4; with at least 8 units of two tiles per SM (gate/up, down) units of two tiles, gate/up 43.3-44.1
+        # in three runs of four (46.3 in the other) against 46.2-47.7, down 47.5-48.9 against 47.5-49.0. Groups of
+        # >= 128 or one group: the record-per-block form (groups of 64) was not run on a GPU. Measured on the H200
+        # only: other GPUs keep the choices below.
+        if xr_units(st, 8, 8, 2) >= 8 * st.n_sm:
+            return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled())
+        return Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled())
     if m <= 16 and st.gshift_blk >= 0 and -(-st.N // 16) < 8 * st.n_sm:
         # x streamed in chunks, launched dependent (tune-cuda-h200-v8-steps.txt, bench.md eighth pass), Llama-3-70B
         # at M = 16: a small layer (k/v) three CTAs of 8 warps per SM, 8 blocks per warp at least, so fewer K
@@ -238,10 +247,10 @@ def choose(m: int, st) -> Config:
     return Config(kind=MMA, nt=nt, tn=2, warps=8, ctas_per_sm=3.0)
 
 
-def xr_units(st, warps: int = 16, r: int = 4) -> int:
-    """Work units (K group of warps x r blocks, 16-row tile) of the x-in-registers kernel for this layer."""
+def xr_units(st, warps: int = 16, r: int = 4, t: int = 1) -> int:
+    """Work units (K group of warps x r blocks, t 16-row tiles) of the x-in-registers kernel for this layer."""
     kb = -(-st.K // 64)
-    return -(-kb // (warps * r)) * -(-st.N // 16)
+    return -(-kb // (warps * r)) * -(-st.N // (16 * t))
 
 
 def smem_per_sm(cc: tuple[int, int]) -> int:
@@ -308,27 +317,32 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
             "counters": n16}
 
 
-def xr_smem(warps: int, r: int, depth: int, nt: int) -> int:
+def xr_smem(warps: int, r: int, depth: int, nt: int, t: int = 1, slots: int = 4) -> int:
     """Dynamic shared memory of an x-in-registers CTA (csrc/w4a16.cu xr_small): the warps' rings of depth slots
-    {r x 512 bytes of weights, r 48-byte records}, XR_SLOTS partial slots [warps][32][nt] float4, then per slot
-    two mbarriers (8 bytes each)."""
-    return warps * depth * r * (512 + 48) + XR_SLOTS * warps * 32 * nt * 16 + XR_SLOTS * 16
+    of t x {r x 512 bytes of weights, r 48-byte records}, `slots` partial slots [warps][t][nt][32] float4, then
+    per slot two mbarriers (8 bytes each)."""
+    return warps * depth * t * r * (512 + 48) + slots * warps * t * nt * 512 + slots * 16
 
 
 def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
-    """Grid of the x-in-registers kernel: units (K group of warps x r blocks, tile) cut into equal ranges over
+    """Grid of the x-in-registers kernel: units (K group of warps x r blocks, t tiles) cut into equal ranges over
     about ctas_per_sm CTAs per SM; K groups > 1 leave fp32 partials [G][N16][32][nt] float4 in the workspace."""
     depth = ring_depth(XR, True, depth=cfg.depth)
-    shape = (cfg.nt, cfg.r, depth)
-    if not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and shape != XR_PROBE_BUILT):
+    shape = (cfg.nt, cfg.r, depth, cfg.t)
+    if (not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and shape not in XR_PROBE_BUILT)
+            or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
-                         f"{depth}{'' if post else ' and groups not found by a shift'}")
-    units = xr_units(st, cfg.warps, cfg.r)
-    kgroups = units // n16
+                         f"{depth}, {cfg.t} tiles per unit, {cfg.warps} warps"
+                         f"{'' if post else ' and groups not found by a shift'}")
+    units = xr_units(st, cfg.warps, cfg.r, cfg.t)
+    kgroups = units // -(-n16 // cfg.t)
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
-    return {"grid": (grid, 1, 1), "block": 32 * cfg.warps, "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt),
-            "splits": kgroups, "kbps": 0, "rows": 8 * cfg.nt,
-            "name": f"qt_xr_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_nt{cfg.nt}_r{cfg.r}_d{depth}",
+    slots = XR_BUILT[shape]
+    suffix = f"_t{cfg.t}_s{slots}" if cfg.t > 1 else ""
+    return {"grid": (grid, 1, 1), "block": 32 * cfg.warps,
+            "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt, cfg.t, slots), "splits": kgroups, "kbps": 0,
+            "rows": 8 * cfg.nt,
+            "name": f"qt_xr_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_nt{cfg.nt}_r{cfg.r}_d{depth}{suffix}",
             "post": post, "tma": False, "ws_floats": kgroups * n16 * 128 * cfg.nt if kgroups > 1 else 0,
             "counters": n16 if kgroups > 1 else 0}
 
