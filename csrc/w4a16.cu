@@ -213,24 +213,19 @@ DEVI void mbar_init(uint32_t bar, uint32_t count) {
 DEVI void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this parity has completed
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define QT_MBAR_POLL "try_wait"
+#else
+#define QT_MBAR_POLL "test_wait"
+#endif
+DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this parity has completed
   asm volatile(
       "{\n .reg .pred p;\n"
       "QT_MBAR_WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " mbarrier." QT_MBAR_POLL ".parity.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra QT_MBAR_WAIT;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-#else
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "QT_MBAR_TEST:\n"
-      " mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra QT_MBAR_TEST;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
 }
 template <int N>
 DEVI void cp_wait() {
@@ -1811,33 +1806,25 @@ QT_XS_PROBE(2)
 QT_XS_PROBE(3)
 
 // x in registers (xr_small): NT batch tiles, R blocks per warp and tile, rings of D units, at most TH threads a
-// CTA. R 4: at most 128 registers a thread (64 of them x at NT 2), so one CTA of 16 warps or two of 8 fit an SM;
-// R 8: 128 registers of x, so at most 8 warps (255 registers a thread).
-#define QT_XR(NT, R, D, TH)                                                                         \
-  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D(QT_ARGS) {  \
-    const qt::Args a = QT_PACK;                                                                   \
-    qt::xr_small<false, NT, R, D>(a);                                                             \
-  }                                                                                               \
-  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D(QT_ARGS) { \
-    const qt::Args a = QT_PACK;                                                                   \
-    qt::xr_small<true, NT, R, D>(a);                                                              \
+// CTA, units of T tiles (one partial-sum exchange per T tiles), S partial slots summed L units late. R 4: at most
+// 128 registers a thread (64 of them x at NT 2), so one CTA of 16 warps or two of 8 fit an SM; R 8: 128 registers
+// of x, so at most 8 warps (255 registers a thread). Names: qt_xr_{dt}_nt{NT}_r{R}_d{D}{SUF}.
+#define QT_XRX(SUF, NT, R, D, TH, T, S, L)                                                                  \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D##SUF(QT_ARGS) {        \
+    const qt::Args a = QT_PACK;                                                                           \
+    qt::xr_small<false, NT, R, D, S, L, 0, T>(a);                                                         \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D##SUF(QT_ARGS) {       \
+    const qt::Args a = QT_PACK;                                                                           \
+    qt::xr_small<true, NT, R, D, S, L, 0, T>(a);                                                          \
   }
+#define QT_XR(NT, R, D, TH) QT_XRX(, NT, R, D, TH, 1, 4, 2)  // one tile a unit: no suffix
+#define QT_XRT(NT, R, D, TH, T, S, L) QT_XRX(_t##T##_s##S, NT, R, D, TH, T, S, L)
 QT_XR(2, 4, 3, 512)
 QT_XR(2, 4, 4, 512)
 QT_XR(2, 2, 4, 512)
 QT_XR(1, 4, 4, 512)
 QT_XR(2, 8, 3, 256)
-// units of T tiles (one partial-sum exchange per T tiles), S partial slots summed L units late:
-// qt_xr_{dt}_nt{NT}_r{R}_d{D}_t{T}_s{S}
-#define QT_XRT(NT, R, D, TH, T, S, L)                                                                          \
-  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D##_t##T##_s##S(QT_ARGS) {  \
-    const qt::Args a = QT_PACK;                                                                              \
-    qt::xr_small<false, NT, R, D, S, L, 0, T>(a);                                                            \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D##_t##T##_s##S(QT_ARGS) { \
-    const qt::Args a = QT_PACK;                                                                              \
-    qt::xr_small<true, NT, R, D, S, L, 0, T>(a);                                                             \
-  }
 QT_XRT(2, 8, 2, 256, 2, 4, 2)
 // its probes (benchmarks only, wrong results): qt_xr_probe{PR}_f16_nt{NT}_r{R}_d{D}
 #define QT_XR_PROBE(PR, NT, R, D, TH)                                                                   \

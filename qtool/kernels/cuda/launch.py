@@ -5,10 +5,10 @@ Why the choices look the way they do:
   per warp of a persistent grid, so every SM streams the same bytes with no tail wave; the grid size per layer
   shape comes from benchmarks/tune_cuda_w4a16.py (bench.md, fifth pass).
 - M = 9-16 on the H200's layers of at least 4 units (K group x tile) per SM with groups of >= 128 or one group:
-  x held in registers (xr): a CTA of 16 warps owns a K group of 16 x 4 blocks and holds that x as mma fragments,
-  then walks tiles, each warp streaming its 4 blocks of each tile; the warps' partial sums meet in shared memory
-  and the K groups' in the workspace once per warp after its loop. No x stream, no ldmatrix, no CTA barrier per
-  block (bench.md, eleventh pass).
+  x held in registers (xr): a CTA of 8 warps owns a K group of 8 x 8 blocks and holds that x as mma fragments,
+  then walks units of one or two tiles, each warp streaming its 8 blocks of each tile; the warps' partial sums
+  meet in shared memory and the K groups' in the workspace once per warp after its loop. No x stream, no
+  ldmatrix, no CTA barrier per block (bench.md, eleventh and twelfth passes).
 - M = 9-16 on other layers of under 8 tiles per SM with one group per 64-k block (and on other GPUs): the
   x-streaming mma kernel (x through a ring of chunks in shared memory, so a CTA's K slice is not bounded by it):
   about one wave of CTAs, each warp one long contiguous run of its tile (bench.md, eighth pass).
@@ -35,7 +35,7 @@ Why the choices look the way they do:
 - The stream-K grids of whole tiles (k/v, down) subtract the zero point per fragment (Config.zsub) instead of
   correcting the block sums with sums of x: the x sums sat between the wait and the first mma.
 The thresholds and split targets come from benchmarks/tune_cuda_w4a16.py on an H200 (benchmarks/results/
-bench.md, "Fourth pass" to "Eleventh pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7* to -v11*).
+bench.md, "Fourth pass" to "Twelfth pass"; tune-cuda-h200-v4*.json, tune-cuda-h200-v6*.txt, -v7* to -v12*).
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def xr_smem(warps: int, r: int, depth: int, nt: int, t: int = 1, slots: int = 4)
     """Dynamic shared memory of an x-in-registers CTA (csrc/w4a16.cu xr_small): the warps' rings of depth slots
     of t x {r x 512 bytes of weights, r 48-byte records}, `slots` partial slots [warps][t][nt][32] float4, then
     per slot two mbarriers (8 bytes each)."""
-    return warps * depth * t * r * (512 + 48) + slots * warps * t * nt * 512 + slots * 16
+    return warps * depth * t * slot_bytes(True, r) + slots * warps * t * nt * 512 + slots * 16  # a record a block
 
 
 def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
