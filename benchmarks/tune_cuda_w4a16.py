@@ -9,6 +9,8 @@ with and without split, stream-K with short and long warp ranges and whole tiles
 outputs poisoned with NaN; error within 4x the dense same-precision baseline's. Then chains of calls each
 reading the previous output, with and without programmatic dependent launch (same bits required). Exit 1 on
 any failure.
+--scaling: K 8192 x N 7168-57344 for the M = 16 x-in-registers shapes, their probes and the M = 1 default, with a
+line fitted through each kernel's times (steady state per 28672 rows, and what a call pays once).
 --tune: Llama-3-70B's four distinct projection shapes (times weighted by how often each occurs in a decoder
 layer: q/o 2, k/v 2, gate/up 2, down 1), dense cuBLAS against the default choice and the candidates below,
 timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies).
@@ -76,6 +78,17 @@ def forced_configs(m: int, st) -> list[Config]:
                                        (8, 4, 3, 2.0, None), (8, 3, 3, 0.4, False))]
         cs += [Config(kind=launch.XR, nt=2, r=8, t=2, warps=w, depth=2, ctas_per_sm=c, pdl=pdl)
                for w, c, pdl in ((8, 1.0, None), (3, 0.6, True), (5, 0.3, False))]
+        # biased weights, corrected by the sums of x: one and several K groups, crossing CTAs, warps past K
+        cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=w, depth=d, ctas_per_sm=c, pdl=pdl, bias=True)
+               for t, d, w, c, pdl in ((1, 3, 8, 1.0, True), (1, 3, 3, 0.4, False), (2, 2, 8, 1.0, None),
+                                       (2, 2, 5, 0.3, True), (2, 2, 3, 0.6, False))]
+        if torch.cuda.get_device_capability() == (9, 0) and -(-st.K // 64) > 8 * 8 and -(-st.K // 64) <= 2 * 8 * 8:
+            # two K groups of 8 warps x 8 blocks, summed in a cluster of 2: both biases, one and two tiles a
+            # unit, fewer clusters than units, an odd grid rounded down, no pdl
+            cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=8, depth=d, ctas_per_sm=c, pdl=pdl, bias=b,
+                          cluster=True)
+                   for t, d, c, pdl, b in ((1, 3, 1.0, True, True), (2, 2, 1.0, None, True), (1, 3, 0.05, False, False),
+                                           (2, 2, 0.03, True, False))]
         if m <= 8:  # and one batch tile
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
     return cs
@@ -135,7 +148,11 @@ VARIANTS = {"default, no pdl": dict(pdl=False), "default, pdl": dict(pdl=True),
             # the L2 policy of the weight copies: normal instead of evict-first (the default)
             "default, evict none": dict(evict="none"),
             # stream-K: the zero subtracted per fragment or by the x sums
-            "default, zsub": dict(zsub=True), "default, no zsub": dict(zsub=False)}
+            "default, zsub": dict(zsub=True), "default, no zsub": dict(zsub=False),
+            # x in registers: the weights biased (corrected by the sums of x) or the zero subtracted per fragment;
+            # the two K groups summed in a cluster of 2 (where there are two; elsewhere the default itself)
+            "default, no bias": dict(bias=False), "default, cluster": dict(cluster=True),
+            "default, cluster, no bias": dict(cluster=True, bias=False)}
 
 
 def chain_check() -> int:
@@ -155,6 +172,10 @@ def chain_check() -> int:
             if m == 16:  # the x-streaming and x-in-registers kernels, which wait before they read x
                 bases.append(Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=2.0))
                 bases.append(Config(kind=launch.XR, nt=2, r=4, warps=16, ctas_per_sm=1.0))
+                bases.append(Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, bias=True))
+                if k == 8192:  # two K groups: summed in a cluster of 2
+                    bases.append(Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0,
+                                        bias=True, cluster=True))
             for base in bases:
                 x0 = torch.randn(m, k, device=dev).to(dt)
                 chains = {}
@@ -232,6 +253,9 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         # units of two tiles: one exchange of the warps' partial sums per two tiles
         c += [Config(kind=launch.XR, nt=nt, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl)
               for pdl in (True, False) if (nt, 8, 2, 2) in launch.XR_BUILT]
+        # biased weights (4 LOP3s a word), corrected per group by (bias + z) x the sums of x
+        c += [Config(kind=launch.XR, nt=nt, r=8, t=t, warps=8, depth=d, ctas_per_sm=1.0, pdl=True, bias=True)
+              for t, d in ((1, 3), (2, 2)) if (nt, 8, d, t) in launch.XR_BIAS_BUILT]
         if probes and m > 8:
             c += [Config(kind=launch.XR, nt=2, r=r, warps=16 if r == 4 else 8, depth=3, ctas_per_sm=1.0, pdl=True,
                          probe=pr) for r in (4, 8) for pr in (1, 2, 3, 4, 5, 7) if pr <= 3 or r == 4]
@@ -289,8 +313,13 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 for s in states:
                     s.override = None
                     s.override = dataclasses.replace(s.config(m), **VARIANTS[cfg]) if cfg in VARIANTS else cfg
+                    if cfg in VARIANTS:  # a variant this layer has no kernel for: the default itself
+                        try:
+                            launch.plan(s.override, m, s)
+                        except ValueError:
+                            s.override = None
                 if cfg in VARIANTS:
-                    label = cfg + ":" + states[0].override.label()
+                    label = cfg + ":" + states[0].config(m).label()
                 else:
                     # Config.label() does not show a forced dependent launch: candidates with one get rows of their own
                     label = (cfg.label() + (" pdl" if cfg.pdl else "")) if cfg else (
@@ -323,6 +352,59 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
         out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
 
 
+def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
+    """How a kernel's time grows with its work: K 8192 and N from 7168 to 57344 (one K group split as in
+    gate/up, 0.25-2x its units per SM), for the M = 16 x-in-registers shapes, its no-arithmetic probe and the
+    M = 1 default. A line through the points: its slope is the steady state, its intercept what a kernel pays once
+    (start, x loads, tail)."""
+    kern = get_kernel("cuda-w4a16")
+    dev = torch.device("cuda")
+    cfgs = [(16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True)),
+            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True)),
+            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)),
+            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=1)),
+            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=2)),
+            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True,
+                        probe=10)),
+            (1, None), (16, "dense"), (1, "dense")]
+    rows = []
+    k = 8192
+    for n in (7168, 14336, 28672, 57344):
+        plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=n)
+        layer = PackedLayer.from_plain(plain)
+        w16 = dequantize(plain, dtype)
+        del plain
+        nq = rotation_count(dev, layer.nbytes() + 16 * k * 2)
+        nd = rotation_count(dev, w16.numel() * 2)
+        states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
+        w16s = [w16] + [w16.clone() for _ in range(nd - 1)]
+        for m, cfg in cfgs:
+            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(nq, nd))]
+            if cfg == "dense":
+                calls = [(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)]
+                label = "dense"
+            else:
+                for st in states:
+                    st.override = cfg
+                label = cfg.label() if cfg else "default:" + states[0].config(m).label()
+                calls = [(lambda x=x, st=st: kern.forward(x, st)) for x, st in zip(xs, states)]
+            us = time_calls(calls, dev, graphs=True).median_s * 1e6
+            rows.append(dict(K=k, N=n, M=m, kernel=label, us=us, bytes=layer.nbytes()))
+            print(f"K {k} N {n:>6} M {m:>2} {label:<58} {us:8.1f} us {layer.nbytes() / us / 1e3:7.0f} GB/s",
+                  flush=True)
+        del states, w16s, w16, layer
+        torch.cuda.empty_cache()
+    for i, (m, _) in enumerate(cfgs):
+        lab = f"{rows[i]['kernel'].split(':')[0]} M{m}"
+        pts = [(r["N"], r["us"]) for r in rows[i::len(cfgs)]]
+        ns, ts = zip(*pts)
+        mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
+        slope = sum((a - mn) * (b - mt) for a, b in pts) / sum((a - mn) ** 2 for a in ns)
+        print(f"fit {lab:<62} {slope * 28672:7.1f} us per 28672 rows, intercept {mt - slope * mn:6.1f} us")
+    if out_json:
+        out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -335,6 +417,8 @@ def main() -> int:
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
     ap.add_argument("--variants-only", action="store_true",
                     help="time only the default choice and its launch variants (--tune)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="time K 8192 x N 7168-57344 for the M = 16 shapes and fit time against N")
     ap.add_argument("--only", choices=[MMA, SK, XS, launch.XR, WGMMA],
                     help="of the candidates, time only this kind's (with the default and its variants; --tune)")
     a = ap.parse_args()
@@ -342,6 +426,8 @@ def main() -> int:
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
           f"{torch.__version__}", flush=True)
     rc = (check() | chain_check()) if a.check else 0
+    if a.scaling:
+        scaling({"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
              not a.defaults_above_8, a.variants_only, a.only)

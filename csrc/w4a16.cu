@@ -227,6 +227,45 @@ DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this
       "r"(parity)
       : "memory");
 }
+// Thread-block clusters (sm_90; only the xr_small CL kernels, built in the sm_90a section, use these): the CTA's
+// rank in its cluster, the cluster's index, a local shared address mapped into CTA `rank`'s shared memory, a
+// 16-byte store there, a release arrival on a barrier there, an acquire wait on a local barrier that CTAs of
+// the cluster arrive on, and a barrier of every thread of the cluster.
+DEVI uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+DEVI uint32_t cluster_index() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+DEVI uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+  return r;
+}
+DEVI void st_cluster_f4(uint32_t caddr, const float4& v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(caddr), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w) : "memory");
+}
+DEVI void mbar_arrive_cluster(uint32_t cbar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cbar) : "memory");
+}
+DEVI void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "QT_MBAR_WAITC:\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra QT_MBAR_WAITC;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+DEVI void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 template <int N>
 DEVI void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -767,9 +806,15 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // that x as mma B fragments in registers (R blocks x 4 k16 steps x NT x 2 words a lane, loaded once); it then
 // walks units of T tiles, every warp streaming its R blocks of each tile (R x 512 contiguous bytes) through its
 // cp.async ring. A weight word then meets x with no shared-memory read of x, no x stream and no CTA barrier: the
-// dequantization and NT mmas. That arithmetic sets the pace on Llama-3-70B gate/up at M = 16: 35 us for the
-// streams, x loads and hand-over without it, 41.5 without the hand-over, 43.3-47.1 in full; the mmas are its
-// costliest part (benchmarks/results/bench.md, twelfth pass).
+// dequantization and NT mmas. On Llama-3-70B gate/up at M = 16 the steady state runs within 1-2 us of the bare
+// weight stream; each call pays ~5 us more than the stream once: the x load and the first unit's arithmetic
+// before the ring moves, the last unit and the K groups' sums after it (benchmarks/results/bench.md, twelfth and
+// thirteenth passes).
+// BIAS: the words enter the mmas biased (biased(): four LOP3s a word) and each group's fp32 sums are corrected by
+// (bias + z) x the group's sum of x, made once per K group (mmas with an A of ones at the x load).
+// CL (sm_90a, exactly two K groups): a cluster of 2 CTAs, rank r = K group r of one range of tile units; rank 1's
+// sums of each unit go to rank 0's shared memory (distributed shared memory, remote mbarrier arrivals), rank 0
+// adds them and stores y: no workspace, no counters, the same bits.
 // The warps' fp32 partial sums of a unit meet in shared memory: S slots of [NW][T][NT][32 lanes] float4, each with
 // a "full" mbarrier (lane 0 of every warp arrives) and an "empty" one. Warp f % NW sums the CTA's f-th unit in
 // warp order L units later (so it seldom waits) and stores y, or, with several K groups, its K group's fp32
@@ -781,30 +826,47 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // Work: units (K group kg, T tiles), kg-major, cut into one equal contiguous range per CTA (a persistent grid); a
 // CTA whose range crosses into the next K group reloads its x registers there. The last unit of a K group may
 // hold tiles past N: they copy the unit's first tile again and are never stored.
-// Shared: the rings (NW x D slots of T x {R x 512 bytes of weights, R 48-byte records}), the S partial slots, then
-// 2 S mbarriers. Workspace: ws [G][N16][32][NT] float4, cnt [units per K group]. The group of a block is found
+// Shared: the rings (NW x D slots of T x {R x 512 bytes of weights, R 48-byte records}, BIAS: each followed by
+// the warp's sums of x), the S partial slots, 2 S mbarriers, then CL: S2 slots of rank 1's sums and 2 S2
+// mbarriers. Workspace: ws [G][N16][32][NT] float4, cnt [units per K group]. The group of a block is found
 // by a shift; GB = blocks per group inside a warp's range (min(R, group / 64), both powers of two): a record per
 // GB blocks.
 // PROBE (benchmarks only, wrong results): 1 = the same streams and hand-over with no arithmetic, 2 = the
 // arithmetic with no hand-over, 3 = the full kernel with x never loaded (constant fragments), 4 = the finishing
 // warp reads one warp's partial instead of summing all, 5 = the hand-over without its waits, 7 = the
-// dequantization without the mmas (the fragments folded into the sums by LOP3s)
+// dequantization without the mmas (the fragments folded into the sums by LOP3s), 10 = the K groups' sums not
+// summed (each K group stores its own as y)
 // ---------------------------------------------------------------------------------------------------------
-template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0, int T = 1>
+template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0, int T = 1, bool BIAS = false,
+          bool CL = false>
 DEVI void xr_small(const Args& p) {
-  static_assert(L < S, "a unit's partial slot is summed before the slot is written again");
+  static_assert(L < S && (!CL || (L >= 2 && L + 1 < S)), "a unit's partial slot is summed before it is reused");
+  static_assert(!BIAS || (NT == 2 && (PROBE == 0 || PROBE == 10)), "the biased form: two batch tiles");
+  static_assert(!CL || PROBE == 0, "no probes of the cluster form");
+  constexpr int S2 = 4;  // CL: remote partial slots (rank 1 runs at most S2 units ahead of rank 0)
   constexpr int META = 48, TS = R * (512 + META), SLOT = T * TS;
   extern __shared__ uint4 smem4[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n16 = (p.N + 15) >> 4, ntu = (n16 + T - 1) / T;  // tiles; units of T tiles per K group
   const long long units = (long long)((p.KB + nw * R - 1) / (nw * R)) * ntu;  // K groups x units of T tiles
-  const int u0 = (int)(blockIdx.x * units / gridDim.x), n = (int)((blockIdx.x + 1) * units / gridDim.x) - u0;
+  // CL (exactly two K groups): a cluster of 2 CTAs takes one range of tile units, rank r its K group r, so the
+  // two K groups' sums meet in rank 0's shared memory; else one range of units per CTA
+  const int crank = CL ? (int)cluster_rank() : 0;
+  const int ncl = CL ? (int)(gridDim.x >> 1) : (int)gridDim.x, cid = CL ? (int)cluster_index() : (int)blockIdx.x;
+  const long long cu = CL ? ntu : units;  // units the ranges cut
+  const int u0 = (int)(cid * cu / ncl) + crank * ntu, n = (int)((cid + 1) * cu / ncl) - (int)(cid * cu / ncl);
   const uint32_t base = smem_u32(smem4);
-  const uint32_t ring = base + warp * (D * SLOT), ring_end = ring + D * SLOT;
-  const uint32_t pslot = nw * T * NT * 512;      // bytes of one partial slot: [nw][T][NT][32 lanes] float4
-  const uint32_t part = base + nw * (D * SLOT);  // S partial slots
+  // BIAS: each warp's ring is followed by its sums of x over each group of its blocks, [R groups][4 t][j 0, 1]
+  // [2 columns] floats (at ring_end, a register the loop keeps anyway: r 8 is at 255 registers)
+  constexpr int XS = BIAS ? R * 64 : 0;
+  const uint32_t ring = base + warp * (D * SLOT + XS), ring_end = ring + D * SLOT, xsum = ring_end;
+  const uint32_t pslot = nw * T * NT * 512;           // bytes of one partial slot: [nw][T][NT][32 lanes] float4
+  const uint32_t part = base + nw * (D * SLOT + XS);  // S partial slots
   const uint32_t full = part + S * pslot, empty = full + S * 8;  // per slot: "full" and "empty" mbarriers
+  // CL: S2 slots of rank 1's sums of a unit ([T][NT][32 lanes] float4) in rank 0, their "full" mbarriers (in rank
+  // 0, arrived on by rank 1's finishing lanes) and "empty" ones (in rank 1, arrived on by rank 0's)
+  const uint32_t rslot = empty + S * 8, rfull = rslot + S2 * (T * NT * 512), rempty = rfull + S2 * 8;
   const int lgb = min(max(p.gshift - 6, 0), 31 - __clz(R));  // log2 GB
 
   if (threadIdx.x == 0) {
@@ -812,6 +874,14 @@ DEVI void xr_small(const Args& p) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full + s * 8, nw);
       mbar_init(empty + s * 8, 1);
+    }
+    if constexpr (CL) {
+#pragma unroll
+      for (int s = 0; s < S2; ++s) {
+        mbar_init(rfull + s * 8, 32);
+        mbar_init(rempty + s * 8, 32);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // before the other CTA arrives
     }
   }
   pdl_start(p.flags);
@@ -874,7 +944,11 @@ DEVI void xr_small(const Args& p) {
     cp_commit();
   }
   pdl_wait(p.flags);  // x, y and the workspace come after the previous kernel
-  __syncthreads();    // the mbarriers' initialization
+  if constexpr (CL) {
+    cluster_sync();  // both CTAs' mbarriers are initialized
+  } else {
+    __syncthreads();  // the mbarriers' initialization
+  }
 
   // x as B fragments: lane (g, t) of batch tile j holds x[8 j + g][k + 2t, k + 2t + 1] and [k + 2t + 8, + 9] for
   // each k16 step k of its R blocks (rows past M and k past K: 0)
@@ -918,6 +992,33 @@ DEVI void xr_small(const Args& p) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) transpose4(xb[b][2 * c][j][0], xb[b][2 * c][j][1], xb[b][2 * c + 1][j][0],
                                                xb[b][2 * c + 1][j][1], t);
+    if constexpr (BIAS) {
+      // The sums of x over each group of the warp's blocks, per batch row, for the zero-point correction: mmas
+      // with an A of ones leave them in the accumulator layout (lane (g, t): rows 8 j + 2 t, + 1 in c[0], c[1]),
+      // the fp16 products exact and summed in fp32, once per K group instead of per unit.
+      const uint32_t ONES = BF16 ? 0x3F803F80u : 0x3C003C00u;
+      const uint32_t ones[4] = {ONES, ONES, ONES, ONES};
+      const int gm = (1 << lgb) - 1;
+      __syncwarp();  // the lanes' reads of the previous K group's sums (compute) are done
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {  // one batch tile at a time (r 8 is near 255 registers)
+        float sx[4][4];  // four independent chains (one per k16 step), so the group's mmas overlap
+#pragma unroll
+        for (int b = 0; b < R; ++b) {
+          if ((b & gm) == 0) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) sx[s][0] = sx[s][1] = sx[s][2] = sx[s][3] = 0.f;
+          }
+#pragma unroll
+          for (int s = 0; s < 4; ++s) mma16816<BF16>(sx[s], ones, xb[b][s][j][0], xb[b][s][j][1]);
+          if ((b & gm) == gm && g == 0)
+            asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(xsum + (b >> lgb) * 64 + t * 16 + j * 8),
+                         "f"((sx[0][0] + sx[1][0]) + (sx[2][0] + sx[3][0])),
+                         "f"((sx[0][1] + sx[1][1]) + (sx[2][1] + sx[3][1])) : "memory");
+        }
+      }
+      __syncwarp();  // the sums before any lane reads them
+    }
   };
 
   const int G = (int)(units / ntu);  // K groups
@@ -949,16 +1050,39 @@ DEVI void xr_small(const Args& p) {
     __syncwarp();  // the lanes' loads above are done with the slot before lane 0 releases it
     if (lane == 0) mbar_arrive(empty + slot * 8);
     const int u = u0 + f;
+    if constexpr (CL) {  // rank 1 hands its sums to rank 0, which adds them to its own (K group 0 + 1) and stores y
+      const int rs = f % S2;
+      const uint32_t rsrc = rslot + rs * (T * NT * 512) + lane * 16;
+      if (crank == 1) {
+        if (f >= S2) mbar_wait_cluster(rempty + rs * 8, ((f / S2) - 1) & 1);  // rank 0 has read unit f - S2
+        const uint32_t dst = cluster_map(rsrc, 0);
 #pragma unroll
-    for (int tt = 0; tt < T; ++tt) {
-      const int tile = (u % ntu) * T + tt;
-      if (T > 1 && tile >= n16) break;
-      if (G == 1) {
-        store_y(tile, sum[tt]);
-      } else {  // this K group's partial; counted and summed after the loop (tail)
-        float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / ntu) * n16 + tile) * 32 * NT + lane * NT;
+        for (int c = 0; c < T * NT; ++c) st_cluster_f4(dst + c * 512, sum[c / NT][c % NT]);
+        mbar_arrive_cluster(cluster_map(rfull + rs * 8, 0));  // each lane releases its own stores
+      } else {
+        mbar_wait_cluster(rfull + rs * 8, (f / S2) & 1);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[tt][j]);
+        for (int c = 0; c < T * NT; ++c) add_to(sum[c / NT][c % NT], lds_f4(rsrc + c * 512));
+        mbar_arrive_cluster(cluster_map(rempty + rs * 8, 1));  // after this lane's reads
+#pragma unroll
+        for (int tt = 0; tt < T; ++tt) {
+          const int tile = (u % ntu) * T + tt;
+          if (T > 1 && tile >= n16) break;
+          store_y(tile, sum[tt]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int tt = 0; tt < T; ++tt) {
+        const int tile = (u % ntu) * T + tt;
+        if (T > 1 && tile >= n16) break;
+        if (G == 1 || PROBE == 10) {
+          store_y(tile, sum[tt]);
+        } else {  // this K group's partial; counted and summed after the loop (tail)
+          float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / ntu) * n16 + tile) * 32 * NT + lane * NT;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[tt][j]);
+        }
       }
     }
   };
@@ -974,7 +1098,8 @@ DEVI void xr_small(const Args& p) {
       uint2 zp;
       asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(sc) : "r"(rp + g * 4));
       asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(zp.x), "=r"(zp.y) : "r"(rp + 32));
-      const RowConst rc = row_const<BF16>(sc, zp, g);
+      [[maybe_unused]] RowConst rc;
+      if constexpr (!BIAS) rc = row_const<BF16>(sc, zp, g);
       float accb[NT][4];
 #pragma unroll
       for (int j = 0; j < NT; ++j) accb[j][0] = accb[j][1] = accb[j][2] = accb[j][3] = 0.f;
@@ -990,7 +1115,11 @@ DEVI void xr_small(const Args& p) {
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
             uint32_t a[4];
-            dequant<BF16, false>(word(wv, s), rc, a);
+            if constexpr (BIAS) {
+              biased<BF16>(word(wv, s), a);
+            } else {
+              dequant<BF16, false>(word(wv, s), rc, a);
+            }
             if constexpr (PROBE == 7) {  // no mma: the fragments folded into the sums by LOP3s
 #pragma unroll
               for (int j = 0; j < NT; ++j)
@@ -1003,7 +1132,24 @@ DEVI void xr_small(const Args& p) {
           }
         }
       }
-      const float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16);
+      float s0 = to_f32<BF16>(sc & 0xFFFFu), s1 = to_f32<BF16>(sc >> 16);
+      if constexpr (BIAS) {
+        // accb = sum (bias + q) x (rows g), (bias + 16 q) x (rows g + 8, fp16): remove (bias + z) sum x (as
+        // sk_small does), and s1 / 16 undoes the high nibble's factor 16 (a power of two, exact)
+        const float z0 = (float)((zp.x >> (4 * g)) & 15u), z1 = (float)((zp.y >> (4 * g)) & 15u);
+        const float c0 = BF16 ? 128.f + z0 : 1024.f + z0, c1 = BF16 ? 128.f + z1 : 1024.f + 16.f * z1;
+        if constexpr (!BF16) s1 *= 0.0625f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {  // batch rows 8 j + 2 t, + 1
+          float2 xs;
+          asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(xs.x), "=f"(xs.y)
+                       : "r"(xsum + r * 64 + t * 16 + j * 8));
+          accb[j][0] = fmaf(-c0, xs.x, accb[j][0]);
+          accb[j][1] = fmaf(-c0, xs.y, accb[j][1]);
+          accb[j][2] = fmaf(-c1, xs.x, accb[j][2]);
+          accb[j][3] = fmaf(-c1, xs.y, accb[j][3]);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         acc[j][0] = fmaf(s0, accb[j][0], acc[j][0]);
@@ -1016,7 +1162,10 @@ DEVI void xr_small(const Args& p) {
 
   int tile = u0 % ntu, kg = u0 / ntu;      // the unit's T tiles and K group
   bool live = (kg * nw + warp) * R < p.KB;  // this warp has blocks in K group kg
-  int fw = ((-L) % nw + nw) % nw;           // the warp that finishes unit i - L, i.e. (i - L) mod nw
+  // CL: rank 0 sums each unit one unit later, rank 1 one earlier, so rank 1's sums are usually waiting in rank
+  // 0's shared memory when rank 0 needs them (the two SMs do not wait on each other unit by unit)
+  const int lag = CL ? (crank == 0 ? L + 1 : L - 1) : L;
+  int fw = ((-lag) % nw + nw) % nw;         // the warp that finishes unit i - lag, i.e. (i - lag) mod nw
   for (int i = 0; i < n; ++i) {
     issue(i + D - 1 < n);  // unit i + D - 1 into the slot of unit i - 1; `fill` is now unit i's slot
     cp_commit();
@@ -1066,7 +1215,7 @@ DEVI void xr_small(const Args& p) {
     if constexpr (PROBE != 2) {
       __syncwarp();  // the lanes' stores before lane 0's arrival (a release at CTA scope)
       if (lane == 0) mbar_arrive(full + slot * 8);
-      if (i >= L && fw == warp) finish(i - L);
+      if (i >= lag && fw == warp) finish(i - lag);
       fw = fw + 1 == nw ? 0 : fw + 1;
     }
     if (++tile == ntu) {
@@ -1075,11 +1224,12 @@ DEVI void xr_small(const Args& p) {
     }
   }
   if constexpr (PROBE != 2) {
-    for (int f = max(0, n - L); f < n; ++f)
+    for (int f = max(0, n - lag); f < n; ++f)
       if (f % nw == warp) finish(f);
   }
   cp_wait<0>();
-  if (PROBE == 2 || G == 1) return;
+  if constexpr (CL) cluster_sync();  // neither CTA leaves while the other may write to or arrive in its memory
+  if (CL || PROBE == 2 || PROBE == 10 || G == 1) return;
   // The K-group hand-over, once per warp after its loop: a fence in the loop (a release per unit) waited for the
   // ring's copies in flight and held the finishing warp, and through the partial slots every warp, ~13 us of
   // Llama-3-70B gate/up at M = 16 (benchmarks/results/bench.md, eleventh pass). Lane l counts this warp's l-th
@@ -1106,20 +1256,60 @@ DEVI void xr_small(const Args& p) {
       const int src = __ffs(todo) - 1;
       todo &= todo - 1;
       const int tu = __shfl_sync(0xffffffffu, ctile, src);
-#pragma unroll
-      for (int tt = 0; tt < T; ++tt) {
-        const int tl = tu * T + tt;
-        if (T > 1 && tl >= n16) break;
-        const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
+      if constexpr (T >= 2) {
+        // Two-tile units: the T tiles x G K groups of partials loaded KC K groups at a time, every load of a batch
+        // in flight at once, then summed in K-group order (the same additions as one K group after the other); one
+        // tile: a load per K group in turn (batching spilled the 8-block kernel at 255 registers)
+        constexpr int KC = 8;  // Llama-3-70B's down has 7 K groups
         const size_t kstride = (size_t)n16 * 32 * NT;  // float4s from one K group's partials to the next
-        float4 tot[NT];
+        float4 tot[T][NT];
+        for (int k0 = 0; k0 < G; k0 += KC) {
+          float4 v[T][KC][NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
-        for (int k = 1; k < G; ++k) {
+          for (int tt = 0; tt < T; ++tt) {
+            const int tl = min(tu * T + tt, n16 - 1);  // a tile past N: any tile (never stored)
+            const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
 #pragma unroll
-          for (int j = 0; j < NT; ++j) add_to(tot[j], __ldcg(ws + k * kstride + j));
+            for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+              for (int j = 0; j < NT; ++j)
+                if (k0 + kk < G) v[tt][kk][j] = __ldcg(ws + (k0 + kk) * kstride + j);
+          }
+#pragma unroll
+          for (int tt = 0; tt < T; ++tt)
+#pragma unroll
+            for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                if (k0 + kk == 0) {
+                  tot[tt][j] = v[tt][kk][j];
+                } else if (k0 + kk < G) {
+                  add_to(tot[tt][j], v[tt][kk][j]);
+                }
+              }
         }
-        store_y(tl, tot);
+#pragma unroll
+        for (int tt = 0; tt < T; ++tt) {
+          const int tl = tu * T + tt;
+          if (T > 1 && tl >= n16) break;
+          store_y(tl, tot[tt]);
+        }
+      } else {
+#pragma unroll
+        for (int tt = 0; tt < T; ++tt) {
+          const int tl = tu * T + tt;
+          if (T > 1 && tl >= n16) break;
+          const float4* ws = reinterpret_cast<const float4*>(p.ws) + (size_t)tl * 32 * NT + lane * NT;
+          const size_t kstride = (size_t)n16 * 32 * NT;  // float4s from one K group's partials to the next
+          float4 tot[NT];
+#pragma unroll
+          for (int j = 0; j < NT; ++j) tot[j] = __ldcg(ws + j);
+          for (int k = 1; k < G; ++k) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) add_to(tot[j], __ldcg(ws + k * kstride + j));
+          }
+          store_y(tl, tot);
+        }
       }
     }
   }
@@ -1809,23 +1999,28 @@ QT_XS_PROBE(3)
 // CTA, units of T tiles (one partial-sum exchange per T tiles), S partial slots summed L units late. R 4: at most
 // 128 registers a thread (64 of them x at NT 2), so one CTA of 16 warps or two of 8 fit an SM; R 8: 128 registers
 // of x, so at most 8 warps (255 registers a thread). Names: qt_xr_{dt}_nt{NT}_r{R}_d{D}{SUF}.
-#define QT_XRX(SUF, NT, R, D, TH, T, S, L)                                                                  \
+#define QT_XRX(SUF, NT, R, D, TH, T, S, L, B)                                                               \
   extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D##SUF(QT_ARGS) {        \
     const qt::Args a = QT_PACK;                                                                           \
-    qt::xr_small<false, NT, R, D, S, L, 0, T>(a);                                                         \
+    qt::xr_small<false, NT, R, D, S, L, 0, T, B>(a);                                                      \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D##SUF(QT_ARGS) {       \
     const qt::Args a = QT_PACK;                                                                           \
-    qt::xr_small<true, NT, R, D, S, L, 0, T>(a);                                                          \
+    qt::xr_small<true, NT, R, D, S, L, 0, T, B>(a);                                                       \
   }
-#define QT_XR(NT, R, D, TH) QT_XRX(, NT, R, D, TH, 1, 4, 2)  // one tile a unit: no suffix
-#define QT_XRT(NT, R, D, TH, T, S, L) QT_XRX(_t##T##_s##S, NT, R, D, TH, T, S, L)
+#define QT_XR(NT, R, D, TH) QT_XRX(, NT, R, D, TH, 1, 4, 2, false)  // one tile a unit: no suffix
+#define QT_XRT(NT, R, D, TH, T, S, L) QT_XRX(_t##T##_s##S, NT, R, D, TH, T, S, L, false)
+// the weights biased (4 LOP3s a word), corrected by (bias + z) x the group's sums of x: suffix _b
+#define QT_XRB(NT, R, D, TH) QT_XRX(_b, NT, R, D, TH, 1, 4, 2, true)
+#define QT_XRTB(NT, R, D, TH, T, S, L) QT_XRX(_t##T##_s##S##_b, NT, R, D, TH, T, S, L, true)
 QT_XR(2, 4, 3, 512)
 QT_XR(2, 4, 4, 512)
 QT_XR(2, 2, 4, 512)
 QT_XR(1, 4, 4, 512)
 QT_XR(2, 8, 3, 256)
 QT_XRT(2, 8, 2, 256, 2, 4, 2)
+QT_XRB(2, 8, 3, 256)
+QT_XRTB(2, 8, 2, 256, 2, 4, 2)
 // its probes (benchmarks only, wrong results): qt_xr_probe{PR}_f16_nt{NT}_r{R}_d{D}
 #define QT_XR_PROBE(PR, NT, R, D, TH)                                                                   \
   extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_probe##PR##_f16_nt##NT##_r##R##_d##D(QT_ARGS) { \
@@ -1841,6 +2036,11 @@ QT_XR_PROBE(7, 2, 4, 3, 512)
 QT_XR_PROBE(1, 2, 8, 3, 256)
 QT_XR_PROBE(2, 2, 8, 3, 256)
 QT_XR_PROBE(3, 2, 8, 3, 256)
+// probe 10 (the K groups' partials not summed: each K group stores its sum as y) on the biased two-tile shape
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_probe10_f16_nt2_r8_d2_t2_s4_b(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 2, 8, 2, 4, 2, 10, 2, true>(a);
+}
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {
@@ -1886,10 +2086,24 @@ QT_MMA(qt_mma_bf16_nt1_tn2_post_d12, 1, true, true, 12, 2)
 QT_MMA(qt_mma_bf16_nt2_tn1_post_d12, 2, true, true, 12, 1)
 QT_MMA(qt_mma_bf16_nt2_tn2_post_d12, 2, true, true, 12, 2)
 
-// The wgmma kernels exist only in the sm_90a build (a lookup elsewhere fails, and launch.py never asks).
+// The wgmma kernels exist only in the sm_90a build (a lookup elsewhere fails, and launch.py never asks); so do the
+// x-in-registers kernels whose two K groups meet in a thread-block cluster (suffix _c; launched as clusters of 2).
 // Ring depth: D - 1 >= STAGES - 2 (the weights run at least as far ahead as x); D = STAGES keeps the
 // smem of bn128 / 4 stages at 82 KB, two CTAs per SM.
 #ifdef QT_WGMMA
+#define QT_XRC(SUF, NT, R, D, TH, T, S, L, B)                                                                 \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_f16_nt##NT##_r##R##_d##D##SUF##_c(QT_ARGS) {    \
+    const qt::Args a = QT_PACK;                                                                           \
+    qt::xr_small<false, NT, R, D, S, L, 0, T, B, true>(a);                                                \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(TH, 1) qt_xr_bf16_nt##NT##_r##R##_d##D##SUF##_c(QT_ARGS) {   \
+    const qt::Args a = QT_PACK;                                                                           \
+    qt::xr_small<true, NT, R, D, S, L, 0, T, B, true>(a);                                                 \
+  }
+QT_XRC(_b, 2, 8, 3, 256, 1, 4, 2, true)
+QT_XRC(_t2_s4_b, 2, 8, 2, 256, 2, 4, 2, true)
+QT_XRC(, 2, 8, 3, 256, 1, 4, 2, false)
+QT_XRC(_t2_s4, 2, 8, 2, 256, 2, 4, 2, false)
 #define QT_WGX(NAME, BN, WGS, ST, BF16, NS, PR)                                \
   extern "C" __global__ void __launch_bounds__(128 * WGS, 1) NAME(QT_ARGS) {   \
     const qt::Args a = QT_PACK;                                                \

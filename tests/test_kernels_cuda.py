@@ -23,7 +23,7 @@ from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XR, XS, Config,
 
 SRC = (build.CSRC / "w4a16.cu").read_text()
 ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
-         | set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (qt_\w+)\(", SRC))
+         | set(re.findall(r"__global__ void __launch_bounds__\(\d+(?:, \d+)?\) (qt_\w+)\(", SRC))
          | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
          | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
          | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)}
@@ -31,9 +31,14 @@ ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
             for dt in ("f16", "bf16")}
          | {f"qt_xr_probe{pr}_f16_nt{nt}_r{r}_d{d}"
             for pr, nt, r, d in re.findall(r"^QT_XR_PROBE\((\d+), (\d+), (\d+), (\d+), \d+\)", SRC, re.M)}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_t{t}_s{sl}"
-            for nt, r, d, t, sl in re.findall(r"^QT_XRT\((\d+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", SRC, re.M)
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_t{t}_s{sl}{'_b' if b else ''}"
+            for b, nt, r, d, t, sl in re.findall(r"^QT_XRT(B?)\((\d+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", SRC,
+                                                 re.M)
             for dt in ("f16", "bf16")}
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_b" for nt, r, d in re.findall(r"^QT_XRB\((\d+), (\d+), (\d+), \d+\)", SRC, re.M)
+            for dt in ("f16", "bf16")}
+         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}{suf}_c"
+            for suf, nt, r, d in re.findall(r"^QT_XRC\((\w*), (\d+), (\d+), (\d+), ", SRC, re.M) for dt in ("f16", "bf16")}
          | {f"qt_wg_probe{pr}_f16_bn{bn}_wg{w}_s{st}_blk"
             for bn, w, st, pr in re.findall(r"^QT_WG_PROBE\((\d+), (\d+), (\d+), (\d+)\)", SRC, re.M)}
          | {f"qt_wg_{dt}_bn{bn}_wg{w}_s{st}_{ns}_tma" for bn, w, st in re.findall(r"^QT_WGT\((\d+), (\d+), (\d+)\)", SRC, re.M)
@@ -119,6 +124,10 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (q16.kind, q16.r, q16.warps, q16.t, q16.depth, kv16.kind, kv16.warps) == (XR, 8, 8, 1, 3, XS, 8)
     assert (down16.kind, down16.r, down16.warps, down16.t, down16.depth) == (XR, 8, 8, 2, 2)
     assert (gate16.kind, gate16.t) == (XR, 2)
+    # two K groups (gate/up): the weights biased and the K groups summed in a cluster; seven (down) and q/o plain
+    assert (gate16.bias, gate16.cluster, down16.bias, down16.cluster, q16.bias, q16.cluster) == (
+        True, True, False, False, False, False)
+    assert plan(gate16, 16, state(8192, 28672))["cluster"] == 2 and plan(q16, 16, state(8192, 8192))["cluster"] == 1
     assert choose(8, state(8192, 28672)).kind != XR and choose(17, state(8192, 1024)).kind == MMA
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
@@ -285,7 +294,7 @@ def test_nvcc_builds_every_entry_point_without_spills(cc, tmp_path):
                           "-o", str(out), str(build.CSRC / "w4a16.cu")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     names = set(re.findall(r"Compiling entry function '(\w+)'", res.stderr))
-    want = {n for n in ENTRY if cc == (9, 0) or not n.startswith("qt_wg_")}
+    want = {n for n in ENTRY if cc == (9, 0) or not (n.startswith("qt_wg_") or n.endswith("_c"))}  # sm_90a only
     assert names == want
     assert "warning" not in res.stderr.lower()
     spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
@@ -307,17 +316,25 @@ def test_launch_structs_match_cuda_h():
     the attribute pointer and their count)."""
     import ctypes
 
-    from qtool.kernels.cuda.driver import LaunchAttribute, LaunchConfig, pdl_config
+    from qtool.kernels.cuda.driver import LaunchAttribute, LaunchConfig, ex_config
 
     assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
     assert ctypes.sizeof(LaunchConfig) == 56
     assert (LaunchConfig.hStream.offset, LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset) == (32, 40, 48)
-    attr = LaunchAttribute()
-    cfg = pdl_config((3, 2, 1), 256, 4096, 1234, attr)
+    attrs = (LaunchAttribute * 2)()
+    cfg = ex_config((3, 2, 1), 256, 4096, 1234, attrs, pdl=True, cluster=1)
     assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.sharedMemBytes) == (
         3, 2, 1, 256, 1, 4096)
-    assert cfg.hStream == 1234 and cfg.numAttrs == 1 and cfg.attrs.contents.id == 6  # PROGRAMMATIC_STREAM_SERIALIZATION
-    assert attr.value[0] == 1  # programmaticStreamSerializationAllowed
+    assert cfg.hStream == 1234 and cfg.numAttrs == 1 and cfg.attrs[0].id == 6  # PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attrs[0].value[0] == 1  # programmaticStreamSerializationAllowed
+    # both: the cluster dimension (id 4) as three uints {2, 1, 1} at the start of the union
+    attrs = (LaunchAttribute * 2)()
+    cfg = ex_config((132, 1, 1), 256, 4096, 1234, attrs, pdl=True, cluster=2)
+    assert cfg.numAttrs == 2 and (cfg.attrs[0].id, cfg.attrs[1].id) == (6, 4)
+    dims = (ctypes.c_uint * 3).from_buffer(attrs[1], LaunchAttribute.value.offset)
+    assert list(dims) == [2, 1, 1]
+    cfg = ex_config((132, 1, 1), 256, 4096, 1234, (LaunchAttribute * 2)(), pdl=False, cluster=2)
+    assert cfg.numAttrs == 1 and cfg.attrs[0].id == 4
 
 
 def test_tensor_map_mirror_matches_cuda_h():
@@ -522,13 +539,19 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
         for m in (1, 5, 16, 33, 100, 256):
             base = choose(m, st)
             configs = [c for c in tune.forced_configs(m, st)]
-            configs += [dataclasses.replace(base, **v) for v in tune.VARIANTS.values()]
+            variants = [dataclasses.replace(base, **v) for v in tune.VARIANTS.values()]
+            configs += variants
             configs += [c for c in tune.candidates(m, probes=True) if isinstance(c, Config)]
             configs += [dataclasses.replace(base, pdl=p, trigger=t) for p, t in ((True, "wait"), (True, "start"))]
             for cfg in configs:
                 if cfg.kind == SK and (m > 8 or not launch.sk_fits(1, st)):
                     continue  # the scripts only force stream-K where it takes the layer
-                p = plan(cfg, m, st)
+                try:
+                    p = plan(cfg, m, st)
+                except ValueError:
+                    if cfg in variants and cfg.cluster:  # no cluster kernel for this layer: the script times the default
+                        continue
+                    raise
                 for dt in ("f16",) if cfg.probe else ("f16", "bf16"):  # the probes exist for fp16 tuning only
                     assert p["name"].replace("{dt}", dt) in ENTRY, (cfg, p["name"])
                 flags(cfg, p["grid"][0], 132)
@@ -537,11 +560,23 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
 def test_x_in_registers_plan():
     """K groups of warps x r blocks; units (K group, tile) over about ctas_per_sm CTAs per SM; partials per K
     group in the workspace only when there are several; every built shape fits one CTA per SM."""
-    from qtool.kernels.cuda.launch import XR_BUILT, XR_MAX_WARPS, XR_PROBE_BUILT, xr_smem, xr_units
+    from qtool.kernels.cuda.launch import (
+        XR_BIAS_BUILT,
+        XR_BUILT,
+        XR_CLUSTER_BUILT,
+        XR_MAX_WARPS,
+        XR_PROBE_BUILT,
+        xr_smem,
+        xr_units,
+    )
 
     for (nt, r, d, t), sl in XR_BUILT.items():
         name = f"qt_xr_{{}}_nt{nt}_r{r}_d{d}" + (f"_t{t}_s{sl}" if t > 1 else "")
         assert {name.format("f16"), name.format("bf16")} <= ENTRY
+        if (nt, r, d, t) in XR_BIAS_BUILT:
+            assert {name.format("f16") + "_b", name.format("bf16") + "_b"} <= ENTRY
+        if (nt, r, d, t) in XR_CLUSTER_BUILT:
+            assert {name.format(dt) + b + "_c" for dt in ("f16", "bf16") for b in ("", "_b")} <= ENTRY
         assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl) <= SMEM_MAX - 1024
         # r 8 (128 registers of x): __launch_bounds__ of 256 threads, and plans of at most 8 warps
         th = 32 * XR_MAX_WARPS.get(r, 16)
@@ -568,8 +603,26 @@ def test_x_in_registers_plan():
     eight = plan(Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0), 16, state(8192, 28672))
     assert eight["block"] == 256 and eight["splits"] == 2 and eight["name"] == "qt_xr_{dt}_nt2_r8_d3"
     assert eight["smem"] == 8 * 3 * 8 * 560 + 4 * 8 * 32 * 2 * 16 + 4 * 16
+    # biased: the warps' sums of x follow their rings (r groups x 4 lanes x 16 bytes)
+    biased = plan(Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, bias=True), 16, state(28672, 8192))
+    assert biased["name"] == "qt_xr_{dt}_nt2_r8_d2_t2_s4_b" and biased["splits"] == 7 and biased["counters"] == 512
+    assert biased["smem"] == 8 * 2 * 2 * 8 * 560 + 4 * 8 * 2 * 2 * 512 + 4 * 16 + 8 * 8 * 64
+    # a cluster of 2 per range of tile units (two K groups): an even grid, no workspace, rank 1's sums in rank 0
+    cl = Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, bias=True, cluster=True, ctas_per_sm=1.0)
+    pc = plan(cl, 16, state(8192, 28672))
+    assert pc["name"] == "qt_xr_{dt}_nt2_r8_d2_t2_s4_b_c" and pc["cluster"] == 2 and pc["grid"] == (132, 1, 1)
+    assert pc["ws_floats"] == 0 and pc["counters"] == 0 and pc["splits"] == 2
+    assert pc["smem"] == biased["smem"] + 4 * (2 * 2 * 512 + 16) <= SMEM_MAX - 1024
+    odd = plan(dataclasses.replace(cl, ctas_per_sm=0.05), 16, state(8192, 256))  # 7 CTAs: 3 clusters
+    assert odd["grid"] == (6, 1, 1)
+    assert plan(dataclasses.replace(cl, ctas_per_sm=1.0), 16, state(8192, 64))["grid"] == (4, 1, 1)  # 2 units
+    assert cl.label(2) == "cuda xr bias cluster2 nt2 r8 t2 w8 d2 1/sm kg2"
+    for bad_st in (state(28672, 8192), state(4096, 8192), state(8192, 28672, cc=(8, 0))):  # 7 and 1 K groups, sm_80
+        with pytest.raises(ValueError, match="cluster"):
+            plan(cl, 16, bad_st)
     for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8, warps=16), Config(kind=XR, nt=2, r=8, depth=5),
-                Config(kind=XR, nt=2, r=4, probe=1), Config(kind=XR, nt=2, r=4, t=2, depth=2)):
+                Config(kind=XR, nt=2, r=4, probe=1), Config(kind=XR, nt=2, r=4, t=2, depth=2),
+                Config(kind=XR, nt=2, r=4, depth=3, bias=True), Config(kind=XR, nt=2, r=8, depth=3, bias=True, probe=1)):
         with pytest.raises(ValueError, match="x-in-registers"):
             plan(bad, 16, state(8192, 8192))
     with pytest.raises(ValueError, match="x-in-registers"):

@@ -332,22 +332,30 @@ def test_x_in_registers_fragments_come_out_in_mma_order():
 _SRC = (Path(__file__).parents[1] / "csrc" / "w4a16.cu").read_text()
 
 
-# (K, group, warps, blocks per warp, tiles per unit, CTAs, M): a warp partly past K with one record per block
-# (448, 64) and with two blocks per record (640, 128, one warp of 4); warps wholly past K (640, 128, 3 x 2); a
-# single group, one K group (512); CTAs whose ranges cross K groups (all but 512); units of two tiles, the last of
-# each K group with a tile past N (3 tiles), in one CTA crossing K groups and (K 1024, 8 blocks a warp, one
-# group) in three
-@pytest.mark.parametrize("k,gsz,nw,r,tpu,ctas,m", [(448, 64, 3, 2, 1, 3, 11), (640, 128, 1, 4, 1, 2, 3),
-                                                 (640, 128, 3, 2, 1, 3, 16), (512, -1, 2, 4, 1, 3, 16),
-                                                 (640, 128, 3, 2, 2, 1, 16), (1024, -1, 2, 8, 2, 3, 9)])
-def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, tpu, ctas, m):
+# (K, group, warps, blocks per warp, tiles per unit, CTAs, M, biased, clusters of 2): a warp partly past K with
+# one record per block (448, 64) and with two blocks per record (640, 128, one warp of 4); warps wholly past K
+# (640, 128, 3 x 2); a single group, one K group (512); CTAs whose ranges cross K groups (all but 512 and the
+# clusters); units of two tiles, the last of each K group with a tile past N (3 tiles), in one CTA crossing K
+# groups and (K 1024, 8 blocks a warp, one group) in three; biased weights corrected by the groups' sums of x
+# (groups of 64 and 128, one group, a warp partly past K); two K groups in clusters of 2 (3 clusters for 2 and
+# for 3 units of a K group, bf16)
+@pytest.mark.parametrize("k,gsz,nw,r,tpu,ctas,m,bias,cl", [
+    (448, 64, 3, 2, 1, 3, 11, False, False), (640, 128, 1, 4, 1, 2, 3, False, False),
+    (640, 128, 3, 2, 1, 3, 16, False, False), (512, -1, 2, 4, 1, 3, 16, False, False),
+    (640, 128, 3, 2, 2, 1, 16, False, False), (1024, -1, 2, 8, 2, 3, 9, False, False),
+    (448, 64, 3, 2, 1, 3, 16, True, False), (896, 128, 3, 2, 2, 4, 16, True, False),
+    (1024, -1, 2, 8, 2, 3, 9, True, False), (896, 128, 2, 4, 2, 6, 16, True, True),
+    (1024, 128, 2, 4, 1, 6, 12, "bf16", True)])
+def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, tpu, ctas, m, bias, cl):
     """Emulate xr_small's work split in float64: units (K group of nw x r blocks, t tiles) cut per CTA by the
-    kernel's formula; each warp's r blocks of each tile of a unit (a warp partly past K re-reads its last block,
-    x being 0 there; a warp wholly past K adds nothing; a tile past N re-reads the unit's first tile and is not
-    stored), one scale record per GB = min(r, group / 64) blocks, the fp32 sums scaled per record; the warps'
-    partials summed in warp order, the K groups' in K-group order. Checks the block, record and group arithmetic
-    against x @ dequant(W)^T (the fragments themselves: tests above)."""
-    n, bf16 = 40, False
+    kernel's formula (clusters: one range of tile units per cluster of 2, rank = K group); each warp's r blocks of
+    each tile of a unit (a warp partly past K re-reads its last block, x being 0 there; a warp wholly past K adds
+    nothing; a tile past N re-reads the unit's first tile and is not stored), one scale record per GB = min(r,
+    group / 64) blocks, the fp32 sums scaled per record (biased: the fragments' bias + q sums corrected by (bias +
+    z) x the record's sum of x, s1 / 16 for fp16's high nibbles); the warps' partials summed in warp order, the K
+    groups' in K-group order. Checks the block, record and group arithmetic against x @ dequant(W)^T (the
+    fragments themselves: tests above)."""
+    n, bf16 = 40, bias == "bf16"
     layer, qw, zt, sc = tiled_layer(n, k, gsz, bf16, seed=5)
     n16, kb = mma_tiles.padded(n, k)
     ng = layer.n_groups
@@ -358,7 +366,7 @@ def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, t
     xpad = np.zeros((m, kb * 64))
     xpad[:, :k] = x
     # the dequantized tile rows (q - z, unscaled) and the per-(tile, group, row) scales, from the lane emulation
-    q_minus_z = np.zeros((n16 * 16, kb * 64))
+    q_minus_z = np.zeros((n16 * 16, kb * 64))  # biased: bias + q (fp16 rows 8-15: 1024 + 16 q)
     for tn in range(n16):
         for b in range(kb):
             grp = min(64 * b // (gsz if gsz > 0 else 1 << 30), ng - 1)
@@ -369,7 +377,8 @@ def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, t
                 z1 = np.array([(zp[1] >> (4 * g)) & 15], dtype=np.uint32)
                 for s in range(4):
                     w = np.array([int(qw[tn, b, lane, s]) & 0xFFFFFFFF], dtype=np.uint32)
-                    vals = _pair_values(emulate_dequant(w, z0, z1, bf16), bf16)[:, 0]
+                    frag = emulate_biased(w, bf16) if bias else emulate_dequant(w, z0, z1, bf16)
+                    vals = _pair_values(frag, bf16)[:, 0]
                     for e, (row, kx) in enumerate(fragment_coords(g, t)):
                         q_minus_z[16 * tn + row, 64 * b + 16 * s + kx] = vals[e]
 
@@ -379,16 +388,30 @@ def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, t
             s[g], s[g + 8] = _pair_values([np.array([int(sc[tn, grp, g]) & 0xFFFFFFFF], dtype=np.uint32)], bf16)[:, 0]
         return s
 
+    def correction(tn, grp):  # (bias + z) per row, and the factor on the scale
+        zp = zt[tn, grp].numpy().astype(np.uint32)
+        z = np.array([(int(zp[h]) >> (4 * g)) & 15 for h in (0, 1) for g in range(8)], dtype=np.float64)
+        if bf16:
+            return 128 + z, np.ones(16)
+        return np.concatenate([1024 + z[:8], 1024 + 16 * z[8:]]), np.array([1.0] * 8 + [1 / 16] * 8)
+
     kgroups, ntu = -(-kb // (nw * r)), -(-n16 // tpu)
     units = kgroups * ntu
-    assert "blockIdx.x * units / gridDim.x" in _SRC and "inb = min(R, p.KB - kb0);" in _SRC
+    assert kgroups == 2 or not cl
+    assert "const long long cu = CL ? ntu : units;" in _SRC and "inb = min(R, p.KB - kb0);" in _SRC
+    assert "const int u0 = (int)(cid * cu / ncl) + crank * ntu, n = (int)((cid + 1) * cu / ncl) - (int)(cid * cu / ncl);" in _SRC
     assert "ws + min(b, inb - 1) * 32" in _SRC and "min(max(p.gshift - 6, 0), 31 - __clz(R))" in _SRC
     assert "const bool in = tt == 0 || itile * T + tt < n16;" in _SRC and "if (T > 1 && tile >= n16) break;" in _SRC
     assert "const int kbr = min(kb0 + (mlane ? rec << lgb : 0), p.KB - 1);" in _SRC
     partial = {}  # (kg, tile) -> the unit's sum over warps, in warp order
     crossed = False
     for cta in range(ctas):
-        u0, u1 = cta * units // ctas, (cta + 1) * units // ctas
+        if cl:  # cluster cta // 2, rank cta % 2
+            ncl, cid = ctas // 2, cta // 2
+            u0 = cid * ntu // ncl + (cta % 2) * ntu
+            u1 = u0 + (cid + 1) * ntu // ncl - cid * ntu // ncl
+        else:
+            u0, u1 = cta * units // ctas, (cta + 1) * units // ctas
         crossed |= u1 > u0 and u0 // ntu != (u1 - 1) // ntu  # this CTA reloads x for a second K group
         for u, tt in ((u, tt) for u in range(u0, u1) for tt in range(tpu)):
             kg, tu = divmod(u, ntu)
@@ -404,18 +427,24 @@ def test_x_in_registers_work_split_reproduces_the_layer_product(k, gsz, nw, r, t
                     for rec in range(r // gb):
                         kbr = min(kb0 + rec * gb, kb - 1)
                         grp = min((kbr * 64) >> gshift, ng - 1)
-                        accb = np.zeros((16, m))
+                        accb, xsum = np.zeros((16, m)), np.zeros(m)
                         for bb in range(gb):
                             b = rec * gb + bb
                             src = kb0 + min(b, inb - 1)  # the block whose weights land in slot b
                             kx = kb0 + b  # the block of x in register set b (0 past K)
                             xb = xpad[:, 64 * kx:64 * kx + 64] if kx < kb else np.zeros((m, 64))
                             accb += q_minus_z[16 * tile:16 * tile + 16, 64 * src:64 * src + 64] @ xb.T
-                        acc += scale(tile, grp)[:, None] * accb
+                            xsum += xb.sum(axis=1)  # the mmas with an A of ones, over the record's register sets
+                        if bias:
+                            c, f = correction(tile, grp)
+                            accb = accb - c[:, None] * xsum[None, :]
+                            acc += (f * scale(tile, grp))[:, None] * accb
+                        else:
+                            acc += scale(tile, grp)[:, None] * accb
                 total = total + acc
             partial[(kg, tile)] = total
     assert sorted(partial) == [(g, t) for g in range(kgroups) for t in range(n16)]  # every unit exactly once
-    assert crossed == (kgroups > 1)
+    assert crossed == (kgroups > 1 and not cl)
     y = np.zeros((m, n16 * 16))
     for tile in range(n16):
         tot = partial[(0, tile)]

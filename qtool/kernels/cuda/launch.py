@@ -8,7 +8,9 @@ Why the choices look the way they do:
   x held in registers (xr): a CTA of 8 warps owns a K group of 8 x 8 blocks and holds that x as mma fragments,
   then walks units of one or two tiles, each warp streaming its 8 blocks of each tile; the warps' partial sums
   meet in shared memory and the K groups' in the workspace once per warp after its loop. No x stream, no
-  ldmatrix, no CTA barrier per block (bench.md, eleventh and twelfth passes).
+  ldmatrix, no CTA barrier per block (bench.md, eleventh and twelfth passes). With two K groups (gate/up) the
+  weights enter the mmas biased and the K groups meet in a thread-block cluster of 2 instead of the workspace
+  (thirteenth pass).
 - M = 9-16 on other layers of under 8 tiles per SM with one group per 64-k block (and on other GPUs): the
   x-streaming mma kernel (x through a ring of chunks in shared memory, so a CTA's K slice is not bounded by it):
   about one wave of CTAs, each warp one long contiguous run of its tile (bench.md, eighth pass).
@@ -64,6 +66,10 @@ XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE
 # xr_small S); r 8 kernels take at most 8 warps (registers)
 XR_BUILT = {(2, 4, 3, 1): 4, (2, 4, 4, 1): 4, (2, 2, 4, 1): 4, (1, 4, 4, 1): 4, (2, 8, 3, 1): 4, (2, 8, 2, 2): 4}
 XR_PROBE_BUILT = {(2, 4, 3, 1), (2, 8, 3, 1)}  # the shapes its probes (QT_XR_PROBE) are built for
+XR_BIAS_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built with biased weights (QT_XRB, QT_XRTB)
+XR_BIAS_PROBE_BUILT = {(10, (2, 8, 2, 2))}  # probe 10 (K groups not summed) on the biased two-tile shape
+XR_CLUSTER_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built as clusters of 2 (QT_XRC; sm_90a, both biases)
+XR_CLUSTER_SLOTS = 4  # csrc/w4a16.cu xr_small S2: rank 1's sums of a unit waiting in rank 0
 XR_MAX_WARPS = {8: 8}  # blocks per warp -> most warps a CTA (r 8: 128 registers of x, 255 a thread)
 # wgmma (bn, warpgroups, stages) built as probes (QT_WG_PROBE, fp16, x by cp.async)
 WG_PROBE_BUILT = {(128, 4, 6), (256, 2, 4)}
@@ -126,6 +132,8 @@ class Config:
     xc: int = 2  # xs: 64-k blocks per x chunk (XS_BUILT lists the instantiated ones)
     r: int = 4  # xr: 64-k blocks per warp and tile (its x in registers; XR_BUILT lists the instantiated ones)
     t: int = 1  # xr: tiles per work unit (one exchange of the warps' partial sums per unit)
+    bias: bool = False  # xr: weights biased (4 LOP3s a word), corrected by (bias + z) x sums of x (xr_small BIAS)
+    cluster: bool = False  # xr, two K groups: a cluster of 2 CTAs per range of tiles sums them on chip (CL)
     tma: bool = True  # wgmma: x by the tensor memory accelerator where built and K % 8 == 0 (else by cp.async)
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
@@ -156,7 +164,9 @@ class Config:
             kg = f" kg{sp}" if sp else ""
             pr = f" probe{self.probe}" if self.probe else ""
             tu = f" t{self.t}" if self.t > 1 else ""
-            return f"cuda xr{pr} nt{self.nt} r{self.r}{tu} w{self.warps} d{d} {self.ctas_per_sm:g}/sm{kg}{ev}{nopdl}"
+            bi = (" bias" if self.bias else "") + (" cluster2" if self.cluster else "")
+            return (f"cuda xr{pr}{bi} nt{self.nt} r{self.r}{tu} w{self.warps} d{d} {self.ctas_per_sm:g}/sm{kg}"
+                    f"{ev}{nopdl}")
         st = f" s{self.stages}" if self.stages else ""
         pr = f" probe{self.probe}" if self.probe else ""
         x = "" if self.tma else " cp.async-x"
@@ -227,7 +237,14 @@ def choose(m: int, st) -> Config:
         # >= 128 or one group: the record-per-block form (groups of 64) was not run on a GPU. Measured on the H200
         # only: other GPUs keep the choices below.
         if xr_units(st, 8, 8, 2) >= 8 * st.n_sm:
-            return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled())
+            # Thirteenth pass (tune-cuda-h200-v13-steps.txt): with two K groups (gate/up) the weights biased,
+            # corrected by the sums of x, and the K groups' sums met in a cluster of 2 instead of the workspace
+            # (41.5-42.3 us against 42.5-44.0 with neither); down (7 K groups) plain (46.7-47.4 against 47.0-48.5
+            # biased)
+            two = -(-st.K // 64) <= 2 * 8 * 8
+            return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled(), bias=two,
+                          cluster=two)
+        # q/o: neither helped (18.4-18.6 plain, 18.7-19.1 biased, 18.6-19.1 as clusters)
         return Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled())
     if m <= 16 and st.gshift_blk >= 0 and -(-st.N // 16) < 8 * st.n_sm:
         # x streamed in chunks, launched dependent (tune-cuda-h200-v8-steps.txt, bench.md eighth pass), Llama-3-70B
@@ -317,11 +334,14 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
             "counters": n16}
 
 
-def xr_smem(warps: int, r: int, depth: int, nt: int, t: int = 1, slots: int = 4) -> int:
+def xr_smem(warps: int, r: int, depth: int, nt: int, t: int = 1, slots: int = 4, bias: bool = False,
+            cluster: bool = False) -> int:
     """Dynamic shared memory of an x-in-registers CTA (csrc/w4a16.cu xr_small): the warps' rings of depth slots
-    of t x {r x 512 bytes of weights, r 48-byte records}, `slots` partial slots [warps][t][nt][32] float4, then
-    per slot two mbarriers (8 bytes each)."""
-    return warps * depth * t * slot_bytes(True, r) + slots * warps * t * nt * 512 + slots * 16  # a record a block
+    of t x {r x 512 bytes of weights, r 48-byte records} (biased: each followed by the warp's sums of x, [r
+    groups][4 lanes] float4), `slots` partial slots [warps][t][nt][32] float4, per slot two mbarriers (8 bytes
+    each); as a cluster, then the other rank's sums ([t][nt][32] float4 a slot) and two mbarriers a slot."""
+    return (warps * depth * t * slot_bytes(True, r) + slots * warps * t * nt * 512 + slots * 16  # a record a block
+            + (warps * r * 64 if bias else 0) + (XR_CLUSTER_SLOTS * (t * nt * 512 + 16) if cluster else 0))
 
 
 def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
@@ -329,22 +349,30 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     about ctas_per_sm CTAs per SM; K groups > 1 leave fp32 partials [G][N16][32][nt] float4 in the workspace."""
     depth = ring_depth(XR, True, depth=cfg.depth)
     shape = (cfg.nt, cfg.r, depth, cfg.t)
-    if (not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and shape not in XR_PROBE_BUILT)
-            or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
+    probe_ok = (cfg.probe, shape) in XR_BIAS_PROBE_BUILT if cfg.bias else shape in XR_PROBE_BUILT
+    if (not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and not probe_ok)
+            or (cfg.bias and shape not in XR_BIAS_BUILT) or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
-                         f"{depth}, {cfg.t} tiles per unit, {cfg.warps} warps"
+                         f"{depth}, {cfg.t} tiles per unit, {cfg.warps} warps{', biased' if cfg.bias else ''}"
                          f"{'' if post else ' and groups not found by a shift'}")
     units = xr_units(st, cfg.warps, cfg.r, cfg.t)
-    kgroups = units // -(-n16 // cfg.t)
+    ntu = -(-n16 // cfg.t)
+    kgroups = units // ntu
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
+    if cfg.cluster:  # one cluster of 2 per range of tile units; at most one range per tile unit
+        if kgroups != 2 or cfg.probe or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
+            raise ValueError(f"no x-in-registers cluster kernel for {kgroups} K groups, shape {shape} on "
+                             f"sm_{st.cc[0]}{st.cc[1]} (two K groups, sm_90a)")
+        grid = 2 * max(1, min(ntu, grid // 2))
     slots = XR_BUILT[shape]
-    suffix = f"_t{cfg.t}_s{slots}" if cfg.t > 1 else ""
+    suffix = (f"_t{cfg.t}_s{slots}" if cfg.t > 1 else "") + ("_b" if cfg.bias else "") + ("_c" if cfg.cluster else "")
+    tail = kgroups > 1 and not cfg.cluster  # partials summed through the workspace
     return {"grid": (grid, 1, 1), "block": 32 * cfg.warps,
-            "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt, cfg.t, slots), "splits": kgroups, "kbps": 0,
-            "rows": 8 * cfg.nt,
+            "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt, cfg.t, slots, cfg.bias, cfg.cluster),
+            "splits": kgroups, "kbps": 0, "rows": 8 * cfg.nt, "cluster": 2 if cfg.cluster else 1,
             "name": f"qt_xr_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_nt{cfg.nt}_r{cfg.r}_d{depth}{suffix}",
-            "post": post, "tma": False, "ws_floats": kgroups * n16 * 128 * cfg.nt if kgroups > 1 else 0,
-            "counters": n16 if kgroups > 1 else 0}
+            "post": post, "tma": False, "ws_floats": kgroups * n16 * 128 * cfg.nt if tail else 0,
+            "counters": n16 if tail else 0}
 
 
 @lru_cache(maxsize=8)
@@ -528,7 +556,8 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
     # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
-    _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args, pdl=use_pdl(cfg, st) and not fresh)
+    _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args, pdl=use_pdl(cfg, st) and not fresh,
+                               cluster=p.get("cluster", 1))
     if y is not out:
         out.copy_(y)
     return out
