@@ -352,6 +352,17 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
         out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
 
 
+# --scaling: (M, launch) pairs; None = launch.choose(), "dense" = F.linear
+SCALING = [(16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True)),
+           (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True)),
+           (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)),
+           (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=1)),
+           (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=2)),
+           (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True,
+                       probe=10)),
+           (1, None), (16, "dense"), (1, "dense")]
+
+
 def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
     """How a kernel's time grows with its work: K 8192 and N from 7168 to 57344 (one K group split as in
     gate/up, 0.25-2x its units per SM), for the M = 16 x-in-registers shapes, its no-arithmetic probe and the
@@ -359,14 +370,7 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
     (start, x loads, tail)."""
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
-    cfgs = [(16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True)),
-            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True)),
-            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)),
-            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=1)),
-            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=2)),
-            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True,
-                        probe=10)),
-            (1, None), (16, "dense"), (1, "dense")]
+    cfgs = SCALING
     rows = []
     k = 8192
     for n in (7168, 14336, 28672, 57344):

@@ -543,6 +543,8 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
             configs += variants
             configs += [c for c in tune.candidates(m, probes=True) if isinstance(c, Config)]
             configs += [dataclasses.replace(base, pdl=p, trigger=t) for p, t in ((True, "wait"), (True, "start"))]
+            if m == 16 and k == 8192:  # --scaling's launches (K 8192)
+                configs += [c for mm, c in tune.SCALING if mm == m and isinstance(c, Config)]
             for cfg in configs:
                 if cfg.kind == SK and (m > 8 or not launch.sk_fits(1, st)):
                     continue  # the scripts only force stream-K where it takes the layer
