@@ -128,6 +128,10 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (gate16.bias, gate16.cluster, down16.bias, down16.cluster, q16.bias, q16.cluster) == (
         True, True, False, False, False, False)
     assert plan(gate16, 16, state(8192, 28672))["cluster"] == 2 and plan(q16, 16, state(8192, 8192))["cluster"] == 1
+    for k, cl in ((4096, False), (4160, True), (12288, False)):  # one K group, two (the second one block), three
+        wide = choose(16, state(k, 65536))
+        assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
+        assert plan(wide, 16, state(k, 65536))["cluster"] == (2 if cl else 1)
     assert choose(8, state(8192, 28672)).kind != XR and choose(17, state(8192, 1024)).kind == MMA
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS

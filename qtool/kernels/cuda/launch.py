@@ -241,7 +241,7 @@ def choose(m: int, st) -> Config:
             # corrected by the sums of x, and the K groups' sums met in a cluster of 2 instead of the workspace
             # (41.5-42.3 us against 42.5-44.0 with neither); down (7 K groups) plain (46.7-47.4 against 47.0-48.5
             # biased)
-            two = -(-st.K // 64) <= 2 * 8 * 8
+            two = -(-st.K // (64 * 8 * 8)) == 2  # K groups of 8 warps x 8 blocks
             return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled(), bias=two,
                           cluster=two)
         # q/o: neither helped (18.4-18.6 plain, 18.7-19.1 biased, 18.6-19.1 as clusters)
