@@ -47,8 +47,8 @@ del plain
 for m in sizes:
     x = torch.randn(m, k, device=dev).half()
     if xr:
-        state.override = Config(kind=XR, nt=1 if m <= 8 else 2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True,
-                                probe=xr_probe)
+        # two batch tiles at every M <= 16: the one-tile kernel is not built with 3-unit rings or as probes
+        state.override = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0, pdl=True, probe=xr_probe)
     print(m, kern.describe(state, m))
     kern.forward(x, state)
     if dense:

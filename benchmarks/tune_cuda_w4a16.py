@@ -82,7 +82,7 @@ def forced_configs(m: int, st) -> list[Config]:
         cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=w, depth=d, ctas_per_sm=c, pdl=pdl, bias=True)
                for t, d, w, c, pdl in ((1, 3, 8, 1.0, True), (1, 3, 3, 0.4, False), (2, 2, 8, 1.0, None),
                                        (2, 2, 5, 0.3, True), (2, 2, 3, 0.6, False))]
-        if torch.cuda.get_device_capability() == (9, 0) and -(-st.K // 64) > 8 * 8 and -(-st.K // 64) <= 2 * 8 * 8:
+        if torch.cuda.get_device_capability() == (9, 0) and launch.xr_kgroups(st, 8, 8) == 2:
             # two K groups of 8 warps x 8 blocks, summed in a cluster of 2: both biases, one and two tiles a
             # unit, fewer clusters than units, an odd grid rounded down, no pdl
             cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=8, depth=d, ctas_per_sm=c, pdl=pdl, bias=b,
@@ -285,22 +285,28 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
     return c
 
 
+def rotated_layer(kern, k: int, n: int, dtype: torch.dtype, dev: torch.device, m_max: int, seed: int):
+    """A random g128 layer as `qtool bench --graphs` times it: (layer, kernel states, dense weights), each list
+    long enough to rotate through so that no call finds its weights in L2."""
+    plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=seed)
+    layer = PackedLayer.from_plain(plain)
+    w16 = dequantize(plain, dtype)
+    del plain
+    nq = rotation_count(dev, layer.nbytes() + m_max * k * 2)
+    nd = rotation_count(dev, w16.numel() * 2)
+    states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
+    return layer, states, [w16] + [w16.clone() for _ in range(nd - 1)]
+
+
 def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
          full: bool = True, variants_only: bool = False, only: str | None = None) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     rows = []
     for name, k, n, mult in SHAPES_70B:
-        plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=k + n)
-        layer = PackedLayer.from_plain(plain)
-        w16 = dequantize(plain, dtype)
-        del plain
-        nq = rotation_count(dev, layer.nbytes() + max(batch_sizes) * k * 2)
-        nd = rotation_count(dev, w16.numel() * 2)
-        states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
-        w16s = [w16] + [w16.clone() for _ in range(nd - 1)]
+        layer, states, w16s = rotated_layer(kern, k, n, dtype, dev, max(batch_sizes), seed=k + n)
         for m in batch_sizes:
-            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(nq, nd))]
+            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(len(states), len(w16s)))]
             td = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev, graphs=True)
             rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="dense", us=td.median_s * 1e6))
             if m == 1:  # a read-only reference over the same packed bytes: torch's sum of the int32 words
@@ -330,7 +336,7 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel=label, us=tq.median_s * 1e6,
                                  bytes=layer.nbytes() + 2 * m * (k + n)))
             del xs
-        del states, w16s, w16, layer
+        del states, w16s, layer
         torch.cuda.empty_cache()
     # per M and candidate: layer totals (weighted), speedup over dense
     print(f"{'M':>4} {'kernel':<40} {'layer us':>9} {'x dense':>8}")
@@ -374,16 +380,9 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
     rows = []
     k = 8192
     for n in (7168, 14336, 28672, 57344):
-        plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=n)
-        layer = PackedLayer.from_plain(plain)
-        w16 = dequantize(plain, dtype)
-        del plain
-        nq = rotation_count(dev, layer.nbytes() + 16 * k * 2)
-        nd = rotation_count(dev, w16.numel() * 2)
-        states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
-        w16s = [w16] + [w16.clone() for _ in range(nd - 1)]
+        layer, states, w16s = rotated_layer(kern, k, n, dtype, dev, 16, seed=n)
         for m, cfg in cfgs:
-            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(nq, nd))]
+            xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(len(states), len(w16s)))]
             if cfg == "dense":
                 calls = [(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)]
                 label = "dense"
@@ -396,7 +395,7 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
             rows.append(dict(K=k, N=n, M=m, kernel=label, us=us, bytes=layer.nbytes()))
             print(f"K {k} N {n:>6} M {m:>2} {label:<58} {us:8.1f} us {layer.nbytes() / us / 1e3:7.0f} GB/s",
                   flush=True)
-        del states, w16s, w16, layer
+        del states, w16s, layer
         torch.cuda.empty_cache()
     for i, (m, _) in enumerate(cfgs):
         lab = f"{rows[i]['kernel'].split(':')[0]} M{m}"

@@ -1059,30 +1059,23 @@ DEVI void xr_small(const Args& p) {
 #pragma unroll
         for (int c = 0; c < T * NT; ++c) st_cluster_f4(dst + c * 512, sum[c / NT][c % NT]);
         mbar_arrive_cluster(cluster_map(rfull + rs * 8, 0));  // each lane releases its own stores
-      } else {
-        mbar_wait_cluster(rfull + rs * 8, (f / S2) & 1);
-#pragma unroll
-        for (int c = 0; c < T * NT; ++c) add_to(sum[c / NT][c % NT], lds_f4(rsrc + c * 512));
-        mbar_arrive_cluster(cluster_map(rempty + rs * 8, 1));  // after this lane's reads
-#pragma unroll
-        for (int tt = 0; tt < T; ++tt) {
-          const int tile = (u % ntu) * T + tt;
-          if (T > 1 && tile >= n16) break;
-          store_y(tile, sum[tt]);
-        }
+        return;
       }
-    } else {
+      mbar_wait_cluster(rfull + rs * 8, (f / S2) & 1);
 #pragma unroll
-      for (int tt = 0; tt < T; ++tt) {
-        const int tile = (u % ntu) * T + tt;
-        if (T > 1 && tile >= n16) break;
-        if (G == 1 || PROBE == 10) {
-          store_y(tile, sum[tt]);
-        } else {  // this K group's partial; counted and summed after the loop (tail)
-          float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / ntu) * n16 + tile) * 32 * NT + lane * NT;
+      for (int c = 0; c < T * NT; ++c) add_to(sum[c / NT][c % NT], lds_f4(rsrc + c * 512));
+      mbar_arrive_cluster(cluster_map(rempty + rs * 8, 1));  // after this lane's reads
+    }
 #pragma unroll
-          for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[tt][j]);
-        }
+    for (int tt = 0; tt < T; ++tt) {
+      const int tile = (u % ntu) * T + tt;
+      if (T > 1 && tile >= n16) break;
+      if (CL || G == 1 || PROBE == 10) {
+        store_y(tile, sum[tt]);
+      } else {  // this K group's partial; counted and summed after the loop (tail)
+        float4* ws = reinterpret_cast<float4*>(p.ws) + ((size_t)(u / ntu) * n16 + tile) * 32 * NT + lane * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) __stcg(ws + j, sum[tt][j]);
       }
     }
   };

@@ -128,6 +128,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (gate16.bias, gate16.cluster, down16.bias, down16.cluster, q16.bias, q16.cluster) == (
         True, True, False, False, False, False)
     assert plan(gate16, 16, state(8192, 28672))["cluster"] == 2 and plan(q16, 16, state(8192, 8192))["cluster"] == 1
+    assert [launch.xr_kgroups(state(k, 64), 8, 8) for k in (4096, 4097, 8192, 8193)] == [1, 2, 2, 3]
     for k, cl in ((4096, False), (4160, True), (12288, False)):  # one K group, two (the second one block), three
         wide = choose(16, state(k, 65536))
         assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
@@ -583,6 +584,10 @@ def test_x_in_registers_plan():
             assert {name.format("f16") + "_b", name.format("bf16") + "_b"} <= ENTRY
         if (nt, r, d, t) in XR_CLUSTER_BUILT:
             assert {name.format(dt) + b + "_c" for dt in ("f16", "bf16") for b in ("", "_b")} <= ENTRY
+        # the largest form built (biased, as a cluster) still fits one CTA per SM
+        w = XR_MAX_WARPS.get(r, 16)
+        assert xr_smem(w, r, d, nt, t, sl, (nt, r, d, t) in XR_BIAS_BUILT, (nt, r, d, t) in XR_CLUSTER_BUILT) <= (
+            SMEM_MAX - 1024)
         assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl) <= SMEM_MAX - 1024
         # r 8 (128 registers of x): __launch_bounds__ of 256 threads, and plans of at most 8 warps
         th = 32 * XR_MAX_WARPS.get(r, 16)

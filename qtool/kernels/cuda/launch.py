@@ -241,7 +241,7 @@ def choose(m: int, st) -> Config:
             # corrected by the sums of x, and the K groups' sums met in a cluster of 2 instead of the workspace
             # (41.5-42.3 us against 42.5-44.0 with neither); down (7 K groups) plain (46.7-47.4 against 47.0-48.5
             # biased)
-            two = -(-st.K // (64 * 8 * 8)) == 2  # K groups of 8 warps x 8 blocks
+            two = xr_kgroups(st, 8, 8) == 2
             return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled(), bias=two,
                           cluster=two)
         # q/o: neither helped (18.4-18.6 plain, 18.7-19.1 biased, 18.6-19.1 as clusters)
@@ -264,10 +264,14 @@ def choose(m: int, st) -> Config:
     return Config(kind=MMA, nt=nt, tn=2, warps=8, ctas_per_sm=3.0)
 
 
+def xr_kgroups(st, warps: int = 16, r: int = 4) -> int:
+    """K groups (warps x r 64-k blocks each) of the x-in-registers kernel for this layer."""
+    return -(-st.K // (64 * warps * r))
+
+
 def xr_units(st, warps: int = 16, r: int = 4, t: int = 1) -> int:
     """Work units (K group of warps x r blocks, t 16-row tiles) of the x-in-registers kernel for this layer."""
-    kb = -(-st.K // 64)
-    return -(-kb // (warps * r)) * -(-st.N // (16 * t))
+    return xr_kgroups(st, warps, r) * -(-st.N // (16 * t))
 
 
 def smem_per_sm(cc: tuple[int, int]) -> int:
@@ -355,9 +359,9 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
                          f"{depth}, {cfg.t} tiles per unit, {cfg.warps} warps{', biased' if cfg.bias else ''}"
                          f"{'' if post else ' and groups not found by a shift'}")
-    units = xr_units(st, cfg.warps, cfg.r, cfg.t)
     ntu = -(-n16 // cfg.t)
-    kgroups = units // ntu
+    kgroups = xr_kgroups(st, cfg.warps, cfg.r)
+    units = kgroups * ntu
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
     if cfg.cluster:  # one cluster of 2 per range of tile units; at most one range per tile unit
         if kgroups != 2 or cfg.probe or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
