@@ -216,9 +216,9 @@ def chain_check() -> int:
     return 1 if bad else 0
 
 
-def candidates(m: int, probes: bool = False, full: bool = True, variants_only: bool = False
-               ) -> list[Config | str | None]:
-    c: list[Config | str | None] = [None, *VARIANTS]
+def candidates(m: int, probes: bool = False, full: bool = True, variants_only: bool = False,
+               variants: list[str] | None = None) -> list[Config | str | None]:
+    c: list[Config | str | None] = [None, *(v for v in VARIANTS if not variants or any(w in v for w in variants))]
     if variants_only:
         return c
     if m <= SK_MAX_M:  # group 128: units of two blocks
@@ -299,7 +299,8 @@ def rotated_layer(kern, k: int, n: int, dtype: torch.dtype, dev: torch.device, m
 
 
 def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
-         full: bool = True, variants_only: bool = False, only: str | None = None) -> None:
+         full: bool = True, variants_only: bool = False, only: str | None = None,
+         variants: list[str] | None = None) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     rows = []
@@ -313,7 +314,7 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 tr = time_calls([(lambda s=s: s.qweight.sum(dtype=torch.int64)) for s in states], dev, graphs=True)
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
                                  us=tr.median_s * 1e6))
-            for cfg in candidates(m, probes, full, variants_only):
+            for cfg in candidates(m, probes, full, variants_only, variants):
                 if only and isinstance(cfg, Config) and cfg.kind != only:
                     continue
                 for s in states:
@@ -420,6 +421,8 @@ def main() -> int:
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
     ap.add_argument("--variants-only", action="store_true",
                     help="time only the default choice and its launch variants (--tune)")
+    ap.add_argument("--variants", nargs="+", metavar="WORDS",
+                    help="of the launch variants, time only those whose names hold one of these (--tune)")
     ap.add_argument("--scaling", action="store_true",
                     help="time K 8192 x N 7168-57344 for the M = 16 shapes and fit time against N")
     ap.add_argument("--only", choices=[MMA, SK, XS, launch.XR, WGMMA],
@@ -433,7 +436,7 @@ def main() -> int:
         scaling({"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
-             not a.defaults_above_8, a.variants_only, a.only)
+             not a.defaults_above_8, a.variants_only, a.only, a.variants)
     return rc
 
 

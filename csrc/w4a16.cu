@@ -262,8 +262,11 @@ DEVI void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+DEVI void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+DEVI void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 DEVI void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  cluster_arrive();
+  cluster_wait();
 }
 
 template <int N>
@@ -809,7 +812,8 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // dequantization and NT mmas. On Llama-3-70B gate/up at M = 16 the steady state runs within 1-2 us of the bare
 // weight stream; each call pays ~5 us more than the stream once: the x load and the first unit's arithmetic
 // before the ring moves, the last unit and the K groups' sums after it (benchmarks/results/bench.md, twelfth and
-// thirteenth passes).
+// thirteenth passes). Timed per warp (probe 12, fourteenth pass): x's load alone, every SM loading 128 KB of the
+// same lines at once, took 4-7 us of a 18-47 us call before it went ahead of the ring's copies (3-4.5 us now).
 // BIAS: the words enter the mmas biased (biased(): four LOP3s a word) and each group's fp32 sums are corrected by
 // (bias + z) x the group's sum of x, made once per K group (mmas with an A of ones at the x load).
 // CL (sm_90a, exactly two K groups): a cluster of 2 CTAs, rank r = K group r of one range of tile units; rank 1's
@@ -835,14 +839,15 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // arithmetic with no hand-over, 3 = the full kernel with x never loaded (constant fragments), 4 = the finishing
 // warp reads one warp's partial instead of summing all, 5 = the hand-over without its waits, 7 = the
 // dequantization without the mmas (the fragments folded into the sums by LOP3s), 10 = the K groups' sums not
-// summed (each K group stores its own as y)
+// summed (each K group stores its own as y), 12 = the full kernel (right results) that also writes each warp's
+// timeline to the workspace past the partials: 16 u64 a warp (stamp_at)
 // ---------------------------------------------------------------------------------------------------------
 template <bool BF16, int NT, int R, int D, int S = 4, int L = 2, int PROBE = 0, int T = 1, bool BIAS = false,
           bool CL = false>
 DEVI void xr_small(const Args& p) {
   static_assert(L < S && (!CL || (L >= 2 && L + 1 < S)), "a unit's partial slot is summed before it is reused");
-  static_assert(!BIAS || (NT == 2 && (PROBE == 0 || PROBE == 10)), "the biased form: two batch tiles");
-  static_assert(!CL || PROBE == 0, "no probes of the cluster form");
+  static_assert(!BIAS || (NT == 2 && (PROBE == 0 || PROBE == 10 || PROBE == 12)), "the biased form: two batch tiles");
+  static_assert(!CL || PROBE == 0 || PROBE == 12, "no probes of the cluster form but the timeline");
   constexpr int S2 = 4;  // CL: remote partial slots (rank 1 runs at most S2 units ahead of rank 0)
   constexpr int META = 48, TS = R * (512 + META), SLOT = T * TS;
   extern __shared__ uint4 smem4[];
@@ -868,6 +873,28 @@ DEVI void xr_small(const Args& p) {
   // 0, arrived on by rank 1's finishing lanes) and "empty" ones (in rank 1, arrived on by rank 0's)
   const uint32_t rslot = empty + S * 8, rfull = rslot + S2 * (T * NT * 512), rempty = rfull + S2 * 8;
   const int lgb = min(max(p.gshift - 6, 0), 31 - __clz(R));  // log2 GB
+  // PROBE 12: warp w's record at ws + G N16 32 NT float4s + 128 w bytes: u64 [0..5] %globaltimer (ns, one clock
+  // for every SM) and [6..11] clock64 (this SM's cycles) at entry, after pdl_wait, with the first x in registers,
+  // after the first unit, after the loop, at exit; [12] %smid, [13] units, [14] a value made from every x word
+  // (so the x stamp waits for the loads); lane 0 writes
+  // (the address made at each use from the arguments: a register kept for it spilled the cluster form)
+  auto stamps = [&]() {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<float4*>(p.ws) +
+                                       (size_t)((p.KB + nw * R - 1) / (nw * R)) * n16 * 32 * NT) +
+           ((size_t)blockIdx.x * nw + warp) * 16;
+  };
+  auto stamp_at = [&](int k) {
+    if constexpr (PROBE == 12) {
+      uint64_t gt, ck;
+      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(gt) :: "memory");
+      asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(ck) :: "memory");
+      if (lane == 0) {
+        stamps()[k] = gt;
+        stamps()[6 + k] = ck;
+      }
+    }
+  };
+  stamp_at(0);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -884,6 +911,9 @@ DEVI void xr_small(const Args& p) {
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // before the other CTA arrives
     }
   }
+  // CL: the cluster barrier that publishes both CTAs' mbarriers is split: arrived at here, waited for once x is
+  // loaded (before the first mbarrier is used), so that its round trip does not hold up x's loads
+  if constexpr (CL) cluster_arrive();
   pdl_start(p.flags);
 
   // Producer side of the ring, by running pointers (recomputed per unit, the addresses took about a quarter of the
@@ -944,11 +974,8 @@ DEVI void xr_small(const Args& p) {
     cp_commit();
   }
   pdl_wait(p.flags);  // x, y and the workspace come after the previous kernel
-  if constexpr (CL) {
-    cluster_sync();  // both CTAs' mbarriers are initialized
-  } else {
-    __syncthreads();  // the mbarriers' initialization
-  }
+  stamp_at(1);
+  if constexpr (!CL) __syncthreads();  // the mbarriers' initialization
 
   // x as B fragments: lane (g, t) of batch tile j holds x[8 j + g][k + 2t, k + 2t + 1] and [k + 2t + 8, + 9] for
   // each k16 step k of its R blocks (rows past M and k past K: 0)
@@ -1159,10 +1186,34 @@ DEVI void xr_small(const Args& p) {
   // 0's shared memory when rank 0 needs them (the two SMs do not wait on each other unit by unit)
   const int lag = CL ? (crank == 0 ? L + 1 : L - 1) : L;
   int fw = ((-lag) % nw + nw) % nw;         // the warp that finishes unit i - lag, i.e. (i - lag) mod nw
+  // The first K group's x is loaded before the loop's first ring copy is issued: at the start of a call every SM
+  // loads x at once, 128 KB an SM of the same lines, and the copy queued ahead of it (L2 to SM bandwidth) held the
+  // first mma back; x first took 1.5-1.75 us off q/o, gate/up and down at M = 16 (pdl_wait to x in registers
+  // 4.5 -> 3.0, 7.25 -> 5.5, 5.5 -> 3.75 us; benchmarks/results/bench.md, fourteenth pass). Prefetching that
+  // copy's weights into L2 meanwhile gave some of it back. (A K group entered later in the range, by one CTA
+  // alone, loads its x after the copy, in the loop: one load_x site there keeps the loop's registers as they were,
+  // and moving that one too spilled three of the biased kernels.)
+  if (n > 0) {
+    load_x(kg);
+    live = (kg * nw + warp) * R < p.KB;
+    if constexpr (PROBE == 12) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int b = 0; b < R; ++b)
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int j = 0; j < NT; ++j) v ^= xb[b][s][j][0] ^ xb[b][s][j][1];
+      v = __reduce_xor_sync(0xffffffffu, v);  // every lane's loads, before the stamp
+      if (lane == 0) stamps()[14] = v;
+      stamp_at(2);
+    }
+  }
+  if constexpr (CL) cluster_wait();  // both CTAs' mbarriers are initialized
   for (int i = 0; i < n; ++i) {
     issue(i + D - 1 < n);  // unit i + D - 1 into the slot of unit i - 1; `fill` is now unit i's slot
     cp_commit();
-    if (i == 0 || tile == 0) {  // a new K group (the same for every warp of the CTA)
+    if (i > 0 && tile == 0) {  // a new K group (the same for every warp of the CTA)
       load_x(kg);
       live = (kg * nw + warp) * R < p.KB;
     }
@@ -1215,6 +1266,16 @@ DEVI void xr_small(const Args& p) {
       tile = 0;
       ++kg;
     }
+    if (PROBE == 12 && i == 0) stamp_at(3);
+  }
+  stamp_at(4);
+  if constexpr (PROBE == 12) {
+    if (lane == 0) {
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+      stamps()[12] = sm;
+      stamps()[13] = n;
+    }
   }
   if constexpr (PROBE != 2) {
     for (int f = max(0, n - lag); f < n; ++f)
@@ -1222,7 +1283,10 @@ DEVI void xr_small(const Args& p) {
   }
   cp_wait<0>();
   if constexpr (CL) cluster_sync();  // neither CTA leaves while the other may write to or arrive in its memory
-  if (CL || PROBE == 2 || PROBE == 10 || G == 1) return;
+  if (CL || PROBE == 2 || PROBE == 10 || G == 1) {
+    stamp_at(5);
+    return;
+  }
   // The K-group hand-over, once per warp after its loop: a fence in the loop (a release per unit) waited for the
   // ring's copies in flight and held the finishing warp, and through the partial slots every warp, ~13 us of
   // Llama-3-70B gate/up at M = 16 (benchmarks/results/bench.md, eleventh pass). Lane l counts this warp's l-th
@@ -1306,6 +1370,7 @@ DEVI void xr_small(const Args& p) {
       }
     }
   }
+  stamp_at(5);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -2034,6 +2099,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_probe10_f16_nt2_r8_d2
   const qt::Args a = QT_PACK;
   qt::xr_small<false, 2, 8, 2, 4, 2, 10, 2, true>(a);
 }
+// probe 12 (right results and each warp's timeline) on the shapes launch.choose() takes at M = 9-16
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_probe12_f16_nt2_r8_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 2, 8, 3, 4, 2, 12, 1>(a);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_probe12_f16_nt2_r8_d2_t2_s4(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 2, 8, 2, 4, 2, 12, 2>(a);
+}
 
 // Bandwidth probes for benchmarks/tune_cuda_w4a16.py (wrong results by design; never dispatched).
 extern "C" __global__ void __launch_bounds__(256) qt_probe_f16_nt1_tn1_post(QT_ARGS) {
@@ -2097,6 +2171,10 @@ QT_XRC(_b, 2, 8, 3, 256, 1, 4, 2, true)
 QT_XRC(_t2_s4_b, 2, 8, 2, 256, 2, 4, 2, true)
 QT_XRC(, 2, 8, 3, 256, 1, 4, 2, false)
 QT_XRC(_t2_s4, 2, 8, 2, 256, 2, 4, 2, false)
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_probe12_f16_nt2_r8_d2_t2_s4_b_c(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 2, 8, 2, 4, 2, 12, 2, true, true>(a);
+}
 #define QT_WGX(NAME, BN, WGS, ST, BF16, NS, PR)                                \
   extern "C" __global__ void __launch_bounds__(128 * WGS, 1) NAME(QT_ARGS) {   \
     const qt::Args a = QT_PACK;                                                \

@@ -631,6 +631,16 @@ def test_x_in_registers_plan():
     for bad_st in (state(28672, 8192), state(4096, 8192), state(8192, 28672, cc=(8, 0))):  # 7 and 1 K groups, sm_80
         with pytest.raises(ValueError, match="cluster"):
             plan(cl, 16, bad_st)
+    # probe 12 (the timelines): choose()'s three M = 16 launches, fp16; 16 u64 a warp after the partials' place
+    for cfg12, st12, kg in ((dataclasses.replace(cl, probe=12), state(8192, 28672), 2),
+                            (Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, probe=12), state(28672, 8192), 7),
+                            (Config(kind=XR, nt=2, r=8, warps=8, depth=3, probe=12), state(8192, 8192), 2)):
+        p12 = plan(cfg12, 16, st12)
+        assert p12["name"].replace("{dt}", "f16") in ENTRY and p12["name"].startswith("qt_xr_probe12_")
+        n16 = st12.N // 16
+        assert p12["ws_floats"] == kg * n16 * 128 * 2 + p12["grid"][0] * 8 * launch.XR_STAMP_U64 * 2
+    with pytest.raises(ValueError, match="x-in-registers"):  # not built biased without the cluster
+        plan(dataclasses.replace(cl, probe=12, cluster=False), 16, state(8192, 28672))
     for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8, warps=16), Config(kind=XR, nt=2, r=8, depth=5),
                 Config(kind=XR, nt=2, r=4, probe=1), Config(kind=XR, nt=2, r=4, t=2, depth=2),
                 Config(kind=XR, nt=2, r=4, depth=3, bias=True), Config(kind=XR, nt=2, r=8, depth=3, bias=True, probe=1)):

@@ -68,6 +68,10 @@ XR_BUILT = {(2, 4, 3, 1): 4, (2, 4, 4, 1): 4, (2, 2, 4, 1): 4, (1, 4, 4, 1): 4, 
 XR_PROBE_BUILT = {(2, 4, 3, 1), (2, 8, 3, 1)}  # the shapes its probes (QT_XR_PROBE) are built for
 XR_BIAS_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built with biased weights (QT_XRB, QT_XRTB)
 XR_BIAS_PROBE_BUILT = {(10, (2, 8, 2, 2))}  # probe 10 (K groups not summed) on the biased two-tile shape
+# probe 12 (right results, each warp's timeline in the workspace): (shape, biased, cluster) of launch.choose()'s
+# M = 9-16 launches on the H200, fp16 only
+XR_STAMP_BUILT = {((2, 8, 3, 1), False, False), ((2, 8, 2, 2), False, False), ((2, 8, 2, 2), True, True)}
+XR_STAMP_U64 = 16  # u64 a warp (csrc/w4a16.cu xr_small stamp_at)
 XR_CLUSTER_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built as clusters of 2 (QT_XRC; sm_90a, both biases)
 XR_CLUSTER_SLOTS = 4  # csrc/w4a16.cu xr_small S2: rank 1's sums of a unit waiting in rank 0
 XR_MAX_WARPS = {8: 8}  # blocks per warp -> most warps a CTA (r 8: 128 registers of x, 255 a thread)
@@ -240,7 +244,8 @@ def choose(m: int, st) -> Config:
             # Thirteenth pass (tune-cuda-h200-v13-steps.txt): with two K groups (gate/up) the weights biased,
             # corrected by the sums of x, and the K groups' sums met in a cluster of 2 instead of the workspace
             # (41.5-42.3 us against 42.5-44.0 with neither); down (7 K groups) plain (46.7-47.4 against 47.0-48.5
-            # biased)
+            # biased). Fourteenth pass (tune-cuda-h200-v14-steps.txt): with x loaded before the first ring copy (the
+            # kernel's order now) gate/up 39.5-40.2, down 44.4-44.8, q/o 17.7-17.9; no candidate changed place
             two = xr_kgroups(st, 8, 8) == 2
             return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled(), bias=two,
                           cluster=two)
@@ -353,7 +358,10 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     about ctas_per_sm CTAs per SM; K groups > 1 leave fp32 partials [G][N16][32][nt] float4 in the workspace."""
     depth = ring_depth(XR, True, depth=cfg.depth)
     shape = (cfg.nt, cfg.r, depth, cfg.t)
-    probe_ok = (cfg.probe, shape) in XR_BIAS_PROBE_BUILT if cfg.bias else shape in XR_PROBE_BUILT
+    if cfg.probe == 12:
+        probe_ok = (shape, cfg.bias, cfg.cluster) in XR_STAMP_BUILT
+    else:
+        probe_ok = (cfg.probe, shape) in XR_BIAS_PROBE_BUILT if cfg.bias else shape in XR_PROBE_BUILT
     if (not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and not probe_ok)
             or (cfg.bias and shape not in XR_BIAS_BUILT) or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
@@ -364,19 +372,21 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     units = kgroups * ntu
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
     if cfg.cluster:  # one cluster of 2 per range of tile units; at most one range per tile unit
-        if kgroups != 2 or cfg.probe or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
+        if kgroups != 2 or cfg.probe not in (0, 12) or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
             raise ValueError(f"no x-in-registers cluster kernel for {kgroups} K groups, shape {shape} on "
                              f"sm_{st.cc[0]}{st.cc[1]} (two K groups, sm_90a)")
         grid = 2 * max(1, min(ntu, grid // 2))
     slots = XR_BUILT[shape]
     suffix = (f"_t{cfg.t}_s{slots}" if cfg.t > 1 else "") + ("_b" if cfg.bias else "") + ("_c" if cfg.cluster else "")
     tail = kgroups > 1 and not cfg.cluster  # partials summed through the workspace
+    ws = kgroups * n16 * 128 * cfg.nt if tail else 0
+    if cfg.probe == 12:  # the warps' timelines past where the partials would be
+        ws = kgroups * n16 * 128 * cfg.nt + grid * cfg.warps * XR_STAMP_U64 * 2
     return {"grid": (grid, 1, 1), "block": 32 * cfg.warps,
             "smem": xr_smem(cfg.warps, cfg.r, depth, cfg.nt, cfg.t, slots, cfg.bias, cfg.cluster),
             "splits": kgroups, "kbps": 0, "rows": 8 * cfg.nt, "cluster": 2 if cfg.cluster else 1,
             "name": f"qt_xr_{f'probe{cfg.probe}_' if cfg.probe else ''}{{dt}}_nt{cfg.nt}_r{cfg.r}_d{depth}{suffix}",
-            "post": post, "tma": False, "ws_floats": kgroups * n16 * 128 * cfg.nt if tail else 0,
-            "counters": n16 if tail else 0}
+            "post": post, "tma": False, "ws_floats": ws, "counters": n16 if ws else 0}
 
 
 @lru_cache(maxsize=8)
