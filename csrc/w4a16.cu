@@ -879,8 +879,7 @@ DEVI void xr_small(const Args& p) {
   // (so the x stamp waits for the loads); lane 0 writes
   // (the address made at each use from the arguments: a register kept for it spilled the cluster form)
   auto stamps = [&]() {
-    return reinterpret_cast<uint64_t*>(reinterpret_cast<float4*>(p.ws) +
-                                       (size_t)((p.KB + nw * R - 1) / (nw * R)) * n16 * 32 * NT) +
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<float4*>(p.ws) + (size_t)(units / ntu) * n16 * 32 * NT) +
            ((size_t)blockIdx.x * nw + warp) * 16;
   };
   auto stamp_at = [&](int k) {

@@ -572,7 +572,7 @@ def test_x_in_registers_plan():
         XR_BUILT,
         XR_CLUSTER_BUILT,
         XR_MAX_WARPS,
-        XR_PROBE_BUILT,
+        XR_PROBES_BUILT,
         xr_smem,
         xr_units,
     )
@@ -593,7 +593,15 @@ def test_x_in_registers_plan():
         th = 32 * XR_MAX_WARPS.get(r, 16)
         macro = rf"QT_XR\({nt}, {r}, {d}, {th}\)" if t == 1 else rf"QT_XRT\({nt}, {r}, {d}, {th}, {t}, {sl}, \d+\)"
         assert re.search(rf"^{macro}$", SRC, re.M), (nt, r, d, t)
-    assert all(f"qt_xr_probe{pr}_f16_nt{nt}_r{r}_d{d}" in ENTRY for nt, r, d, _ in XR_PROBE_BUILT for pr in (1, 2, 3))
+    # the probe rows plan exactly the probe entry points the source defines (a row without its kernel, or a kernel
+    # no row reaches, fails)
+    planned = set()
+    for pr, (nt, r, d, t), b, c in XR_PROBES_BUILT:
+        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get(r, 16), probe=pr, bias=b, cluster=c)
+        planned.add(plan(cfg, 16, state(8192, 28672))["name"].replace("{dt}", "f16"))
+    assert planned == {n for n in ENTRY if n.startswith("qt_xr_probe")}
+    with pytest.raises(ValueError, match="x-in-registers"):  # probe 4 is built on r 4 only
+        plan(Config(kind=XR, nt=2, r=8, warps=8, depth=3, probe=4), 16, state(8192, 8192))
     cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
     gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
     assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2

@@ -65,13 +65,14 @@ XS_PROBE_BUILT = (2, 1, 6, 2)  # the one shape its bandwidth probes (QT_XS_PROBE
 # x in registers: (nt, blocks per warp and tile, ring depth, tiles per unit) -> partial-sum slots (csrc/w4a16.cu
 # xr_small S); r 8 kernels take at most 8 warps (registers)
 XR_BUILT = {(2, 4, 3, 1): 4, (2, 4, 4, 1): 4, (2, 2, 4, 1): 4, (1, 4, 4, 1): 4, (2, 8, 3, 1): 4, (2, 8, 2, 2): 4}
-XR_PROBE_BUILT = {(2, 4, 3, 1), (2, 8, 3, 1)}  # the shapes its probes (QT_XR_PROBE) are built for
 XR_BIAS_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built with biased weights (QT_XRB, QT_XRTB)
-XR_BIAS_PROBE_BUILT = {(10, (2, 8, 2, 2))}  # probe 10 (K groups not summed) on the biased two-tile shape
-# probe 12 (right results, each warp's timeline in the workspace): (shape, biased, cluster) of launch.choose()'s
-# M = 9-16 launches on the H200, fp16 only
-XR_STAMP_BUILT = {((2, 8, 3, 1), False, False), ((2, 8, 2, 2), False, False), ((2, 8, 2, 2), True, True)}
-XR_STAMP_U64 = 16  # u64 a warp (csrc/w4a16.cu xr_small stamp_at)
+# its probes (fp16; csrc/w4a16.cu QT_XR_PROBE and after it): (probe, shape, biased, cluster). 1-7 on the eleventh
+# and twelfth passes' shapes, 10 (K groups not summed) on the biased two-tile shape, 12 (right results and each
+# warp's timeline in the workspace) on launch.choose()'s M = 9-16 launches on the H200
+XR_PROBES_BUILT = ({(pr, (2, 4, 3, 1), False, False) for pr in (1, 2, 3, 4, 5, 7)}
+                   | {(pr, (2, 8, 3, 1), False, False) for pr in (1, 2, 3)} | {(10, (2, 8, 2, 2), True, False)}
+                   | {(12, sh, b, b) for sh, b in (((2, 8, 3, 1), False), ((2, 8, 2, 2), False), ((2, 8, 2, 2), True))})
+XR_STAMP_U64 = 16  # probe 12: u64 a warp (csrc/w4a16.cu xr_small stamp_at)
 XR_CLUSTER_BUILT = {(2, 8, 3, 1), (2, 8, 2, 2)}  # the shapes built as clusters of 2 (QT_XRC; sm_90a, both biases)
 XR_CLUSTER_SLOTS = 4  # csrc/w4a16.cu xr_small S2: rank 1's sums of a unit waiting in rank 0
 XR_MAX_WARPS = {8: 8}  # blocks per warp -> most warps a CTA (r 8: 128 registers of x, 255 a thread)
@@ -358,10 +359,7 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     about ctas_per_sm CTAs per SM; K groups > 1 leave fp32 partials [G][N16][32][nt] float4 in the workspace."""
     depth = ring_depth(XR, True, depth=cfg.depth)
     shape = (cfg.nt, cfg.r, depth, cfg.t)
-    if cfg.probe == 12:
-        probe_ok = (shape, cfg.bias, cfg.cluster) in XR_STAMP_BUILT
-    else:
-        probe_ok = (cfg.probe, shape) in XR_BIAS_PROBE_BUILT if cfg.bias else shape in XR_PROBE_BUILT
+    probe_ok = (cfg.probe, shape, cfg.bias, cfg.cluster) in XR_PROBES_BUILT
     if (not post or m > 8 * cfg.nt or shape not in XR_BUILT or (cfg.probe and not probe_ok)
             or (cfg.bias and shape not in XR_BIAS_BUILT) or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
@@ -372,7 +370,7 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     units = kgroups * ntu
     grid = max(1, min(units, round(cfg.ctas_per_sm * st.n_sm)))
     if cfg.cluster:  # one cluster of 2 per range of tile units; at most one range per tile unit
-        if kgroups != 2 or cfg.probe not in (0, 12) or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
+        if kgroups != 2 or shape not in XR_CLUSTER_BUILT or not wgmma_ok(st.cc):
             raise ValueError(f"no x-in-registers cluster kernel for {kgroups} K groups, shape {shape} on "
                              f"sm_{st.cc[0]}{st.cc[1]} (two K groups, sm_90a)")
         grid = 2 * max(1, min(ntu, grid // 2))
