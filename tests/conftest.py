@@ -1,4 +1,5 @@
-"""Shared test fixtures: the foreign-tool checkpoints in ../shared/fixtures, tolerances, temp dirs."""
+"""Shared test fixtures: the foreign-tool checkpoints in tests/fixtures (PROVENANCE.md there), hypothesis
+profiles."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
-# CI lays a copy of shared/ beside the clone; QTOOL_FIXTURES overrides.
-FIXTURES = Path(os.environ.get("QTOOL_FIXTURES", REPO.parent / "shared" / "fixtures"))
+# The fixtures live in the repository, so a clone tests itself anywhere; QTOOL_FIXTURES points elsewhere.
+FIXTURES_HOME = REPO / "tests" / "fixtures"
+FIXTURES = Path(os.environ.get("QTOOL_FIXTURES", FIXTURES_HOME))
+SEEDS = FIXTURES_HOME / "seeds"  # the seed documents test_decls parses
 
 # Bounded hypothesis: CI has 2 cores and a 10-minute budget for the whole suite.
 settings.register_profile("ci", max_examples=40, deadline=None,
@@ -23,12 +26,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
-        pytest.fail(f"fixtures not found at {FIXTURES}; set QTOOL_FIXTURES to ../shared/fixtures")
+        pytest.fail(f"fixtures not found at {FIXTURES}; unset QTOOL_FIXTURES to use tests/fixtures")
     return FIXTURES
 
 
 def fixture_path(name: str) -> Path:
     p = FIXTURES / name
     if not p.exists():
-        pytest.fail(f"fixture {p} missing; set QTOOL_FIXTURES to ../shared/fixtures")
+        pytest.fail(f"fixture {p} missing; unset QTOOL_FIXTURES to use tests/fixtures")
     return p

@@ -13,16 +13,15 @@ from qtool.kernels.decls import load_engine, parse_engine
 from qtool.kernels.devices import load_profiles
 from qtool.kernels.select_plan import load_models
 from qtool.paths import CONFIG_DIR
-from tests.conftest import FIXTURES
+from tests.conftest import SEEDS
 
-SEEDS = FIXTURES.parent / "seeds"
 SEED_GPTQMODEL = SEEDS / "000_767c7c45bf4c8a4e.txt"
 SEED_VLLM = SEEDS / "002_bd2429a6e019e49a.txt"
 
 
 def _seed(path):
     if not path.is_file():
-        pytest.fail(f"seed {path} missing; set QTOOL_FIXTURES so that ../seeds sits beside it")
+        pytest.fail(f"seed {path} missing; tests/fixtures/seeds is part of the repository")
     return path.read_text(encoding="utf-8").splitlines()
 
 

@@ -1,6 +1,6 @@
 """Every GPTQModel-written fixture decodes to its reference bit for bit, and re-packs to the file's bytes.
 
-The fixtures (../shared/fixtures/gptqmodel-*) were written by GPTQModel 7.7.0 itself; reference.safetensors
+The fixtures (tests/fixtures/gptqmodel-*) were written by GPTQModel 7.7.0 itself; reference.safetensors
 holds GPTQModel's own dequantization. Tensors are read straight through safetensors.safe_open.
 """
 
