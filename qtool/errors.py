@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class QtoolError(Exception):
-    """Base class. `exit_code` 2 = usage or input error; 1 = a check failed."""
+    """Base class. `exit_code` 2 = usage or input error; a failed check is no error: its command returns 1."""
 
     exit_code = 2
 
@@ -64,9 +64,3 @@ class OutputError(QtoolError):
 
 class DeviceError(QtoolError):
     """A requested device is absent or unusable."""
-
-
-class CheckFailed(QtoolError):
-    """A verification found a problem (validate, inspect --strict). Exit code 1."""
-
-    exit_code = 1

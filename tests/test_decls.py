@@ -11,8 +11,8 @@ import pytest
 from qtool.errors import SpecError
 from qtool.kernels.decls import load_engine, parse_engine
 from qtool.kernels.devices import load_profiles
-from qtool.kernels.select_plan import load_models
 from qtool.paths import CONFIG_DIR
+from qtool.select.plan import load_models
 from tests.conftest import SEEDS
 
 SEED_GPTQMODEL = SEEDS / "000_767c7c45bf4c8a4e.txt"

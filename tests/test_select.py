@@ -14,7 +14,7 @@ from qtool.errors import DeviceError, UsageError
 from qtool.kernels.decls import load_engine
 from qtool.kernels.devices import Device, profile, resolve_device
 from qtool.kernels.select import LayerQuant, marlin_padded_nk, select_kernel
-from qtool.kernels.select_plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
+from qtool.select.plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
 from tests.conftest import fixture_path
 
 H100, H200, A100, B200 = (profile(n) for n in ("h100", "h200", "a100", "b200"))

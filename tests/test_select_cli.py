@@ -11,7 +11,7 @@ import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.errors import DeviceError, UsageError
 from qtool.kernels.devices import profile
-from qtool.kernels.select_plan import path_groups, plan_select
+from qtool.select.plan import path_groups, plan_select
 from tests.conftest import fixture_path
 
 runner = CliRunner()

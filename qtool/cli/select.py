@@ -61,8 +61,8 @@ def select_cmd(
     v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, select_cmd)
     from qtool.errors import UsageError
     from qtool.kernels.devices import resolve_device
-    from qtool.kernels.select_plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
     from qtool.report.select import render
+    from qtool.select.plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
 
     sources = [s for s in ("path", "model", "layer") if v[s]]
     if len(sources) != 1:

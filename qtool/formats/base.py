@@ -99,6 +99,9 @@ class Format:
             raise FormatError("; ".join(why))
 
 
+# Filled by @register as the layout modules load. qtool/formats/__init__.py imports every one of them, and
+# Python runs a package's __init__ before any of its modules, so the registry is complete whenever code
+# outside the package can reach this module.
 _REGISTRY: dict[str, Format] = {}
 
 
@@ -109,8 +112,6 @@ def register(cls: type[Format]) -> type[Format]:
 
 
 def get_format(name: str) -> Format:
-    from qtool import formats  # noqa: F401  (importing the package registers every module)
-
     key = name.lower().replace("-", "_")
     if key not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
@@ -119,8 +120,6 @@ def get_format(name: str) -> Format:
 
 
 def all_formats() -> dict[str, Format]:
-    from qtool import formats  # noqa: F401
-
     return dict(_REGISTRY)
 
 

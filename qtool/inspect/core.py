@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.inspect.detect import Claims, Detected, claims_from, detect_gguf, detect_module, group_modules
-from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow
+from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow, merge_notes
 
 # Tensors that are part of a module's packed layout; any other tensor of a module (bias) adds parameters.
 LAYOUT_NAMES = frozenset({
@@ -72,18 +72,6 @@ def inspect_path(path: str | Path, deep: bool = False,
 
 
 # --- shared ------------------------------------------------------------------------------------------
-
-def _merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
-    """(severity, module, message) -> one anomaly per distinct finding, naming the first module and a count."""
-    seen: dict[tuple[str, str], list[str]] = {}
-    for sev, mod, msg in notes:
-        seen.setdefault((sev, msg), []).append(mod)
-    out = []
-    for (sev, msg), mods in seen.items():
-        more = f" ({len(mods)} modules)" if len(mods) > 1 else ""
-        out.append(Anomaly(sev, mods[0], msg + more))
-    return out
-
 
 def _dominant(modules: list[ModuleReport]) -> str:
     counts: dict[str, list[int]] = {}
@@ -152,7 +140,7 @@ def _inspect_safetensors(p: Path):
         for n in names:
             module_of[n] = prefix
         notes += [(sev, prefix, msg) for sev, msg in d.notes]
-    anomalies += _merge_notes(notes)
+    anomalies += merge_notes(notes)
     anomalies += _file_level(claims, modules, src)
 
     rows = [TensorRow(n, src.tensors[n].dtype, src.tensors[n].shape, src.tensors[n].nbytes, src.tensors[n].file.name,

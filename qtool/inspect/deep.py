@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qtool.inspect.detect import Claims
-from qtool.inspect.report import InspectReport, ModuleReport
+from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
 
@@ -92,8 +92,6 @@ def check_g_idx(g, in_features: int, n_groups: int, group_size: int | None, mod:
 
 def deep_safetensors(report: InspectReport, src, claims: Claims | None,
                      on_progress: Callable[[int, int], None] | None = None) -> None:
-    from qtool.inspect.core import _merge_notes
-
     notes: Notes = []
     total = len(report.modules)
     for k, m in enumerate(report.modules):
@@ -111,7 +109,7 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
         if on_progress:
             on_progress(k + 1, total)
     src.close()
-    report.anomalies += _merge_notes(notes)
+    report.anomalies += merge_notes(notes)
 
 
 def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
@@ -266,8 +264,6 @@ _LEADING_D = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"})
 def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], None] | None = None) -> None:
     import numpy as np
 
-    from qtool.inspect.core import _merge_notes
-
     by_name = {t.name: t for t in gset.tensors}
     notes: Notes = []
     total = len(report.modules)
@@ -290,7 +286,7 @@ def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], Non
                 notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
         if on_progress:
             on_progress(k + 1, total)
-    report.anomalies += _merge_notes(notes)
+    report.anomalies += merge_notes(notes)
 
 
 def _gguf_tensor(t, notes: Notes, mod: str):

@@ -33,8 +33,6 @@ Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
 
 FLOAT_DTYPES = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64}
 FP8_DTYPES = {"F8_E4M3", "F8_E5M2"}
-QUANT_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "awq_gemv", "awq_gemv_fast", "marlin", "ct", "ct_fp8",
-                 "ct_nvfp4", "fp8", "bnb", "ct_int8")
 GPTQ_FAMILY = ("gptq", "gptq_v2", "gptq_p")
 AWQ_FAMILY = ("awq", "awq_gemv", "awq_gemv_fast")
 

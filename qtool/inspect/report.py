@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SEVERITIES = ("error", "warning", "info")
 MODULE_KEYS = ("name", "format", "bits", "group_size", "sym", "desc_act", "in_features", "out_features", "bytes")
 REPORT_KEYS = ("path", "container", "format", "modules", "tensor_count", "bytes_total", "bpw", "metadata",
                "anomalies")
@@ -34,6 +33,18 @@ class Anomaly:
 
     def to_dict(self) -> dict[str, Any]:
         return {"severity": self.severity, "tensor": self.tensor, "message": self.message}
+
+
+def merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
+    """(severity, module, message) -> one anomaly per distinct finding, naming the first module and a count."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for sev, mod, msg in notes:
+        seen.setdefault((sev, msg), []).append(mod)
+    out = []
+    for (sev, msg), mods in seen.items():
+        more = f" ({len(mods)} modules)" if len(mods) > 1 else ""
+        out.append(Anomaly(sev, mods[0], msg + more))
+    return out
 
 
 @dataclass

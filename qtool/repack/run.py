@@ -13,7 +13,6 @@ requantized (qtool.quant for integer layouts, gguf.quants for GGUF types) and th
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -546,7 +545,3 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
 def _guess_blocks(names: list[str]) -> int:
     nums = [int(x) for n in names for x in re.findall(r"\.(\d+)\.", n)]
     return max(nums) + 1 if nums else 0
-
-
-def report_json(report: RepackReport) -> str:
-    return json.dumps(report.to_dict(), indent=2)

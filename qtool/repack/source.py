@@ -24,7 +24,6 @@ from qtool.formats.base import LayerParams
 
 # inspect's "gguf:<TYPE>" -> qtool format ids that hold those blocks exactly
 GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
-GGUF_FLOAT = {"F32", "F16", "BF16"}
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
 # qtool's own reports about the source checkpoint: stale for the converted one, so not copied

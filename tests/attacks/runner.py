@@ -181,7 +181,7 @@ def serve(request: dict) -> list[dict]:
 
     import qtool.cli.main  # noqa: F401 - registers every command
 
-    for mod in ("qtool.pack", "qtool.inspect", "qtool.repack.run", "qtool.kernels.select_plan", "qtool.formats",
+    for mod in ("qtool.pack", "qtool.inspect", "qtool.repack.run", "qtool.select.plan", "qtool.formats",
                 "safetensors", "yaml", "numpy", "gguf"):
         try:
             __import__(mod)

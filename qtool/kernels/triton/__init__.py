@@ -9,7 +9,6 @@ Triton interpreter (TRITON_INTERPRET=1 set before triton is first imported), whi
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -17,10 +16,6 @@ import torch
 from qtool.kernels.base import Kernel, PackedLayer, register
 
 MIN_CAPABILITY = (8, 0)  # bf16 tensor-core dot and the bf16 bit trick need sm_80+
-
-
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
 @dataclass
@@ -65,6 +60,8 @@ class TritonW4A16(Kernel):
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed (pip install 'qtool[triton]')"
         if device.type == "cpu":
+            from qtool.kernels.triton.launch import interpreter_on
+
             if not interpreter_on():
                 return "triton-w4a16 runs on CUDA; on the CPU only under TRITON_INTERPRET=1 (tests)"
         return None

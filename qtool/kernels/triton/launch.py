@@ -17,12 +17,17 @@ TABLE comes from benchmarks/tune_w4a16.py and tune_w4a16_v2.py on an H200, 2026-
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import torch
 
 FUSED = "fused"
 DEQUANT_GEMM = "dequant+cublas"
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,6 @@ def run_w4a16(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
     if x.stride(1) != 1:
         x = x.contiguous()
     if cfg.path == DEQUANT_GEMM and cfg.mode == 4 and mma_ok(group_size, act):
-        from qtool.kernels.triton import interpreter_on
         from qtool.kernels.triton.w4a16 import dequant_words_kernel
 
         w = torch.empty((k, n), dtype=x.dtype, device=x.device)
@@ -244,7 +248,6 @@ def _workspace(device: torch.device, n_split: int, m: int, n: int, tiles: int) -
 def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
     import triton
 
-    from qtool.kernels.triton import interpreter_on
     from qtool.kernels.triton.w4a16 import w4a16_gemv_kernel
 
     m, k = x.shape
@@ -278,7 +281,6 @@ def _run_gemv(x, qweight, qzeros, scales, group_size, cfg, out):
 def _run_mma(x, qweight, qzeros, scales, group_size, cfg, out):
     import triton
 
-    from qtool.kernels.triton import interpreter_on
     from qtool.kernels.triton.w4a16 import w4a16_mma_kernel
 
     m, k = x.shape
