@@ -59,11 +59,6 @@ def measured_m_star(times_by_m: dict[int, float]) -> float | None:
     return t_mem / t_row
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median).
 
