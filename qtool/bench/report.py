@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qtool.bench import roofline
 from qtool.bench.run import DENSE, BenchReport
+from qtool.report.text import md_escape, sanitize
 
 
 def _f(v, fmt: str, dash: str = "-") -> str:
@@ -23,9 +24,7 @@ def headline(report: BenchReport) -> str:
 def render_tables(report: BenchReport, console) -> None:
     from rich.table import Table
 
-    from qtool.cli.common import sanitize
-
-    console.print(headline(report))
+    console.print(sanitize(headline(report)))
     t = Table(show_lines=False)
     for col in ("shape", "K x N", "M", "kernel", "path", "rel err (x base)", "us", "TFLOP/s", "GB/s",
                 "% copy BW", "x dense"):
@@ -33,12 +32,13 @@ def render_tables(report: BenchReport, console) -> None:
     for r in report.rows:
         if r.status != "ok":
             err = f"{r.rel_err:.2g}" if r.rel_err is not None else "-"
-            t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, f"[red]{r.status}[/]: {sanitize(r.reason)}",
+            t.add_row(sanitize(r.shape), f"{r.K}x{r.N}", str(r.M), sanitize(r.kernel),
+                      f"[red]{r.status}[/]: {sanitize(r.reason)}",
                       err, "-", "-", "-", "-", "-")
             continue
         ratio = (r.rel_err / r.baseline_rel_err) if r.baseline_rel_err else None
         err = f"{r.rel_err:.2g} ({ratio:.2f})" if ratio is not None else _f(r.rel_err, ".2g")
-        t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, sanitize(r.path), err, _f(r.median_us, ".1f"),
+        t.add_row(sanitize(r.shape), f"{r.K}x{r.N}", str(r.M), sanitize(r.kernel), sanitize(r.path), err, _f(r.median_us, ".1f"),
                   _f(r.tflops, ".2f"), _f(r.gbs, ".0f"), _f(r.bw_fraction and 100 * r.bw_fraction, ".0f"),
                   _f(r.speedup_vs_dense, ".2f"))
     console.print(t)
@@ -48,22 +48,24 @@ def render_tables(report: BenchReport, console) -> None:
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            s.add_row(kname, m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
+            s.add_row(sanitize(kname), m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
                       f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}",
                       _f(mstar, ".0f"))
     console.print(s)
 
 
 def to_markdown(report: BenchReport) -> str:
-    lines = [f"- {headline(report)}", "",
+    """The tables as GitHub Markdown; every string that is not a number goes through `md_escape`."""
+    e_ = md_escape
+    lines = [f"- {e_(headline(report))}", "",
              "| shape | K x N | M | kernel | path | rel err | us | TFLOP/s | GB/s | % copy BW | x dense |",
              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in report.rows:
         if r.status != "ok":
-            lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.status}: {r.reason} | "
+            lines.append(f"| {e_(r.shape)} | {r.K}x{r.N} | {r.M} | {e_(r.kernel)} | {e_(r.status)}: {e_(r.reason)} | "
                          f"{_f(r.rel_err, '.2g')} | | | | | |")
             continue
-        lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.path} | {_f(r.rel_err, '.2g')} | "
+        lines.append(f"| {e_(r.shape)} | {r.K}x{r.N} | {r.M} | {e_(r.kernel)} | {e_(r.path)} | {_f(r.rel_err, '.2g')} | "
                      f"{_f(r.median_us, '.1f')} | {_f(r.tflops, '.2f')} | {_f(r.gbs, '.0f')} | "
                      f"{_f(r.bw_fraction and 100 * r.bw_fraction, '.0f')} | {_f(r.speedup_vs_dense, '.2f')} |")
     lines += ["", "| kernel | M | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
@@ -71,7 +73,7 @@ def to_markdown(report: BenchReport) -> str:
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            lines.append(f"| {kname} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
+            lines.append(f"| {e_(kname)} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
                          f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
                          f"{_f(mstar, '.0f')} |")
     return "\n".join(lines) + "\n"

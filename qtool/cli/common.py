@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -126,18 +125,6 @@ def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
     get = getattr(ctx, "get_parameter_source", None)
     source = get(name) if get is not None else None
     return source is not None and getattr(source, "name", "") == "COMMANDLINE"
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def sanitize(text: str) -> str:
-    """Make a name read from a file safe to print: control characters (ANSI escapes included) become
-    visible escapes, and rich markup brackets are escaped."""
-    from rich.markup import escape
-
-    clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return escape(clean)
 
 
 def _console(stderr: bool):
