@@ -2,11 +2,74 @@
 
 from __future__ import annotations
 
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from qtool.bench import roofline
 from qtool.bench.run import DENSE, BenchReport
+from qtool.errors import OutputError, UsageError
 from qtool.report.text import md_escape, sanitize
+
+# Formats matplotlib's Agg backend writes without extra packages; a --plot name without a suffix gets PNG.
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def check_report_path(flag: str, path: Path) -> None:
+    """Refuse, before the sweep runs, a report destination that cannot be a file: a directory, a path
+    under a file, or (for --plot) a suffix matplotlib does not write. A missing parent is fine: it is
+    created when the report is written."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory", fix=f"name a file, e.g. {path / 'bench'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is not a directory",
+                         fix="choose a path whose parent directories are directories")
+    if flag == "--plot" and plot_format(path) not in PLOT_FORMATS:
+        raise UsageError(f"--plot {path}: cannot write a '{path.suffix}' image",
+                         fix=f"use a name ending in {', '.join('.' + f for f in PLOT_FORMATS)}")
+
+
+def plot_format(path: Path) -> str:
+    return path.suffix[1:].lower() or "png"
+
+
+def write_report(flag: str, path: Path, fill: Callable[[Path], None]) -> None:
+    """Write a report file: `fill(p)` writes the whole report to p. A regular file (or a new one) is
+    written under a temporary name and renamed into place, creating missing parent directories; anything
+    else that exists there (a terminal, a pipe, /dev/null) is written in place and never replaced. Any
+    write error becomes a one-line error naming the file."""
+    from qtool.io.writer import atomic_output
+
+    def fail(e: OSError) -> OutputError:
+        return OutputError(f"cannot write the {flag} report ({e.strerror or type(e).__name__})", path=path,
+                           fix="free space, or give another path")
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise fail(e) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{flag} {path}: is a directory", fix="name a file")
+        try:
+            fill(path)
+        except OSError as e:
+            raise fail(e) from None
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise fail(e) from None
+    with atomic_output(path, force=True, directory=False) as tmp:
+        try:
+            fill(tmp)
+        except OSError as e:
+            raise fail(e) from None
 
 
 def _f(v, fmt: str, dash: str = "-") -> str:
@@ -79,8 +142,9 @@ def to_markdown(report: BenchReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: BenchReport, path: Path) -> None:
-    """Speedup over dense vs M (all shapes together) per kernel, with the roofline's ideal speedup."""
+def plot(report: BenchReport, path: Path, fmt: str = "png") -> None:
+    """Speedup over dense vs M (all shapes together) per kernel, with the roofline's ideal speedup, as a
+    `fmt` image (the name of `path` may be a temporary one, so its suffix is not read)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,5 +177,5 @@ def plot(report: BenchReport, path: Path) -> None:
     ax.set_title(f"W{s.bits}A16 g{s.group_size} on {report.device_info.get('name')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=fmt)
     plt.close(fig)

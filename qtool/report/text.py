@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 
 # Characters with a meaning somewhere in CommonMark / GitHub Markdown: emphasis (* _ ~), code (`), links
-# and images ([ ] ( ) !), raw HTML and autolinks (< >), entities (&), table cells (|), headings and lists
-# (#), email and URL autolinks (@ :), and the escape character itself. List markers (- +) and thematic
-# breaks matter only at a line's start, where a name never goes.
-MD_SPECIAL = frozenset("\\`*_~[]()!<>&|#@:")
+# and images ([ ]: with both escaped, "(" and "!" start nothing), raw HTML and autolinks (< >), entities
+# (&), table cells (|), headings (#), email and URL autolinks (@ :), and the escape character itself. List
+# markers (- +) and thematic breaks matter only at a line's start, where a name never goes.
+MD_SPECIAL = frozenset("\\`*_~[]<>&|#@:")
 # `www.` starts an extended autolink on GitHub; escaping its dot breaks the match.
 _WWW_DOT = re.compile(r"(?i)(?<=www)\.")
 
