@@ -176,11 +176,25 @@ def available_bytes(dev: torch.device) -> tuple[int, str]:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-        if soft != resource.RLIM_INFINITY and soft < avail:
-            avail, source = soft, "this process's address-space limit (ulimit -v)"
+        if soft != resource.RLIM_INFINITY:
+            left = soft - _address_space_used()
+            if left < avail:
+                avail, source = max(left, 0), "left under this process's address-space limit (ulimit -v)"
     except (OSError, ValueError):
         pass
     return int(avail), source
+
+
+def _address_space_used() -> int:
+    """This process's mapped address space (what RLIMIT_AS counts), from /proc/self/status; 0 if unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def check_memory(s: BenchSettings) -> None:
