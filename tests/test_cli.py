@@ -10,9 +10,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from qtool.cli.common import apply_config, sanitize
+from qtool.cli.common import apply_config
 from qtool.cli.main import expand_variadic
 from qtool.errors import SpecError
+from qtool.report.text import sanitize
 
 REPO = Path(__file__).resolve().parents[1]
 

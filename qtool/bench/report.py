@@ -2,10 +2,74 @@
 
 from __future__ import annotations
 
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from qtool.bench import roofline
 from qtool.bench.run import DENSE, BenchReport
+from qtool.errors import OutputError, UsageError
+from qtool.report.text import md_escape, sanitize
+
+# Formats matplotlib's Agg backend writes without extra packages; a --plot name without a suffix gets PNG.
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def check_report_path(flag: str, path: Path) -> None:
+    """Refuse, before the sweep runs, a report destination that cannot be a file: a directory, a path
+    under a file, or (for --plot) a suffix matplotlib does not write. A missing parent is fine: it is
+    created when the report is written."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory", fix=f"name a file, e.g. {path / 'bench'}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is not a directory",
+                         fix="choose a path whose parent directories are directories")
+    if flag == "--plot" and plot_format(path) not in PLOT_FORMATS:
+        raise UsageError(f"--plot {path}: cannot write a '{path.suffix}' image",
+                         fix=f"use a name ending in {', '.join('.' + f for f in PLOT_FORMATS)}")
+
+
+def plot_format(path: Path) -> str:
+    return path.suffix[1:].lower() or "png"
+
+
+def write_report(flag: str, path: Path, fill: Callable[[Path], None]) -> None:
+    """Write a report file: `fill(p)` writes the whole report to p. A regular file (or a new one) is
+    written under a temporary name and renamed into place, creating missing parent directories; anything
+    else that exists there (a terminal, a pipe, /dev/null) is written in place and never replaced. Any
+    write error becomes a one-line error naming the file."""
+    from qtool.io.writer import atomic_output
+
+    def fail(e: OSError) -> OutputError:
+        return OutputError(f"cannot write the {flag} report ({e.strerror or type(e).__name__})", path=path,
+                           fix="free space, or give another path")
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise fail(e) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{flag} {path}: is a directory", fix="name a file")
+        try:
+            fill(path)
+        except OSError as e:
+            raise fail(e) from None
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise fail(e) from None
+    with atomic_output(path, force=True, directory=False) as tmp:
+        try:
+            fill(tmp)
+        except OSError as e:
+            raise fail(e) from None
 
 
 def _f(v, fmt: str, dash: str = "-") -> str:
@@ -23,9 +87,7 @@ def headline(report: BenchReport) -> str:
 def render_tables(report: BenchReport, console) -> None:
     from rich.table import Table
 
-    from qtool.cli.common import sanitize
-
-    console.print(headline(report))
+    console.print(sanitize(headline(report)))
     t = Table(show_lines=False)
     for col in ("shape", "K x N", "M", "kernel", "path", "rel err (x base)", "us", "TFLOP/s", "GB/s",
                 "% copy BW", "x dense"):
@@ -33,12 +95,13 @@ def render_tables(report: BenchReport, console) -> None:
     for r in report.rows:
         if r.status != "ok":
             err = f"{r.rel_err:.2g}" if r.rel_err is not None else "-"
-            t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, f"[red]{r.status}[/]: {sanitize(r.reason)}",
+            t.add_row(sanitize(r.shape), f"{r.K}x{r.N}", str(r.M), sanitize(r.kernel),
+                      f"[red]{r.status}[/]: {sanitize(r.reason)}",
                       err, "-", "-", "-", "-", "-")
             continue
         ratio = (r.rel_err / r.baseline_rel_err) if r.baseline_rel_err else None
         err = f"{r.rel_err:.2g} ({ratio:.2f})" if ratio is not None else _f(r.rel_err, ".2g")
-        t.add_row(r.shape, f"{r.K}x{r.N}", str(r.M), r.kernel, sanitize(r.path), err, _f(r.median_us, ".1f"),
+        t.add_row(sanitize(r.shape), f"{r.K}x{r.N}", str(r.M), sanitize(r.kernel), sanitize(r.path), err, _f(r.median_us, ".1f"),
                   _f(r.tflops, ".2f"), _f(r.gbs, ".0f"), _f(r.bw_fraction and 100 * r.bw_fraction, ".0f"),
                   _f(r.speedup_vs_dense, ".2f"))
     console.print(t)
@@ -48,22 +111,24 @@ def render_tables(report: BenchReport, console) -> None:
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            s.add_row(kname, m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
+            s.add_row(sanitize(kname), m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
                       f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}",
                       _f(mstar, ".0f"))
     console.print(s)
 
 
 def to_markdown(report: BenchReport) -> str:
-    lines = [f"- {headline(report)}", "",
+    """The tables as GitHub Markdown; every string that is not a number goes through `md_escape`."""
+    e_ = md_escape
+    lines = [f"- {e_(headline(report))}", "",
              "| shape | K x N | M | kernel | path | rel err | us | TFLOP/s | GB/s | % copy BW | x dense |",
              "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in report.rows:
         if r.status != "ok":
-            lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.status}: {r.reason} | "
+            lines.append(f"| {e_(r.shape)} | {r.K}x{r.N} | {r.M} | {e_(r.kernel)} | {e_(r.status)}: {e_(r.reason)} | "
                          f"{_f(r.rel_err, '.2g')} | | | | | |")
             continue
-        lines.append(f"| {r.shape} | {r.K}x{r.N} | {r.M} | {r.kernel} | {r.path} | {_f(r.rel_err, '.2g')} | "
+        lines.append(f"| {e_(r.shape)} | {r.K}x{r.N} | {r.M} | {e_(r.kernel)} | {e_(r.path)} | {_f(r.rel_err, '.2g')} | "
                      f"{_f(r.median_us, '.1f')} | {_f(r.tflops, '.2f')} | {_f(r.gbs, '.0f')} | "
                      f"{_f(r.bw_fraction and 100 * r.bw_fraction, '.0f')} | {_f(r.speedup_vs_dense, '.2f')} |")
     lines += ["", "| kernel | M | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
@@ -71,14 +136,15 @@ def to_markdown(report: BenchReport) -> str:
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            lines.append(f"| {kname} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
+            lines.append(f"| {e_(kname)} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
                          f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
                          f"{_f(mstar, '.0f')} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(report: BenchReport, path: Path) -> None:
-    """Speedup over dense vs M (all shapes together) per kernel, with the roofline's ideal speedup."""
+def plot(report: BenchReport, path: Path, fmt: str = "png") -> None:
+    """Speedup over dense vs M (all shapes together) per kernel, with the roofline's ideal speedup, as a
+    `fmt` image (the name of `path` may be a temporary one, so its suffix is not read)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,5 +177,5 @@ def plot(report: BenchReport, path: Path) -> None:
     ax.set_title(f"W{s.bits}A16 g{s.group_size} on {report.device_info.get('name')}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=fmt)
     plt.close(fig)

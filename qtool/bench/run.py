@@ -13,7 +13,9 @@ activations in and outputs out.
 
 from __future__ import annotations
 
+import os
 import platform
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,8 +27,10 @@ from qtool.bench import roofline
 from qtool.bench.layers import random_plain
 from qtool.bench.shapes import Shape
 from qtool.bench.timing import rotation_count, time_calls
+from qtool.errors import UsageError
 from qtool.formats.plain import dequantize
 from qtool.kernels.base import ACT_DTYPES, PackedLayer, all_kernels, get_kernel, pack_gptq_v2
+from qtool.report.common import human_bytes
 
 ERR_FACTOR = 4.0
 ERR_FLOOR = 1e-6  # relative error below which any two implementations agree (fp32 kernels on the CPU)
@@ -127,8 +131,86 @@ def _device_info(dev: torch.device) -> dict:
     return info
 
 
+# Bytes per weight element a shape holds at its peak, measured on the CPU (about 32 with torch 2.x) and
+# rounded up: the float32 build of the random layer and its float64 oracle with their temporaries, the
+# 16-bit dense copy, the packed codes.
+WEIGHT_BYTES_PER_ELEMENT = 48
+# Bytes per output element at M: the float64 oracle, a kernel's output and the float64 difference that
+# measures its error, with their temporaries.
+OUTPUT_BYTES_PER_ELEMENT = 40
+# Bytes per input element at M beyond its rotating 16-bit copies: the float32 draw and the float64 oracle copy.
+INPUT_BYTES_PER_ELEMENT = 12
+
+
+def estimate_bytes(s: BenchSettings, shape: Shape, m: int) -> int:
+    """Peak bytes the sweep holds on its device for one shape at batch size m (an upper estimate)."""
+    nk = shape.N * shape.K
+    cap = 64 if s.device.type == "cuda" else 4
+    groups = shape.N * -(-shape.K // (shape.K if s.group_size == -1 else s.group_size))
+    packed = nk * s.bits // 8 + 3 * groups  # codes, 16-bit scales, 8-bit zeros
+    n_copies = rotation_count(s.device, packed + m * shape.K * 2, cap=cap)
+    dense_copies = rotation_count(s.device, nk * 2, cap=cap)
+    kernels = len(s.kernels) if s.kernels else len(all_kernels())
+    # per group: the float32 minima, maxima and scales the random layer is built from
+    weights = nk * WEIGHT_BYTES_PER_ELEMENT + 12 * groups + (dense_copies - 1) * nk * 2 + n_copies * packed * (kernels + 1)
+    inputs = m * shape.K * (INPUT_BYTES_PER_ELEMENT + 2 * max(n_copies, dense_copies))
+    return weights + inputs + m * shape.N * OUTPUT_BYTES_PER_ELEMENT
+
+
+def available_bytes(dev: torch.device) -> tuple[int, str]:
+    """(bytes the sweep may use on `dev`, where that number comes from): free memory on a GPU; on the CPU
+    the kernel's MemAvailable, or this process's address-space limit when that is lower."""
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(free), f"free on {dev}"
+    avail, source = None, "available RAM"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            left = soft - _address_space_used()
+            if left < avail:
+                avail, source = max(left, 0), "left under this process's address-space limit (ulimit -v)"
+    except (OSError, ValueError):
+        pass
+    return int(avail), source
+
+
+def _address_space_used() -> int:
+    """This process's mapped address space (what RLIMIT_AS counts), from /proc/self/status; 0 if unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def check_memory(s: BenchSettings) -> None:
+    """Refuse, before anything is allocated, a sweep whose largest point would not fit the device."""
+    m = max(s.batch_sizes)
+    need, shape = max(((estimate_bytes(s, sh, m), sh) for sh in s.shapes), key=lambda t: t[0])
+    avail, source = available_bytes(s.device)
+    if need > avail:
+        raise UsageError(f"--shapes {shape.name} at --batch-sizes {m} needs about {human_bytes(need)} "
+                         f"({need:,} bytes) on {s.device}, more than the {human_bytes(avail)} {source}",
+                         fix="give smaller --shapes or --batch-sizes")
+
+
 def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> BenchReport:
     """Run the whole sweep; `step(description)` is called once per (shape, M) unit of work."""
+    check_memory(s)
     dev = s.device
     dtype = ACT_DTYPES[s.dtype]
     torch.manual_seed(s.seed)

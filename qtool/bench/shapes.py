@@ -22,6 +22,9 @@ BUILTIN_MODELS = {
                         num_key_value_heads=8, head_dim=128),
 }
 
+# Kernels index K and N with 32-bit integers.
+MAX_DIM = 2**31 - 1
+
 # Small enough that the CPU bench (and its test) finishes in seconds, awkward enough to exercise masks.
 CPU_DEFAULT = "512x384,1024x256"
 
@@ -113,8 +116,8 @@ def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
         m = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", part)
         if m:
             k, n = int(m.group(1)), int(m.group(2))
-            if k <= 0 or n <= 0:
-                raise UsageError(f"--shapes: '{part}' must have positive K and N")
+            if not (0 < k <= MAX_DIM and 0 < n <= MAX_DIM):
+                raise UsageError(f"--shapes {part[:40]} is out of range", fix=f"allowed: K and N from 1 to {MAX_DIM}")
             out.append(Shape(f"{k}x{n}", k, n))
         elif part.lower() in table:
             out += _layers_of(part.lower(), table[part.lower()])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -9,14 +10,23 @@ import typer
 
 from qtool.cli.app import app
 from qtool.cli.common import (
+    INT32_MAX,
     ConfigOpt,
     QuietOpt,
     apply_config,
+    check_choice,
+    check_range,
     emit_json,
     progress,
     stderr_console,
     stdout_console,
 )
+from qtool.report.text import sanitize
+
+# Code widths the kernels' packed layers read (GPTQ words hold a whole number of codes).
+BITS = (2, 4, 8)
+DEVICE = re.compile(r"cpu|cuda(:\d{1,4})?")
+MAX_SECONDS = 3600.0
 
 EPILOG = """Examples:
 
@@ -62,26 +72,39 @@ def bench_cmd(
     quiet: QuietOpt = False,
 ) -> int:
     v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, bench_cmd)
-    from qtool.bench.report import plot as write_plot
-    from qtool.bench.report import render_tables, to_markdown
-    from qtool.bench.run import BenchSettings, run_bench
-    from qtool.bench.shapes import parse_shapes
     from qtool.errors import UsageError
-    from qtool.kernels.base import all_kernels, resolve_device
 
-    dev = resolve_device(v["device"])
+    # Every number and path from a flag is checked here, before anything is built or timed; run_bench then
+    # checks the memory the sweep needs against the device's.
+    if v["device"] is not None and not DEVICE.fullmatch(v["device"].strip().lower()):
+        raise UsageError(f"--device {v['device']!r} is not a device bench runs on", fix="use cpu, cuda or cuda:N")
+    check_choice("--bits", v["bits"], BITS)
+    check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
     if v["dtype"] not in ("fp16", "bf16"):
         raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
     ms = list(v["batch_sizes"] or [1, 16, 256])
-    if any(m <= 0 for m in ms):
-        raise UsageError(f"--batch-sizes must be positive, got {ms}")
+    for m in ms:
+        check_range("--batch-sizes", m, 1, INT32_MAX)
+    check_range("--seconds", v["seconds"], 1e-3, MAX_SECONDS)
+    reports = [(flag, Path(v[key])) for flag, key in (("--json", "json_"), ("--markdown", "markdown"),
+                                                      ("--plot", "plot")) if v[key] and str(v[key]) != "-"]
+    from qtool.bench.report import check_report_path
+
+    for flag, path in reports:
+        check_report_path(flag, path)
+
+    from qtool.bench.report import plot as write_plot
+    from qtool.bench.report import plot_format, render_tables, to_markdown, write_report
+    from qtool.bench.run import BenchSettings, run_bench
+    from qtool.bench.shapes import parse_shapes
+    from qtool.kernels.base import all_kernels, resolve_device
+
+    dev = resolve_device(v["device"].strip().lower() if v["device"] else None)
     names = [n.strip() for item in (v["kernels"] or []) for n in item.split(",") if n.strip()]
     known = all_kernels()
     for n in names:
         if n not in known:
             raise UsageError(f"--kernels: unknown kernel '{n}'", fix=f"choose from: {', '.join(sorted(known))}")
-    if v["group_size"] != -1 and v["group_size"] <= 0:
-        raise UsageError(f"--group-size {v['group_size']} must be positive or -1")
     settings = BenchSettings(device=dev, shapes=parse_shapes(v["shapes"], dev.type), batch_sizes=sorted(set(ms)),
                              kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
                              graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"])
@@ -90,17 +113,20 @@ def bench_cmd(
         task = bar.add_task("bench", total=len(settings.shapes) * len(settings.batch_sizes))
 
         def step(desc: str) -> None:
-            bar.update(task, advance=1, description=f"bench {desc}")
+            bar.update(task, advance=1, description=f"bench {sanitize(desc)}")
 
         report = run_bench(settings, step)
     if v["json_"] and not to_stdout:
         import json
 
-        Path(v["json_"]).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+        write_report("--json", Path(v["json_"]), lambda p: p.write_text(text, encoding="utf-8"))
     if v["markdown"]:
-        Path(v["markdown"]).write_text(to_markdown(report), encoding="utf-8")
+        md = to_markdown(report)
+        write_report("--markdown", Path(v["markdown"]), lambda p: p.write_text(md, encoding="utf-8"))
     if v["plot"]:
-        write_plot(report, Path(v["plot"]))
+        fmt = plot_format(Path(v["plot"]))
+        write_report("--plot", Path(v["plot"]), lambda p: write_plot(report, p, fmt))
     if to_stdout:
         emit_json(report.to_dict())
     elif not v["quiet"]:

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-import re
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import typer
 
-from qtool.errors import SpecError
+from qtool.errors import SpecError, UsageError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON alone on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress; errors only.")]
@@ -128,25 +128,61 @@ def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
     return source is not None and getattr(source, "name", "") == "COMMANDLINE"
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Sizes and counts from flags index int32 tensors in the kernels; the bound also keeps a value that would
+# overflow a C int from reaching torch.
+INT32_MAX = 2**31 - 1
 
 
-def sanitize(text: str) -> str:
-    """Make a name read from a file safe to print: control characters (ANSI escapes included) become
-    visible escapes, and rich markup brackets are escaped."""
-    from rich.markup import escape
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
-    clean = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return escape(clean)
+
+def check_range(flag: str, value: int | float, lo: int | float, hi: int | float, *,
+                also: tuple[int, ...] = ()) -> None:
+    """Refuse (exit 2) a flag's number outside [lo, hi] (or the special values `also`), naming the flag,
+    the value and what is allowed. NaN is outside every range."""
+    if value in also or lo <= value <= hi:
+        return
+    allowed = " or ".join([*map(str, also), f"{lo} to {hi}"])
+    raise UsageError(f"{flag} {_shown(value)} is out of range", fix=f"allowed: {allowed}")
+
+
+def check_choice(flag: str, value: Any, choices: tuple) -> None:
+    """Refuse (exit 2) a flag's value that is not one of `choices`, listing them."""
+    if value not in choices:
+        raise UsageError(f"{flag} {_shown(value)} is not supported", fix=f"allowed: {', '.join(map(str, choices))}")
+
+
+def silence(stream: Any = None) -> None:
+    """Point an output whose reader went away (`qtool inspect | head -c1`) at /dev/null: nothing further
+    reaches it, and neither a later write nor the interpreter's final flush fails."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured output): nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _console(stderr: bool):
     from rich.console import Console
 
-    c = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # A closed output is not a failure of the command (rich's default exits 1): stop writing, and
+            # let the command finish and exit with its own status.
+            self.quiet = True
+            silence(self.file)
+
+    c = _Console(stderr=stderr, highlight=False, soft_wrap=False)
     if not c.is_terminal:
         # Piped or captured output (CI logs, README examples): don't squeeze tables into 80 columns.
-        c = Console(stderr=stderr, highlight=False, soft_wrap=False, width=150)
+        c = _Console(stderr=stderr, highlight=False, soft_wrap=False, width=150)
     return c
 
 
@@ -160,8 +196,12 @@ def stderr_console():
 
 def emit_json(obj: Any) -> None:
     """The only thing written to stdout under --json."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
-    sys.stdout.flush()
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence()
 
 
 def _json_default(o: Any) -> Any:

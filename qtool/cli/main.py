@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         _die("aborted", 130)
     except KeyboardInterrupt:
         _die("interrupted", 130)
-    except BrokenPipeError:
-        sys.exit(0)
+    except BrokenPipeError:  # a reader that went away (`| head`) before any status was known
+        _finish(0)
     except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one
         if _is_usage_error(e):  # bad flags: Typer's own message with the usage line, exit 2
             e.show()
@@ -69,7 +69,19 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _die(f"internal error: {type(e).__name__}: {e} (this is a qtool bug; rerun with QTOOL_DEBUG=1 "
              "and report the traceback)", 3)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    _finish(rv if isinstance(rv, int) else 0)
+
+
+def _finish(code: int) -> None:
+    """Exit with the command's status. Output still buffered for a closed stdout is dropped quietly: a
+    reader that stopped reading is not a failure, and must not turn into a traceback or another status."""
+    from qtool.cli.common import silence
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence()
+    sys.exit(code)
 
 
 def _is_usage_error(e: Exception) -> bool:

@@ -23,6 +23,7 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.report.text import sanitize
 
 EPILOG = """Examples:
 
@@ -77,7 +78,7 @@ def pack_cmd(
         task = bar.add_task("packing", total=None)
 
         def tick(name: str, k: int, n: int) -> None:
-            bar.update(task, completed=k, total=n, description=f"packing {name[-40:]}")
+            bar.update(task, completed=k, total=n, description=f"packing {sanitize(name[-40:])}")
 
         report = run_pack(job, tick)
     if v["json_"]:

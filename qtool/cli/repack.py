@@ -23,6 +23,7 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.report.text import sanitize
 
 EPILOG = """Examples:
 
@@ -83,7 +84,7 @@ def repack_cmd(
             task = bar.add_task("repacking", total=None)
 
             def tick(name: str, k: int, n: int) -> None:
-                bar.update(task, completed=k, total=n, description=f"repacking {name[-40:]}")
+                bar.update(task, completed=k, total=n, description=f"repacking {sanitize(name[-40:])}")
 
             report = run_repack(job, tick)
     except Refused as e:

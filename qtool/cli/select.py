@@ -8,7 +8,19 @@ from typing import Annotated
 import typer
 
 from qtool.cli.app import app
-from qtool.cli.common import ConfigOpt, JsonOpt, QuietOpt, apply_config, emit_json, stdout_console
+from qtool.cli.common import (
+    INT32_MAX,
+    ConfigOpt,
+    JsonOpt,
+    QuietOpt,
+    apply_config,
+    check_range,
+    emit_json,
+    stdout_console,
+)
+
+# Code widths any format qtool reads stores (Plain holds 2..8-bit codes).
+BITS_RANGE = (2, 8)
 
 EPILOG = """Examples:
 
@@ -64,6 +76,9 @@ def select_cmd(
     from qtool.report.select import render
     from qtool.select.plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
 
+    check_range("--bits", v["bits"], *BITS_RANGE)
+    check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
+    check_range("--tp", v["tp"], 1, 1 << 16)
     sources = [s for s in ("path", "model", "layer") if v[s]]
     if len(sources) != 1:
         raise UsageError("give exactly one of PATH, --model or --layer" if sources else "nothing to select for",

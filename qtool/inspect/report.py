@@ -216,8 +216,8 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     from rich.table import Table
     from rich.text import Text
 
-    from qtool.cli.common import sanitize
     from qtool.report.common import human_bytes
+    from qtool.report.text import sanitize
 
     out: list = []
     s = Table(title=f"qtool inspect: {sanitize(report.path)}", show_header=False, title_justify="left",

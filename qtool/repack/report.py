@@ -33,7 +33,7 @@ def render(report, console, *, refused: bool = False) -> None:
     blocking modules are listed, one line each (the error line follows)."""
     from rich.table import Table
 
-    from qtool.cli.common import sanitize
+    from qtool.report.text import sanitize
 
     plan = report.plan
     if refused:

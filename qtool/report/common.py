@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from qtool.report.text import md_escape
+
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -12,10 +14,8 @@ def human_bytes(n: float) -> str:
 
 
 def md_table(headers: list[str], rows: list[list[object]]) -> str:
-    """A GitHub-flavoured Markdown table; cells have '|' escaped."""
-    def cell(v: object) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    """A GitHub-flavoured Markdown table; every cell goes through `md_escape`, so a name read from a file
+    renders as its own text in its own cell."""
+    out = ["| " + " | ".join(md_escape(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(md_escape(v) for v in r) + " |" for r in rows]
     return "\n".join(out) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qtool.report.common import human_bytes, md_table
+from qtool.report.text import md_escape, sanitize
 
 _HEAD = ["module", "shape", "bits", "group", "before", "after", "bpw", "rel. error"]
 
@@ -26,15 +27,13 @@ def _summary_lines(report) -> list[str]:
 def render(report, console) -> None:
     from rich.table import Table
 
-    from qtool.cli.common import sanitize
-
     if report.dry_run:
-        t = Table(title=f"pack plan: {sanitize(report.src)} -> {report.format}", show_lines=False)
+        t = Table(title=f"pack plan: {sanitize(report.src)} -> {sanitize(report.format)}", show_lines=False)
         for h in ("module", "shape", "action", "bits", "group", "why"):
             t.add_column(h)
         for p in report.plan:
             t.add_row(sanitize(p.module), "x".join(map(str, p.shape)), p.action, str(p.bits or ""),
-                      str(p.group_size or ""), p.reason)
+                      str(p.group_size or ""), sanitize(p.reason))
         console.print(t)
         console.print("dry run: nothing written")
         return
@@ -47,14 +46,14 @@ def render(report, console) -> None:
     console.print(t)
     kept = [p for p in report.plan if p.action == "keep"]
     for p in kept:
-        console.print(f"kept dense: {sanitize(p.module)} ({p.reason})")
+        console.print(f"kept dense: {sanitize(p.module)} ({sanitize(p.reason)})")
     for line in _summary_lines(report):
-        console.print(line)
+        console.print(sanitize(line))
 
 
 def to_markdown(report) -> str:
-    out = ["# qtool pack report\n", f"- source: `{report.src}`", f"- output: `{report.out}`"]
-    out += [f"- {line}" for line in _summary_lines(report)]
+    out = ["# qtool pack report\n", f"- source: {md_escape(report.src)}", f"- output: {md_escape(report.out)}"]
+    out += [f"- {md_escape(line)}" for line in _summary_lines(report)]
     out.append("")
     out.append(md_table(_HEAD, _rows(report)))
     kept = [p for p in report.plan if p.action == "keep"]

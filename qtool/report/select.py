@@ -82,21 +82,21 @@ def render(report: SelectReport, console) -> None:
     """Summary table (one row per layer pattern), then each pattern's candidates in walk order."""
     from rich.table import Table
 
-    from qtool.cli.common import sanitize
+    from qtool.report.text import sanitize
 
     dev = report.device
     cc = f" CC {dev.cc_str}" if dev.cc_str else ""
     flags = ""
     if dev.platform == "cpu":
         shown = sorted(f for f in dev.cpu_flags if f.startswith(("avx512", "amx", "avx2")))
-        flags = f" ({', '.join(shown)})" if shown else ""
-    head = (f"[bold]{report.engine}[/] on [bold]{sanitize(dev.name)}[/] ({dev.platform}{cc}{flags}"
+        flags = f" ({sanitize(', '.join(shown))})" if shown else ""
+    head = (f"[bold]{sanitize(report.engine)}[/] on [bold]{sanitize(dev.name)}[/] ({dev.platform}{cc}{flags}"
             f"{', live' if dev.live else ''}), TP={report.tp}")
     if report.source:
         head += f"  source: {sanitize(report.source)}"
     console.print(head)
     if report.disabled:
-        console.print(f"disabled: {', '.join(report.disabled)}")
+        console.print(f"disabled: {sanitize(', '.join(report.disabled))}")
 
     summary = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("layer", "x", "quant", "K x N", "per rank", "chosen"):
