@@ -17,23 +17,20 @@ _state = {"depth": 0, "pending": None}
 
 
 class Terminated(BaseException):  # noqa: N818 - named for what happened, like KeyboardInterrupt
-    """SIGTERM or SIGHUP arrived. A BaseException, as KeyboardInterrupt is, so that only cleanup code
-    (`finally`, `except BaseException: ...; raise`) sees it on its way to the CLI."""
+    """SIGINT, SIGTERM or SIGHUP arrived. A BaseException, as KeyboardInterrupt is, so that only cleanup code
+    (`finally`, `except BaseException: ...; raise`) sees it on its way to the CLI (Click would turn a
+    KeyboardInterrupt into a silent exit)."""
 
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
 
 
-def _exception(signum: int) -> BaseException:
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
-
 def _handler(signum: int, _frame) -> None:
     if _state["depth"]:
         _state["pending"] = _state["pending"] or signum
         return
-    raise _exception(signum)
+    raise Terminated(signum)
 
 
 def install() -> None:
@@ -58,4 +55,4 @@ def deferred() -> Iterator[None]:
         pending = _state["pending"] if not _state["depth"] else None
         if pending is not None:
             _state["pending"] = None
-            raise _exception(pending)
+            raise Terminated(pending)

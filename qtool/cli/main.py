@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import signal
 import sys
 
 import typer
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _die("interrupted", 130)
     except signals.Terminated as e:
-        _die(f"terminated by {e}; any unfinished output was removed", 128 + e.signum)
+        what = "interrupted" if e.signum == signal.SIGINT else "terminated"
+        _die(f"{what} by {e}; any unfinished output was removed", 128 + e.signum)
     except BrokenPipeError:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one
