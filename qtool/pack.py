@@ -8,7 +8,6 @@ byte; other files of the source directory (tokenizer, ...) are copied.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +114,7 @@ class PackReport:
     bytes_in: int = 0
     bytes_out: int = 0
     files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -138,7 +138,7 @@ class PackReport:
         return {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
                 "dtype": self.dtype, "dry_run": self.dry_run,
                 "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
-                "totals": self.totals(), "files": self.files}
+                "totals": self.totals(), "files": self.files, "warnings": list(self.warnings)}
 
 
 def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
@@ -267,8 +267,9 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
         _write_configs(tmp, ck, job, plans, quantization_config_for)
-        for extra in ck.other_files():
-            shutil.copy2(extra, tmp / extra.name)
+        from qtool.io.writer import copy_extras
+
+        report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
         write_json(tmp / "report.json", report.to_dict())
         from qtool.report.pack import to_markdown
 

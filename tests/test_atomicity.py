@@ -2,7 +2,7 @@
 either no destination, the old destination untouched, or a complete new one; never a partial one.
 
 The commands run as real subprocesses (`python -m qtool`) on a model big enough that writing takes about a
-second. Each run is signalled at a random moment after its temporary output `.DEST.qtool-tmp-PID-*`
+second. Each run is signalled at a random moment after its temporary output `.qtool-tmp-PID-*`
 appears (so the kill lands during the write, not during start-up), then the destination is judged:
 - absent, or byte-identical to what it was before the run (its old content), or
 - complete: the same files, tensor names, shapes and tensor bytes as an uninterrupted reference run.
@@ -22,6 +22,7 @@ import random
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -90,7 +91,7 @@ def judge(dest: Path, before: dict[str, str] | None, reference: Path) -> str:
 
 
 def leftovers(dest: Path) -> list[str]:
-    return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}{TMP_TAG}"))
+    return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(TMP_TAG))
 
 
 # --- running and interrupting --------------------------------------------------------------------------
@@ -107,7 +108,7 @@ def interrupt(argv: list[str], dest: Path, sig: int, rng: random.Random, window:
     p = start(argv)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None and not any(
-            name.startswith(f".{dest.name}{TMP_TAG}{p.pid}-") for name in os.listdir(dest.parent)):
+            name.startswith(f"{TMP_TAG}{p.pid}-") for name in os.listdir(dest.parent)):
         time.sleep(0.005)
     delay = rng.uniform(0, window)
     time.sleep(delay)
@@ -122,7 +123,7 @@ def timed_run(argv: list[str], dest: Path) -> float:
     p = start(argv)
     seen = None
     while p.poll() is None:
-        if seen is None and any(n.startswith(f".{dest.name}{TMP_TAG}{p.pid}-") for n in os.listdir(dest.parent)):
+        if seen is None and any(n.startswith(f"{TMP_TAG}{p.pid}-") for n in os.listdir(dest.parent)):
             seen = time.monotonic()
         time.sleep(0.005)
     out, err = p.communicate()
@@ -161,9 +162,9 @@ def kill_and_judge(models, cmd: str, sig: int, force: bool, rng: random.Random, 
     root, argv, ref, window = models
     dest = root / f"{cmd}-{tag}"
     before = None
-    if force:  # the old destination: a complete checkpoint that is not what the run writes
+    if force:  # the old destination: an earlier qtool output (what --force may replace), not what the run writes
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(ref["pack"] if cmd == "repack" else root / "dense", dest)
+        shutil.copytree(ref["pack"] if cmd == "repack" else ref["repack"], dest)
         before = digest(dest)
     else:
         shutil.rmtree(dest, ignore_errors=True)
@@ -228,7 +229,7 @@ def _disk_full_run(models) -> None:
     line naming the destination, the old destination intact with --force, no temporary leftovers."""
     root, argv, ref, _ = models
     dest = root / "pack-full"
-    shutil.copytree(root / "dense", dest)
+    shutil.copytree(ref["repack"], dest)
     before = digest(dest)
     p = start(argv["pack"] + ["-o", dest, "--force"], preexec=_disk_full)
     _, err = p.communicate(timeout=300)
@@ -253,12 +254,20 @@ def test_interrupted_at_random_times(models, cmd, sig, force):
 
 # --- the writer itself (in-process) ------------------------------------------------------------------
 
+def earlier_output(dest: Path) -> Path:
+    """An earlier qtool output (what --force may replace): old.txt and a model.safetensors with qtool's
+    metadata."""
+    dest.mkdir()
+    save_file({"w": torch.zeros(2)}, dest / "model.safetensors", metadata={"qtool.version": "0"})
+    (dest / "old.txt").write_text("old")
+    return dest
+
+
 def test_atomic_output_swaps_in_one_step(tmp_path):
     """With --force the old directory stays whole until the new one is complete; after, only the new one
     exists and nothing temporary is left."""
     dest = tmp_path / "out"
-    dest.mkdir()
-    (dest / "old.txt").write_text("old")
+    earlier_output(dest)
     with atomic_output(dest, force=True) as tmp:
         (tmp / "new.txt").write_text("new")
         assert (dest / "old.txt").read_text() == "old"  # untouched while the new output is written
@@ -267,12 +276,11 @@ def test_atomic_output_swaps_in_one_step(tmp_path):
 
 def test_atomic_output_rolls_back_on_interrupt(tmp_path):
     dest = tmp_path / "out"
-    dest.mkdir()
-    (dest / "old.txt").write_text("old")
+    earlier_output(dest)
     with pytest.raises(KeyboardInterrupt), atomic_output(dest, force=True) as tmp:
         (tmp / "half.bin").write_bytes(b"x" * 10)
         raise KeyboardInterrupt
-    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not leftovers(dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["model.safetensors", "old.txt"] and not leftovers(dest)
 
 
 def test_interrupt_outside_the_handlers_is_cleaned_at_exit(tmp_path):
@@ -282,21 +290,20 @@ def test_interrupt_outside_the_handlers_is_cleaned_at_exit(tmp_path):
     from qtool.io import writer
 
     dest = tmp_path / "out"
-    dest.mkdir()
-    (dest / "old.txt").write_text("old")
+    earlier_output(dest)
     cm = atomic_output(dest, force=True)
     tmp = cm.__enter__()  # ... and the interrupt comes here: __exit__ never runs
     (tmp / "half.bin").write_bytes(b"x")
     done = tmp_path / "done"
     with atomic_output(done) as t:
         (t / "a.txt").write_text("a")
-    other = tmp_path / f".out{TMP_TAG}{os.getpid() + 1}-abcdef"  # a forked child's view: not this process's
+    other = tmp_path / f"{TMP_TAG}{os.getpid() + 1}-abcdef"  # a forked child's view: not this process's
     other.mkdir()
     writer._LIVE.add(other)
     assert leftovers(dest) == sorted([tmp.name, other.name])
     writer._remove_live()
     assert leftovers(dest) == [other.name] and (done / "a.txt").read_text() == "a"
-    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"] and not writer._LIVE
+    assert sorted(p.name for p in dest.iterdir()) == ["model.safetensors", "old.txt"] and not writer._LIVE
 
 
 def test_atomic_output_disk_full_is_an_output_error(tmp_path):
@@ -310,39 +317,153 @@ def test_atomic_output_disk_full_is_an_output_error(tmp_path):
 
 
 def test_fallback_without_exchange_restores_old_after_a_crash(tmp_path, monkeypatch):
-    """Where renameat2 is missing the swap is two renames; a process dying between them leaves the old
-    output aside under its hidden name, and the next run puts it back instead of deleting it."""
+    """Where renameat2 is missing the swap is move aside, move in; a process dying between them (here a real
+    death: os._exit in a forked child) leaves the old output aside under its hidden name, and the next run
+    puts it back under the name its record holds instead of deleting it."""
     dest = tmp_path / "out"
-    dest.mkdir()
-    (dest / "old.txt").write_text("old")
-    monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
-    real_replace = os.replace
-    calls = []
+    earlier_output(dest)
+    pid = os.fork()
+    if pid == 0:  # the child: no exchange, and it dies right after moving dest aside
+        try:
+            writer._exchange = lambda a, b: False
+            real_rename = os.rename
 
-    def dying_replace(a, b):
-        calls.append((Path(a).name, Path(b).name))
-        if len(calls) == 2:  # dest has been moved aside; die before the new output moves in
-            raise SystemExit("killed")
-        real_replace(a, b)
+            def dying_rename(a, b):
+                real_rename(a, b)
+                if Path(b).name.endswith("-old"):
+                    os._exit(9)
 
-    monkeypatch.setattr(writer.os, "replace", dying_replace)
-    with pytest.raises(SystemExit), atomic_output(dest, force=True) as tmp:
-        (tmp / "new.txt").write_text("new")
-    monkeypatch.setattr(writer.os, "replace", real_replace)
+            writer.os.rename = dying_rename
+            with atomic_output(dest, force=True) as tmp:
+                (tmp / "new.txt").write_text("new")
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9
     assert not dest.exists() and any(n.endswith("-old") for n in leftovers(dest))
-    # Pretend the dying process is gone: its pid is in the leftover's name.
-    monkeypatch.setattr(writer, "_pid_alive", lambda pid: False)
-    clean_stale(dest)
+    clean_stale(dest)  # the child is gone: its pid is in the leftovers' names
     assert (dest / "old.txt").read_text() == "old" and not leftovers(dest)
 
 
 def test_clean_stale_removes_only_dead_runs(tmp_path, monkeypatch):
     dest = tmp_path / "out"
-    dead = tmp_path / f".out{TMP_TAG}999999-abc123"
-    alive = tmp_path / f".out{TMP_TAG}{os.getpid()}-def456"
-    other = tmp_path / f".other{TMP_TAG}999999-abc123"
+    dead = tmp_path / f"{TMP_TAG}999999-abc123"
+    alive = tmp_path / f"{TMP_TAG}{os.getpid()}-def456"
+    other = tmp_path / ".other-hidden-999999"
     for d in (dead, alive, other):
         d.mkdir()
     monkeypatch.setattr(writer, "_pid_alive", lambda pid: pid == os.getpid())
     clean_stale(dest)
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+# --- publishing: no-replace rename, the --force rule, names, parents ------------------------------------
+
+def test_destination_appearing_before_publish_is_kept(tmp_path):
+    """Without --force a destination that appears while the output is written wins: it is left as it is,
+    the run fails, the temporary output goes (a check-then-rename would replace it)."""
+    dest = tmp_path / "out"
+    with pytest.raises(OutputError, match="appeared while qtool was writing"), atomic_output(dest) as tmp:
+        (tmp / "new.txt").write_text("new")
+        dest.mkdir()
+        (dest / "theirs.txt").write_text("theirs")
+    assert sorted(p.name for p in dest.iterdir()) == ["theirs.txt"] and not leftovers(dest)
+
+
+@pytest.mark.parametrize("directory", [True, False], ids=["dir", "file"])
+def test_no_replace_fallback_without_renameat2(tmp_path, monkeypatch, directory):
+    """Without renameat2 a file is published with link()+unlink() and a directory by mkdir()+rename() over
+    it: both still refuse a destination that appeared, and publish onto a free name."""
+    monkeypatch.setattr(writer, "_renameat2", lambda a, b, flags: False)
+    for taken in (True, False):
+        dest = tmp_path / f"out-{taken}"
+
+        def fill(tmp, dest=dest, taken=taken):
+            if directory:
+                (tmp / "new.txt").write_text("new")
+            else:
+                tmp.write_text("new")
+            if taken:
+                dest.write_text("theirs")
+
+        if taken:
+            with pytest.raises(OutputError, match="appeared"), atomic_output(dest, directory=directory) as tmp:
+                fill(tmp)
+            assert dest.read_text() == "theirs"
+        else:
+            with atomic_output(dest, directory=directory) as tmp:
+                fill(tmp)
+            assert (dest / "new.txt" if directory else dest).read_text() == "new"
+    assert not leftovers(tmp_path / "x")
+
+
+def test_force_rule(tmp_path):
+    """--force replaces an empty directory, an earlier qtool output and a GGUF file; it refuses a symlink, a
+    FIFO, a file that is not GGUF, a directory with sub-directories or without qtool's metadata."""
+    from safetensors.torch import save_file
+
+    def qtool_output(d: Path, meta: dict) -> Path:
+        d.mkdir()
+        save_file({"w": torch.zeros(2)}, d / "model.safetensors", metadata=meta)
+        (d / "tokenizer.json").write_text("{}")
+        return d
+
+    ok = [tmp_path / "empty", qtool_output(tmp_path / "prior", {"qtool.version": "1"}), tmp_path / "m.gguf"]
+    ok[0].mkdir()
+    ok[2].write_bytes(b"GGUF" + b"\0" * 20)
+    bad = {"symbolic link": tmp_path / "link", "FIFO": tmp_path / "fifo", "not a GGUF": tmp_path / "notes.txt",
+           "sub-directories": tmp_path / "home", "no qtool.version": qtool_output(tmp_path / "hf", {"format": "pt"})}
+    bad["symbolic link"].symlink_to(ok[1])
+    os.mkfifo(bad["FIFO"])
+    bad["not a GGUF"].write_text("notes")
+    (bad["sub-directories"] / "docs").mkdir(parents=True)
+    for d in ok:
+        gguf = d.suffix == ".gguf"
+        with atomic_output(d, force=True, directory=not gguf) as tmp:
+            if gguf:
+                tmp.write_bytes(b"GGUF new")
+            else:
+                (tmp / "new.txt").write_text("new")
+    assert (ok[0] / "new.txt").exists() and (ok[1] / "new.txt").exists() and ok[2].read_bytes() == b"GGUF new"
+    for why, d in bad.items():
+        with pytest.raises(OutputError, match=f"--force replaces only.*{why}"), atomic_output(d, force=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert bad["symbolic link"].is_symlink() and stat.S_ISFIFO(os.lstat(bad["FIFO"]).st_mode)
+    assert bad["not a GGUF"].read_text() == "notes" and (bad["sub-directories"] / "docs").is_dir()
+    assert not leftovers(tmp_path / "x")
+
+
+def test_long_destination_names_and_missing_parents(tmp_path):
+    """A 255-byte destination name works (the temporary name beside it is short and fixed); missing parent
+    directories are created; a 256-byte name is a one-line usage error before anything is made."""
+    from qtool.errors import UsageError
+
+    dest = tmp_path / "a" / "b" / ("n" * 255)
+    with atomic_output(dest) as tmp:
+        assert len(tmp.name) <= 40
+        (tmp / "x.txt").write_text("x")
+    assert (dest / "x.txt").read_text() == "x"
+    with pytest.raises(UsageError, match="name of 256 bytes"), atomic_output(tmp_path / "c" / ("n" * 256)):
+        pass
+    assert not (tmp_path / "c").exists()
+
+
+def test_refuse_overwriting_input_covers_every_file_the_source_resolves_to(tmp_path):
+    from safetensors.torch import save_file
+
+    from qtool.io.writer import refuse_overwriting_input
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"a": torch.zeros(2)}, src / "model-00001-of-00002.safetensors")
+    elsewhere = tmp_path / "store"
+    elsewhere.mkdir()
+    save_file({"b": torch.zeros(2)}, elsewhere / "blob")
+    (src / "model-00002-of-00002.safetensors").symlink_to(elsewhere / "blob")
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    for dest in (src, src / "sub", src / "model-00001-of-00002.safetensors", src / "model.safetensors.index.json",
+                 elsewhere, elsewhere / "blob", tmp_path):
+        with pytest.raises(OutputError, match="overlaps"):
+            refuse_overwriting_input(src, dest)
+    refuse_overwriting_input(src, tmp_path / "out")  # a sibling is fine

@@ -160,8 +160,14 @@ def test_existing_destination_refused_then_forced(tmp_path):
     with pytest.raises(OutputError, match="destination exists"):
         invoke("pack", tmp_path / "src", "-o", out)
     assert (out / "precious").exists()
-    invoke("pack", tmp_path / "src", "-o", out, "--force", "-q")
-    assert not (out / "precious").exists() and (out / "model.safetensors").exists()
+    with pytest.raises(OutputError, match="--force replaces only"):  # not an output qtool wrote
+        invoke("pack", tmp_path / "src", "-o", out, "--force", "-q")
+    assert (out / "precious").exists()
+    prior = tmp_path / "prior"
+    invoke("pack", tmp_path / "src", "-o", prior, "-q")
+    (prior / "precious").write_text("x")
+    invoke("pack", tmp_path / "src", "-o", prior, "--force", "-q")
+    assert not (prior / "precious").exists() and (prior / "model.safetensors").exists()
 
 
 def test_config_file_and_flag_override(tmp_path):

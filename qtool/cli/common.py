@@ -45,6 +45,7 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
     command line. Values are checked against the option's annotated type (int, float, bool, str, Path,
     list[...]); nothing is coerced from a wrong type.
     """
+    _check_paths(values)
     if config is None:
         return values
     from qtool.spec.job import load_yaml_mapping
@@ -65,7 +66,21 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
         if _given_on_command_line(ctx, name):
             continue
         out[name] = _convert(raw, schema[name], key, config)
+    _check_paths(out)
     return out
+
+
+_PATH_NAMES = {"src": "SRC", "path": "PATH", "out": "-o", "config": "--config"}
+
+
+def _check_paths(values: dict[str, Any]) -> None:
+    """Every path given (arguments, options, --config, and paths from the YAML file) fits the system's
+    name limits; refused with one line otherwise (see qtool.paths.check_path_length)."""
+    from qtool.paths import check_path_length
+
+    for name, val in values.items():
+        if isinstance(val, Path):
+            check_path_length(val, _PATH_NAMES.get(name, "--" + name.rstrip("_").replace("_", "-")))
 
 
 def option_types(command: Callable[..., Any]) -> dict[str, Any]:

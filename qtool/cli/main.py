@@ -1,13 +1,16 @@
 """Entry point: registers the command modules and turns errors into one line and an exit code.
 
 Exit codes: 0 ok, 1 a check failed, 2 usage or input error, 3 an internal error (a bug: please report it
-with QTOOL_DEBUG=1 output). QTOOL_DEBUG=1 re-raises so the traceback shows.
+with QTOOL_DEBUG=1 output), 128 + N when signal N ended the run (130 SIGINT, 143 SIGTERM, 129 SIGHUP; the
+temporary output is removed first, see qtool.signals). QTOOL_DEBUG=1 re-raises so the traceback shows.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import signal
 import sys
 
 import typer
@@ -43,8 +46,10 @@ def expand_variadic(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from qtool import signals
     from qtool.errors import QtoolError
 
+    signals.install()
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     debug = os.environ.get("QTOOL_DEBUG", "") not in ("", "0")
     try:
@@ -59,12 +64,18 @@ def main(argv: list[str] | None = None) -> None:
         _die("aborted", 130)
     except KeyboardInterrupt:
         _die("interrupted", 130)
+    except signals.Terminated as e:
+        what = "interrupted" if e.signum == signal.SIGINT else "terminated"
+        _die(f"{what} by {e}; any unfinished output was removed", 128 + e.signum)
     except BrokenPipeError:  # a reader that went away (`| head`) before any status was known
         _finish(0)
     except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one
         if _is_usage_error(e):  # bad flags: Typer's own message with the usage line, exit 2
             e.show()
             sys.exit(2)
+        if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG and not debug:
+            name = os.fsdecode(e.filename or "")
+            _die(f"{name[:80]}{'...' if len(name) > 80 else ''}: file name too long (use a shorter path)", 2)
         if debug:
             raise
         _die(f"internal error: {type(e).__name__}: {e} (this is a qtool bug; rerun with QTOOL_DEBUG=1 "

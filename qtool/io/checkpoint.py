@@ -81,9 +81,8 @@ class Checkpoint:
     # --- data ----------------------------------------------------------------------------------------
     def get(self, name: str, mapped: bool = False):
         """One tensor as a torch.Tensor (dtype and shape as stored), read with a plain positioned read into
-        a fresh tensor (or, mapped=True, a map of its own pages; see read_tensor): the header was validated
-        by `read_header`, and, unlike a long-lived map of the whole file, nothing of the source stays
-        resident once the caller drops the tensor (peak memory = one tensor)."""
+        a fresh tensor (see read_tensor): the header was validated by `read_header`, and nothing of the
+        source stays resident once the caller drops the tensor (peak memory = one tensor)."""
         info = self.tensors.get(name)
         if info is None:
             raise InputError(f"no tensor named '{name}'", path=self.path, tensor=name)
@@ -106,74 +105,74 @@ class Checkpoint:
         self.close()
 
     def other_files(self) -> list[Path]:
-        """Files of the source directory that are not weights, index or configs we rewrite (tokenizer, ...).
-        Only for a directory checkpoint; a lone file has none."""
+        """Entries of the source directory that are not weights, index or configs we rewrite (tokenizer, ...):
+        regular files and symbolic links (writer.copy_extras decides what a link becomes). Only for a
+        directory checkpoint; a lone file has none."""
         if self.path.is_file() and self.path.suffix == ".safetensors":
             return []
         skip = {f.name for f in self.files} | {INDEX_NAME, "config.json", "quantize_config.json"}
         return sorted(p for p in self.root.iterdir()
-                      if p.is_file() and p.name not in skip and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
+                      if (p.is_symlink() or p.is_file()) and p.name not in skip
+                      and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
 
-
-_MAP_MIN = 1 << 20  # smaller tensors are read: a map costs a few syscalls and a page-aligned window
+    def sub_directories(self) -> list[Path]:
+        """Sub-directories of a directory checkpoint (never copied into an output; named in a warning)."""
+        if self.path.is_file() and self.path.suffix == ".safetensors":
+            return []
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def read_tensor(info: TensorInfo, mapped: bool = False):
     """The bytes of one tensor as a torch.Tensor; InputError when the dtype has no torch equivalent or the
     file ends early.
 
-    mapped: return large tensors as a private (copy-on-write) memory map of just their own pages instead
-    of a copy. Reading from the page cache through a map is several times cheaper than read() into fresh
-    memory (no copy, no zeroed pages), and the map is released with the tensor, so memory stays bounded by
-    what the caller holds. The file must not be truncated by someone else while the tensor is in use."""
+    The data is always read (a positioned read checked for its length), never memory-mapped; `mapped` is
+    accepted from callers and has no effect. A map of a file that another process truncates meanwhile
+    kills the reader with SIGBUS, while a read comes back short and becomes an InputError naming the file."""
     import torch
 
     dtype = _torch_dtype(info.dtype)
     if dtype is None:
         raise InputError(f"dtype {info.dtype} cannot be loaded as a torch tensor", path=info.file, tensor=info.name)
-    if mapped and info.nbytes >= _MAP_MIN and info.start % dtype.itemsize == 0:
-        return _mapped_tensor(info, dtype)
     t = torch.empty(info.shape, dtype=dtype)
     if info.nbytes:
-        buf = t.reshape(-1).view(torch.uint8).numpy()
-        try:
-            with info.file.open("rb") as f:
-                f.seek(info.start)
-                got = f.readinto(memoryview(buf))
-        except OSError as e:
-            raise _unreadable(info, e) from None
-        if got != info.nbytes:
-            raise _short(info, got)
+        _read_into(info.file, info.start, t.reshape(-1).view(torch.uint8).numpy(), info.name)
     return t
 
 
-def _short(info: TensorInfo, got: int) -> InputError:
-    return InputError(f"file ends after {got} of the tensor's {info.nbytes} bytes", path=info.file,
-                      tensor=info.name, fix="the file is truncated; download it again")
+def read_bytes(path: Path, start: int, nbytes: int, tensor: str | None = None):
+    """nbytes bytes of `path` from `start` as a fresh numpy uint8 array (a checked read; see read_tensor)."""
+    import numpy as np
+
+    buf = np.empty(nbytes, dtype=np.uint8)
+    if nbytes:
+        _read_into(path, start, buf, tensor)
+    return buf
 
 
-def _unreadable(info: TensorInfo, e: OSError) -> InputError:
-    return InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=info.file,
-                      tensor=info.name)
-
-
-def _mapped_tensor(info: TensorInfo, dtype):
-    import mmap
-
-    import torch
-
-    lo = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+def _read_into(path: Path, start: int, buf, tensor: str | None) -> None:
+    """Fill the writable buffer `buf` from `path` at `start`; InputError when the file ends first."""
+    want, got = len(memoryview(buf).cast("B")), 0
     try:
-        with info.file.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if info.start + info.nbytes > size:
-                raise _short(info, max(size - info.start, 0))
-            mm = mmap.mmap(f.fileno(), info.start + info.nbytes - lo, offset=lo, access=mmap.ACCESS_COPY)
+        with open(path, "rb", buffering=0) as f:
+            view = memoryview(buf).cast("B")
+            while got < want:
+                n = os.preadv(f.fileno(), [view[got:]], start + got) if hasattr(os, "preadv") else \
+                    _seek_readinto(f, start + got, view[got:])
+                if not n:
+                    break
+                got += n
     except OSError as e:
-        raise _unreadable(info, e) from None
-    # the tensor keeps `mm` alive through its buffer; the map is closed when the last view is freed
-    flat = torch.frombuffer(mm, dtype=torch.uint8, count=info.nbytes, offset=info.start - lo)
-    return flat.view(dtype).view(info.shape)
+        raise InputError(f"cannot read tensor data ({e.strerror or type(e).__name__})", path=path,
+                         tensor=tensor) from None
+    if got != want:
+        raise InputError(f"file ends after {got} of the tensor's {want} bytes", path=path, tensor=tensor,
+                         fix="the file is truncated or was changed during the run; download it again")
+
+
+def _seek_readinto(f, pos: int, view) -> int:
+    f.seek(pos)
+    return f.readinto(view) or 0
 
 
 def _torch_dtype(name: str):

@@ -376,7 +376,7 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
 
 def _parse(path: Path, mm, size: int) -> GGUFHeader:
     if mm[:4] != GGUF_MAGIC:
-        raise InputError(f"not a GGUF file (magic {bytes(mm[:4])!r}, expected b'GGUF')", path=path,
+        raise InputError("not a GGUF file (bad magic, expected b'GGUF')", path=path,  # bytes not shown
                          fix="pass a .gguf file, a .safetensors file or a checkpoint directory")
     v_le = struct.unpack_from("<I", mm, 4)[0]
     v_be = struct.unpack_from(">I", mm, 4)[0]

@@ -153,5 +153,27 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
         if a.nbytes != t.nbytes:
             raise OutputError(f"tensor '{t.name}' has {a.nbytes} bytes, its directory entry says {t.nbytes}",
                               path=path)
-        w.write_tensor_data(a.reshape(-1).view(np.uint8))
+        try:
+            w.write_tensor_data(a.reshape(-1).view(np.uint8))
+        except OSError as e:
+            if e.errno is not None:
+                raise
+            raise _short_write(path, a.nbytes) from None
     w.close()
+
+
+def _short_write(path: Path, nbytes: int) -> OSError:
+    """The OSError a short write should have been. GGUFWriter writes data with ndarray.tofile, whose error
+    for a short write ("N requested and M written") carries no errno, so the output's writer cannot tell a
+    full disk from a bug: EFBIG when the process's file-size limit explains it, ENOSPC otherwise."""
+    import errno
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    code = errno.EFBIG if soft != resource.RLIM_INFINITY and size + nbytes > soft else errno.ENOSPC
+    return OSError(code, os.strerror(code), str(path))

@@ -69,15 +69,17 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
                 raise InputError(f"file is {size} bytes, too short for a safetensors header", path=p,
                                  fix="the file is truncated or not safetensors")
             (n,) = struct.unpack("<Q", head)
+            # The length is the file's first 8 bytes: never printed, as they may be anything (a shard that
+            # is a link to /etc/passwd would show "root:x:0" as a number).
             if n > MAX_HEADER_BYTES:
-                raise InputError(f"header claims {n} bytes, over the {MAX_HEADER_BYTES} byte limit", path=p,
-                                 fix="the file is corrupt or hostile")
+                raise InputError(f"not a safetensors file (bad header length: over the {MAX_HEADER_BYTES} byte "
+                                 "limit)", path=p, fix="the file is corrupt, hostile or not safetensors")
             if 8 + n > size:
-                raise InputError(f"header claims {n} bytes but the file has only {size - 8} after the length",
-                                 path=p, fix="the file is truncated or not safetensors")
+                raise InputError(f"not a safetensors file (bad header length: beyond the end of the {size}-byte "
+                                 "file)", path=p, fix="the file is truncated or not safetensors")
             raw = f.read(n)
             if len(raw) != n:  # the file shrank after stat (being rewritten?)
-                raise InputError(f"header claims {n} bytes but only {len(raw)} could be read", path=p,
+                raise InputError(f"the header could not be read in full (only {len(raw)} bytes)", path=p,
                                  fix="the file is truncated or changing; retry when it is complete")
     except FileNotFoundError:
         raise InputError("file not found", path=p) from None

@@ -1,10 +1,13 @@
 """Writing outputs safely: atomic destinations and a streaming, sharded safetensors writer.
 
-Atomicity: every output is built under a hidden temporary name beside the destination and renamed into
-place only when complete. An existing destination is refused unless `force`; with `force` the new one is
-fsynced and then swapped in, atomically where Linux offers renameat2(RENAME_EXCHANGE), and the old one is
-deleted after. A run killed with SIGKILL leaves at most a hidden `.NAME.qtool-tmp-PID-*` entry, never a
-partial destination; the next run cleans such leftovers whose process is gone.
+Atomicity: every output is built under a hidden temporary name `.qtool-tmp-PID-RANDOM` beside the
+destination and published only when complete, with a rename that refuses to replace anything (so a
+destination that appears meanwhile is never clobbered). An existing destination is refused unless `force`,
+and with `force` only an empty directory, a GGUF file or an earlier qtool output is replaced (see
+replace_problem): the new one is fsynced and then swapped in, atomically where Linux offers
+renameat2(RENAME_EXCHANGE), and the old one is deleted after. A run killed with SIGKILL leaves at most
+hidden `.qtool-tmp-PID-*` entries, never a partial destination; the next run in that directory cleans up
+those whose process is gone. SIGINT, SIGTERM and SIGHUP remove the temporary output (qtool.signals).
 
 Durability: a *new* destination is published without waiting for the disk, as cp, safetensors and
 llama.cpp's tools do (a power cut before the kernel writes it back can lose the new output, never the
@@ -16,7 +19,6 @@ peak memory is the largest tensor, not the shard. The header goes into space res
 file and is padded with spaces, as the safetensors format allows; if it outgrows the reservation the
 shard is rewritten once with a larger header.
 """
-
 from __future__ import annotations
 
 import atexit
@@ -26,18 +28,33 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
+import stat
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from qtool.errors import OutputError
+from qtool.errors import InputError, OutputError
 from qtool.io.safetensors_header import TensorInfo
 
 TMP_TAG = ".qtool-tmp-"
 HEADER_RESERVE = 64 << 10  # minimum bytes reserved for a shard's JSON header; 8-aligned
 DEFAULT_MAX_SHARD = 4_000_000_000
+
+
+def _test_write_delay() -> float:
+    """QTOOL_TEST_WRITE_DELAY=SECONDS (tests only): sleep that long before writing each tensor, so that a
+    test can signal or race a run while it is writing."""
+    try:
+        return max(float(os.environ.get("QTOOL_TEST_WRITE_DELAY") or 0), 0.0)
+    except ValueError:
+        return 0.0
+
+
+_WRITE_DELAY = _test_write_delay()
 
 _TORCH_TO_ST = {
     "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float32": "F32", "torch.float64": "F64",
@@ -106,7 +123,7 @@ def _remove_live() -> None:
     through atexit leaves its parent's alone (their names carry the parent's pid)."""
     mine = f"{TMP_TAG}{os.getpid()}-"
     for p in sorted(_LIVE):
-        if mine in p.name:
+        if p.name.startswith(mine):
             _remove(p)
     _LIVE.clear()
 
@@ -114,23 +131,39 @@ def _remove_live() -> None:
 atexit.register(_remove_live)
 
 
+def _tmp_name(pid: int | None = None) -> str:
+    """`.qtool-tmp-PID-RANDOM`: at most 36 bytes whatever the destination's name, so any destination name
+    that fits the filesystem's 255-byte limit has a temporary sibling that fits too."""
+    return f"{TMP_TAG}{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
+
+
 def clean_stale(dest: Path) -> None:
-    """Tidy up after earlier runs for this destination that were killed (their process no longer exists):
-    remove their temporary outputs; and if one died in the instant between moving an old destination
-    aside and moving the new one in (only possible where the atomic exchange is unavailable), put the old
-    one back rather than delete it."""
+    """Tidy up after earlier runs in the destination's directory that were killed (their process no longer
+    exists): remove their temporary outputs; and if one died in the instant between moving an old
+    destination aside and moving the new one in (only possible where the atomic exchange is unavailable),
+    put the old one back under the name its `-dest` record holds rather than delete it."""
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
         return
-    prefix = f".{dest.name}{TMP_TAG}"
-    for p in sorted(parent.iterdir()):
-        if p.name.startswith(prefix):
-            pid = p.name[len(prefix):].split("-")[0]
+    try:
+        entries = sorted(p for p in parent.iterdir() if p.name.startswith(TMP_TAG))
+    except OSError:
+        return
+    for p in entries:
+        pid = p.name[len(TMP_TAG):].split("-")[0]
+        if not pid.isdigit() or _pid_alive(int(pid)) or p.name.endswith("-dest"):
+            continue
+        if p.name.endswith("-old"):
+            record = p.with_name(p.name[: -len("-old")] + "-dest")
+            with contextlib.suppress(OSError):
+                name = os.readlink(record)
+                if Path(name).name == name and not _exists(parent / name):
+                    os.rename(p, parent / name)
+        _remove(p)
+    for p in entries:  # the records last: each one is needed until its old output is back in place
+        if p.name.endswith("-dest") and not _exists(p.with_name(p.name[: -len("-dest")] + "-old")):
+            pid = p.name[len(TMP_TAG):].split("-")[0]
             if pid.isdigit() and not _pid_alive(int(pid)):
-                if p.name.endswith("-old") and not _exists(dest):
-                    with contextlib.suppress(OSError):
-                        os.replace(p, dest)
-                        continue
                 _remove(p)
 
 
@@ -138,22 +171,66 @@ def _exists(p: Path) -> bool:
     return p.exists() or p.is_symlink()  # a dangling symlink is still something not to clobber
 
 
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+_UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE). Returns False where the
-    kernel, libc or filesystem lacks it; the caller then falls back to two renames."""
+def _renameat2(a: Path, b: Path, flags: int) -> bool:
+    """Linux renameat2(a, b, flags). Returns False where the kernel, libc or filesystem lacks it (the caller
+    falls back); raises OSError for any other failure (EEXIST for RENAME_NOREPLACE onto an existing b)."""
     fn = _libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
     if fn is None:  # not Linux, glibc < 2.28, musl
         return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+    if err in _UNSUPPORTED:
         return False
     raise OSError(err, os.strerror(err), str(b))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (RENAME_EXCHANGE); False where unavailable."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _rename_noreplace(tmp: Path, dest: Path) -> None:
+    """Move tmp to dest only if dest does not exist, in one atomic step; FileExistsError otherwise.
+
+    Linux: renameat2(RENAME_NOREPLACE) (ext4, xfs, btrfs, tmpfs, overlayfs...). Elsewhere a file is
+    published with link(tmp, dest), which fails atomically on an existing dest, then tmp is unlinked; a
+    directory claims dest with mkdir (atomic, fails on an existing dest) and is renamed over that empty
+    directory (rename(2) replaces an empty directory in one step; a process that wrote into it in the
+    instant between makes the rename fail, and that is refused too). Killed in that instant, such a run
+    leaves an empty dest directory behind."""
+    if _renameat2(tmp, dest, _RENAME_NOREPLACE):
+        return
+    if not tmp.is_dir():
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EXDEV, *_UNSUPPORTED):
+                raise
+            # no hard links here either (FAT, some FUSE): the check and the rename are two steps
+            if _exists(dest):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dest)) from None
+            os.rename(tmp, dest)
+            return
+        os.unlink(tmp)
+        return
+    os.mkdir(dest)  # FileExistsError when it exists
+    try:
+        os.rename(tmp, dest)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(errno.EEXIST, "written to by another process meanwhile", str(dest)) from None
+        with contextlib.suppress(OSError):
+            os.rmdir(dest)
+        raise
 
 
 def _sync_tree(root: Path) -> None:
@@ -228,54 +305,246 @@ def _fsync_path(p: Path) -> None:
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
-def _output_error(e: OSError, dest: Path, tmp: Path) -> OutputError | None:
+def _space_note(dest: Path, need: int | None) -> str:
+    """', about 1.2 GB needed, 300.0 MB free there' (the parts that are known)."""
+    parts = []
+    if need:
+        parts.append(f"about {_human(need)} needed")
+    try:
+        st = os.statvfs(dest.parent if str(dest.parent) else ".")
+        parts.append(f"{_human(st.f_bavail * st.f_frsize)} free there")
+    except OSError:
+        pass
+    return "".join(f", {p}" for p in parts)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _output_error(e: OSError, dest: Path, tmp: Path, need: int | None) -> OutputError | None:
     fname = str(e.filename or "")
     if e.errno in _OUTPUT_ERRNOS or (fname and fname.startswith(str(tmp))):
-        return OutputError(f"cannot write the output ({e.strerror or type(e).__name__}); nothing was written",
+        note = _space_note(dest, need) if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+        return OutputError(f"cannot write the output ({e.strerror or type(e).__name__}{note}); nothing was written",
                            path=dest, fix="free space or choose another -o")
     return None
 
 
+# --- what the source is ---------------------------------------------------------------------------------
+def source_paths(src: str | Path) -> set[Path]:
+    """Every path a source resolves to: SRC itself, each shard its index names, the index and configs, every
+    member of a split GGUF, and the files copied from its directory. What cannot be opened adds nothing
+    here (the command reports it when it reads the source)."""
+    from qtool.errors import QtoolError
+
+    p = Path(src)
+    out = {p}
+    if p.suffix != ".gguf":
+        from qtool.io.checkpoint import INDEX_NAME, open_checkpoint
+
+        try:
+            ck = open_checkpoint(p)
+            out.update(ck.files)
+            out.update(q for q in (ck.root / INDEX_NAME, ck.root / "config.json", ck.root / "quantize_config.json")
+                       if _exists(q))
+            out.update(ck.other_files())
+        except QtoolError:
+            pass
+    if p.suffix == ".gguf" or p.is_dir():
+        from qtool.io.gguf_reader import resolve_gguf
+
+        try:
+            out.update(resolve_gguf(p)[1])
+        except QtoolError:
+            pass
+    return out
+
+
+def _aliases(p: Path) -> set[Path]:
+    """The names a path is reached by: as given (made absolute), with its directory's links resolved (the
+    entry itself, which a rename would replace), and fully resolved (where a link leads)."""
+    absolute = Path(os.path.abspath(p))
+    return {absolute, Path(os.path.realpath(absolute.parent)) / absolute.name, Path(os.path.realpath(absolute))}
+
+
 def refuse_overwriting_input(src: str | Path, dest: str | Path) -> None:
-    """Inputs are never modified: refuse a destination that is the source, contains it, or lies inside it."""
-    s, d = Path(src).resolve(), Path(dest).resolve()
-    if s == d or d in s.parents or s in d.parents:
-        raise OutputError(f"the destination overlaps the input {src}", path=dest,
-                          fix="write the output somewhere else (-o); inputs are never modified")
+    """Inputs are never modified: refuse a destination that is, contains or lies inside any path the source
+    resolves to (see source_paths), comparing every name each is reached by (links resolved or not)."""
+    dests = _aliases(Path(dest))
+    for x in sorted(source_paths(src)):
+        for a in _aliases(x):
+            for d in dests:
+                if a == d or d in a.parents or a in d.parents:
+                    what = "the input" if x == Path(src) else "an input file"
+                    raise OutputError(f"the destination overlaps {what} {x}", path=dest,
+                                      fix="write the output somewhere else (-o); inputs are never modified")
 
 
+# --- files copied from the source directory ----------------------------------------------------------------
+def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] = ()) -> list[str]:
+    """Copy a source directory's extra files (tokenizer, generation config, ...) into the output `out`.
+    Returns a warning for everything not copied as it is; nothing is left out silently.
+
+    The rule: no link is followed out of the source directory.
+    - a regular file is copied;
+    - a symbolic link whose target resolves inside the source directory is copied as a link (the same
+      link text); if that target is not part of the output the warning says so;
+    - a symbolic link that leads outside the source directory (or nowhere) is not copied: it could expose
+      any file the user can read (a private key, /proc/self/environ) in an output meant to be shared;
+    - anything else (FIFO, socket, device) and sub-directories are not copied."""
+    base = os.path.realpath(root)
+    warnings, links = [], []
+    for p in files:
+        try:
+            if p.is_symlink():
+                target = os.readlink(p)
+                real = os.path.realpath(p)
+                if os.path.commonpath([base, real]) == base and os.path.exists(real):
+                    os.symlink(target, out / p.name)
+                    links.append(p)
+                else:
+                    warnings.append(f"{p.name}: not copied: a symbolic link to {target}, outside the source "
+                                    "directory (qtool follows no link out of it; copy the file in if it is "
+                                    "needed)")
+            elif p.is_file():
+                shutil.copy2(p, out / p.name, follow_symlinks=False)
+            else:
+                warnings.append(f"{p.name}: not copied: not a regular file")
+        except FileNotFoundError:
+            warnings.append(f"{p.name}: not copied: it disappeared during the run")
+    for p in links:
+        if not (out / p.name).exists():
+            warnings.append(f"{p.name}: copied as a link to {os.readlink(p)}, which is not part of the output")
+    warnings += [f"{d.name}/: sub-directory not copied (only the files beside the weights are)" for d in sub_dirs]
+    return warnings
+
+
+# --- what --force may replace -------------------------------------------------------------------------------
+_MAX_LISTED = 100_000  # a directory with more entries than this is not an output qtool wrote
+
+
+def replace_problem(dest: Path) -> tuple[str | None, tuple[int, int] | None]:
+    """(why --force must not replace dest, or None; dest's (device, inode) when it may).
+
+    The rule: --force replaces only what qtool could have written there
+    - a regular file that is empty or a GGUF file (qtool's single-file output);
+    - a directory that is empty, or that holds no sub-directory and whose model.safetensors (or first
+      shard model-00001-of-N.safetensors) carries qtool's `qtool.version` metadata, as every pack and
+      repack output does.
+    Never a symbolic link, a device, a FIFO or a socket, and never anything else."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return None, None
+    ident = (st.st_dev, st.st_ino)
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link", None
+    if stat.S_ISREG(st.st_mode):
+        if st.st_size == 0:
+            return None, ident
+        try:
+            with open(dest, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            return f"it cannot be read ({e.strerror})", None
+        return (None, ident) if magic == b"GGUF" else ("it is a file that is not a GGUF file", None)
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is a device, FIFO or socket", None
+    try:
+        entries = []
+        with os.scandir(dest) as it:
+            for e in it:
+                entries.append(e)
+                if len(entries) > _MAX_LISTED:
+                    return f"it holds over {_MAX_LISTED} entries", None
+        if not entries:
+            return None, ident
+        if any(e.is_dir(follow_symlinks=False) for e in entries):
+            return "it holds sub-directories, which qtool outputs never do", None
+        names = {e.name: e for e in entries}
+        shards = sorted(n for n in names if re.fullmatch(r"model-00001-of-\d{5}\.safetensors", n))
+        first = "model.safetensors" if "model.safetensors" in names else (shards[0] if shards else None)
+        if first is None or not names[first].is_file(follow_symlinks=False):
+            return "it is not a qtool output (no model.safetensors or first shard)", None
+        from qtool.errors import QtoolError
+        from qtool.io.safetensors_header import read_header
+
+        try:
+            _, meta = read_header(dest / first)
+        except QtoolError:
+            return f"it is not a qtool output ({first} is not a readable safetensors file)", None
+        if "qtool.version" not in meta:
+            return f"it is not a qtool output ({first} carries no qtool.version metadata)", None
+    except OSError as e:
+        return f"it cannot be listed ({e.strerror})", None
+    return None, ident
+
+
+def _check_replaceable(dest: Path) -> tuple[int, int] | None:
+    why, ident = replace_problem(dest)
+    if why is not None:
+        raise OutputError(f"--force replaces only an empty directory, a GGUF file or an earlier qtool output; "
+                          f"{why}", path=dest, fix="remove it yourself if it is to go, or choose another -o")
+    return ident
+
+
+# --- atomic output ----------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def atomic_output(dest: str | Path, force: bool = False, *, directory: bool = True,
-                  sync: bool | None = None) -> Iterator[Path]:
+                  sync: bool | None = None, need_bytes: int | None = None) -> Iterator[Path]:
     """Yield a temporary path (a created directory, or a file path when directory=False) to write into;
-    on normal exit it replaces `dest`; on any exception (Ctrl-C included) it is removed and dest is untouched.
+    on normal exit it is published as `dest`; on any exception (Ctrl-C, SIGTERM and SIGHUP included) it is
+    removed and dest is untouched.
 
-    The temporary path is a hidden sibling `.NAME.qtool-tmp-PID-XXXXXX` (same filesystem, so the final
-    rename is atomic). An existing destination (force) is swapped with the new one in a single
-    renameat2(RENAME_EXCHANGE) where Linux offers it, so at every instant `dest` is either the old output or
-    the new one; the old one is deleted afterwards. sync: fsync the new contents before publishing them;
-    None (default) = only when an existing destination is replaced (see the module docstring).
+    The temporary path is a hidden sibling `.qtool-tmp-PID-RANDOM` (same filesystem, so the final rename is
+    atomic; its short fixed-length name fits wherever dest's name does). Missing parent directories of
+    dest are created (and stay if the run fails). Publishing:
+    - without force: one no-replace rename (see _rename_noreplace): a destination that appeared meanwhile
+      (another run, the user) is left as it is and the run fails, so of two runs to one new destination
+      exactly one wins;
+    - with force: only what replace_problem allows is replaced, checked before the work and again at the
+      swap: renameat2(RENAME_EXCHANGE) where Linux offers it (at every instant dest is the old output or
+      the new one), else move aside, move in, delete the old (put back if the move in fails).
+    sync: fsync the new contents before publishing them; None (default) = only when an existing destination
+    is replaced (see the module docstring). need_bytes: the output's expected size, for the disk-full error.
     Errors writing the destination (disk full, read-only, permissions) become OutputError.
     """
+    from qtool.paths import check_path_length
+
     dest = Path(dest)
-    if _exists(dest) and not force:
-        raise OutputError("destination exists", path=dest, fix="choose another -o, or pass --force to replace it")
+    check_path_length(dest, "-o")
+    if _exists(dest):
+        if not force:
+            raise OutputError("destination exists", path=dest, fix="choose another -o, or pass --force to replace it")
+        _check_replaceable(dest)
     if sync is None:
         sync = _exists(dest)
-    if not dest.parent.exists():
-        raise OutputError("parent directory does not exist", path=dest, fix="create it first")
+    parent = dest.parent
+    if not parent.is_dir():
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot create its parent directory ({e.strerror or type(e).__name__})", path=dest,
+                              fix="choose a writable -o") from None
     clean_stale(dest)
-    tmp = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-{os.urandom(3).hex()}"
+    tmp = parent / _tmp_name()
     _LIVE.add(tmp)  # before it exists: removed at exit unless published or removed below
     try:
-        yield from _fill_and_publish(tmp, dest, directory, sync)
+        yield from _fill_and_publish(tmp, dest, directory, sync, force, need_bytes)
     finally:
         _LIVE.discard(tmp)
 
 
-def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool) -> Iterator[Path]:
+def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool, force: bool,
+                      need: int | None) -> Iterator[Path]:
     """atomic_output's body once the temporary name is registered: create it, yield it, then publish it (or
     remove it on any exception)."""
+    from qtool.signals import deferred
+
     try:
         if directory:
             tmp.mkdir()
@@ -286,7 +555,7 @@ def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool) -> Ite
         yield tmp
     except OSError as e:
         _remove(tmp)
-        err = _output_error(e, dest, tmp)
+        err = _output_error(e, dest, tmp, need)
         if err is None:
             raise
         raise err from None
@@ -296,21 +565,13 @@ def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool) -> Ite
     try:
         if sync:
             _sync_tree(tmp)
-        if _exists(dest):
-            if _exchange(tmp, dest):
-                _remove(tmp)  # now holds the old output
-            elif not dest.is_dir() and tmp.is_file():
-                os.replace(tmp, dest)  # file over file: rename(2) is already atomic
-            else:
-                old = dest.parent / f".{dest.name}{TMP_TAG}{os.getpid()}-old"
-                _remove(old)
-                os.replace(dest, old)
-                os.replace(tmp, dest)
-                _remove(old)
-        else:
-            os.replace(tmp, dest)
+        with deferred():  # a signal waits until the renames are done: never half a publish
+            _publish(tmp, dest, force)
         if sync:
             _fsync_path(dest.parent)
+    except OutputError:
+        _remove(tmp)
+        raise
     except OSError as e:
         _remove(tmp)
         raise OutputError(f"cannot move the finished output into place ({e.strerror or type(e).__name__})",
@@ -318,6 +579,45 @@ def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool) -> Ite
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _publish(tmp: Path, dest: Path, force: bool) -> None:
+    """Move the finished tmp to dest (see atomic_output for the rules)."""
+    if not force or not _exists(dest):
+        try:
+            _rename_noreplace(tmp, dest)
+            return
+        except FileExistsError:
+            if not force:
+                raise OutputError("the destination appeared while qtool was writing; it was left as it is and "
+                                  "nothing was written", path=dest,
+                                  fix="choose another -o, or pass --force to replace it") from None
+    ident = _check_replaceable(dest)
+    if _exchange(tmp, dest):
+        st = os.lstat(tmp)  # now the old destination: the one checked, unless it was swapped meanwhile
+        if (st.st_dev, st.st_ino) != ident:
+            _exchange(tmp, dest)
+            raise OutputError("the destination changed while qtool was replacing it; it was left as it is",
+                              path=dest, fix="run again")
+        _remove(tmp)
+        return
+    if tmp.is_file() and stat.S_ISREG(os.lstat(dest).st_mode):
+        os.replace(tmp, dest)  # file over file: rename(2) is already atomic
+        return
+    old = tmp.with_name(tmp.name + "-old")
+    record = tmp.with_name(tmp.name + "-dest")  # tells clean_stale where `old` goes back if this run dies
+    os.symlink(dest.name, record)
+    try:
+        os.rename(dest, old)
+        try:
+            os.rename(tmp, dest)
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        _remove(old)
+    finally:
+        with contextlib.suppress(OSError):
+            record.unlink()
 
 
 class ShardedWriter:
@@ -403,7 +703,8 @@ class ShardedWriter:
             while left:
                 chunk = src.read(min(left, 16 << 20))
                 if not chunk:
-                    raise OutputError(f"source ended early while copying '{name}'", path=info.file, tensor=name)
+                    raise InputError(f"file ends after {n - left} of the tensor's {n} bytes", path=info.file,
+                                     tensor=name, fix="the file is truncated or was changed during the run")
                 self._f.write(chunk)
                 left -= len(chunk)
         self._finish(name, info.dtype, list(info.shape), n)
@@ -416,6 +717,8 @@ class ShardedWriter:
             self._close_shard()
         if self._f is None:
             self._open_shard()
+        if _WRITE_DELAY:
+            time.sleep(_WRITE_DELAY)
 
     def _finish(self, name: str, dtype: str, shape: list[int], n: int) -> None:
         self._entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [self._pos, self._pos + n]}

@@ -14,7 +14,6 @@ requantized (qtool.quant for integer layouts, gguf.quants for GGUF types) and th
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -359,8 +358,10 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
         _write_configs(tmp, source, plan)
-        for extra in source.other_files:
-            shutil.copy2(extra, tmp / extra.name)
+        from qtool.io.writer import copy_extras
+
+        subdirs = source._ck.sub_directories() if source._ck is not None else []
+        plan.warnings.extend(copy_extras(source.other_files, source.root, tmp, subdirs))
         write_json(tmp / "qtool_repack.json", report.to_dict() | {"written": True})
     if on_progress:
         on_progress("", total, total)
@@ -533,7 +534,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     for key, _value, _t, _s in kv:
         if key == "general.name":
             name = None
-    with atomic_output(plan.out, plan.job.force, directory=False) as tmp:
+    with atomic_output(plan.out, plan.job.force, directory=False, need_bytes=sum(s.nbytes for s in specs)) as tmp:
         write_gguf(tmp, arch or "unknown", specs, data(), GGUF_FILE_TYPE[plan.target], kv,
                    [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
     report.files = [plan.out.name]

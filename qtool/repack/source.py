@@ -137,8 +137,9 @@ class Source:
 
     def gguf_bytes(self, name: str):
         """uint8 [rows, row_bytes] raw data of a GGUF tensor (rows = product of ne1..)."""
-        import numpy as np
         import torch
+
+        from qtool.io.checkpoint import read_bytes
 
         t = self._gguf[name]
         if t.nbytes is None or not t.complete:
@@ -146,8 +147,8 @@ class Source:
         rows = 1
         for d in t.shape[1:]:
             rows *= d
-        mm = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
-        return torch.from_numpy(np.array(mm).reshape(rows, t.nbytes // rows))
+        raw = read_bytes(t.file, t.start, t.nbytes, name)  # a checked read: a truncated file is an InputError
+        return torch.from_numpy(raw.reshape(rows, t.nbytes // rows))
 
     def gguf_float(self, name: str):
         """A GGUF F32/F16/BF16 tensor as torch, numpy-order shape (reversed GGUF dims)."""

@@ -49,6 +49,8 @@ def render(report, console) -> None:
         console.print(f"kept dense: {sanitize(p.module)} ({sanitize(p.reason)})")
     for line in _summary_lines(report):
         console.print(sanitize(line))
+    for w in report.warnings:
+        console.print(f"warning: {sanitize(w)}")
 
 
 def to_markdown(report) -> str:
@@ -61,4 +63,7 @@ def to_markdown(report) -> str:
         out.append("## Kept dense\n")
         out.append(md_table(["module", "shape", "why"], [[p.module, "x".join(map(str, p.shape)), p.reason]
                                                           for p in kept]))
+    if report.warnings:
+        out.append("## Warnings\n")
+        out += [f"- {w}" for w in report.warnings]
     return "\n".join(out)

@@ -76,12 +76,13 @@ def _wait(pid: int, deadline: float) -> tuple[int | None, float, bool]:
 
 
 def run_qtool(argv: list[str], cwd: str | Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-              env: dict[str, str] | None = None) -> Result:
-    """`python -m qtool ARGV` in a fresh interpreter under the memory limit."""
+              env: dict[str, str] | None = None, preexec=limit_memory) -> Result:
+    """`python -m qtool ARGV` in a fresh interpreter under the memory limit (preexec: a hook run in the child
+    before it starts, e.g. to set more limits; it should call limit_memory too)."""
     t0 = time.monotonic()
     with open(os.devnull, "rb") as null, _tmpfile() as out, _tmpfile() as err:
         p = subprocess.Popen([sys.executable, "-m", "qtool", *map(str, argv)], cwd=cwd or REPO, stdin=null,
-                             stdout=out, stderr=err, env=child_env(env), preexec_fn=limit_memory)
+                             stdout=out, stderr=err, env=child_env(env), preexec_fn=preexec)
         rc, rss, timed_out = _wait(p.pid, t0 + timeout)
         p.returncode = rc if rc is not None else -9  # reaped by wait4 above; keep Popen from waiting again
         out.seek(0)

@@ -6,8 +6,8 @@ For each (command, case) the outcome must be one of:
 - reported (only commands that describe inputs, i.e. `inspect --strict`): exit 1, nothing on stderr, the
   JSON report holds an error-severity anomaly naming the problem;
 and in every case: no traceback, no timeout, peak memory under MAX_RSS_MB with a 4 GiB address-space cap,
-the pickle marker never created, and for writing commands (-o DEST, DEST an existing directory holding a
-sentinel) DEST untouched and no temporary leftovers beside it, with --force and without.
+the pickle marker never created, and for writing commands (-o DEST, DEST an earlier qtool output holding a
+sentinel, which --force may replace) DEST untouched and no temporary leftovers beside it, with --force and without.
 The control cases must succeed (and with --force replace DEST by a complete output), so the harness cannot
 pass by refusing everything.
 
@@ -39,6 +39,10 @@ TIMEOUT = 30.0      # per run; a correct refusal takes well under a second
 KNOWN_TIMEOUT = 2.0  # known hangs are cut short: the check is that they still fail
 SENTINEL = "SENTINEL.txt"
 SENTINEL_TEXT = "an earlier output that must survive\n"
+EARLIER = "model.safetensors"
+_META = b'{"__metadata__":{"format":"pt","qtool.version":"0"}}'
+EARLIER_BYTES = len(_META).to_bytes(8, "little") + _META
+TMP_PREFIX = ".qtool-tmp-"  # qtool.io.writer's temporary outputs beside a destination
 
 ALL_LAYERS = frozenset({"safetensors", "gguf", "checkpoint", "layout", "data", "yaml", "pickle"})
 
@@ -135,12 +139,19 @@ def plan_runs(cmd_name: str, root: Path, cases: dict[str, Case], dests: Path, ev
             variants.append("keep")
             seen_layers.add(case.layer)
         for v in variants:
-            dest = dests / cmd_name / f"{case.name}-{v}"
-            dest.mkdir(parents=True)
-            (dest / SENTINEL).write_text(SENTINEL_TEXT)
+            dest = earlier_output(dests / cmd_name / f"{case.name}-{v}")
             runs.append(Run(cmd_name, case, v, argv + ["-o", str(dest)] + (["--force"] if v == "force" else []),
                             dest))
     return runs
+
+
+def earlier_output(dest: Path) -> Path:
+    """DEST as an earlier qtool output (what --force may replace): a sentinel file and a model.safetensors
+    carrying qtool's metadata."""
+    dest.mkdir(parents=True)
+    (dest / SENTINEL).write_text(SENTINEL_TEXT)
+    (dest / EARLIER).write_bytes(EARLIER_BYTES)
+    return dest
 
 
 def warm_argvs(root: Path, names: list[str]) -> list[list[str]]:
@@ -243,11 +254,11 @@ def _reported(r: Result, case: Case, root: Path) -> list[str]:
 
 def _untouched(dest: Path) -> list[str]:
     out = []
-    if not dest.is_dir() or sorted(p.name for p in dest.iterdir()) != [SENTINEL]:
+    if not dest.is_dir() or sorted(p.name for p in dest.iterdir()) != sorted([SENTINEL, EARLIER]):
         out.append(f"destination changed: {sorted(p.name for p in dest.iterdir()) if dest.is_dir() else 'gone'}")
-    elif (dest / SENTINEL).read_text() != SENTINEL_TEXT:
+    elif (dest / SENTINEL).read_text() != SENTINEL_TEXT or (dest / EARLIER).read_bytes() != EARLIER_BYTES:
         out.append("sentinel file changed")
-    left = [p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.qtool-tmp-")]
+    left = [p.name for p in dest.parent.iterdir() if p.name.startswith(TMP_PREFIX)]
     if left:
         out.append(f"temporary leftovers beside the destination: {left}")
     return out
@@ -267,7 +278,7 @@ def _replaced(dest: Path) -> list[str]:
         with safe_open(str(s), "pt") as f:
             for k in f.keys():
                 n += f.get_tensor(k).numel() > 0
-    left = [p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.qtool-tmp-")]
+    left = [p.name for p in dest.parent.iterdir() if p.name.startswith(TMP_PREFIX)]
     return ([] if n else ["replaced destination holds no tensors"]) + ([f"leftovers: {left}"] if left else [])
 
 
@@ -298,9 +309,7 @@ def test_command_over_corpus(cmd, corpus, tmp_path):
     if agree is not None:
         argv = list(agree.argv)
         if agree.dest is not None:
-            fresh = tmp_path / "real" / agree.dest.name
-            fresh.mkdir(parents=True)
-            (fresh / SENTINEL).write_text(SENTINEL_TEXT)
+            fresh = earlier_output(tmp_path / "real" / agree.dest.name)
             argv[argv.index(str(agree.dest))] = str(fresh)
         real = run_qtool(argv, cwd=root, timeout=TIMEOUT)
         assert (real.rc, real.stderr.replace(str(tmp_path / "real"), "D")) == \
