@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from qtool.errors import NotRepresentable, OutputError
+from qtool.errors import NotRepresentable, OutputError, UsageError
 from qtool.formats import LayerParams, Plain, dequantize, get_format
 from qtool.io.qconfig import quantization_config_for
 from qtool.repack.plan import RepackJob, can_regroup, regroup, widen
@@ -447,3 +447,100 @@ def test_streaming_buffers_are_reused_without_mixing_modules(tmp_path, monkeypat
     run_repack(RepackJob(tmp_path / "fast", "gptq", tmp_path / "back"))
     a, b = read_tensors(tmp_path / "src"), read_tensors(tmp_path / "back")
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- tensors a module's layout does not read (a ParoQuant-like rotation) ------------------------------------
+def paro_checkpoint(root: Path) -> dict[str, torch.Tensor]:
+    """A GPTQ checkpoint whose q_proj also holds per-channel rotation tensors (`.theta`, `.rot`) that no GPTQ
+    reader applies; returns them."""
+    make_checkpoint(root, "gptq", 4, 128, True)
+    t = load_file(root / "model.safetensors")
+    g = torch.Generator().manual_seed(5)
+    extra = {"model.layers.0.self_attn.q_proj.theta": torch.randn(128, generator=g).half(),
+             "model.layers.0.self_attn.q_proj.rot": torch.randn(4, 32, 32, generator=g).half()}
+    save_file(t | extra, root / "model.safetensors", metadata={"format": "pt"})
+    return extra
+
+
+def test_unread_module_tensor_refuses_the_module_naming_it_and_writes_nothing(tmp_path):
+    paro_checkpoint(tmp_path / "src")
+    with pytest.raises(Refused) as e:
+        run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o"))
+    msg = str(e.value)
+    assert "model.layers.0.self_attn.q_proj.rot" in msg and "model.layers.0.self_attn.q_proj.theta" in msg
+    assert "--keep" in msg and "--drop" in msg and "\n" not in msg
+    assert e.value.exit_code == 2 and not (tmp_path / "o").exists()
+    (q,) = [m for m in e.value.plan.modules if m.module.endswith("q_proj")]
+    assert q.kind == "impossible"
+
+
+def test_keep_carries_unread_tensors_byte_for_byte(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    r = run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", keep=(r"\.rot$", r"\.theta$")))
+    got = read_tensors(tmp_path / "o")
+    assert all(got[n].view(torch.uint8).equal(t.view(torch.uint8)) for n, t in extra.items())
+    (q,) = [m for m in r.plan.modules if m.module.endswith("q_proj")]
+    assert sorted(q.carried) == sorted(extra) and not r.plan.dropped
+
+
+def test_drop_discards_and_lists_them_and_the_plan_does_not_say_exact(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    r = run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", drop=(r"\.(rot|theta)$",)))
+    got = read_tensors(tmp_path / "o")
+    assert not set(extra) & set(got)
+    (q,) = [m for m in r.plan.modules if m.module.endswith("q_proj")]
+    assert q.kind == "dropped" and sorted(q.dropped) == sorted(extra)
+    d = r.to_dict()
+    assert d["dropped_tensors"] == sorted(extra) and d["counts"]["exact"] == 2 and d["counts"]["dropped"] == 1
+    # the rest of the module converted exactly all the same
+    assert decode_all(tmp_path / "o")[q.module].equal(decode_all(tmp_path / "src")[q.module])
+
+
+def test_unread_tensors_of_an_unchanged_module_are_carried(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", exclude=("q_proj",)))
+    got = read_tensors(tmp_path / "o")
+    assert all(got[n].equal(t) for n, t in extra.items())
+
+
+def test_keep_and_drop_on_the_same_tensor_is_a_usage_error(tmp_path):
+    paro_checkpoint(tmp_path / "src")
+    with pytest.raises(UsageError, match="both --keep and --drop"):
+        run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", keep=("rot",), drop=(r"\.rot",),
+                             dry_run=True))
+
+
+@pytest.mark.parametrize("flag", ["include", "exclude", "keep", "drop"])
+def test_regex_flags_are_bounded_in_length(tmp_path, flag):
+    with pytest.raises(UsageError, match="at most 1000"):
+        RepackJob(tmp_path, "gptq", **{flag: ("a" * 1001,)}).validate()
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("fmt", HF_FORMATS)
+def test_each_format_reads_only_the_names_repack_counts_as_read(fmt, act_order):
+    """The reads-set that decides what is unread must cover every name the format's unpack looks at."""
+    from qtool.formats import all_formats
+    from qtool.repack.source import _reads
+
+    seen = set()
+
+    class Watch(dict):
+        def __contains__(self, k):
+            seen.add(k)
+            return super().__contains__(k)
+
+        def __getitem__(self, k):
+            seen.add(k)
+            return super().__getitem__(k)
+
+        def get(self, k, default=None):
+            seen.add(k)
+            return super().get(k, default)
+
+    f = get_format(fmt)
+    if act_order and not f.spec.act_order:
+        pytest.skip(f"{fmt} stores no act-order")
+    p = random_plain(3, 128, 256, 4, 64, fmt == "gptq", act_order=act_order)
+    f.unpack(Watch(f.pack(p)), params(p))
+    assert seen and seen <= _reads(all_formats()[fmt], fmt), (fmt, seen)

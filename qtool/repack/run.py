@@ -73,6 +73,7 @@ def plan_repack(job: RepackJob):
     """(source, plan) without writing anything."""
     from qtool.repack.source import open_source
 
+    job.validate()
     source = open_source(job.src)
     if not source.modules:
         raise UsageError("no quantized modules to convert", path=job.src,
@@ -165,7 +166,7 @@ class ModuleConverter:
         packed weight size (a direct path's output without padding has as many) when a direct path that
         takes `out` applies and the weight is large; else 0."""
         fn = self.fast.get((m.format, self.dst.spec.id))
-        if fn is None or mp.kind not in ("exact", "near-exact") or mp.steps or not _takes_out(fn) \
+        if fn is None or not mp.relayout or mp.steps or not _takes_out(fn) \
                 or self.source.container == "gguf" or "qweight" not in m.layout:
             return 0
         nbytes = self.source.tensor_nbytes(m.layout["qweight"])
@@ -176,7 +177,7 @@ class ModuleConverter:
 
         scratch: optional reusable int32 buffer that a direct path may write its packed weight into (the
         result then views it: the caller must not reuse it before the result is written)."""
-        if mp.kind in ("exact", "near-exact") and not mp.steps:
+        if mp.relayout and not mp.steps:
             fn = self.fast.get((m.format, self.dst.spec.id))
             if fn is not None:
                 kw = {"out": scratch} if scratch is not None and _takes_out(fn) else {}
@@ -184,7 +185,7 @@ class ModuleConverter:
                 if out is not None:
                     mp.fast = True
                     return out
-        if mp.kind in ("exact", "near-exact"):
+        if mp.relayout:
             return self._relayout(m, mp, self.source_plain(m))
         try:
             plain = None if m.format.startswith("gguf:") else self.source_plain(m)
@@ -318,6 +319,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     by_first, skip = _module_order(source)
     plans = {m.module: m for m in plan.modules}
     total = len(source.order)
+    dropped = plan.dropped
     pool = ScratchPool()
     replacing = plan.out.exists() or plan.out.is_symlink()  # then the output is fsynced before the swap
     with atomic_output(plan.out, plan.job.force) as tmp:
@@ -331,7 +333,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                     on_progress(name, k, total)
                 m = by_first.get(name)
                 if m is None:
-                    if name in skip:
+                    if name in skip or name in dropped:
                         continue
                     if source.container == "gguf":
                         w.add(name, source.get(name) if source.tensor_info(name).type_name in ("F32", "F16",
@@ -480,11 +482,12 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     plans = {m.module: m for m in plan.modules}
     nbytes_blk, _, tname = BLOCKS[plan.target]
     specs, jobs = [], []
+    dropped = plan.dropped
     _ST_GGML = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I32": "I32", "I64": "I64", "I8": "I8", "I16": "I16"}
     for name in source.order:
         m = by_first.get(name)
         if m is None:
-            if name in skip:
+            if name in skip or name in dropped:
                 continue
             info = source.tensor_info(name)
             if gguf_src:

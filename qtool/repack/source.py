@@ -27,6 +27,9 @@ GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0":
 GGUF_FLOAT = {"F32", "F16", "BF16"}
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
+# Short names a source format reads besides its spec's `tensors`: legacy Marlin's B/s, and its `workspace`
+# (the kernel's lock buffer, zeros by construction: no weight data to carry).
+READS_ALSO = {"marlin": frozenset({"B", "s", "workspace"})}
 # qtool's own reports about the source checkpoint: stale for the converted one, so not copied
 QTOOL_REPORTS = frozenset({"report.json", "report.md", "qtool_repack.json"})
 
@@ -38,6 +41,9 @@ class SourceModule:
     format:   qtool format id ("gptq", "ct", "gguf_q4_0", ...) or "gguf:<TYPE>" (dequantize-only GGUF type)
     layout:   {short name: full tensor name} of the packed layout (read, converted)
     others:   full names of the module's other tensors (bias ...); they are in Source.passthrough too
+    extra:    full names of tensors under the module's prefix that its format does not read (a rotation, a
+              smoothing vector, ...): converting without them loses them, so the plan carries them (--keep),
+              discards them (--drop) or refuses the module; they are in Source.passthrough too
     bits / group_size / sym / desc_act / in_features / out_features: what the header and config say (None =
               not known without reading data)
     """
@@ -55,6 +61,7 @@ class SourceModule:
     out_features: int | None
     nbytes: int = 0
     scale_dtype: str | None = None
+    extra: list[str] = field(default_factory=list)
 
     @property
     def shape(self) -> tuple[int, int] | None:
@@ -192,6 +199,7 @@ def _anomaly_text(a) -> str:
 
 
 def _open_safetensors(p: Path, report, errors) -> Source:
+    from qtool.formats import all_formats
     from qtool.io.checkpoint import open_checkpoint
 
     ck = open_checkpoint(p)
@@ -199,15 +207,19 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     version = raw.get("version") if raw.get("quant_method") == "compressed-tensors" else None
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
     modules, in_module = [], set()
+    known = all_formats()
     for mr in report.modules:
         if not mr.quantized:
             continue
         pre = f"{mr.name}." if mr.name else ""
-        layout, others = {}, []
+        reads = _reads(known.get(mr.format), mr.format)
+        layout, others, unread = {}, [], []
         for full in mr.tensor_names:
             short = full[len(pre):]
             if short in NOT_LAYOUT:
                 others.append(full)
+            elif reads is not None and short not in reads:
+                unread.append(full)
             else:
                 layout[short] = full
                 in_module.add(full)
@@ -236,7 +248,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             name=mr.name, format=mr.format, layout=layout, others=others,
             params=LayerParams(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
             bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt))
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
     order = list(ck.tensors)
     passthrough = [n for n in order if n not in in_module]
     warnings = [_anomaly_text(a) for a in errors]
@@ -244,6 +256,14 @@ def _open_safetensors(p: Path, report, errors) -> Source:
                   config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
                   other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS], warnings=warnings,
                   _ck=ck)
+
+
+def _reads(fmt, fmt_id: str) -> frozenset[str] | None:
+    """Short names the source format's unpack reads; None when qtool cannot read the format at all (the
+    module is then planned impossible and copied nowhere)."""
+    if fmt is None:
+        return None
+    return frozenset(fmt.spec.tensors) | READS_ALSO.get(fmt_id, frozenset())
 
 
 def _scale_dtype(ck, layout: dict[str, str]) -> str | None:
@@ -273,14 +293,15 @@ def _open_gguf(p: Path, report, errors) -> Source:
         pre = f"{mr.name}." if mr.name else ""
         weight = pre + "weight"
         fmt = GGUF_FORMATS.get(mr.format, mr.format)
-        others = [n for n in mr.tensor_names if n != weight]
+        others = [n for n in mr.tensor_names if n[len(pre):] in NOT_LAYOUT]
+        unread = [n for n in mr.tensor_names if n != weight and n not in others]
         exact_src = fmt in GGUF_FORMATS.values()
         modules.append(SourceModule(
             name=mr.name, format=fmt, layout={"weight": weight}, others=others,
             params=LayerParams(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
                                sym=mr.sym, desc_act=False, extra={"gguf_type": by_name[weight].type_name}),
             bits=mr.bits, group_size=mr.group_size, sym=mr.sym, desc_act=False, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16"))
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16", extra=unread))
         in_module.add(weight)
     order = list(by_name)
     passthrough = [n for n in order if n not in in_module]
