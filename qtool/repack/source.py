@@ -86,8 +86,10 @@ class Source:
     root: Path | None = None
     other_files: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    gguf_header: Any = None  # the first GGUFHeader of a GGUF source: its metadata records are carried
     _ck: Any = None
     _gguf: dict = field(default_factory=dict)  # name -> GGUFTensor
+    _big: frozenset = frozenset()  # GGUF files whose data is big-endian
 
     # --- facts -----------------------------------------------------------------------------------------
     @property
@@ -155,7 +157,10 @@ class Source:
         for d in t.shape[1:]:
             rows *= d
         mm = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
-        return torch.from_numpy(np.array(mm).reshape(rows, t.nbytes // rows))
+        raw = np.array(mm)
+        if t.file in self._big:
+            raw = to_little_endian(raw, t.type_name)
+        return torch.from_numpy(raw.reshape(rows, t.nbytes // rows))
 
     def gguf_float(self, name: str):
         """A GGUF F32/F16/BF16 tensor as torch, numpy-order shape (reversed GGUF dims)."""
@@ -171,6 +176,26 @@ class Source:
     def close(self) -> None:
         if self._ck is not None:
             self._ck.close()
+
+
+# Big-endian GGUF data, per type: (bytes per unit, [(offset, size) of each multi-byte scalar in a unit]).
+# Float and integer tensors swap every element; Q4_0/Q8_0 blocks swap their fp16 d, Q4_1 its d and m; the
+# 4- and 8-bit codes are single bytes. Other block types hold packed multi-byte fields of their own and are
+# refused rather than guessed.
+SWAPPABLE: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {
+    "F64": (8, ((0, 8),)), "I64": (8, ((0, 8),)), "F32": (4, ((0, 4),)), "I32": (4, ((0, 4),)),
+    "F16": (2, ((0, 2),)), "BF16": (2, ((0, 2),)), "I16": (2, ((0, 2),)), "I8": (1, ()),
+    "Q4_0": (18, ((0, 2),)), "Q8_0": (34, ((0, 2),)), "Q4_1": (20, ((0, 2), (2, 2))),
+}
+
+
+def to_little_endian(raw, type_name: str):
+    """uint8 bytes of a big-endian GGUF tensor -> the same values' little-endian bytes (a new array)."""
+    unit, fields = SWAPPABLE[type_name]
+    out = raw.reshape(-1, unit).copy()
+    for off, size in fields:
+        out[:, off:off + size] = out[:, off:off + size][:, ::-1]
+    return out.reshape(-1)
 
 
 # --- opening -------------------------------------------------------------------------------------------------
@@ -286,6 +311,13 @@ def _open_gguf(p: Path, report, errors) -> Source:
         if not t.complete:
             raise InputError("tensor data is missing or truncated", path=t.file, tensor=t.name,
                              fix="re-download the file")
+    big = frozenset(h.path for h in gs.headers if h.byte_order == "big")
+    for t in by_name.values():
+        if t.file in big and t.type_name not in SWAPPABLE:
+            raise InputError(f"big-endian GGUF tensor of type {t.type_name}: qtool converts big-endian "
+                             f"{', '.join(sorted(SWAPPABLE))} tensors only", path=t.file, tensor=t.name,
+                             fix="convert the file to little-endian with gguf-py's gguf_convert_endian.py; "
+                                 "nothing was written")
     modules, in_module = [], set()
     for mr in report.modules:
         if not mr.quantized:
@@ -307,4 +339,4 @@ def _open_gguf(p: Path, report, errors) -> Source:
     passthrough = [n for n in order if n not in in_module]
     return Source(path=p, container="gguf", modules=modules, passthrough=passthrough, order=order,
                   metadata=dict(gs.kv), warnings=[_anomaly_text(a) for a in errors], _gguf=by_name,
-                  root=p.parent)
+                  root=p.parent, gguf_header=gs.headers[0], _big=big)
