@@ -240,7 +240,6 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
     place of the source's record where it has one, else come first. hparams: (GGUFWriter method, value).
     """
     import gguf
-    import numpy as np
 
     for t in tensors:
         if len(t.name.encode("utf-8")) > MAX_NAME:
@@ -255,25 +254,37 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
             records.append(rec)
     records = [(k, *tv) for k, tv in owned.items()] + records
     align = gguf.GGUF_DEFAULT_ALIGNMENT
-    with open(path, "wb", buffering=1 << 20) as out:
-        out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(records)))
-        for rec in records:
-            if isinstance(rec, CarriedKV):
-                _copy_record(out, rec)
-            else:
-                out.write(_encode_kv(*rec))
-        offset = 0
-        for t in tensors:
-            qt = gguf.GGMLQuantizationType[t.type_name]
-            ne = tuple(reversed(t.shape))
-            out.write(_gstr(t.name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-                      + struct.pack("<IQ", int(qt), offset))
-            offset += -(-t.nbytes // align) * align
-        out.write(b"\0" * (-out.tell() % align))
-        for t, arr in zip(tensors, data, strict=True):
-            a = np.ascontiguousarray(arr)
-            if a.nbytes != t.nbytes:
-                raise OutputError(f"tensor '{t.name}' has {a.nbytes} bytes, its directory entry says {t.nbytes}",
-                                  path=path)
-            out.write(a.reshape(-1).view(np.uint8).data)
-            out.write(b"\0" * (-t.nbytes % align))
+    try:
+        with open(path, "wb", buffering=1 << 20) as out:
+            _write_body(out, path, tensors, data, records, align)
+    except OSError as e:  # a full disk, a quota, an I/O error: the caller removes the partial file
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        raise OutputError(f"cannot write the GGUF file: {e.strerror or e}{where}", path=path,
+                          fix="free space on the destination's file system or choose another -o") from None
+
+
+def _write_body(out, path: Path, tensors: list[GGUFTensorSpec], data: Iterable, records: list, align: int) -> None:
+    import gguf
+    import numpy as np
+
+    out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(records)))
+    for rec in records:
+        if isinstance(rec, CarriedKV):
+            _copy_record(out, rec)
+        else:
+            out.write(_encode_kv(*rec))
+    offset = 0
+    for t in tensors:
+        qt = gguf.GGMLQuantizationType[t.type_name]
+        ne = tuple(reversed(t.shape))
+        out.write(_gstr(t.name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+                  + struct.pack("<IQ", int(qt), offset))
+        offset += -(-t.nbytes // align) * align
+    out.write(b"\0" * (-out.tell() % align))
+    for t, arr in zip(tensors, data, strict=True):
+        a = np.ascontiguousarray(arr)
+        if a.nbytes != t.nbytes:
+            raise OutputError(f"tensor '{t.name}' has {a.nbytes} bytes, its directory entry says {t.nbytes}",
+                              path=path)
+        out.write(a.reshape(-1).view(np.uint8).data)
+        out.write(b"\0" * (-t.nbytes % align))
