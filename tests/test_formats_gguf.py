@@ -3,6 +3,8 @@ an independent decoder of what qtool writes, exactness boundaries (ranges, block
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -184,3 +186,14 @@ def test_fp32_scales_round_to_fp16_and_the_error_is_reported():
     ref = dequantize(p, torch.float64)
     got = gguf_decode(Q4_0.pack(p)["weight"], "gguf_q4_0").to(torch.float64)
     assert a.kind == "near-exact" and a.max_error == float((got - ref).abs().max()) > 0
+
+
+def test_gguf_writer_reports_a_full_disk_as_an_output_error():
+    from qtool.errors import OutputError
+    from qtool.io.gguf_writer import GGUFTensorSpec, write_gguf
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    spec = GGUFTensorSpec("output_norm.weight", (1 << 20,), "F32", 4 << 20)
+    with pytest.raises(OutputError, match="cannot write the GGUF file: No space left on device"):
+        write_gguf(Path("/dev/full"), "llama", [spec], [np.zeros(1 << 20, np.float32)])

@@ -232,3 +232,56 @@ def test_unknown_type_and_bad_row_are_problems(tmp_path):
     assert ("a.weight", "unknown tensor type id 99") in msgs
     assert ("b.weight", "row size 33 is not a multiple of the Q4_0 block size (32)") in msgs
     assert h.tensors[0].nbytes is None and h.tensors[0].type_name == "UNKNOWN_99"
+
+
+# --- hostile metadata and directories: reported, never raised ----------------------------------------------
+def _hand_gguf(path: Path, kvs: list[bytes], infos: list[bytes] | None = None) -> Path:
+    from tests.attacks.generate_corpus import T_Q4_0, gguf_bytes, q4_0_rows, tensor_info
+
+    infos = infos if infos is not None else [tensor_info("blk.0.attn_q.weight", (64, 32), T_Q4_0, 0)]
+    path.write_bytes(gguf_bytes(kvs, infos, q4_0_rows(32, 64, 1)))
+    return path
+
+
+def _errors(h) -> list[str]:
+    return [m for sev, _t, m in h.problems if sev == "error"]
+
+
+def test_duplicate_metadata_key_is_an_error_and_the_first_value_stays(tmp_path):
+    from tests.attacks.generate_corpus import kv_u32
+
+    h = read_gguf_header(_hand_gguf(tmp_path / "d.gguf", [kv_u32("llama.block_count", 1),
+                                                          kv_u32("llama.block_count", 2)]))
+    assert h.kv["llama.block_count"] == 1 and h.complete
+    assert any("'llama.block_count' appears twice" in m for m in _errors(h))
+
+
+@pytest.mark.parametrize("where", ["key", "value", "tensor"])
+def test_invalid_utf8_is_an_error(tmp_path, where):
+    from tests.attacks.generate_corpus import STRING, T_Q4_0, gstr, u32, u64
+
+    kvs = {"key": [gstr(b"bad.\xff") + u32(4) + u32(1)],
+           "value": [gstr("general.name") + u32(STRING) + gstr(b"\xc3\x28")]}.get(where, [])
+    infos = [gstr(b"blk.\xfe.weight") + u32(2) + u64(64) + u64(32) + u32(T_Q4_0) + u64(0)] \
+        if where == "tensor" else None
+    h = read_gguf_header(_hand_gguf(tmp_path / "u.gguf", kvs, infos))
+    assert any("is not valid UTF-8" in m for m in _errors(h)), h.problems
+
+
+@pytest.mark.parametrize("dims", [(), (64, 0), (0, 32)])
+def test_zero_dims_or_a_zero_dimension_is_an_error(tmp_path, dims):
+    from tests.attacks.generate_corpus import T_Q4_0, tensor_info
+
+    h = read_gguf_header(_hand_gguf(tmp_path / "z.gguf", [], [tensor_info("blk.0.attn_q.weight", dims, T_Q4_0, 0)]))
+    assert any("dimension" in m for m in _errors(h)) and h.tensors[0].nbytes is None
+
+
+def test_kv_spans_hold_each_whole_record(gfile):
+    h = read_gguf_header(gfile)
+    raw = gfile.read_bytes()
+    ends = sorted(h.kv_spans.values())
+    assert all(a[1] == b[0] for a, b in zip(ends, ends[1:], strict=False))  # contiguous, in file order
+    assert list(h.kv_spans) == list(h.kv)
+    for key, (start, end) in h.kv_spans.items():
+        n = struct.unpack_from("<Q", raw, start)[0]
+        assert raw[start + 8:start + 8 + n].decode() == key and end > start + 8 + n + 4

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from qtool.errors import NotRepresentable, OutputError
+from qtool.errors import InputError, NotRepresentable, OutputError, UsageError
 from qtool.formats import LayerParams, Plain, dequantize, get_format
 from qtool.io.qconfig import quantization_config_for
 from qtool.repack.plan import RepackJob, can_regroup, regroup, widen
@@ -447,3 +447,225 @@ def test_streaming_buffers_are_reused_without_mixing_modules(tmp_path, monkeypat
     run_repack(RepackJob(tmp_path / "fast", "gptq", tmp_path / "back"))
     a, b = read_tensors(tmp_path / "src"), read_tensors(tmp_path / "back")
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- tensors a module's layout does not read (a ParoQuant-like rotation) ------------------------------------
+def paro_checkpoint(root: Path) -> dict[str, torch.Tensor]:
+    """A GPTQ checkpoint whose q_proj also holds per-channel rotation tensors (`.theta`, `.rot`) that no GPTQ
+    reader applies; returns them."""
+    make_checkpoint(root, "gptq", 4, 128, True)
+    t = load_file(root / "model.safetensors")
+    g = torch.Generator().manual_seed(5)
+    extra = {"model.layers.0.self_attn.q_proj.theta": torch.randn(128, generator=g).half(),
+             "model.layers.0.self_attn.q_proj.rot": torch.randn(4, 32, 32, generator=g).half()}
+    save_file(t | extra, root / "model.safetensors", metadata={"format": "pt"})
+    return extra
+
+
+def test_unread_module_tensor_refuses_the_module_naming_it_and_writes_nothing(tmp_path):
+    paro_checkpoint(tmp_path / "src")
+    with pytest.raises(Refused) as e:
+        run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o"))
+    msg = str(e.value)
+    assert "model.layers.0.self_attn.q_proj.rot" in msg and "model.layers.0.self_attn.q_proj.theta" in msg
+    assert "--keep" in msg and "--drop" in msg and "\n" not in msg
+    assert e.value.exit_code == 2 and not (tmp_path / "o").exists()
+    (q,) = [m for m in e.value.plan.modules if m.module.endswith("q_proj")]
+    assert q.kind == "impossible"
+
+
+def test_keep_carries_unread_tensors_byte_for_byte(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    r = run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", keep=(r"\.rot$", r"\.theta$")))
+    got = read_tensors(tmp_path / "o")
+    assert all(got[n].view(torch.uint8).equal(t.view(torch.uint8)) for n, t in extra.items())
+    (q,) = [m for m in r.plan.modules if m.module.endswith("q_proj")]
+    assert sorted(q.carried) == sorted(extra) and not r.plan.dropped
+
+
+def test_drop_discards_and_lists_them_and_the_plan_does_not_say_exact(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    r = run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", drop=(r"\.(rot|theta)$",)))
+    got = read_tensors(tmp_path / "o")
+    assert not set(extra) & set(got)
+    (q,) = [m for m in r.plan.modules if m.module.endswith("q_proj")]
+    assert q.kind == "dropped" and sorted(q.dropped) == sorted(extra)
+    d = r.to_dict()
+    assert d["dropped_tensors"] == sorted(extra) and d["counts"]["exact"] == 2 and d["counts"]["dropped"] == 1
+    # the rest of the module converted exactly all the same
+    assert decode_all(tmp_path / "o")[q.module].equal(decode_all(tmp_path / "src")[q.module])
+
+
+def test_unread_tensors_of_an_unchanged_module_are_carried(tmp_path):
+    extra = paro_checkpoint(tmp_path / "src")
+    run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", exclude=("q_proj",)))
+    got = read_tensors(tmp_path / "o")
+    assert all(got[n].equal(t) for n, t in extra.items())
+
+
+def test_keep_and_drop_on_the_same_tensor_is_a_usage_error(tmp_path):
+    paro_checkpoint(tmp_path / "src")
+    with pytest.raises(UsageError, match="both --keep and --drop"):
+        run_repack(RepackJob(tmp_path / "src", "gptq_v2", tmp_path / "o", keep=("rot",), drop=(r"\.rot",),
+                             dry_run=True))
+
+
+@pytest.mark.parametrize("flag", ["include", "exclude", "keep", "drop"])
+def test_regex_flags_are_bounded_in_length(tmp_path, flag):
+    with pytest.raises(UsageError, match="at most 1000"):
+        RepackJob(tmp_path, "gptq", **{flag: ("a" * 1001,)}).validate()
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("fmt", HF_FORMATS)
+def test_each_format_reads_only_the_names_repack_counts_as_read(fmt, act_order):
+    """The reads-set that decides what is unread must cover every name the format's unpack looks at."""
+    from qtool.formats import all_formats
+    from qtool.repack.source import _reads
+
+    seen = set()
+
+    class Watch(dict):
+        def __contains__(self, k):
+            seen.add(k)
+            return super().__contains__(k)
+
+        def __getitem__(self, k):
+            seen.add(k)
+            return super().__getitem__(k)
+
+        def get(self, k, default=None):
+            seen.add(k)
+            return super().get(k, default)
+
+    f = get_format(fmt)
+    if act_order and not f.spec.act_order:
+        pytest.skip(f"{fmt} stores no act-order")
+    p = random_plain(3, 128, 256, 4, 64, fmt == "gptq", act_order=act_order)
+    f.unpack(Watch(f.pack(p)), params(p))
+    assert seen and seen <= _reads(all_formats()[fmt], fmt), (fmt, seen)
+
+
+# --- GGUF -> GGUF: metadata carried by its bytes, big-endian sources converted --------------------------------
+def every_kind_of_metadata() -> list[bytes]:
+    """Records of every GGUF value type: scalars, strings, arrays of numbers / strings / bools (short ones
+    inline, long ones summarised by the reader), an empty array and a nested one."""
+    import struct as s
+
+    from tests.attacks.generate_corpus import ARRAY, STRING, gstr, kv_str, kv_u32, u32, u64
+
+    def kv(key, vtype, payload):
+        return gstr(key) + u32(vtype) + payload
+
+    codes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    vals = {0: 200, 1: -5, 2: 60000, 3: -300, 4: 4_000_000_000, 5: -7, 6: 0.1, 7: True, 10: 2**60, 11: -2**60,
+            12: 1e-300}
+    recs = [kv_str("general.architecture", "llama"), kv_str("general.name", "round trip"),
+            kv_u32("general.file_type", 2)]
+    recs += [kv(f"test.scalar.{t}", t, s.pack("<" + c, vals[t])) for t, c in codes.items()]
+    tokens = [f"tok{i}\u00e9" for i in range(300)]
+    recs.append(kv("tokenizer.ggml.tokens", ARRAY, u32(STRING) + u64(len(tokens)) + b"".join(map(gstr, tokens))))
+    recs.append(kv("test.short_strings", ARRAY, u32(STRING) + u64(2) + gstr("a") + gstr("")))
+    recs.append(kv("tokenizer.ggml.scores", ARRAY, u32(6) + u64(300) + s.pack("<300f", *range(300))))
+    recs.append(kv("test.i64s", ARRAY, u32(11) + u64(3) + s.pack("<3q", -1, 0, 2**62)))
+    recs.append(kv("test.bools", ARRAY, u32(7) + u64(3) + bytes([1, 0, 1])))
+    recs.append(kv("test.empty", ARRAY, u32(4) + u64(0)))
+    recs.append(kv("test.nested", ARRAY, u32(ARRAY) + u64(2) + u32(5) + u64(1) + s.pack("<i", 3)
+                   + u32(STRING) + u64(1) + gstr("x")))
+    recs.append(kv("test.string", STRING, gstr("line\u2028two")))
+    recs.append(kv_u32("general.quantization_version", 2))
+    return recs
+
+
+def test_gguf_to_gguf_metadata_round_trips_byte_for_byte(tmp_path):
+    from qtool.io.gguf_reader import read_gguf_header
+    from tests.attacks.generate_corpus import T_Q4_0, gguf_bytes, q4_0_rows, tensor_info
+
+    src = tmp_path / "m.gguf"
+    src.write_bytes(gguf_bytes(every_kind_of_metadata(), [tensor_info("blk.0.attn_q.weight", (64, 32), T_Q4_0, 0)],
+                               q4_0_rows(32, 64, 1)))
+    r = run_repack(RepackJob(src, "q8_0", tmp_path / "o.gguf"))
+    assert r.plan.counts()["exact"] == 1
+    a, b = read_gguf_header(src), read_gguf_header(tmp_path / "o.gguf")
+    assert not b.problems and list(a.kv_spans) == list(b.kv_spans)  # same keys, same order
+    ra, rb = src.read_bytes(), (tmp_path / "o.gguf").read_bytes()
+    for key, (s0, e0) in a.kv_spans.items():
+        s1, e1 = b.kv_spans[key]
+        if key == "general.file_type":
+            assert b.kv[key] == 7 and b.kv_types[key] == "UINT32"
+        else:
+            assert ra[s0:e0] == rb[s1:e1], key
+    # and the gguf package reads the same values from both
+    fa, fb = gguf.GGUFReader(src).fields, gguf.GGUFReader(tmp_path / "o.gguf").fields
+    for key in a.kv_spans:
+        if key != "general.file_type":
+            assert fa[key].types == fb[key].types and fa[key].contents() == fb[key].contents(), key
+
+
+def _endian_pair(tmp_path, types) -> tuple[Path, Path, dict]:
+    """The same model written little- and big-endian by the gguf package's writer (it swaps float arrays and
+    metadata; the fp16 scalars of Q4_0/Q8_0/Q4_1 blocks are swapped here, as llama.cpp's converter does)."""
+    from qtool.repack.source import SWAPPABLE, to_little_endian
+
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for k, qt in enumerate(types):
+        x = rng.standard_normal((8, 64)).astype(np.float32)
+        name = f"blk.0.t{k}.weight"
+        tensors[name] = (qt, x if qt in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+                         else gguf.quants.quantize(x, qt))
+    tensors["output_norm.weight"] = (gguf.GGMLQuantizationType.F32, rng.standard_normal(64).astype(np.float32))
+    tensors["blk.0.half.weight"] = (gguf.GGMLQuantizationType.F16, rng.standard_normal(64).astype(np.float16))
+    out = []
+    for endian in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
+        path = tmp_path / f"{endian.name.lower()}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+        w.add_name("endian")
+        w.add_block_count(1)
+        w.add_token_list([f"t{i}" for i in range(100)])
+        w.add_token_scores([float(i) for i in range(100)])
+        for name, (qt, data) in tensors.items():
+            if data.dtype == np.uint8:
+                if endian == gguf.GGUFEndian.BIG and qt.name in SWAPPABLE:  # an involution: it also makes big
+                    data = to_little_endian(data.reshape(-1), qt.name).reshape(data.shape)
+                w.add_tensor(name, data, raw_dtype=qt)
+            else:
+                w.add_tensor(name, data.copy())
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        out.append(path)
+    return out[0], out[1], tensors
+
+
+def test_big_endian_gguf_converts_to_the_same_file_as_its_little_endian_twin(tmp_path):
+    Q = gguf.GGMLQuantizationType
+    little, big, tensors = _endian_pair(tmp_path, [Q.Q4_0, Q.Q8_0, Q.Q4_1])
+    from qtool.io.gguf_reader import read_gguf_header
+
+    assert read_gguf_header(big).byte_order == "big"
+    for p in (little, big):
+        run_repack(RepackJob(p, "q8_0", tmp_path / f"{p.stem}-o.gguf", allow_lossy=True))
+    assert (tmp_path / "little-o.gguf").read_bytes() == (tmp_path / "big-o.gguf").read_bytes()
+    r = gguf.GGUFReader(tmp_path / "big-o.gguf")
+    got = {t.name: np.array(t.data) for t in r.tensors}
+    assert np.array_equal(got["output_norm.weight"], tensors["output_norm.weight"][1])
+    assert np.array_equal(got["blk.0.half.weight"], tensors["blk.0.half.weight"][1])
+    q8 = got["blk.0.t1.weight"]  # Q8_0 -> Q8_0 copies the blocks: the source's values, little-endian
+    assert np.array_equal(gguf.quants.dequantize(q8, Q.Q8_0),
+                          gguf.quants.dequantize(tensors["blk.0.t1.weight"][1], Q.Q8_0))
+    assert r.fields["tokenizer.ggml.scores"].contents() == [float(i) for i in range(100)]
+    # and into a safetensors layout: the same Plains from either byte order
+    run_repack(RepackJob(little, "gptq_v2", tmp_path / "l-hf", allow_lossy=True, exclude=("t2",)))
+    run_repack(RepackJob(big, "gptq_v2", tmp_path / "b-hf", allow_lossy=True, exclude=("t2",)))
+    assert (tmp_path / "l-hf" / "model.safetensors").read_bytes() == (tmp_path / "b-hf" / "model.safetensors"
+                                                                       ).read_bytes()
+
+
+def test_big_endian_block_type_qtool_cannot_swap_is_refused(tmp_path):
+    Q = gguf.GGMLQuantizationType
+    _, big, _ = _endian_pair(tmp_path, [Q.Q4_0, Q.Q5_0])
+    with pytest.raises(InputError, match="big-endian GGUF tensor of type Q5_0"):
+        run_repack(RepackJob(big, "q8_0", tmp_path / "o.gguf", allow_lossy=True))
+    assert not (tmp_path / "o.gguf").exists()

@@ -85,3 +85,22 @@ def test_config_file_and_usage_errors(tmp_path):
         invoke(tmp_path / "m")
     with pytest.raises(UsageError, match="--bits/--group-size do not apply"):
         invoke(tmp_path / "m", "--to", "q4_0", "--group-size", "64", "--dry-run")
+
+
+def test_keep_and_drop_flags_reach_the_plan(tmp_path):
+    from tests.test_repack import paro_checkpoint
+
+    paro_checkpoint(tmp_path / "m")
+    r = invoke(tmp_path / "m", "--to", "gptq_v2", "-o", tmp_path / "o", "--drop", r"\.(rot|theta)$")
+    assert r.exit_code == 0 and "1 dropped" in r.stdout
+    assert "dropped by --drop (2 tensors" in r.stdout and "q_proj.rot" in r.stdout
+    r = invoke(tmp_path / "m", "--to", "gptq_v2", "-o", tmp_path / "k", "--keep", "rot", "--keep", "theta", "--json")
+    rep = json.loads(r.stdout)
+    assert rep["dropped_tensors"] == [] and rep["counts"]["exact"] == 3
+
+
+@pytest.mark.parametrize("g", ["0", "-2"])
+def test_group_size_zero_or_negative_is_a_usage_error(tmp_path, g):
+    make_checkpoint(tmp_path / "m", "gptq_v2", 4, 128, True)
+    with pytest.raises(UsageError, match=f"--group-size {g} is not a group size"):
+        invoke(tmp_path / "m", "--to", "ct", "--group-size", g, "--dry-run")

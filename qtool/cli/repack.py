@@ -60,6 +60,12 @@ def repack_cmd(
                                                    show_default=False)] = None,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
+    keep: Annotated[list[str] | None, typer.Option(
+        "--keep", help="Regex of tensor names to carry unchanged beside a converted module although its layout "
+                       "does not read them (e.g. '\\.rot$'; repeatable).")] = None,
+    drop: Annotated[list[str] | None, typer.Option(
+        "--drop", help="Regex of tensor names to discard from converted modules whose layout does not read them "
+                       "(repeatable; the plan lists each one).")] = None,
     max_shard_size: MaxShardOpt = "4GB",
     force: ForceOpt = False,
     dry_run: DryRunOpt = False,
@@ -77,7 +83,7 @@ def repack_cmd(
         raise UsageError("missing --to", fix=f"choose a target layout: {TARGETS}")
     job = RepackJob(src=v["src"], to=v["to"], out=v["out"], allow_lossy=v["allow_lossy"], bits=v["bits"],
                     group_size=v["group_size"], include=tuple(v["include"] or ()), exclude=tuple(v["exclude"] or ()),
-                    dry_run=v["dry_run"], force=v["force"], max_shard_size=v["max_shard_size"])
+                    keep=tuple(v["keep"] or ()), drop=tuple(v["drop"] or ()), dry_run=v["dry_run"], force=v["force"], max_shard_size=v["max_shard_size"])
     human = stderr_console() if v["json_"] else stdout_console()
     try:
         with progress(v["quiet"] or v["json_"]) as bar:

@@ -38,6 +38,8 @@ MAX_DIMS = 4                    # GGML_MAX_DIMS
 MAX_TENSORS = 10_000_000
 MAX_KV = 1_000_000
 MAX_ARRAY_NESTING = 4
+MAX_ELEMENTS = (1 << 63) - 1    # ggml counts elements in int64
+MAX_REPORTED = 5                # problems of one kind listed one by one; the rest are counted
 # Arrays longer than this are summarised (count, item type, byte size, a short preview).
 ARRAY_INLINE_LIMIT = 64
 ARRAY_PREVIEW = 5
@@ -170,6 +172,8 @@ class GGUFHeader:
     """What one .gguf file's header says, plus what was wrong with it.
 
     complete: the header parsed to its end (metadata and whole tensor directory).
+    kv_spans: key -> (start, end) byte offsets of its whole record (key, value type, value) in the file, for
+              copying metadata without materialising it (a repack carries them byte for byte).
     problems: (severity, tensor name or None, message) found while parsing; never raised.
     """
 
@@ -181,6 +185,7 @@ class GGUFHeader:
     kv_count: int
     kv: dict[str, Any] = field(default_factory=dict)
     kv_types: dict[str, str] = field(default_factory=dict)
+    kv_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     tensors: list[GGUFTensor] = field(default_factory=list)
     alignment: int = DEFAULT_ALIGNMENT
     data_start: int | None = None
@@ -264,6 +269,7 @@ class _Parser:
         self.size = size
         self.o = order
         self.pos = 0
+        self.bad_utf8: list[str] = []  # what held bytes that are not UTF-8 (decoded with U+FFFD for display)
         self._u32 = struct.Struct(order + "I").unpack_from
         self._u64 = struct.Struct(order + "Q").unpack_from
         self._scalar = {k: struct.Struct(order + c) for k, (_, c) in _VTYPES.items() if c}
@@ -287,9 +293,13 @@ class _Parser:
     def string(self, what: str) -> str:
         n = self.u64(what + " length")
         self.need(n, what)
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
-        return s
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.bad_utf8.append(what)
+            return raw.decode("utf-8", errors="replace")
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype == _STRING:
@@ -355,7 +365,30 @@ class _Parser:
         return ArraySummary(item_type=iname, count=count, nbytes=self.pos - start, preview=tuple(items[:ARRAY_PREVIEW]))
 
 
+_CACHE: dict[tuple, GGUFHeader] = {}
+_CACHE_SIZE = 4
+
+
 def read_gguf_header(path: str | Path) -> GGUFHeader:
+    """Parse one .gguf file's header (the last few parsed are reused while the file's identity, size and
+    modification time are unchanged: a repack reads the header once for inspection and once to convert)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if st is not None else None
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    h = _read_gguf_header(path)
+    if key is not None:
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = h
+    return h
+
+
+def _read_gguf_header(path: str | Path) -> GGUFHeader:
     """Parse one .gguf file's header. Raises InputError only when the file is not GGUF at all
     (missing, too short for the fixed header, wrong magic, unsupported version); everything else
     (truncation, corrupt lengths, unaligned or overlapping tensors) lands in `header.problems`."""
@@ -399,12 +432,20 @@ def _parse(path: Path, mm, size: int) -> GGUFHeader:
     entries: list[tuple[str, tuple[int, ...], int, int]] = []
     try:
         for i in range(n_kv):
+            start = p.pos
             key = p.string(f"metadata key {i}")
             vtype = p.u32(f"type of '{key}'")
             if vtype not in _VTYPES:
                 raise _Cut(f"metadata '{key}': unknown value type {vtype}")
-            h.kv[key] = p.value(vtype, f"metadata '{key}'")
+            value = p.value(vtype, f"metadata '{key}'")
+            if key in h.kv:
+                # llama.cpp refuses the file; which value a reader keeps is undefined
+                h.problems.append(("error", None, f"metadata key '{key}' appears twice (records at offsets "
+                                                  f"{h.kv_spans[key][0]} and {start}); the second is ignored"))
+                continue
+            h.kv[key] = value
             h.kv_types[key] = _VTYPES[vtype][0]
+            h.kv_spans[key] = (start, p.pos)
         align = h.kv.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
             h.problems.append(("error", None, f"general.alignment {align!r} is not a power of two; using 32"))
@@ -422,6 +463,10 @@ def _parse(path: Path, mm, size: int) -> GGUFHeader:
         h.complete = True
     except _Cut as e:
         h.problems.append(("error", None, f"header: {e}"))
+    for what in p.bad_utf8[:MAX_REPORTED]:
+        h.problems.append(("error", None, f"{what} is not valid UTF-8 (GGUF strings are UTF-8)"))
+    if len(p.bad_utf8) > MAX_REPORTED:
+        h.problems.append(("error", None, f"{len(p.bad_utf8) - MAX_REPORTED} more strings are not valid UTF-8"))
     h.header_end = p.pos
     if h.complete:
         h.data_start = -(-p.pos // h.alignment) * h.alignment
@@ -438,9 +483,17 @@ def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int,
         for d in dims:
             n *= d
         nbytes = None
-        if blk is None:
+        if not dims or 0 in dims:
+            # no model tensor is a scalar or empty, and both break every consumer that tiles rows into blocks
+            what = "0 dimensions" if not dims else f"a zero dimension (ne = {list(dims)})"
+            h.problems.append(("error", name, f"tensor has {what}; GGUF weights have 1 to {MAX_DIMS} non-zero "
+                                              "dimensions"))
+        elif n > MAX_ELEMENTS:
+            h.problems.append(("error", name, f"dimensions {list(dims)} hold {n} elements, more than ggml's "
+                                              f"int64 element count allows"))
+        elif blk is None:
             h.problems.append(("error", name, f"unknown tensor type id {type_id}"))
-        elif dims and dims[0] % blk[0]:
+        elif dims[0] % blk[0]:
             h.problems.append(("error", name, f"row size {dims[0]} is not a multiple of the "
                                               f"{qtype_name(type_id)} block size ({blk[0]})"))
         else:

@@ -6,19 +6,25 @@ Names: llama.cpp looks tensors up by its own names (`blk.0.attn_q.weight`). When
 (GGUF `general.architecture`, or config.json `model_type` / `architectures`), Hugging Face names are mapped
 with `gguf.get_tensor_name_map(arch, n_blocks)`; names the map does not know are kept as they are.
 
-Metadata: a GGUF source's keys are carried over (minus the ones this writer owns: architecture, file type,
-quantization version, split and alignment keys); a Hugging Face source contributes `general.name` and the
-hyperparameters llama.cpp reads under `<arch>.*` where config.json has them.
+Metadata: a GGUF source's records are carried by their bytes, in their order (qtool.io.gguf_reader records
+where each one lies), never decoded into Python objects: a 2,000,000-entry vocabulary costs a copy, not
+2,000,000 objects; a big-endian source's records are re-encoded little-endian. The keys this writer owns
+(architecture, file type, quantization version) are written in place of the source's; split keys and the
+alignment are not carried. A Hugging Face source contributes `general.name` and the hyperparameters llama.cpp
+reads under `<arch>.*` where config.json has them. The file itself is laid out here (header, records, tensor
+directory, aligned data) because the gguf package's GGUFWriter takes metadata only as Python values; key
+names and types still come from it.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qtool.errors import OutputError
+from qtool.errors import InputError, OutputError
 
 MAX_NAME = 63  # GGML_MAX_NAME (64) minus the terminating NUL
 _OWNED_KEYS = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
@@ -81,99 +87,204 @@ def name_mapper(arch: str | None, n_blocks: int | None) -> Callable[[str], str]:
     return mapped
 
 
-def hparams_from_config(config: dict | None) -> list[tuple[str, Any]]:
-    """[(GGUFWriter method, value)] for the hyperparameters config.json has."""
+_FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})  # float32 in GGUF; the rest uint32
+MAX_F32 = 3.4028234663852886e38
+
+
+def hparams_from_config(config: dict | None, path: Path | None = None) -> list[tuple[str, Any]]:
+    """[(GGUFWriter method, value)] for the hyperparameters config.json has. A value GGUF's type cannot hold
+    (a count outside uint32, a float outside float32) is an input error naming the key."""
+    import math
+
     out = []
     if not config:
         return out
-    for key, method in _HPARAMS:
+    for key, method in (*_HPARAMS, ("num_hidden_layers", "add_block_count")):
         v = config.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out.append((method, v))
-    if isinstance(config.get("num_hidden_layers"), int):
-        out.append(("add_block_count", config["num_hidden_layers"]))
-    return out
-
-
-def carried_fields(path: Path) -> list[tuple[str, Any, Any, Any]]:
-    """(key, value, value type, array item type) of a GGUF file's metadata, minus writer-owned keys.
-    Uses gguf.GGUFReader (it materialises arrays such as a tokenizer vocabulary, which we must copy)."""
-    import gguf
-
-    r = gguf.GGUFReader(path)
-    out = []
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key.startswith("split.") or key in _OWNED_KEYS or not f.types:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.types) > 2:
-            continue  # nested arrays: GGUFWriter cannot write them back faithfully
-        out.append((key, f.contents(), vtype, sub))
+        if key in _FLOAT_HPARAMS:
+            ok = math.isfinite(v) and abs(v) <= MAX_F32
+        else:
+            ok = isinstance(v, int) and 0 <= v < 1 << 32
+        if not ok:
+            kind = "a finite float32" if key in _FLOAT_HPARAMS else "an integer in [0, 2^32)"
+            raise InputError(f"config.json {key} = {v!r} is not {kind}, which GGUF stores it as", path=path,
+                             fix="correct config.json")
+        out.append((method, v))
     return out
 
 
-def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Iterable,
-               file_type: int | None = None, kv: list[tuple[str, Any, Any, Any]] | None = None,
-               hparams: list[tuple[str, Any]] | None = None, name: str | None = None) -> None:
-    """Write `tensors` (specs, in order) whose data arrays `data` yields in the same order.
+@dataclass(frozen=True)
+class CarriedKV:
+    """One metadata record of a source GGUF, carried by its bytes: [start, end) in `file` holds the whole
+    record (key, value type, value) in the file's byte order."""
 
-    data items: numpy arrays; quantized types as uint8 [O, row_bytes], float types in their dtype (BF16 as
-    uint8 bytes). kv: carried (key, value, type, item type); hparams: (GGUFWriter method, value).
-    """
+    key: str
+    file: Path
+    start: int
+    end: int
+    big_endian: bool = False
+
+
+def carried_kv(header) -> list[CarriedKV]:
+    """A GGUF header's metadata records (qtool.io.gguf_reader.GGUFHeader, its kv_spans) in file order, minus the
+    split keys (the output is one file) and the alignment (the output uses the default)."""
+    big = header.byte_order == "big"
+    return [CarriedKV(k, header.path, a, b, big) for k, (a, b) in header.kv_spans.items()
+            if not k.startswith("split.") and k != "general.alignment"]
+
+
+def _owned_kv(arch: str, name: str | None, hparams: list[tuple[str, Any]], file_type: int | None) -> dict:
+    """{key: (value type id, value)} of the keys this writer sets, named and typed by the gguf package's
+    GGUFWriter methods (a writer without a file only collects them)."""
     import gguf
-    import numpy as np
 
-    for t in tensors:
-        if len(t.name) > MAX_NAME:
-            raise OutputError(f"GGUF tensor name '{t.name}' is {len(t.name)} characters; GGUF allows {MAX_NAME}",
-                              path=path, fix="the architecture's name map does not cover it; --exclude it")
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(None, arch)
     if name:
         w.add_name(name)
-    for key, value, vtype, sub in kv or []:
-        if key == "general.name" and name:
-            continue
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    for method, value in hparams or []:
+    for method, value in hparams:
         getattr(w, method)(value)
     if file_type is not None:
         w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    return {k: (int(v.type), v.value) for k, v in w.kv_data[0].items()}
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _gstr(s: str | bytes) -> bytes:
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def _encode_kv(key: str, vtype: int, value: Any) -> bytes:
+    """One little-endian metadata record of a scalar or string value."""
+    if vtype == _STRING:
+        return _gstr(key) + struct.pack("<I", vtype) + _gstr(value)
+    return _gstr(key) + struct.pack("<I", vtype) + struct.pack("<" + _SCALAR[vtype], value)
+
+
+class _BigToLittle:
+    """Re-encodes one big-endian metadata record little-endian: every length, count and number byte-swapped,
+    string bytes unchanged. Numeric arrays are swapped as one numpy block."""
+
+    def __init__(self, buf: bytes):
+        self.buf, self.pos, self.out = buf, 0, bytearray()
+
+    def _take(self, code: str) -> int:
+        v = struct.unpack_from(">" + code, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(code)
+        self.out += struct.pack("<" + code, v)
+        return v
+
+    def _string(self) -> None:
+        n = self._take("Q")
+        self.out += self.buf[self.pos:self.pos + n]
+        self.pos += n
+
+    def _value(self, vtype: int) -> None:
+        if vtype == _STRING:
+            self._string()
+        elif vtype == _ARRAY:
+            import numpy as np
+
+            itype = self._take("I")
+            count = self._take("Q")
+            if itype in _SCALAR:
+                dt = np.dtype(">" + _SCALAR[itype])
+                block = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
+                self.out += block.astype(dt.newbyteorder("<")).tobytes()
+                self.pos += count * dt.itemsize
+            else:
+                for _ in range(count):
+                    self._value(itype)
+        else:
+            self._take(_SCALAR[vtype])
+
+    def record(self) -> bytes:
+        self._string()
+        self._value(self._take("I"))
+        return bytes(self.out)
+
+
+def _copy_record(out, rec: CarriedKV, chunk: int = 8 << 20) -> None:
+    """Write one carried record: its bytes as they are (little-endian source), or re-encoded (big-endian)."""
+    with open(rec.file, "rb") as f:
+        if rec.big_endian:
+            f.seek(rec.start)
+            out.write(_BigToLittle(f.read(rec.end - rec.start)).record())
+            return
+        pos = rec.start
+        while pos < rec.end:
+            f.seek(pos)
+            piece = f.read(min(chunk, rec.end - pos))
+            if not piece:
+                raise OutputError(f"metadata '{rec.key}' ends before its recorded end (the source changed while "
+                                  "being read)", path=rec.file)
+            out.write(piece)
+            pos += len(piece)
+
+
+def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Iterable,
+               file_type: int | None = None, kv: list[CarriedKV] | None = None,
+               hparams: list[tuple[str, Any]] | None = None, name: str | None = None) -> None:
+    """Write `tensors` (specs, in order) whose data arrays `data` yields in the same order; GGUF v3,
+    little-endian, default alignment.
+
+    data items: numpy arrays; quantized types as uint8 [O, row_bytes], float types in their dtype (BF16 as
+    uint8 bytes). kv: records carried from a source GGUF, copied byte for byte in their order; the keys this
+    writer owns (architecture, file type, quantization version; general.name when `name` is given) take the
+    place of the source's record where it has one, else come first. hparams: (GGUFWriter method, value).
+    """
+    import gguf
+
+    for t in tensors:
+        if len(t.name.encode("utf-8")) > MAX_NAME:
+            raise OutputError(f"GGUF tensor name '{t.name}' is {len(t.name)} characters; GGUF allows {MAX_NAME}",
+                              path=path, fix="the architecture's name map does not cover it; --exclude it")
+    owned = _owned_kv(arch, name, hparams or [], file_type)
+    records: list = []
+    for rec in kv or []:
+        if rec.key in owned:
+            records.append((rec.key, *owned.pop(rec.key)))
+        else:
+            records.append(rec)
+    records = [(k, *tv) for k, tv in owned.items()] + records
+    align = gguf.GGUF_DEFAULT_ALIGNMENT
+    try:
+        with open(path, "wb", buffering=1 << 20) as out:
+            _write_body(out, path, tensors, data, records, align)
+    except OSError as e:  # a full disk, a quota, an I/O error: the caller removes the partial file
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        raise OutputError(f"cannot write the GGUF file: {e.strerror or e}{where}", path=path,
+                          fix="free space on the destination's file system or choose another -o") from None
+
+
+def _write_body(out, path: Path, tensors: list[GGUFTensorSpec], data: Iterable, records: list, align: int) -> None:
+    import gguf
+    import numpy as np
+
+    out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(records)))
+    for rec in records:
+        if isinstance(rec, CarriedKV):
+            _copy_record(out, rec)
+        else:
+            out.write(_encode_kv(*rec))
+    offset = 0
     for t in tensors:
         qt = gguf.GGMLQuantizationType[t.type_name]
-        block, type_size = gguf.GGML_QUANT_SIZES[qt]
-        byte_shape = (*t.shape[:-1], t.shape[-1] // block * type_size)
-        w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
+        ne = tuple(reversed(t.shape))
+        out.write(_gstr(t.name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+                  + struct.pack("<IQ", int(qt), offset))
+        offset += -(-t.nbytes // align) * align
+    out.write(b"\0" * (-out.tell() % align))
     for t, arr in zip(tensors, data, strict=True):
         a = np.ascontiguousarray(arr)
         if a.nbytes != t.nbytes:
             raise OutputError(f"tensor '{t.name}' has {a.nbytes} bytes, its directory entry says {t.nbytes}",
                               path=path)
-        try:
-            w.write_tensor_data(a.reshape(-1).view(np.uint8))
-        except OSError as e:
-            if e.errno is not None:
-                raise
-            raise _short_write(path, a.nbytes) from None
-    w.close()
-
-
-def _short_write(path: Path, nbytes: int) -> OSError:
-    """The OSError a short write should have been. GGUFWriter writes data with ndarray.tofile, whose error
-    for a short write ("N requested and M written") carries no errno, so the output's writer cannot tell a
-    full disk from a bug: EFBIG when the process's file-size limit explains it, ENOSPC otherwise."""
-    import errno
-    import os
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0
-    code = errno.EFBIG if soft != resource.RLIM_INFINITY and size + nbytes > soft else errno.ENOSPC
-    return OSError(code, os.strerror(code), str(path))
+        out.write(a.reshape(-1).view(np.uint8).data)
+        out.write(b"\0" * (-t.nbytes % align))

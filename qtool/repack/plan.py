@@ -7,8 +7,16 @@ Kinds (ModulePlan.kind):
                 how much
     lossy       the target cannot hold this quantization; converting means dequantize + requantize
                 (only with --allow-lossy; the error is measured when it runs)
-    impossible  not even requantization helps (shapes the target cannot tile, a source qtool cannot read)
+    dropped     converted exactly or near-exactly, but tensors of the module that its layout does not read
+                were discarded because --drop named them: the output equals the source only where they did
+                not matter (the plan lists them)
+    impossible  not even requantization helps (shapes the target cannot tile, a source qtool cannot read), or
+                the module holds a tensor its layout does not read that neither --keep nor --drop names
     keep        not selected by --include/--exclude: copied in the source layout, unchanged
+
+Tensors a module's layout does not read (SourceModule.extra: a rotation, a smoothing vector) are never lost
+silently: a module copied unchanged (same layout, or not selected) carries them; a converted module carries
+those --keep names, discards those --drop names (listed in ModulePlan.dropped), and is refused otherwise.
 
 How a verdict is reached (ModulePlan.decided_by):
     "header"  from the header and config facts (bits, group size, sym, act-order, shape) by asking the target
@@ -38,7 +46,9 @@ from qtool.errors import UsageError
 from qtool.formats.base import Format
 from qtool.formats.plain import Plain
 
-KINDS = ("exact", "near-exact", "lossy", "impossible", "keep")
+KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
+# a regex flag longer than this is refused: patterns are matched against every tensor name of the checkpoint
+MAX_REGEX = 1000
 GGUF_TARGETS = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
 TARGET_ALIASES = {"q4_0": "gguf_q4_0", "q4_1": "gguf_q4_1", "q8_0": "gguf_q8_0", "compressed-tensors": "ct",
                   "compressed_tensors": "ct", "gptq_v1": "gptq", "awq_gemm": "awq"}
@@ -68,6 +78,20 @@ class RepackJob:
     force: bool = False
     max_shard_size: str = "4GB"
     method: str = "rtn"
+    keep: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Usage errors that need no file: flag values out of range."""
+        if self.group_size is not None and self.group_size != -1 and self.group_size <= 0:
+            raise UsageError(f"--group-size {self.group_size} is not a group size",
+                             fix="pass a positive number of inputs per group, or -1 for one group per row")
+        if self.bits is not None and self.bits <= 0:
+            raise UsageError(f"--bits {self.bits} is not a code width", fix="pass a positive number of bits")
+        for flag, regexes in (("--include", self.include), ("--exclude", self.exclude), ("--keep", self.keep),
+                              ("--drop", self.drop)):
+            for r in regexes:
+                _compile(r, flag)
 
 
 @dataclass
@@ -100,10 +124,17 @@ class ModulePlan:
     max_error: float | None = None
     rel_error: float | None = None
     target_meta: dict | None = None
+    carried: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
     @property
     def converts(self) -> bool:
-        return self.kind in ("exact", "near-exact", "lossy")
+        return self.kind in ("exact", "near-exact", "dropped", "lossy")
+
+    @property
+    def relayout(self) -> bool:
+        """Converted without requantizing (the layout's values move exactly, or with fp16 rounding only)."""
+        return self.kind in ("exact", "near-exact") or (self.kind == "dropped" and "requantize" not in self.steps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -121,6 +152,11 @@ class RepackPlan:
     source_format: str
     container: str
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> set[str]:
+        """Full names of the tensors --drop discards: written nowhere."""
+        return {n for m in self.modules for n in m.dropped}
 
     def counts(self) -> dict[str, int]:
         c = {k: 0 for k in KINDS}
@@ -149,6 +185,9 @@ class RepackPlan:
 
     def refusal_fix(self) -> str:
         bad = self.blocking()
+        if any(m.kind == "impossible" and m.reasons and m.reasons[0].startswith(UNREAD) for m in bad):
+            return ("--keep REGEX carries such tensors unchanged beside the converted layout (only if the target's "
+                    "readers apply them), --drop REGEX discards them (the plan lists them); or --exclude the module")
         if any(m.kind == "lossy" for m in bad) and not any(m.kind == "impossible" for m in bad):
             return "pass --allow-lossy to requantize them (the error is reported), or --exclude them"
         return "--exclude those modules or choose another --to" + (
@@ -157,6 +196,7 @@ class RepackPlan:
     def to_dict(self) -> dict:
         return {"target": self.target, "out": str(self.out), "source_format": self.source_format,
                 "container": self.container, "counts": self.counts(), "passthrough_tensors": self.passthrough,
+                "dropped_tensors": sorted(self.dropped),
                 "warnings": list(self.warnings), "modules": [m.to_dict() for m in self.modules]}
 
 
@@ -204,6 +244,9 @@ stand_in = Plain.stand_in
 
 # --- the planner ---------------------------------------------------------------------------------------------
 def _compile(regex: str, flag: str) -> re.Pattern:
+    if len(regex) > MAX_REGEX:
+        raise UsageError(f"{flag} pattern is {len(regex)} characters; at most {MAX_REGEX} are accepted",
+                         fix="shorten the regular expression")
     try:
         return re.compile(regex)
     except re.error as e:
@@ -233,8 +276,11 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
                          "block, the type's own code width)", fix="drop --bits/--group-size")
     if job.bits is not None and job.bits not in dst.spec.bits:
         raise UsageError(f"{target} holds {', '.join(map(str, dst.spec.bits))}-bit codes, not --bits {job.bits}")
+    job.validate()
     incl = [_compile(r, "--include") for r in job.include]
     excl = [_compile(r, "--exclude") for r in job.exclude]
+    keep = [_compile(r, "--keep") for r in job.keep]
+    drop = [_compile(r, "--drop") for r in job.drop]
     known = all_formats()
     plans = []
     for m in source.modules:
@@ -248,17 +294,59 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
             mp.reasons.append(f"qtool cannot read '{m.format}' modules")
         else:
             _decide(source, m, mp, dst, job, known)
+        _resolve_unread(m, mp, keep, drop)
         plans.append(mp)
     out = Path(job.out) if job.out else default_out(job.src, target)
     fmts = sorted({m.format for m in source.modules})
     warnings = list(source.warnings)
+    for flag, regexes, got in (("--keep", keep, [n for p in plans for n in p.carried]),
+                               ("--drop", drop, [n for p in plans for n in p.dropped])):
+        for r in regexes:
+            if not any(r.search(n) for n in got):
+                warnings.append(f"{flag} '{r.pattern}' names no tensor that a converted module's layout leaves "
+                                "unread; it changed nothing")
     kept = [m for m in plans if m.kind == "keep"]
     if kept and target not in GGUF_TARGETS:
         layouts = ", ".join(sorted({m.src_format for m in kept}))
         warnings.append(f"{len(kept)} module(s) kept in their source layout ({layouts}); the {target} config "
                         "written does not describe them")
-    return RepackPlan(job, target, out, plans, len(source.passthrough), ",".join(fmts) or "none",
+    dropped = {n for p in plans for n in p.dropped}
+    return RepackPlan(job, target, out, plans, len(source.passthrough) - len(dropped), ",".join(fmts) or "none",
                       source.container, warnings)
+
+
+UNREAD = "holds tensors its layout does not read"
+
+
+def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pattern]) -> None:
+    """Carry, drop or refuse the module's tensors that its source layout does not read (see the docstring)."""
+    extra = getattr(m, "extra", None) or []
+    if not extra or mp.kind in ("keep", "impossible") or mp.copy:
+        mp.carried = list(extra)  # copied unchanged beside an unchanged layout (or nothing is written)
+        return
+    unresolved = []
+    for name in extra:
+        k, d = any(r.search(name) for r in keep), any(r.search(name) for r in drop)
+        if k and d:
+            raise UsageError(f"tensor '{name}' matches both --keep and --drop", fix="narrow one of the patterns")
+        if k:
+            mp.carried.append(name)
+        elif d:
+            mp.dropped.append(name)
+        else:
+            unresolved.append(name)
+    if unresolved:
+        names = ", ".join(f"'{n}'" for n in unresolved[:3]) + (f" and {len(unresolved) - 3} more"
+                                                              if len(unresolved) > 3 else "")
+        mp.kind, mp.copy = "impossible", False
+        mp.reasons = [f"{UNREAD} ({names}): converting to {mp.dst_format} would lose them"]
+        return
+    if mp.dropped:
+        mp.reasons.append("--drop discarded " + ", ".join(mp.dropped))
+        if mp.kind in ("exact", "near-exact"):
+            mp.kind = "dropped"
+    if mp.carried:
+        mp.reasons.append("--keep carried unchanged: " + ", ".join(mp.carried))
 
 
 def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qtool.report.common import human_bytes
 
-_STYLE = {"exact": "green", "near-exact": "cyan", "lossy": "yellow", "impossible": "red", "keep": "dim"}
+_STYLE = {"exact": "green", "near-exact": "cyan", "dropped": "magenta", "lossy": "yellow", "impossible": "red", "keep": "dim"}
 
 
 def _err(m) -> str:
@@ -57,6 +57,9 @@ def render(report, console, *, refused: bool = False) -> None:
     c = plan.counts()
     summary = ", ".join(f"{n} {k}" for k, n in c.items() if n)
     console.print(f"{len(plan.modules)} modules: {summary}; {plan.passthrough} other tensors copied byte for byte")
+    lost = sorted(plan.dropped)
+    if lost:
+        console.print(f"dropped by --drop ({len(lost)} tensors, written nowhere): {sanitize(', '.join(lost))}")
     for w in plan.warnings:
         console.print(f"warning: {sanitize(w)}")
     if plan.job.dry_run:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qtool.errors import FormatError, NotRepresentable, UsageError
+from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
 from qtool.repack.plan import GGUF_TARGETS, ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 
 GGUF_TYPE = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
@@ -71,6 +71,7 @@ def plan_repack(job: RepackJob):
     """(source, plan) without writing anything."""
     from qtool.repack.source import open_source
 
+    job.validate()
     source = open_source(job.src)
     if not source.modules:
         raise UsageError("no quantized modules to convert", path=job.src,
@@ -163,7 +164,7 @@ class ModuleConverter:
         packed weight size (a direct path's output without padding has as many) when a direct path that
         takes `out` applies and the weight is large; else 0."""
         fn = self.fast.get((m.format, self.dst.spec.id))
-        if fn is None or mp.kind not in ("exact", "near-exact") or mp.steps or not _takes_out(fn) \
+        if fn is None or not mp.relayout or mp.steps or not _takes_out(fn) \
                 or self.source.container == "gguf" or "qweight" not in m.layout:
             return 0
         nbytes = self.source.tensor_nbytes(m.layout["qweight"])
@@ -174,7 +175,7 @@ class ModuleConverter:
 
         scratch: optional reusable int32 buffer that a direct path may write its packed weight into (the
         result then views it: the caller must not reuse it before the result is written)."""
-        if mp.kind in ("exact", "near-exact") and not mp.steps:
+        if mp.relayout and not mp.steps:
             fn = self.fast.get((m.format, self.dst.spec.id))
             if fn is not None:
                 kw = {"out": scratch} if scratch is not None and _takes_out(fn) else {}
@@ -182,7 +183,7 @@ class ModuleConverter:
                 if out is not None:
                     mp.fast = True
                     return out
-        if mp.kind in ("exact", "near-exact"):
+        if mp.relayout:
             return self._relayout(m, mp, self.source_plain(m))
         try:
             plain = None if m.format.startswith("gguf:") else self.source_plain(m)
@@ -316,6 +317,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     by_first, skip = _module_order(source)
     plans = {m.module: m for m in plan.modules}
     total = len(source.order)
+    dropped = plan.dropped
     pool = ScratchPool()
     replacing = plan.out.exists() or plan.out.is_symlink()  # then the output is fsynced before the swap
     with atomic_output(plan.out, plan.job.force) as tmp:
@@ -329,7 +331,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                     on_progress(name, k, total)
                 m = by_first.get(name)
                 if m is None:
-                    if name in skip:
+                    if name in skip or name in dropped:
                         continue
                     if source.container == "gguf":
                         w.add(name, source.get(name) if source.tensor_info(name).type_name in ("F32", "F16",
@@ -460,7 +462,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     from qtool.formats.gguf_blocks import BLOCKS
     from qtool.io.gguf_writer import (
         GGUFTensorSpec,
-        carried_fields,
+        carried_kv,
         hparams_from_config,
         name_mapper,
         resolve_arch,
@@ -470,21 +472,19 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
 
     gguf_src = source.container == "gguf"
     arch = resolve_arch(source.config, source.architecture if gguf_src else None)
-    n_blocks = None
-    if source.config and isinstance(source.config.get("num_hidden_layers"), int):
-        n_blocks = source.config["num_hidden_layers"]
-    elif gguf_src and arch and isinstance(source.metadata.get(f"{arch}.block_count"), int):
-        n_blocks = source.metadata[f"{arch}.block_count"]
-    mapped = name_mapper(arch, n_blocks or _guess_blocks(source.order))
+    # GGUF names stay as they are; Hugging Face names are mapped for the blocks their tensors number (a
+    # block count claimed by a file never sizes the map)
+    mapped = (lambda n: n) if gguf_src else name_mapper(arch, blocks_present(source.order, source.path))
     by_first, skip = _module_order(source)
     plans = {m.module: m for m in plan.modules}
     nbytes_blk, _, tname = BLOCKS[plan.target]
     specs, jobs = [], []
+    dropped = plan.dropped
     _ST_GGML = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I32": "I32", "I64": "I64", "I8": "I8", "I16": "I16"}
     for name in source.order:
         m = by_first.get(name)
         if m is None:
-            if name in skip:
+            if name in skip or name in dropped:
                 continue
             info = source.tensor_info(name)
             if gguf_src:
@@ -527,13 +527,9 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             else:
                 yield conv.convert(a, mp)["weight"].numpy()
 
-    kv = carried_fields(source.path if source.path.is_file() else next(iter(source._gguf.values())).file) \
-        if gguf_src else []
-    hp = [] if gguf_src else hparams_from_config(source.config)
+    kv = carried_kv(source.gguf_header) if gguf_src else []
+    hp = [] if gguf_src else hparams_from_config(source.config, source.root)
     name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
-    for key, _value, _t, _s in kv:
-        if key == "general.name":
-            name = None
     with atomic_output(plan.out, plan.job.force, directory=False, need_bytes=sum(s.nbytes for s in specs)) as tmp:
         write_gguf(tmp, arch or "unknown", specs, data(), GGUF_FILE_TYPE[plan.target], kv,
                    [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
@@ -543,6 +539,20 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         on_progress("", len(jobs), len(jobs))
 
 
-def _guess_blocks(names: list[str]) -> int:
-    nums = [int(x) for n in names for x in re.findall(r"\.(\d+)\.", n)]
-    return max(nums) + 1 if nums else 0
+# gguf.get_tensor_name_map's cost grows with the block count (~3 s for 1000): the largest models have ~130
+MAX_BLOCKS = 1024
+_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def blocks_present(names: list[str], path=None) -> int:
+    """1 + the largest block number the tensor names hold (0 when none); an InputError past MAX_BLOCKS."""
+    top = -1
+    for n in names:
+        for x in _INDEX.findall(n):
+            if len(x) > 6 or int(x) >= MAX_BLOCKS:
+                raise InputError(f"tensor name numbers block {x[:12]}{'...' if len(x) > 12 else ''}; qtool maps "
+                                 f"names of at most {MAX_BLOCKS} blocks to GGUF", path=path, tensor=n,
+                                 fix="rename the tensors, or convert to a Hugging Face layout instead")
+            top = max(top, int(x))
+    return top + 1
+

@@ -26,6 +26,9 @@ from qtool.formats.base import LayerParams
 GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
+# Short names a source format reads besides its spec's `tensors`: legacy Marlin's B/s, and its `workspace`
+# (the kernel's lock buffer, zeros by construction: no weight data to carry).
+READS_ALSO = {"marlin": frozenset({"B", "s", "workspace"})}
 # qtool's own reports about the source checkpoint: stale for the converted one, so not copied
 QTOOL_REPORTS = frozenset({"report.json", "report.md", "qtool_repack.json"})
 
@@ -37,6 +40,9 @@ class SourceModule:
     format:   qtool format id ("gptq", "ct", "gguf_q4_0", ...) or "gguf:<TYPE>" (dequantize-only GGUF type)
     layout:   {short name: full tensor name} of the packed layout (read, converted)
     others:   full names of the module's other tensors (bias ...); they are in Source.passthrough too
+    extra:    full names of tensors under the module's prefix that its format does not read (a rotation, a
+              smoothing vector, ...): converting without them loses them, so the plan carries them (--keep),
+              discards them (--drop) or refuses the module; they are in Source.passthrough too
     bits / group_size / sym / desc_act / in_features / out_features: what the header and config say (None =
               not known without reading data)
     """
@@ -54,6 +60,7 @@ class SourceModule:
     out_features: int | None
     nbytes: int = 0
     scale_dtype: str | None = None
+    extra: list[str] = field(default_factory=list)
 
     @property
     def shape(self) -> tuple[int, int] | None:
@@ -78,8 +85,10 @@ class Source:
     root: Path | None = None
     other_files: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    gguf_header: Any = None  # the first GGUFHeader of a GGUF source: its metadata records are carried
     _ck: Any = None
     _gguf: dict = field(default_factory=dict)  # name -> GGUFTensor
+    _big: frozenset = frozenset()  # GGUF files whose data is big-endian
 
     # --- facts -----------------------------------------------------------------------------------------
     @property
@@ -148,6 +157,8 @@ class Source:
         for d in t.shape[1:]:
             rows *= d
         raw = read_bytes(t.file, t.start, t.nbytes, name)  # a checked read: a truncated file is an InputError
+        if t.file in self._big:
+            raw = to_little_endian(raw, t.type_name)
         return torch.from_numpy(raw.reshape(rows, t.nbytes // rows))
 
     def gguf_float(self, name: str):
@@ -164,6 +175,26 @@ class Source:
     def close(self) -> None:
         if self._ck is not None:
             self._ck.close()
+
+
+# Big-endian GGUF data, per type: (bytes per unit, [(offset, size) of each multi-byte scalar in a unit]).
+# Float and integer tensors swap every element; Q4_0/Q8_0 blocks swap their fp16 d, Q4_1 its d and m; the
+# 4- and 8-bit codes are single bytes. Other block types hold packed multi-byte fields of their own and are
+# refused rather than guessed.
+SWAPPABLE: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {
+    "F64": (8, ((0, 8),)), "I64": (8, ((0, 8),)), "F32": (4, ((0, 4),)), "I32": (4, ((0, 4),)),
+    "F16": (2, ((0, 2),)), "BF16": (2, ((0, 2),)), "I16": (2, ((0, 2),)), "I8": (1, ()),
+    "Q4_0": (18, ((0, 2),)), "Q8_0": (34, ((0, 2),)), "Q4_1": (20, ((0, 2), (2, 2))),
+}
+
+
+def to_little_endian(raw, type_name: str):
+    """uint8 bytes of a big-endian GGUF tensor -> the same values' little-endian bytes (a new array)."""
+    unit, fields = SWAPPABLE[type_name]
+    out = raw.reshape(-1, unit).copy()
+    for off, size in fields:
+        out[:, off:off + size] = out[:, off:off + size][:, ::-1]
+    return out.reshape(-1)
 
 
 # --- opening -------------------------------------------------------------------------------------------------
@@ -192,6 +223,7 @@ def _anomaly_text(a) -> str:
 
 
 def _open_safetensors(p: Path, report, errors) -> Source:
+    from qtool.formats import all_formats
     from qtool.io.checkpoint import open_checkpoint
 
     ck = open_checkpoint(p)
@@ -199,15 +231,19 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     version = raw.get("version") if raw.get("quant_method") == "compressed-tensors" else None
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
     modules, in_module = [], set()
+    known = all_formats()
     for mr in report.modules:
         if not mr.quantized:
             continue
         pre = f"{mr.name}." if mr.name else ""
-        layout, others = {}, []
+        reads = _reads(known.get(mr.format), mr.format)
+        layout, others, unread = {}, [], []
         for full in mr.tensor_names:
             short = full[len(pre):]
             if short in NOT_LAYOUT:
                 others.append(full)
+            elif reads is not None and short not in reads:
+                unread.append(full)
             else:
                 layout[short] = full
                 in_module.add(full)
@@ -236,7 +272,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             name=mr.name, format=mr.format, layout=layout, others=others,
             params=LayerParams(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
             bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt))
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
     order = list(ck.tensors)
     passthrough = [n for n in order if n not in in_module]
     warnings = [_anomaly_text(a) for a in errors]
@@ -244,6 +280,14 @@ def _open_safetensors(p: Path, report, errors) -> Source:
                   config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
                   other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS], warnings=warnings,
                   _ck=ck)
+
+
+def _reads(fmt, fmt_id: str) -> frozenset[str] | None:
+    """Short names the source format's unpack reads; None when qtool cannot read the format at all (the
+    module is then planned impossible and copied nowhere)."""
+    if fmt is None:
+        return None
+    return frozenset(fmt.spec.tensors) | READS_ALSO.get(fmt_id, frozenset())
 
 
 def _scale_dtype(ck, layout: dict[str, str]) -> str | None:
@@ -266,6 +310,13 @@ def _open_gguf(p: Path, report, errors) -> Source:
         if not t.complete:
             raise InputError("tensor data is missing or truncated", path=t.file, tensor=t.name,
                              fix="re-download the file")
+    big = frozenset(h.path for h in gs.headers if h.byte_order == "big")
+    for t in by_name.values():
+        if t.file in big and t.type_name not in SWAPPABLE:
+            raise InputError(f"big-endian GGUF tensor of type {t.type_name}: qtool converts big-endian "
+                             f"{', '.join(sorted(SWAPPABLE))} tensors only", path=t.file, tensor=t.name,
+                             fix="convert the file to little-endian with gguf-py's gguf_convert_endian.py; "
+                                 "nothing was written")
     modules, in_module = [], set()
     for mr in report.modules:
         if not mr.quantized:
@@ -273,17 +324,18 @@ def _open_gguf(p: Path, report, errors) -> Source:
         pre = f"{mr.name}." if mr.name else ""
         weight = pre + "weight"
         fmt = GGUF_FORMATS.get(mr.format, mr.format)
-        others = [n for n in mr.tensor_names if n != weight]
+        others = [n for n in mr.tensor_names if n[len(pre):] in NOT_LAYOUT]
+        unread = [n for n in mr.tensor_names if n != weight and n not in others]
         exact_src = fmt in GGUF_FORMATS.values()
         modules.append(SourceModule(
             name=mr.name, format=fmt, layout={"weight": weight}, others=others,
             params=LayerParams(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
                                sym=mr.sym, desc_act=False, extra={"gguf_type": by_name[weight].type_name}),
             bits=mr.bits, group_size=mr.group_size, sym=mr.sym, desc_act=False, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16"))
+            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16", extra=unread))
         in_module.add(weight)
     order = list(by_name)
     passthrough = [n for n in order if n not in in_module]
     return Source(path=p, container="gguf", modules=modules, passthrough=passthrough, order=order,
                   metadata=dict(gs.kv), warnings=[_anomaly_text(a) for a in errors], _gguf=by_name,
-                  root=p.parent)
+                  root=p.parent, gguf_header=gs.headers[0], _big=big)
