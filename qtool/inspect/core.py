@@ -10,7 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qtool.inspect.detect import Claims, Detected, claims_from, detect_gguf, detect_module, group_modules
+from qtool.inspect.detect import (
+    Claims,
+    Detected,
+    claims_from,
+    config_claims,
+    detect_gguf,
+    detect_module,
+    disagreements,
+    group_modules,
+    metadata_claims,
+)
 from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow
 
 # Tensors that are part of a module's packed layout; any other tensor of a module (bias) adds parameters.
@@ -128,7 +138,10 @@ def _inspect_safetensors(p: Path):
             qc = parse_quant_config(src.quant_raw, source=src.root / (src.quant_source or "config"))
         except InputError as e:
             anomalies.append(Anomaly("error", None, f"{src.quant_source}: {e.problem}"))
-    claims = claims_from(qc, src.quant_raw, src.metadata, src.quant_source or "")
+    cfg_file = src.root / ("quantize_config.json" if src.quant_source == "quantize_config.json" else "config.json")
+    said = config_claims(qc, src.quant_raw, src.quant_source or "", path=cfg_file)
+    meta = metadata_claims(src.metadata)
+    claims = claims_from(said, meta)
 
     # Header order is arbitrary (safetensors writers sort by dtype or registration); show a natural order.
     sigs = {n: (src.tensors[n].dtype, src.tensors[n].shape) for n in sorted(src.tensors, key=natural_key)}
@@ -154,6 +167,7 @@ def _inspect_safetensors(p: Path):
         notes += [(sev, prefix, msg) for sev, msg in d.notes]
     anomalies += _merge_notes(notes)
     anomalies += _file_level(claims, modules, src)
+    anomalies += _source_level(said, meta)
 
     rows = [TensorRow(n, src.tensors[n].dtype, src.tensors[n].shape, src.tensors[n].nbytes, src.tensors[n].file.name,
                       n not in src.incomplete, module_of.get(n)) for n in sigs]
@@ -162,22 +176,51 @@ def _inspect_safetensors(p: Path):
     if extra_meta:
         metadata["__metadata__"] = extra_meta
     info = {}
-    if src.quant_source and claims is not None:
-        said = [f"{k} {v}" for k, v in (("quant_method", claims.quant_method), ("format", claims.format),
-                                        ("bits", claims.bits), ("group_size", claims.group_size),
-                                        ("sym", claims.sym), ("desc_act", claims.desc_act)) if v is not None]
-        src_line = f"{src.quant_source}: " + ", ".join(said)
-    elif claims is not None:
-        src_line = f"{claims.source}: format {claims.format}"
-    else:
-        src_line = None
+    sources = [_source_dict(c, engines=c is said) for c in (said, meta) if c is not None]
+    metadata["qtool.sources"] = sources
     report = InspectReport(
         path=str(p), container="safetensors", format="", modules=modules, tensor_count=len(src.tensors),
         bytes_total=sum(t.nbytes for t in src.tensors.values()), bpw=None, metadata=metadata,
         anomalies=anomalies, files=[str(f) for f in src.files], tensors=rows,
         other_bytes_params=(other_bytes, other_params), config_source=src.quant_source, info=info)
-    report.info_tail = {"config": src_line} if src_line else {}
+    tail = {"config": _says(said) if said is not None else "none"}
+    if meta is not None:
+        tail["qtool metadata"] = _says(meta)
+    tail["engines read"] = (f"{said.source} (transformers, vLLM and GPTQModel load from it)" if said is not None
+                            else "no quantization config: engines would load this checkpoint as dense or fail")
+    report.info_tail = tail
     return report, src, claims
+
+
+_SAYS = (("quant_method", "quant_method"), ("format", "format"), ("checkpoint_format", "checkpoint_format"),
+         ("bits", "bits"), ("group_size", "group_size"), ("sym", "sym"), ("desc_act", "desc_act"))
+
+
+def _says(c: Claims) -> str:
+    """One source's statement, for the summary: `config.json quantization_config: format gptq, bits 4, ...`."""
+    said = [f"{label} {getattr(c, attr)}" for attr, label in _SAYS if getattr(c, attr) is not None]
+    return f"{c.source}: " + (", ".join(said) or "nothing qtool reads")
+
+
+def _source_dict(c: Claims, engines: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"source": c.source}
+    d.update({attr: getattr(c, attr) for attr, _ in _SAYS})
+    d["read_by_engines"] = engines
+    return d
+
+
+def _source_level(said: Claims | None, meta: Claims | None) -> list[Anomaly]:
+    """Each source of truth for what it says: the config (what engines read) against qtool's metadata."""
+    out = []
+    for label, a, b in disagreements(said, meta):
+        out.append(Anomaly("error", None, f"{said.source} says {label} {a} but qtool's safetensors metadata says "
+                                          f"{b}; engines read only the config and would load it as {label} {a}; "
+                                          f"fix: correct {said.source} (inspect --deep checks the data) or "
+                                          "rewrite the file with qtool"))
+    if said is None and meta is not None:
+        out.append(Anomaly("info", None, f"only qtool's safetensors metadata names the format ({meta.format}); "
+                                         "engines read config.json and find no quantization_config there"))
+    return out
 
 
 def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list[Anomaly]:

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from qtool.io.config_regex import BoundedRegex, compile_config_regex
+
 Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
 
 FLOAT_DTYPES = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64}
@@ -96,73 +98,126 @@ class Claims:
     bnb_blocksize: int | None = None
     marlin_padding: dict[str, list[int]] = field(default_factory=dict)   # module -> [N, K, Np, Kp]
     raw: dict = field(default_factory=dict)
+    path: str | None = None            # the file the claims were read from, for errors
+    regexes: dict[str, BoundedRegex] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def quantized(self) -> bool:
         return self.format is not None or self.quant_method is not None
 
 
-def claims_from(qc: Any, raw: dict | None, metadata: dict[str, str] | None, source: str) -> Claims | None:
-    """Claims from a parsed QuantConfig (qtool.io.qconfig), its raw dict and safetensors __metadata__.
+def config_claims(qc: Any, raw: dict | None, source: str, path: object = None) -> Claims | None:
+    """What a quantization config says: a parsed QuantConfig (qtool.io.qconfig) and its raw dict.
 
-    qtool's own files carry `qtool.format` (and optionally `qtool.bits`, `qtool.group_size`) in the
-    safetensors metadata; that contract wins over a config for the format id (a Marlin checkpoint's config
-    may still describe the GPTQ source).
-    """
-    meta = metadata or {}
-    c = None
-    if qc is not None:
-        c = Claims(format=qc.format, quant_method=qc.quant_method, bits=qc.bits, group_size=qc.group_size,
-                   sym=qc.sym, desc_act=qc.desc_act, checkpoint_format=qc.checkpoint_format, source=source,
-                   raw=dict(raw or {}))
-        r = raw or {}
-        if qc.quant_method == "compressed-tensors":
-            groups = r.get("config_groups") or {}
-            if isinstance(groups, dict):
-                for g in groups.values():
-                    if isinstance(g, dict):
-                        t = g.get("targets") or []
-                        c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
-                                            g.get("weights") if isinstance(g.get("weights"), dict) else {},
-                                            g.get("format")))
-            ig = r.get("ignore") or []
-            c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
-            c.ct_version = str(r["version"]) if r.get("version") is not None else None
-        bs = r.get("weight_block_size")
-        if isinstance(bs, list) and len(bs) == 2 and all(isinstance(x, int) and x > 0 for x in bs):
-            c.block_size = (bs[0], bs[1])
-        if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
-            c.bnb_blocksize = r["bnb_4bit_blocksize"]
-    # qtool's Marlin contract may also be repeated in the config's "qtool" entry.
-    md = dict(meta)
-    q = (raw or {}).get("qtool")
+    Regexes the config carries (GPTQModel `dynamic` keys, compressed-tensors `re:` targets and ignore entries)
+    are compiled here, all of them, so that a pattern qtool will not run is refused even when no module
+    would reach it. The config's own "qtool" entry (qtool's Marlin contract repeated for config readers)
+    belongs to the config."""
+    if qc is None:
+        return None
+    r = raw or {}
+    c = Claims(format=qc.format, quant_method=qc.quant_method, bits=qc.bits, group_size=qc.group_size,
+               sym=qc.sym, desc_act=qc.desc_act, checkpoint_format=qc.checkpoint_format, source=source,
+               raw=dict(r), path=str(path) if path is not None else None)
+    if qc.quant_method == "compressed-tensors":
+        groups = r.get("config_groups") or {}
+        if isinstance(groups, dict):
+            for g in groups.values():
+                if isinstance(g, dict):
+                    t = g.get("targets") or []
+                    c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
+                                        g.get("weights") if isinstance(g.get("weights"), dict) else {},
+                                        g.get("format")))
+        ig = r.get("ignore") or []
+        c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
+        c.ct_version = str(r["version"]) if r.get("version") is not None else None
+        for pat in [t for targets, _w, _f in c.ct_groups for t in targets] + c.ct_ignore:
+            if pat.startswith("re:"):
+                config_regex(c, pat[3:], "compressed-tensors targets/ignore")
+    dyn = r.get("dynamic")
+    if isinstance(dyn, dict):
+        for key in dyn:
+            if isinstance(key, str):
+                config_regex(c, key[2:] if key[:2] in ("+:", "-:") else key, "dynamic")
+    bs = r.get("weight_block_size")
+    if isinstance(bs, list) and len(bs) == 2 and all(isinstance(x, int) and x > 0 for x in bs):
+        c.block_size = (bs[0], bs[1])
+    if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
+        c.bnb_blocksize = r["bnb_4bit_blocksize"]
+    q = r.get("qtool")
     if isinstance(q, dict):
-        for k, v in q.items():
-            md.setdefault(f"qtool.{k}", str(v).lower() if isinstance(v, bool) else str(v))
-    qf = md.get("qtool.format") or ("marlin" if "qtool.marlin.contract" in md else None)
-    if qf:
-        c = c or Claims(source="safetensors metadata")
-        c.format = qf
-        c.source = "safetensors metadata (qtool.format)"
-        for key, attr in (("bits", "bits"), ("group_size", "group_size")):
-            v = md.get(f"qtool.{qf}.{key}", md.get(f"qtool.{key}"))
-            if v is not None and re.fullmatch(r"-?\d+", str(v)):
-                setattr(c, attr, int(v))
-        act = md.get(f"qtool.{qf}.act_order", md.get("qtool.desc_act"))
-        if act is not None:
-            c.desc_act = str(act).lower() == "true"
-        zp = md.get(f"qtool.{qf}.zero_points")
-        if zp is not None:
-            c.sym = str(zp).lower() != "true"
-        pad = md.get("qtool.marlin.padding")
-        if pad:
-            try:
-                d = json.loads(pad)
-                c.marlin_padding = {str(k): list(v) for k, v in d.items()
-                                    if isinstance(v, list) and len(v) == 4} if isinstance(d, dict) else {}
-            except (ValueError, TypeError):
-                c.marlin_padding = {}
+        md = {f"qtool.{k}": str(v).lower() if isinstance(v, bool) else str(v) for k, v in q.items()}
+        if c.format is None and "qtool.marlin.contract" in md:
+            c.format = "marlin"
+        _contract_into(c, md, c.format, overwrite=False)
     return c
+
+
+def metadata_claims(metadata: dict[str, str] | None) -> Claims | None:
+    """What qtool's own safetensors metadata says (`qtool.format`, `qtool.<format>.bits`, ...), or None.
+    Engines never read it; it is qtool's record of what it wrote."""
+    md = metadata or {}
+    qf = md.get("qtool.format") or ("marlin" if "qtool.marlin.contract" in md else None)
+    if not qf:
+        return None
+    c = Claims(format=qf, source="safetensors metadata (qtool.*)")
+    _contract_into(c, md, qf, overwrite=True)
+    return c
+
+
+def _contract_into(c: Claims, md: dict[str, str], qf: str | None, overwrite: bool) -> None:
+    """bits / group_size / act-order / zero points / Marlin padding from qtool.* keys into `c` (only where
+    `c` is silent unless `overwrite`)."""
+    def put(attr: str, value: Any) -> None:
+        if overwrite or getattr(c, attr) is None:
+            setattr(c, attr, value)
+
+    for key, attr in (("bits", "bits"), ("group_size", "group_size")):
+        v = md.get(f"qtool.{qf}.{key}", md.get(f"qtool.{key}"))
+        if v is not None and re.fullmatch(r"-?\d{1,9}", str(v)):
+            put(attr, int(v))
+    act = md.get(f"qtool.{qf}.act_order", md.get("qtool.desc_act"))
+    if act is not None:
+        put("desc_act", str(act).lower() == "true")
+    zp = md.get(f"qtool.{qf}.zero_points")
+    if zp is not None:
+        put("sym", str(zp).lower() != "true")
+    pad = md.get("qtool.marlin.padding")
+    if pad and (overwrite or not c.marlin_padding):
+        try:
+            d = json.loads(pad)
+            c.marlin_padding = {str(k): list(v) for k, v in d.items()
+                                if isinstance(v, list) and len(v) == 4} if isinstance(d, dict) else {}
+        except (ValueError, TypeError, RecursionError):
+            c.marlin_padding = {}
+
+
+# Fields two sources can disagree on, and how a message names them.
+_COMPARED = (("format", "format"), ("bits", "bits"), ("group_size", "group_size"), ("sym", "sym"),
+             ("desc_act", "act-order"))
+
+
+def disagreements(config: Claims | None, meta: Claims | None) -> list[tuple[str, object, object]]:
+    """(field, config's value, metadata's value) wherever both sources speak and differ."""
+    if config is None or meta is None:
+        return []
+    out = []
+    for attr, label in _COMPARED:
+        a, b = getattr(config, attr), getattr(meta, attr)
+        if a is not None and b is not None and a != b:
+            out.append((label, a, b))
+    return out
+
+
+def claims_from(config: Claims | None, meta: Claims | None) -> Claims | None:
+    """The claims detection works from: the config's, which engines read, when there is one; qtool's own
+    metadata only fills facts the config cannot state (Marlin padding) or stands in when there is no config.
+    A disagreement between the two is reported by the caller (see `disagreements`), never resolved here."""
+    if config is None:
+        return meta
+    if meta is not None and not config.marlin_padding and meta.marlin_padding:
+        config.marlin_padding = dict(meta.marlin_padding)
+    return config
 
 
 def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None, bool]:
@@ -173,10 +228,7 @@ def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None,
     """
     def hit(pat: str) -> bool:
         if pat.startswith("re:"):
-            try:
-                return re.match(pat[3:], module) is not None
-            except re.error:
-                return False
+            return config_regex(claims, pat[3:], "compressed-tensors targets/ignore").match(module)
         if pat[:1].isupper() and "." not in pat:  # a class name
             return pat.endswith("Linear")
         return module == pat or module.endswith("." + pat)
@@ -186,6 +238,15 @@ def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None,
         if any(hit(t) for t in targets):
             return weights, fmt, ignored
     return None, None, ignored
+
+
+def config_regex(c: Claims, pattern: str, key: str) -> BoundedRegex:
+    """A regex from the config, compiled once per Claims into qtool's bounded matcher (never `re`: a
+    hostile pattern would backtrack for ever); InputError naming the file and key when it is refused."""
+    rx = c.regexes.get(pattern)
+    if rx is None:
+        rx = c.regexes[pattern] = compile_config_regex(pattern, path=c.path or c.source, key=key)
+    return rx
 
 
 # --- detection ----------------------------------------------------------------------------------------
@@ -247,8 +308,9 @@ def _calc_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> i
 def module_claims(c: Claims, module: str) -> Claims:
     """The claims for one module, after GPTQModel's per-module `dynamic` overrides in the config:
     {"+:REGEX": {"bits": 8, "group_size": 64, ...}} changes the scheme of matching modules (the first match
-    wins, as GPTQModel applies them). "-:REGEX" (module left unquantized) needs nothing here: detection of a
-    dense module does not compare it with the config."""
+    wins, and a match is anchored at the start of the name, as GPTQModel's re.match applies them).
+    "-:REGEX" (module left unquantized) needs nothing here: detection of a dense module does not compare it
+    with the config."""
     dyn = c.raw.get("dynamic") if isinstance(c.raw, dict) else None
     if not isinstance(dyn, dict):
         return c
@@ -256,12 +318,16 @@ def module_claims(c: Claims, module: str) -> Claims:
         if not isinstance(key, str) or not isinstance(over, dict):
             continue
         sign, pattern = (key[:2], key[2:]) if key[:2] in ("+:", "-:") else ("+:", key)
-        try:
-            hit = re.search(pattern, module) is not None
-        except re.error:
-            continue
+        hit = config_regex(c, pattern, "dynamic").match(module)
         if hit and sign == "+:":
             fields = {k: over[k] for k in ("bits", "group_size", "sym", "desc_act") if k in over}
+            for k, v in fields.items():
+                want = bool if k in ("sym", "desc_act") else int
+                if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                    from qtool.errors import InputError
+
+                    raise InputError(f"dynamic['{key[:80]}'].{k} is {str(v)[:40]!r}, not {want.__name__}",
+                                     path=c.path or c.source, fix=f"give {k} as a JSON {want.__name__}")
             return dataclasses.replace(c, **fields) if fields else c
         if hit:
             return c
