@@ -1,6 +1,7 @@
 """`inspect_path`: header-only description of a safetensors or GGUF checkpoint, with anomalies.
 
-No tensor data is read unless `deep=True` (then see deep.py). The safetensors path does not import torch.
+No tensor data is read unless `deep=True` (then see deep.py), except bitsandbytes' packed 4-bit quant state
+(a few hundred bytes of JSON that alone records a module's shape). The safetensors path does not import torch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.inspect.detect import (
+    SIDECARS,
     Claims,
     Detected,
     claims_from,
@@ -28,7 +30,7 @@ LAYOUT_NAMES = frozenset({
     "qweight", "qzeros", "scales", "g_idx", "B", "s", "workspace", "perm", "weight_packed", "weight_scale",
     "weight_zero_point", "weight_g_idx", "weight_shape", "weight_global_scale", "input_global_scale",
     "input_scale", "weight", "weight_scale_inv", "SCB", "weight_format", "output_scale", "k_scale", "v_scale",
-})
+}) | SIDECARS
 MAX_STRING = 2048
 _DIGITS = re.compile(r"(\d+)")
 
@@ -103,6 +105,8 @@ def _dominant(modules: list[ModuleReport]) -> str:
             c[0] += 1
             c[1] += m.n_weights or 0
     if not counts:
+        if any(m.format == "unknown" for m in modules):
+            return "unknown"  # a layout qtool cannot read is never reported as dense
         return "dense" if modules else "empty"
     return max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))[0]
 
@@ -138,7 +142,7 @@ def _inspect_safetensors(p: Path):
             qc = parse_quant_config(src.quant_raw, source=src.root / (src.quant_source or "config"))
         except InputError as e:
             anomalies.append(Anomaly("error", None, f"{src.quant_source}: {e.problem}"))
-    cfg_file = src.root / ("quantize_config.json" if src.quant_source == "quantize_config.json" else "config.json")
+    cfg_file = src.root / (src.quant_source or "config.json").split()[0]
     said = config_claims(qc, src.quant_raw, src.quant_source or "", path=cfg_file)
     meta = metadata_claims(src.metadata)
     claims = claims_from(said, meta)
@@ -153,7 +157,7 @@ def _inspect_safetensors(p: Path):
     for prefix, t in groups.items():
         pre = f"{prefix}." if prefix else ""
         names = tuple(pre + s for s in t)
-        d = detect_module(prefix, t, claims)
+        d = detect_module(prefix, t, claims, _bnb_shape(src, pre, t))
         if d is None:
             for n in names:
                 other_bytes += src.tensors[n].nbytes
@@ -186,7 +190,7 @@ def _inspect_safetensors(p: Path):
     tail = {"config": _says(said) if said is not None else "none"}
     if meta is not None:
         tail["qtool metadata"] = _says(meta)
-    tail["engines read"] = (f"{said.source} (transformers, vLLM and GPTQModel load from it)" if said is not None
+    tail["engines read"] = (f"{said.source} (engines take the quantization from it, never from qtool's metadata)" if said is not None
                             else "no quantization config: engines would load this checkpoint as dense or fail")
     report.info_tail = tail
     return report, src, claims
@@ -221,6 +225,29 @@ def _source_level(said: Claims | None, meta: Claims | None) -> list[Anomaly]:
         out.append(Anomaly("info", None, f"only qtool's safetensors metadata names the format ({meta.format}); "
                                          "engines read config.json and find no quantization_config there"))
     return out
+
+
+MAX_QUANT_STATE = 1 << 16
+
+
+def _bnb_shape(src, pre: str, t: dict) -> tuple[int, int] | None:
+    """[out, in] of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes of JSON,
+    the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
+    from qtool.inspect.detect import bnb_state_shape
+
+    qs = [k for k in t if k.startswith("weight.quant_state.bitsandbytes__")]
+    if len(qs) != 1:
+        return None
+    info = src.tensors[pre + qs[0]]
+    if info.dtype != "U8" or info.nbytes > MAX_QUANT_STATE or pre + qs[0] in src.incomplete:
+        return None
+    try:
+        with info.file.open("rb") as f:
+            f.seek(info.start)
+            blob = f.read(info.nbytes)
+    except OSError:
+        return None
+    return bnb_state_shape(blob) if len(blob) == info.nbytes else None
 
 
 def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list[Anomaly]:

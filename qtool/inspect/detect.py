@@ -334,20 +334,39 @@ def module_claims(c: Claims, module: str) -> Claims:
     return c
 
 
-def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detected | None:
-    """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone)."""
+INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+# Names other layouts give their codes or quantization state. Any of them in a module that no detector
+# below claims makes the module an unknown quantized layout (an error), never a dense one.
+SIDECARS = frozenset({
+    "qweight", "qzeros", "scales", "zeros", "scaled_zeros", "g_idx", "absmax", "quant_map", "nested_absmax",
+    "nested_quant_map", "biases", "SCB", "B", "s", "s_channel", "s_group", "trellis", "suh", "svh", "su", "sv",
+    "mcg", "mul1", "q_weight", "q_scale", "q_scale_max", "q_groups", "q_perm", "q_invperm", "weight_packed",
+    "weight_scale", "weight_zero_point", "weight_scale_inv", "weight_global_scale", "weight_g_idx"})
+
+
+def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
+                  bnb_shape: tuple[int, int] | None = None) -> Detected | None:
+    """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone).
+
+    A module no detector claims that holds an integer weight-like tensor or a quantization sidecar is an
+    "unknown quantized layout" (severity error): qtool never calls what it does not understand dense.
+    bnb_shape: [out, in] from a bitsandbytes quant state, which only the tensor data records."""
     c = module_claims(claims, name) if claims is not None else Claims()
     s = set(t)
     meta_marlin = c.format == "marlin"
     if "qweight" in s and meta_marlin or {"B", "s"} <= s:
         return _marlin(name, t, c)
+    if "B" in s and ("s_channel" in s or "s_group" in s):
+        return _qqq(t, c)
+    if "trellis" in s:
+        return _exl3(t, c)
     if "qweight" in s:
         return _qweight(t, c)
     if "weight_packed" in s:
         return _ct_packed(name, t, c)
     w = t.get("weight")
     if any(k.startswith("weight.quant_state.") or k == "weight.absmax" for k in s):
-        return _bnb4(t, c)
+        return _bnb4(t, c, bnb_shape)
     if w is not None and "SCB" in s:
         return _bnb8(t)
     if w is not None and w[0] in FP8_DTYPES and len(w[1]) == 2:
@@ -356,17 +375,109 @@ def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detect
         o, i = w[1]
         d = Detected("ct_int8", 8, -1, True, False, i, o, i * o, detail="int8 weight + weight_scale")
         return d
-    if w is not None and len(w[1]) == 2:
+    if w is not None and w[0] == "U32" and "scales" in s and len(w[1]) == 2:
+        return _mlx(name, t, c)
+    if w is not None and len(w[1]) == 2 and w[0] in FLOAT_DTYPES and not s & SIDECARS:
         o, i = w[1]
-        d = Detected("dense", FLOAT_DTYPES.get(w[0], 8), None, None, None, i, o, i * o, detail=w[0])
-        if w[0] not in FLOAT_DTYPES:
-            d.notes.append(("warning", f"2-D weight of dtype {w[0]} with no scales: not a layout qtool knows"))
-        return d
-    stray = s & {"qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "absmax"}
-    if stray:
-        return Detected("unknown", notes=[("error", f"quantization tensors {sorted(stray)} without their packed "
-                                                    f"weight (qweight / weight_packed): incomplete module")])
-    return None
+        return Detected("dense", FLOAT_DTYPES[w[0]], None, None, None, i, o, i * o, detail=w[0])
+    return unclaimed(t)
+
+
+def unclaimed(t: dict[str, Sig]) -> Detected | None:
+    """What is left after every detector: None for a module with nothing quantized-looking (norms, biases,
+    float weights of other ranks), else "unknown" with an error naming the tensors no detector reads."""
+    ints = sorted(k for k, (dt, _shape) in t.items() if dt in INT_DTYPES and "weight" in k.lower())
+    side = sorted(set(t) & SIDECARS)
+    if not ints and not side:
+        return None
+    seen = ", ".join(f"{k} {t[k][0]} {list(t[k][1])}" for k in sorted(set(ints) | set(side)))
+    if ints:
+        why = "integer weight tensors"
+    elif "weight" in t:
+        why = "a float weight beside quantization sidecars"
+    else:
+        why = "quantization sidecars without a packed weight qtool knows"
+    return Detected("unknown", detail="unknown quantized layout",
+                    notes=[("error", f"unknown quantized layout: {why} ({seen}) that no qtool detector reads; "
+                                     "its format, bits and shape are unknown, so nothing about it is checked; "
+                                     "fix: add the quantization config that names the format, or convert the "
+                                     "checkpoint with the tool that wrote it")])
+
+
+def _qqq(t: dict[str, Sig], c: Claims) -> Detected:
+    """QQQ (vLLM `qqq`): B int32 [K/16, N*16/8] in Marlin tile order, s_channel F32 [1, N], s_group F16
+    [K/g, N] (empty [0] for per-channel), workspace; 4-bit codes, int8 activations. qtool reads it header-only."""
+    b_dt, b = t["B"]
+    sch = t.get("s_channel")
+    sg = t.get("s_group")
+    n = sch[1][-1] if sch is not None and len(sch[1]) >= 1 else (sg[1][1] if sg is not None and len(sg[1]) == 2
+                                                                else None)
+    if b_dt != "I32" or len(b) != 2 or n is None or b[1] * 8 != n * 16:
+        return unclaimed(t) or Detected("unknown")
+    k = b[0] * 16
+    group: int | None = -1
+    if sg is not None and len(sg[1]) == 2 and sg[1][0] > 0:
+        group = _div(k, sg[1][0])
+    notes = [] if c.format in (None, "qqq") else [("error", f"config says {c.format} but the tensors are QQQ "
+                                                            "(B, s_channel, s_group)")]
+    notes += _bits_note(c, 4)
+    return Detected("qqq", 4, group, True, False, k, n, k * n, detail="QQQ (w4a8, Marlin tiles)", notes=notes)
+
+
+def _exl3(t: dict[str, Sig], c: Claims) -> Detected:
+    """EXL3 (exllamav3): trellis I16 [K/16, N/16, 16*bits], suh F16 [K] / svh F16 [N] (or packed su/sv
+    I16), optional mcg / mul1 codebook tags. bits may be half-integer (mul1)."""
+    tr_dt, tr = t["trellis"]
+    if tr_dt != "I16" or len(tr) != 3 or tr[2] % 8:
+        return unclaimed(t) or Detected("unknown")
+    k, n = tr[0] * 16, tr[1] * 16
+    bits = tr[2] // 16 if tr[2] % 16 == 0 else None
+    notes: list[tuple[str, str]] = []
+    for side, want in (("suh", k), ("svh", n)):
+        if side in t and t[side][1] != (want,):
+            notes.append(("error", f"EXL3 {side} {list(t[side][1])} != [{want}] (from trellis {list(tr)})"))
+    if c.format not in (None, "exl3"):
+        notes.append(("error", f"config says {c.format} but the tensors are EXL3 (trellis, suh, svh)"))
+    return Detected("exl3", bits, None, None, False, k, n, k * n,
+                    detail=f"EXL3 trellis, {tr[2] / 16:g} bits/weight", notes=notes)
+
+
+# MLX stores bits and group size in config.json "quantization" only; these are the sizes its tools write.
+_MLX_BITS = (2, 3, 4, 5, 6, 8)
+_MLX_GROUPS = (32, 64, 128)
+
+
+def _mlx(name: str, t: dict[str, Sig], c: Claims) -> Detected:
+    """MLX affine quantization: weight U32 [O, I*b/32] packed along the input, scales and biases [O, I/g].
+    Per-module overrides sit in the same config dict, keyed by module path."""
+    o, words = t["weight"][1]
+    sc = t["scales"][1]
+    notes: list[tuple[str, str]] = []
+    if len(sc) != 2 or sc[0] != o or ("biases" in t and t["biases"][1] != sc):
+        return unclaimed(t) or Detected("unknown")
+    ng = sc[1]
+    over = c.raw.get(name) if isinstance(c.raw, dict) else None
+    bits = over.get("bits") if isinstance(over, dict) else c.bits
+    group = over.get("group_size") if isinstance(over, dict) else c.group_size
+    fits = [(b, g) for b in _MLX_BITS for g in _MLX_GROUPS if (words * 32) % b == 0 and words * 32 // b == ng * g]
+    if isinstance(bits, int) and isinstance(group, int) and not isinstance(bits, bool):
+        i = _div(words * 32, bits) if bits > 0 else None
+        if i is None or group <= 0 or i != ng * group:
+            notes.append(("error", f"config says {bits}-bit, group {group} but weight [{o}, {words}] with {ng} "
+                                   f"groups does not hold that"))
+            i = None
+    elif len(fits) == 1:
+        (bits, group), i = fits[0], words * 32 // fits[0][0]
+    else:
+        bits = group = i = None
+        shown = ", ".join(f"{b}-bit/g{g}" for b, g in fits) or "no MLX bits/group size"
+        notes.append(("error", f"MLX weight [{o}, {words}] with {ng} groups fits {shown}; the bits and group "
+                               "size live only in config.json 'quantization'; fix: add it"))
+    if "biases" not in t:
+        notes.append(("warning", "MLX weight and scales without biases (affine mode stores them)"))
+    if c.format not in (None, "mlx"):
+        notes.append(("error", f"config says {c.format} but the tensors are MLX (U32 weight, scales, biases)"))
+    return Detected("mlx", bits, group, False, False, i, o, (i or 0) * o or None, detail="MLX affine", notes=notes)
 
 
 def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
@@ -378,9 +489,8 @@ def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
         return Detected("unknown", notes=[("error", f"qweight {list(qw)} without {missing or 'a 2-D scales'}: "
                                                     "incomplete or unknown layout")])
     sc_dt, scs = sc
-    # AWQ GEMV_FAST: int16 qweight, fp16 zeros that hold -scale*zero
     if qw_dt == "I16":
-        return _awq_gemv_fast(t, c)
+        return _int16_words(t, c)
     if qw_dt != "I32":
         return Detected("unknown", notes=[("error", f"qweight is {qw_dt}; GPTQ/AWQ pack into int32")])
     n_groups, out = scs
@@ -484,7 +594,53 @@ def _awq_gemv(t: dict[str, Sig], c: Claims) -> Detected:
                     detail="AWQ gemv", notes=notes)
 
 
-def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
+def _int16_words(t: dict[str, Sig], c: Claims) -> Detected:
+    """An int16 qweight is one of two layouts, told apart by the zeros: AWQ GEMV_FAST (AutoAWQ `qzeros`,
+    LLM-AWQ/TinyChat `scaled_zeros`) keeps float zeros shaped like the scales; GPTQ packed in int16 words
+    (GPTQModel pack_dtype int16) keeps integer qzeros [nG, O*b/16] and qweight [I*b/16, O]."""
+    qw = t["qweight"][1]
+    zname = "qzeros" if "qzeros" in t else "scaled_zeros" if "scaled_zeros" in t else None
+    z = t.get(zname) if zname else None
+    scs = t["scales"][1]
+    if z is not None and z[0] in INT_DTYPES:
+        return _gptq_int16(t, c)
+    if z is None or z[0] in FLOAT_DTYPES and z[1] == scs:
+        return _awq_gemv_fast(t, c, zname)
+    return Detected("unknown", notes=[("error", f"int16 qweight {list(qw)} with {zname} {z[0]} {list(z[1])}: "
+                                                "neither AWQ GEMV_FAST (float zeros shaped like the scales) "
+                                                "nor GPTQ in int16 words (integer qzeros)")])
+
+
+def _gptq_int16(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    n_groups, out = t["scales"][1]
+    qz = t["qzeros"][1]
+    notes: list[tuple[str, str]] = []
+    bits = _div(qz[1] * 16, out) if len(qz) == 2 else None
+    in_f = _div(qw[0] * 16, bits) if bits else None
+    if bits not in (2, 4, 8) or in_f is None or qw[1] != out or qz[0] != n_groups:
+        return Detected("unknown", notes=[("error", f"int16 qweight {list(qw)}, qzeros {list(qz)}, scales "
+                                                    f"{[n_groups, out]} match no GPTQ layout in 16-bit words")])
+    pack = c.raw.get("pack_dtype") if isinstance(c.raw, dict) else None
+    if pack is not None and str(pack) != "int16":
+        notes.append(("error", f"config says pack_dtype {pack} but qweight and qzeros are int16 words"))
+    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+        notes.append(("error", f"config says {c.format} but the tensors are GPTQ in int16 words"))
+    g_idx = t.get("g_idx")
+    if g_idx is not None and g_idx[1] != (in_f,):
+        notes.append(("error", f"g_idx shape {list(g_idx[1])} != [{in_f}] (in_features from qweight)"))
+    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += _bits_note(c, bits)
+    notes.append(("warning", "GPTQ packed in int16 words (GPTQModel pack_dtype int16): described from the "
+                             "header only; qtool decodes, repacks and runs int32-word GPTQ"))
+    fmt = c.format if c.format in GPTQ_FAMILY else "gptq"
+    return Detected(f"{fmt}_int16", bits, group, c.sym, c.desc_act, in_f, out, in_f * out,
+                    detail=f"qweight int16 [{qw[0]}, {qw[1]}]", notes=notes)
+
+
+def _awq_gemv_fast(t: dict[str, Sig], c: Claims, zname: str | None = "qzeros") -> Detected:
     qw = t["qweight"][1]
     out = t["scales"][1][1]
     in_f = qw[1] if len(qw) == 2 else None
@@ -500,8 +656,11 @@ def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
         notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMV_FAST layout "
                                "(int16 qweight)"))
     notes += _bits_note(c, 4)
+    if zname is None:
+        notes.append(("error", "AWQ GEMV_FAST qweight and scales without zeros (qzeros or scaled_zeros)"))
+    detail = "LLM-AWQ (TinyChat) gemv_fast, scaled_zeros" if zname == "scaled_zeros" else "AWQ gemv_fast"
     return Detected("awq_gemv_fast", 4, group, c.sym if c.sym is not None else False, False, in_f, out,
-                    (in_f or 0) * out or None, detail="AWQ gemv_fast", notes=notes)
+                    (in_f or 0) * out or None, detail=detail, notes=notes)
 
 
 def _marlin(name: str, t: dict[str, Sig], c: Claims) -> Detected:
@@ -662,7 +821,23 @@ def _div_ceil_match(n: int, blocks: int) -> int | None:
     return None
 
 
-def _bnb4(t: dict[str, Sig], c: Claims) -> Detected:
+def bnb_state_shape(blob: bytes) -> tuple[int, int] | None:
+    """The [out, in] shape bitsandbytes records in its packed 4-bit quant state (the uint8 tensor
+    `weight.quant_state.bitsandbytes__nf4|fp4` holds UTF-8 JSON: quant_type, blocksize, dtype, shape, ...)."""
+    try:
+        d = json.loads(bytes(blob).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    shape = d.get("shape") if isinstance(d, dict) else None
+    if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 < x < 1 << 40 for x in shape):
+        return shape[0], shape[1]
+    return None
+
+
+def _bnb4(t: dict[str, Sig], c: Claims, state_shape: tuple[int, int] | None = None) -> Detected:
+    """bitsandbytes 4-bit: weight U8 [O*I/2, 1] holds two codes a byte, so the header gives O*I only; the
+    shape comes from the quant state (read by the caller, see `bnb_state_shape`), else from the bias."""
     w = t.get("weight")
     qs = [k for k in t if k.startswith("weight.quant_state.")]
     kind = qs[0].rsplit("__", 1)[-1] if qs and "__" in qs[0] else "4bit"
@@ -677,10 +852,24 @@ def _bnb4(t: dict[str, Sig], c: Claims) -> Detected:
             numel *= d
         group = _div(n, numel)
     notes = []
+    o = i = None
+    if state_shape is not None:
+        o, i = state_shape
+        if n is not None and o * i not in (n, n - 1):  # an odd O*I leaves half of the last byte unused
+            notes.append(("error", f"quant state says shape [{o}, {i}] but the weight holds {n} codes"))
+    elif "bias" in t and len(t["bias"][1]) == 1 and n:
+        o = t["bias"][1][0]
+        i = _div(n, o)
+        o = o if i else None
+    if o is None:
+        notes.append(("warning", "bitsandbytes 4-bit module without a readable quant state or bias: in/out "
+                                 "features unknown from the header"))
+    elif i is not None:
+        n = o * i
     if c.format not in (None, "bnb"):
         notes.append(("error", f"config says {c.format} but the tensors are bitsandbytes 4-bit"))
     notes += _bits_note(c, 4)
-    return Detected("bnb", 4, group, True, False, None, None, n, detail=f"bitsandbytes {kind}", notes=notes)
+    return Detected("bnb", 4, group, True, False, i, o, n, detail=f"bitsandbytes {kind}", notes=notes)
 
 
 def _bnb8(t: dict[str, Sig]) -> Detected:
