@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from qtool.errors import InputError
 from qtool.inspect import inspect_path
 from qtool.inspect.detect import Claims, ct_scheme_for, module_claims
-from qtool.io.config_regex import BoundedRegex, UnsupportedRegex, compile_config_regex
+from qtool.io.config_regex import BoundedRegex, UnsupportedRegex, WorkBudget, compile_config_regex
 from tests.test_inspect import cli, write_gptq
 
 
@@ -108,10 +108,25 @@ def test_catastrophic_pattern_is_linear():
     assert not BoundedRegex(r"(.*a){30}x").search("a" * 3000)
 
 
+def test_work_budget_is_shared_and_ends_in_an_input_error():
+    """Names built to defeat the lazy DFA's cache cost at most the file's budget, then a clear error."""
+    rnd = random.Random(3)
+    budget = WorkBudget(200_000)
+    rx = compile_config_regex(r"(a|b)*a(a|b){300}", path="m/config.json", key="dynamic", budget=budget)
+    other = compile_config_regex(r"(a|b)*b(a|b){300}", path="m/config.json", key="dynamic", budget=budget)
+    with pytest.raises(InputError, match=r"m/config.json: dynamic: regex .* took more than 200,000 automaton "
+                                         r"steps against this file's module names"):
+        for _ in range(100):
+            name = "".join(rnd.choice("ab") for _ in range(2000))
+            rx.search(name)
+            other.search(name)
+    assert budget.left < 0
+
+
 @pytest.mark.parametrize("pattern,why", [
     (r"(a)\1", "backreferences"), (r"(?=a)b", "lookahead"), (r"(?<!a)b", "lookaround"), (r"(?i)abc", "flags"),
     (r"\bq_proj", "word boundary"), (r"(?>a+)b", "atomic groups"), (r"a*+b", "possessive"),
-    (r"((a{100}){100}){100}", "more than"), (r"a{99999}", "more than"), ("x" * 5000, "characters"),
+    (r"((a{100}){100}){100}", "more than"), (r"a{99999}", "more than"), (r"(a{3000}){2}", "more than"), ("x" * 5000, "characters"),
     (r"(a", "invalid regex"), ("(" * 2000 + ")" * 2000, "nests too deeply|characters")])
 def test_refused_patterns(pattern, why):
     with pytest.raises(UnsupportedRegex, match=why):

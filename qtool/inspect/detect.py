@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from qtool.io.config_regex import BoundedRegex, compile_config_regex
+from qtool.io.config_regex import BoundedRegex, WorkBudget, compile_config_regex
 
 Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
 
@@ -100,6 +100,7 @@ class Claims:
     raw: dict = field(default_factory=dict)
     path: str | None = None            # the file the claims were read from, for errors
     regexes: dict[str, BoundedRegex] = field(default_factory=dict, repr=False, compare=False)
+    regex_budget: WorkBudget = field(default_factory=WorkBudget, repr=False, compare=False)
 
     @property
     def quantized(self) -> bool:
@@ -245,7 +246,8 @@ def config_regex(c: Claims, pattern: str, key: str) -> BoundedRegex:
     hostile pattern would backtrack for ever); InputError naming the file and key when it is refused."""
     rx = c.regexes.get(pattern)
     if rx is None:
-        rx = c.regexes[pattern] = compile_config_regex(pattern, path=c.path or c.source, key=key)
+        rx = c.regexes[pattern] = compile_config_regex(pattern, path=c.path or c.source, key=key,
+                                                       budget=c.regex_budget)
     return rx
 
 

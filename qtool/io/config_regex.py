@@ -11,7 +11,9 @@ Supported: literals, `.`, classes (`[a-z_]`, `[^.]`, `\\d`, `\\w`, `\\s` and the
 (capturing or not), `|`, the quantifiers `* + ? {m,n}` (greedy or lazy, which agree on whether a name
 matches), and the anchors `^ $ \\A \\Z`. Refused with an error naming the file and key: backreferences,
 lookaround, conditionals, atomic groups, possessive quantifiers, word boundaries and inline flags; patterns
-over MAX_PATTERN characters or expanding to more than MAX_STATES states.
+over MAX_PATTERN characters or expanding to more than MAX_STATES states. The regexes of one file share a
+WorkBudget of MAX_WORK automaton steps (cache hits are free): names and patterns built to defeat the cache
+end with the same error, never a long run.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ except ImportError:  # Python < 3.11 keeps the same parser under its old names
 from qtool.errors import InputError
 
 MAX_PATTERN = 4096
-MAX_STATES = 20_000
-_CACHE_LIMIT = 4096
+MAX_STATES = 5_000
+MAX_WORK = 20_000_000        # automaton steps one file's regexes may take together (a few seconds)
+_CACHE_LIMIT = 4096          # entries per cache
+_CACHE_STATES = 1 << 20      # state ids held by both caches together (memory bound for large automata)
 _ALLOWED_FLAGS = re.UNICODE | re.VERBOSE
 
 _FIX = ("rewrite the pattern with literals, classes, groups, | and * + ? {m,n} (no backreferences, lookaround, "
@@ -39,6 +43,13 @@ _FIX = ("rewrite the pattern with literals, classes, groups, | and * + ? {m,n} (
 
 class UnsupportedRegex(ValueError):
     """The pattern is outside the bounded subset; the message says which construct."""
+
+
+class WorkBudget:
+    """Automaton steps left to the regexes of one file; shared so that many patterns cannot multiply it."""
+
+    def __init__(self, steps: int = MAX_WORK) -> None:
+        self.steps = self.left = steps
 
 
 # --- character predicates ------------------------------------------------------------------------------
@@ -153,7 +164,10 @@ class _Builder:
 class BoundedRegex:
     """A config regex, checked and compiled; `match`, `search` and `fullmatch` answer like `re` (a bool)."""
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, budget: WorkBudget | None = None, path: object = None,
+                 key: str = "regex") -> None:
+        self.budget = budget or WorkBudget()
+        self._where = (path, key)
         if not isinstance(pattern, str):
             raise UnsupportedRegex("the pattern is not a string")
         if len(pattern) > MAX_PATTERN:
@@ -175,6 +189,7 @@ class BoundedRegex:
         self.nodes = b.nodes
         self._closure: dict[tuple[frozenset, tuple], frozenset] = {}
         self._step: dict[tuple[frozenset, str], frozenset] = {}
+        self._held = 0
 
     # The context of a position: at the start, at the very end, just before a final "\n" (where `$` matches).
     def _close(self, raw: frozenset, ctx: tuple[bool, bool, bool]) -> frozenset:
@@ -203,10 +218,26 @@ class BoundedRegex:
             else:
                 out.add(i)
         got = frozenset(out)
-        if len(self._closure) > _CACHE_LIMIT:
-            self._closure.clear()
-        self._closure[key] = got
+        self._spend(len(seen))
+        self._remember(self._closure, key, got, len(raw) + len(got))
         return got
+
+    def _spend(self, steps: int) -> None:
+        self.budget.left -= steps
+        if self.budget.left < 0:
+            path, key = self._where
+            raise InputError(f"{key}: regex '{_shown(self.pattern)}' took more than {self.budget.steps:,} automaton "
+                             "steps against this file's module names", path=path, fix=_FIX)
+
+    def _remember(self, cache: dict, key, value: frozenset, size: int) -> None:
+        """Cache a transition; both caches are dropped once they hold too many entries or state ids, so the
+        lazy DFA costs bounded memory and each character at worst one closure over the automaton."""
+        self._held += size
+        if len(cache) > _CACHE_LIMIT or self._held > _CACHE_STATES:
+            self._closure.clear()
+            self._step.clear()
+            self._held = size
+        cache[key] = value
 
     def _advance(self, states: frozenset, ch: str) -> frozenset:
         key = (states, ch)
@@ -214,9 +245,8 @@ class BoundedRegex:
         if got is None:
             nodes = self.nodes
             got = frozenset(nodes[i][2] for i in states if nodes[i][0] == "char" and nodes[i][1](ch))
-            if len(self._step) > _CACHE_LIMIT:
-                self._step.clear()
-            self._step[key] = got
+            self._spend(len(states))
+            self._remember(self._step, key, got, len(states) + len(got))
         return got
 
     def _run(self, s: str, anywhere: bool, whole: bool) -> bool:
@@ -253,11 +283,18 @@ class BoundedRegex:
         return self._run(s, anywhere=False, whole=True)
 
 
-def compile_config_regex(pattern: object, *, path: object, key: str) -> BoundedRegex:
-    """A regex read from a checkpoint file, or InputError naming the file, the key and the fix."""
+def _shown(pattern: object) -> str:
+    if not isinstance(pattern, str):
+        return repr(pattern)[:80]
+    return pattern if len(pattern) <= 80 else pattern[:77] + "..."
+
+
+def compile_config_regex(pattern: object, *, path: object, key: str,
+                         budget: WorkBudget | None = None) -> BoundedRegex:
+    """A regex read from a checkpoint file, or InputError naming the file, the key and the fix. Pass one
+    `budget` for all the regexes of a file."""
     try:
-        return BoundedRegex(pattern)  # type: ignore[arg-type]
+        return BoundedRegex(pattern, budget, path, key)  # type: ignore[arg-type]
     except UnsupportedRegex as e:
-        shown = pattern if isinstance(pattern, str) and len(pattern) <= 80 else \
-            (pattern[:77] + "..." if isinstance(pattern, str) else repr(pattern))
-        raise InputError(f"{key}: regex '{shown}' cannot be matched safely: {e}", path=path, fix=_FIX) from None
+        raise InputError(f"{key}: regex '{_shown(pattern)}' cannot be matched safely: {e}", path=path,
+                         fix=_FIX) from None

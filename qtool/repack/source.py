@@ -20,7 +20,7 @@ from typing import Any
 
 from qtool.errors import InputError
 from qtool.formats.base import LayerParams
-from qtool.io.config_regex import compile_config_regex
+from qtool.io.config_regex import WorkBudget, compile_config_regex
 
 # inspect's "gguf:<TYPE>" -> qtool format ids that hold those blocks exactly
 GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
@@ -199,6 +199,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     version = raw.get("version") if raw.get("quant_method") == "compressed-tensors" else None
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
     regexes: dict[str, Any] = {}
+    budget = WorkBudget()
     modules, in_module = [], set()
     for mr in report.modules:
         if not mr.quantized:
@@ -217,7 +218,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             if isinstance(over, dict) and not pat.startswith("-:"):
                 rx = pat[2:] if pat.startswith("+:") else pat
                 if rx not in regexes:  # bounded matcher: the pattern comes from the file (config_regex.py)
-                    regexes[rx] = compile_config_regex(rx, path=ck.root / "config.json", key="dynamic")
+                    regexes[rx] = compile_config_regex(rx, path=ck.root / "config.json", key="dynamic",
+                                                       budget=budget)
                 if regexes[rx].match(mr.name):
                     bits = over.get("bits", bits)
                     group = over.get("group_size", group)
