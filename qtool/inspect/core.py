@@ -190,8 +190,10 @@ def _inspect_safetensors(p: Path):
     tail = {"config": _says(said) if said is not None else "none"}
     if meta is not None:
         tail["qtool metadata"] = _says(meta)
-    tail["engines read"] = (f"{said.source} (engines take the quantization from it, never from qtool's metadata)" if said is not None
-                            else "no quantization config: engines would load this checkpoint as dense or fail")
+    if said is not None:
+        tail["engines read"] = f"{said.source} (engines take the quantization from it, never from qtool's metadata)"
+    elif meta is not None or any(m.format != "dense" for m in modules):
+        tail["engines read"] = "no quantization config: engines would load this checkpoint as dense or fail"
     report.info_tail = tail
     return report, src, claims
 
