@@ -372,7 +372,17 @@ def test_gguf_fixture_to_gptq(tmp_path):
     assert {m.module: m.kind for m in r.plan.modules if m.kind != "keep"} == {
         "blk.0.attn_q": "exact", "blk.0.attn_k": "exact", "blk.0.attn_v": "exact", "blk.0.ffn_down": "exact"}
     ref = load_file(FIXTURES / "gguf-q4_0-q4_1-q8_0" / "reference.safetensors")
-    got = decode_all(tmp_path / "out")
+    # The excluded modules are copied as raw GGUF block bytes (U8 "weight") that nothing in the output names:
+    # inspect reports them as an unknown quantized layout, so the converted ones are decoded directly here.
+    from qtool.inspect import inspect_path
+
+    r = inspect_path(tmp_path / "out")
+    assert {m.name for m in r.modules if m.format == "unknown"} == {"blk.0.attn_output", "blk.0.ffn_up"}
+    out = load_file(tmp_path / "out" / "model.safetensors")
+    got = {m.name: get_format("gptq_v2").unpack({s: out[f"{m.name}.{s}"] for s in ("qweight", "qzeros", "scales",
+                                                                                   "g_idx")},
+                                                LayerParams(bits=m.bits, group_size=m.group_size))
+           for m in r.modules if m.format == "gptq_v2"}
     assert set(got) == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
     for mod, p in got.items():
         assert p.group_size == 32 and raw_equal(dequantize(p, torch.float32), ref[mod + ".weight"]), mod

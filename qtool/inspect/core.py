@@ -1,6 +1,7 @@
 """`inspect_path`: header-only description of a safetensors or GGUF checkpoint, with anomalies.
 
-No tensor data is read unless `deep=True` (then see deep.py). The safetensors path does not import torch.
+No tensor data is read unless `deep=True` (then see deep.py), except bitsandbytes' packed 4-bit quant state
+(a few hundred bytes of JSON that alone records a module's shape). The safetensors path does not import torch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qtool.inspect.detect import Claims, Detected, claims_from, detect_gguf, detect_module, group_modules
+from qtool.inspect.detect import (
+    SIDECARS,
+    Claims,
+    Detected,
+    claims_from,
+    config_claims,
+    detect_gguf,
+    detect_module,
+    disagreements,
+    group_modules,
+    metadata_claims,
+)
 from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow, merge_notes
 
 # Tensors that are part of a module's packed layout; any other tensor of a module (bias) adds parameters.
@@ -18,7 +30,7 @@ LAYOUT_NAMES = frozenset({
     "qweight", "qzeros", "scales", "g_idx", "B", "s", "workspace", "perm", "weight_packed", "weight_scale",
     "weight_zero_point", "weight_g_idx", "weight_shape", "weight_global_scale", "input_global_scale",
     "input_scale", "weight", "weight_scale_inv", "SCB", "weight_format", "output_scale", "k_scale", "v_scale",
-})
+}) | SIDECARS
 MAX_STRING = 2048
 _DIGITS = re.compile(r"(\d+)")
 
@@ -81,6 +93,8 @@ def _dominant(modules: list[ModuleReport]) -> str:
             c[0] += 1
             c[1] += m.n_weights or 0
     if not counts:
+        if any(m.format == "unknown" for m in modules):
+            return "unknown"  # a layout qtool cannot read is never reported as dense
         return "dense" if modules else "empty"
     return max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))[0]
 
@@ -116,7 +130,10 @@ def _inspect_safetensors(p: Path):
             qc = parse_quant_config(src.quant_raw, source=src.root / (src.quant_source or "config"))
         except InputError as e:
             anomalies.append(Anomaly("error", None, f"{src.quant_source}: {e.problem}"))
-    claims = claims_from(qc, src.quant_raw, src.metadata, src.quant_source or "")
+    cfg_file = src.root / (src.quant_source or "config.json").split()[0]
+    said = config_claims(qc, src.quant_raw, src.quant_source or "", path=cfg_file)
+    meta = metadata_claims(src.metadata)
+    claims = claims_from(said, meta)
 
     # Header order is arbitrary (safetensors writers sort by dtype or registration); show a natural order.
     sigs = {n: (src.tensors[n].dtype, src.tensors[n].shape) for n in sorted(src.tensors, key=natural_key)}
@@ -128,7 +145,7 @@ def _inspect_safetensors(p: Path):
     for prefix, t in groups.items():
         pre = f"{prefix}." if prefix else ""
         names = tuple(pre + s for s in t)
-        d = detect_module(prefix, t, claims)
+        d = detect_module(prefix, t, claims, _bnb_shape(src, pre, t))
         if d is None:
             for n in names:
                 other_bytes += src.tensors[n].nbytes
@@ -142,6 +159,7 @@ def _inspect_safetensors(p: Path):
         notes += [(sev, prefix, msg) for sev, msg in d.notes]
     anomalies += merge_notes(notes)
     anomalies += _file_level(claims, modules, src)
+    anomalies += _source_level(said, meta)
 
     rows = [TensorRow(n, src.tensors[n].dtype, src.tensors[n].shape, src.tensors[n].nbytes, src.tensors[n].file.name,
                       n not in src.incomplete, module_of.get(n)) for n in sigs]
@@ -150,22 +168,76 @@ def _inspect_safetensors(p: Path):
     if extra_meta:
         metadata["__metadata__"] = extra_meta
     info = {}
-    if src.quant_source and claims is not None:
-        said = [f"{k} {v}" for k, v in (("quant_method", claims.quant_method), ("format", claims.format),
-                                        ("bits", claims.bits), ("group_size", claims.group_size),
-                                        ("sym", claims.sym), ("desc_act", claims.desc_act)) if v is not None]
-        src_line = f"{src.quant_source}: " + ", ".join(said)
-    elif claims is not None:
-        src_line = f"{claims.source}: format {claims.format}"
-    else:
-        src_line = None
+    sources = [_source_dict(c, engines=c is said) for c in (said, meta) if c is not None]
+    metadata["qtool.sources"] = sources
     report = InspectReport(
         path=str(p), container="safetensors", format="", modules=modules, tensor_count=len(src.tensors),
         bytes_total=sum(t.nbytes for t in src.tensors.values()), bpw=None, metadata=metadata,
         anomalies=anomalies, files=[str(f) for f in src.files], tensors=rows,
         other_bytes_params=(other_bytes, other_params), config_source=src.quant_source, info=info)
-    report.info_tail = {"config": src_line} if src_line else {}
+    tail = {"config": _says(said) if said is not None else "none"}
+    if meta is not None:
+        tail["qtool metadata"] = _says(meta)
+    if said is not None:
+        tail["engines read"] = f"{said.source} (engines take the quantization from it, never from qtool's metadata)"
+    elif meta is not None or any(m.format != "dense" for m in modules):
+        tail["engines read"] = "no quantization config: engines would load this checkpoint as dense or fail"
+    report.info_tail = tail
     return report, src, claims
+
+
+_SAYS = (("quant_method", "quant_method"), ("format", "format"), ("checkpoint_format", "checkpoint_format"),
+         ("bits", "bits"), ("group_size", "group_size"), ("sym", "sym"), ("desc_act", "desc_act"))
+
+
+def _says(c: Claims) -> str:
+    """One source's statement, for the summary: `config.json quantization_config: format gptq, bits 4, ...`."""
+    said = [f"{label} {getattr(c, attr)}" for attr, label in _SAYS if getattr(c, attr) is not None]
+    return f"{c.source}: " + (", ".join(said) or "nothing qtool reads")
+
+
+def _source_dict(c: Claims, engines: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"source": c.source}
+    d.update({attr: getattr(c, attr) for attr, _ in _SAYS})
+    d["read_by_engines"] = engines
+    return d
+
+
+def _source_level(said: Claims | None, meta: Claims | None) -> list[Anomaly]:
+    """Each source of truth for what it says: the config (what engines read) against qtool's metadata."""
+    out = []
+    for label, a, b in disagreements(said, meta):
+        out.append(Anomaly("error", None, f"{said.source} says {label} {a} but qtool's safetensors metadata says "
+                                          f"{b}; engines read only the config and would load it as {label} {a}; "
+                                          f"fix: correct {said.source} (inspect --deep checks the data) or "
+                                          "rewrite the file with qtool"))
+    if said is None and meta is not None:
+        out.append(Anomaly("info", None, f"only qtool's safetensors metadata names the format ({meta.format}); "
+                                         "engines read config.json and find no quantization_config there"))
+    return out
+
+
+MAX_QUANT_STATE = 1 << 16
+
+
+def _bnb_shape(src, pre: str, t: dict) -> tuple[int, int] | None:
+    """[out, in] of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes of JSON,
+    the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
+    from qtool.inspect.detect import bnb_state_shape
+
+    qs = [k for k in t if k.startswith("weight.quant_state.bitsandbytes__")]
+    if len(qs) != 1:
+        return None
+    info = src.tensors[pre + qs[0]]
+    if info.dtype != "U8" or info.nbytes > MAX_QUANT_STATE or pre + qs[0] in src.incomplete:
+        return None
+    try:
+        with info.file.open("rb") as f:
+            f.seek(info.start)
+            blob = f.read(info.nbytes)
+    except OSError:
+        return None
+    return bnb_state_shape(blob) if len(blob) == info.nbytes else None
 
 
 def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list[Anomaly]:

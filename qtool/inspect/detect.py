@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from qtool.io.config_regex import BoundedRegex, WorkBudget, compile_config_regex
+
 Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
 
 FLOAT_DTYPES = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64}
@@ -94,73 +96,127 @@ class Claims:
     bnb_blocksize: int | None = None
     marlin_padding: dict[str, list[int]] = field(default_factory=dict)   # module -> [N, K, Np, Kp]
     raw: dict = field(default_factory=dict)
+    path: str | None = None            # the file the claims were read from, for errors
+    regexes: dict[str, BoundedRegex] = field(default_factory=dict, repr=False, compare=False)
+    regex_budget: WorkBudget = field(default_factory=WorkBudget, repr=False, compare=False)
 
     @property
     def quantized(self) -> bool:
         return self.format is not None or self.quant_method is not None
 
 
-def claims_from(qc: Any, raw: dict | None, metadata: dict[str, str] | None, source: str) -> Claims | None:
-    """Claims from a parsed QuantConfig (qtool.io.qconfig), its raw dict and safetensors __metadata__.
+def config_claims(qc: Any, raw: dict | None, source: str, path: object = None) -> Claims | None:
+    """What a quantization config says: a parsed QuantConfig (qtool.io.qconfig) and its raw dict.
 
-    qtool's own files carry `qtool.format` (and optionally `qtool.bits`, `qtool.group_size`) in the
-    safetensors metadata; that contract wins over a config for the format id (a Marlin checkpoint's config
-    may still describe the GPTQ source).
-    """
-    meta = metadata or {}
-    c = None
-    if qc is not None:
-        c = Claims(format=qc.format, quant_method=qc.quant_method, bits=qc.bits, group_size=qc.group_size,
-                   sym=qc.sym, desc_act=qc.desc_act, checkpoint_format=qc.checkpoint_format, source=source,
-                   raw=dict(raw or {}))
-        r = raw or {}
-        if qc.quant_method == "compressed-tensors":
-            groups = r.get("config_groups") or {}
-            if isinstance(groups, dict):
-                for g in groups.values():
-                    if isinstance(g, dict):
-                        t = g.get("targets") or []
-                        c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
-                                            g.get("weights") if isinstance(g.get("weights"), dict) else {},
-                                            g.get("format")))
-            ig = r.get("ignore") or []
-            c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
-            c.ct_version = str(r["version"]) if r.get("version") is not None else None
-        bs = r.get("weight_block_size")
-        if isinstance(bs, list) and len(bs) == 2 and all(isinstance(x, int) and x > 0 for x in bs):
-            c.block_size = (bs[0], bs[1])
-        if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
-            c.bnb_blocksize = r["bnb_4bit_blocksize"]
-    # qtool's Marlin contract may also be repeated in the config's "qtool" entry.
-    md = dict(meta)
-    q = (raw or {}).get("qtool")
+    Regexes the config carries (GPTQModel `dynamic` keys, compressed-tensors `re:` targets and ignore entries)
+    are compiled here, all of them, so that a pattern qtool will not run is refused even when no module
+    would reach it. The config's own "qtool" entry (qtool's Marlin contract repeated for config readers)
+    belongs to the config."""
+    if qc is None:
+        return None
+    r = raw or {}
+    c = Claims(format=qc.format, quant_method=qc.quant_method, bits=qc.bits, group_size=qc.group_size,
+               sym=qc.sym, desc_act=qc.desc_act, checkpoint_format=qc.checkpoint_format, source=source,
+               raw=dict(r), path=str(path) if path is not None else None)
+    if qc.quant_method == "compressed-tensors":
+        groups = r.get("config_groups") or {}
+        if isinstance(groups, dict):
+            for g in groups.values():
+                if isinstance(g, dict):
+                    t = g.get("targets") or []
+                    c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
+                                        g.get("weights") if isinstance(g.get("weights"), dict) else {},
+                                        g.get("format")))
+        ig = r.get("ignore") or []
+        c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
+        c.ct_version = str(r["version"]) if r.get("version") is not None else None
+        for pat in [t for targets, _w, _f in c.ct_groups for t in targets] + c.ct_ignore:
+            if pat.startswith("re:"):
+                config_regex(c, pat[3:], "compressed-tensors targets/ignore")
+    dyn = r.get("dynamic")
+    if isinstance(dyn, dict):
+        for key in dyn:
+            if isinstance(key, str):
+                config_regex(c, key[2:] if key[:2] in ("+:", "-:") else key, "dynamic")
+    bs = r.get("weight_block_size")
+    if isinstance(bs, list) and len(bs) == 2 and all(isinstance(x, int) and x > 0 for x in bs):
+        c.block_size = (bs[0], bs[1])
+    if qc.quant_method == "bitsandbytes" and isinstance(r.get("bnb_4bit_blocksize"), int):
+        c.bnb_blocksize = r["bnb_4bit_blocksize"]
+    q = r.get("qtool")
     if isinstance(q, dict):
-        for k, v in q.items():
-            md.setdefault(f"qtool.{k}", str(v).lower() if isinstance(v, bool) else str(v))
-    qf = md.get("qtool.format") or ("marlin" if "qtool.marlin.contract" in md else None)
-    if qf:
-        c = c or Claims(source="safetensors metadata")
-        c.format = qf
-        c.source = "safetensors metadata (qtool.format)"
-        for key, attr in (("bits", "bits"), ("group_size", "group_size")):
-            v = md.get(f"qtool.{qf}.{key}", md.get(f"qtool.{key}"))
-            if v is not None and re.fullmatch(r"-?\d+", str(v)):
-                setattr(c, attr, int(v))
-        act = md.get(f"qtool.{qf}.act_order", md.get("qtool.desc_act"))
-        if act is not None:
-            c.desc_act = str(act).lower() == "true"
-        zp = md.get(f"qtool.{qf}.zero_points")
-        if zp is not None:
-            c.sym = str(zp).lower() != "true"
-        pad = md.get("qtool.marlin.padding")
-        if pad:
-            try:
-                d = json.loads(pad)
-                c.marlin_padding = {str(k): list(v) for k, v in d.items()
-                                    if isinstance(v, list) and len(v) == 4} if isinstance(d, dict) else {}
-            except (ValueError, TypeError):
-                c.marlin_padding = {}
+        md = {f"qtool.{k}": str(v).lower() if isinstance(v, bool) else str(v) for k, v in q.items()}
+        if c.format is None and "qtool.marlin.contract" in md:
+            c.format = "marlin"
+        _contract_into(c, md, c.format, overwrite=False)
     return c
+
+
+def metadata_claims(metadata: dict[str, str] | None) -> Claims | None:
+    """What qtool's own safetensors metadata says (`qtool.format`, `qtool.<format>.bits`, ...), or None.
+    Engines never read it; it is qtool's record of what it wrote."""
+    md = metadata or {}
+    qf = md.get("qtool.format") or ("marlin" if "qtool.marlin.contract" in md else None)
+    if not qf:
+        return None
+    c = Claims(format=qf, source="safetensors metadata (qtool.*)")
+    _contract_into(c, md, qf, overwrite=True)
+    return c
+
+
+def _contract_into(c: Claims, md: dict[str, str], qf: str | None, overwrite: bool) -> None:
+    """bits / group_size / act-order / zero points / Marlin padding from qtool.* keys into `c` (only where
+    `c` is silent unless `overwrite`)."""
+    def put(attr: str, value: Any) -> None:
+        if overwrite or getattr(c, attr) is None:
+            setattr(c, attr, value)
+
+    for key, attr in (("bits", "bits"), ("group_size", "group_size")):
+        v = md.get(f"qtool.{qf}.{key}", md.get(f"qtool.{key}"))
+        if v is not None and re.fullmatch(r"-?\d{1,9}", str(v)):
+            put(attr, int(v))
+    act = md.get(f"qtool.{qf}.act_order", md.get("qtool.desc_act"))
+    if act is not None:
+        put("desc_act", str(act).lower() == "true")
+    zp = md.get(f"qtool.{qf}.zero_points")
+    if zp is not None:
+        put("sym", str(zp).lower() != "true")
+    pad = md.get("qtool.marlin.padding")
+    if pad and (overwrite or not c.marlin_padding):
+        try:
+            d = json.loads(pad)
+            c.marlin_padding = {str(k): list(v) for k, v in d.items()
+                                if isinstance(v, list) and len(v) == 4} if isinstance(d, dict) else {}
+        except (ValueError, TypeError, RecursionError):
+            c.marlin_padding = {}
+
+
+# Fields two sources can disagree on, and how a message names them.
+_COMPARED = (("format", "format"), ("bits", "bits"), ("group_size", "group_size"), ("sym", "sym"),
+             ("desc_act", "act-order"))
+
+
+def disagreements(config: Claims | None, meta: Claims | None) -> list[tuple[str, object, object]]:
+    """(field, config's value, metadata's value) wherever both sources speak and differ."""
+    if config is None or meta is None:
+        return []
+    out = []
+    for attr, label in _COMPARED:
+        a, b = getattr(config, attr), getattr(meta, attr)
+        if a is not None and b is not None and a != b:
+            out.append((label, a, b))
+    return out
+
+
+def claims_from(config: Claims | None, meta: Claims | None) -> Claims | None:
+    """The claims detection works from: the config's, which engines read, when there is one; qtool's own
+    metadata only fills facts the config cannot state (Marlin padding) or stands in when there is no config.
+    A disagreement between the two is reported by the caller (see `disagreements`), never resolved here."""
+    if config is None:
+        return meta
+    if meta is not None and not config.marlin_padding and meta.marlin_padding:
+        config.marlin_padding = dict(meta.marlin_padding)
+    return config
 
 
 def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None, bool]:
@@ -171,10 +227,7 @@ def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None,
     """
     def hit(pat: str) -> bool:
         if pat.startswith("re:"):
-            try:
-                return re.match(pat[3:], module) is not None
-            except re.error:
-                return False
+            return config_regex(claims, pat[3:], "compressed-tensors targets/ignore").match(module)
         if pat[:1].isupper() and "." not in pat:  # a class name
             return pat.endswith("Linear")
         return module == pat or module.endswith("." + pat)
@@ -184,6 +237,16 @@ def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None,
         if any(hit(t) for t in targets):
             return weights, fmt, ignored
     return None, None, ignored
+
+
+def config_regex(c: Claims, pattern: str, key: str) -> BoundedRegex:
+    """A regex from the config, compiled once per Claims into qtool's bounded matcher (never `re`: a
+    hostile pattern would backtrack for ever); InputError naming the file and key when it is refused."""
+    rx = c.regexes.get(pattern)
+    if rx is None:
+        rx = c.regexes[pattern] = compile_config_regex(pattern, path=c.path or c.source, key=key,
+                                                       budget=c.regex_budget)
+    return rx
 
 
 # --- detection ----------------------------------------------------------------------------------------
@@ -245,8 +308,9 @@ def _calc_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> i
 def module_claims(c: Claims, module: str) -> Claims:
     """The claims for one module, after GPTQModel's per-module `dynamic` overrides in the config:
     {"+:REGEX": {"bits": 8, "group_size": 64, ...}} changes the scheme of matching modules (the first match
-    wins, as GPTQModel applies them). "-:REGEX" (module left unquantized) needs nothing here: detection of a
-    dense module does not compare it with the config."""
+    wins, and a match is anchored at the start of the name, as GPTQModel's re.match applies them).
+    "-:REGEX" (module left unquantized) needs nothing here: detection of a dense module does not compare it
+    with the config."""
     dyn = c.raw.get("dynamic") if isinstance(c.raw, dict) else None
     if not isinstance(dyn, dict):
         return c
@@ -254,32 +318,55 @@ def module_claims(c: Claims, module: str) -> Claims:
         if not isinstance(key, str) or not isinstance(over, dict):
             continue
         sign, pattern = (key[:2], key[2:]) if key[:2] in ("+:", "-:") else ("+:", key)
-        try:
-            hit = re.search(pattern, module) is not None
-        except re.error:
-            continue
+        hit = config_regex(c, pattern, "dynamic").match(module)
         if hit and sign == "+:":
             fields = {k: over[k] for k in ("bits", "group_size", "sym", "desc_act") if k in over}
+            for k, v in fields.items():
+                want = bool if k in ("sym", "desc_act") else int
+                if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+                    from qtool.errors import InputError
+
+                    raise InputError(f"dynamic['{key[:80]}'].{k} is {str(v)[:40]!r}, not {want.__name__}",
+                                     path=c.path or c.source, fix=f"give {k} as a JSON {want.__name__}")
             return dataclasses.replace(c, **fields) if fields else c
         if hit:
             return c
     return c
 
 
-def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detected | None:
-    """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone)."""
+INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+# Names other layouts give their codes or quantization state. Any of them in a module that no detector
+# below claims makes the module an unknown quantized layout (an error), never a dense one.
+SIDECARS = frozenset({
+    "qweight", "qzeros", "scales", "zeros", "scaled_zeros", "g_idx", "absmax", "quant_map", "nested_absmax",
+    "nested_quant_map", "biases", "SCB", "B", "s", "s_channel", "s_group", "trellis", "suh", "svh", "su", "sv",
+    "mcg", "mul1", "q_weight", "q_scale", "q_scale_max", "q_groups", "q_perm", "q_invperm", "weight_packed",
+    "weight_scale", "weight_zero_point", "weight_scale_inv", "weight_global_scale", "weight_g_idx"})
+
+
+def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
+                  bnb_shape: tuple[int, int] | None = None) -> Detected | None:
+    """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone).
+
+    A module no detector claims that holds an integer weight-like tensor or a quantization sidecar is an
+    "unknown quantized layout" (severity error): qtool never calls what it does not understand dense.
+    bnb_shape: [out, in] from a bitsandbytes quant state, which only the tensor data records."""
     c = module_claims(claims, name) if claims is not None else Claims()
     s = set(t)
     meta_marlin = c.format == "marlin"
     if "qweight" in s and meta_marlin or {"B", "s"} <= s:
         return _marlin(name, t, c)
+    if "B" in s and ("s_channel" in s or "s_group" in s):
+        return _qqq(t, c)
+    if "trellis" in s:
+        return _exl3(t, c)
     if "qweight" in s:
         return _qweight(t, c)
     if "weight_packed" in s:
         return _ct_packed(name, t, c)
     w = t.get("weight")
     if any(k.startswith("weight.quant_state.") or k == "weight.absmax" for k in s):
-        return _bnb4(t, c)
+        return _bnb4(t, c, bnb_shape)
     if w is not None and "SCB" in s:
         return _bnb8(t)
     if w is not None and w[0] in FP8_DTYPES and len(w[1]) == 2:
@@ -288,17 +375,109 @@ def detect_module(name: str, t: dict[str, Sig], claims: Claims | None) -> Detect
         o, i = w[1]
         d = Detected("ct_int8", 8, -1, True, False, i, o, i * o, detail="int8 weight + weight_scale")
         return d
-    if w is not None and len(w[1]) == 2:
+    if w is not None and w[0] == "U32" and "scales" in s and len(w[1]) == 2:
+        return _mlx(name, t, c)
+    if w is not None and len(w[1]) == 2 and w[0] in FLOAT_DTYPES and not s & SIDECARS:
         o, i = w[1]
-        d = Detected("dense", FLOAT_DTYPES.get(w[0], 8), None, None, None, i, o, i * o, detail=w[0])
-        if w[0] not in FLOAT_DTYPES:
-            d.notes.append(("warning", f"2-D weight of dtype {w[0]} with no scales: not a layout qtool knows"))
-        return d
-    stray = s & {"qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "absmax"}
-    if stray:
-        return Detected("unknown", notes=[("error", f"quantization tensors {sorted(stray)} without their packed "
-                                                    f"weight (qweight / weight_packed): incomplete module")])
-    return None
+        return Detected("dense", FLOAT_DTYPES[w[0]], None, None, None, i, o, i * o, detail=w[0])
+    return unclaimed(t)
+
+
+def unclaimed(t: dict[str, Sig]) -> Detected | None:
+    """What is left after every detector: None for a module with nothing quantized-looking (norms, biases,
+    float weights of other ranks), else "unknown" with an error naming the tensors no detector reads."""
+    ints = sorted(k for k, (dt, _shape) in t.items() if dt in INT_DTYPES and "weight" in k.lower())
+    side = sorted(set(t) & SIDECARS)
+    if not ints and not side:
+        return None
+    seen = ", ".join(f"{k} {t[k][0]} {list(t[k][1])}" for k in sorted(set(ints) | set(side)))
+    if ints:
+        why = "integer weight tensors"
+    elif "weight" in t:
+        why = "a float weight beside quantization sidecars"
+    else:
+        why = "quantization sidecars without a packed weight qtool knows"
+    return Detected("unknown", detail="unknown quantized layout",
+                    notes=[("error", f"unknown quantized layout: {why} ({seen}) that no qtool detector reads; "
+                                     "its format, bits and shape are unknown, so nothing about it is checked; "
+                                     "fix: add the quantization config that names the format, or convert the "
+                                     "checkpoint with the tool that wrote it")])
+
+
+def _qqq(t: dict[str, Sig], c: Claims) -> Detected:
+    """QQQ (vLLM `qqq`): B int32 [K/16, N*16/8] in Marlin tile order, s_channel F32 [1, N], s_group F16
+    [K/g, N] (empty [0] for per-channel), workspace; 4-bit codes, int8 activations. qtool reads it header-only."""
+    b_dt, b = t["B"]
+    sch = t.get("s_channel")
+    sg = t.get("s_group")
+    n = sch[1][-1] if sch is not None and len(sch[1]) >= 1 else (sg[1][1] if sg is not None and len(sg[1]) == 2
+                                                                else None)
+    if b_dt != "I32" or len(b) != 2 or n is None or b[1] * 8 != n * 16:
+        return unclaimed(t) or Detected("unknown")
+    k = b[0] * 16
+    group: int | None = -1
+    if sg is not None and len(sg[1]) == 2 and sg[1][0] > 0:
+        group = _div(k, sg[1][0])
+    notes = [] if c.format in (None, "qqq") else [("error", f"config says {c.format} but the tensors are QQQ "
+                                                            "(B, s_channel, s_group)")]
+    notes += _bits_note(c, 4)
+    return Detected("qqq", 4, group, True, False, k, n, k * n, detail="QQQ (w4a8, Marlin tiles)", notes=notes)
+
+
+def _exl3(t: dict[str, Sig], c: Claims) -> Detected:
+    """EXL3 (exllamav3): trellis I16 [K/16, N/16, 16*bits], suh F16 [K] / svh F16 [N] (or packed su/sv
+    I16), optional mcg / mul1 codebook tags. bits may be half-integer (mul1)."""
+    tr_dt, tr = t["trellis"]
+    if tr_dt != "I16" or len(tr) != 3 or tr[2] % 8:
+        return unclaimed(t) or Detected("unknown")
+    k, n = tr[0] * 16, tr[1] * 16
+    bits = tr[2] // 16 if tr[2] % 16 == 0 else None
+    notes: list[tuple[str, str]] = []
+    for side, want in (("suh", k), ("svh", n)):
+        if side in t and t[side][1] != (want,):
+            notes.append(("error", f"EXL3 {side} {list(t[side][1])} != [{want}] (from trellis {list(tr)})"))
+    if c.format not in (None, "exl3"):
+        notes.append(("error", f"config says {c.format} but the tensors are EXL3 (trellis, suh, svh)"))
+    return Detected("exl3", bits, None, None, False, k, n, k * n,
+                    detail=f"EXL3 trellis, {tr[2] / 16:g} bits/weight", notes=notes)
+
+
+# MLX stores bits and group size in config.json "quantization" only; these are the sizes its tools write.
+_MLX_BITS = (2, 3, 4, 5, 6, 8)
+_MLX_GROUPS = (32, 64, 128)
+
+
+def _mlx(name: str, t: dict[str, Sig], c: Claims) -> Detected:
+    """MLX affine quantization: weight U32 [O, I*b/32] packed along the input, scales and biases [O, I/g].
+    Per-module overrides sit in the same config dict, keyed by module path."""
+    o, words = t["weight"][1]
+    sc = t["scales"][1]
+    notes: list[tuple[str, str]] = []
+    if len(sc) != 2 or sc[0] != o or ("biases" in t and t["biases"][1] != sc):
+        return unclaimed(t) or Detected("unknown")
+    ng = sc[1]
+    over = c.raw.get(name) if isinstance(c.raw, dict) else None
+    bits = over.get("bits") if isinstance(over, dict) else c.bits
+    group = over.get("group_size") if isinstance(over, dict) else c.group_size
+    fits = [(b, g) for b in _MLX_BITS for g in _MLX_GROUPS if (words * 32) % b == 0 and words * 32 // b == ng * g]
+    if isinstance(bits, int) and isinstance(group, int) and not isinstance(bits, bool):
+        i = _div(words * 32, bits) if bits > 0 else None
+        if i is None or group <= 0 or i != ng * group:
+            notes.append(("error", f"config says {bits}-bit, group {group} but weight [{o}, {words}] with {ng} "
+                                   f"groups does not hold that"))
+            i = None
+    elif len(fits) == 1:
+        (bits, group), i = fits[0], words * 32 // fits[0][0]
+    else:
+        bits = group = i = None
+        shown = ", ".join(f"{b}-bit/g{g}" for b, g in fits) or "no MLX bits/group size"
+        notes.append(("error", f"MLX weight [{o}, {words}] with {ng} groups fits {shown}; the bits and group "
+                               "size live only in config.json 'quantization'; fix: add it"))
+    if "biases" not in t:
+        notes.append(("warning", "MLX weight and scales without biases (affine mode stores them)"))
+    if c.format not in (None, "mlx"):
+        notes.append(("error", f"config says {c.format} but the tensors are MLX (U32 weight, scales, biases)"))
+    return Detected("mlx", bits, group, False, False, i, o, (i or 0) * o or None, detail="MLX affine", notes=notes)
 
 
 def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
@@ -310,9 +489,8 @@ def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
         return Detected("unknown", notes=[("error", f"qweight {list(qw)} without {missing or 'a 2-D scales'}: "
                                                     "incomplete or unknown layout")])
     sc_dt, scs = sc
-    # AWQ GEMV_FAST: int16 qweight, fp16 zeros that hold -scale*zero
     if qw_dt == "I16":
-        return _awq_gemv_fast(t, c)
+        return _int16_words(t, c)
     if qw_dt != "I32":
         return Detected("unknown", notes=[("error", f"qweight is {qw_dt}; GPTQ/AWQ pack into int32")])
     n_groups, out = scs
@@ -416,7 +594,53 @@ def _awq_gemv(t: dict[str, Sig], c: Claims) -> Detected:
                     detail="AWQ gemv", notes=notes)
 
 
-def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
+def _int16_words(t: dict[str, Sig], c: Claims) -> Detected:
+    """An int16 qweight is one of two layouts, told apart by the zeros: AWQ GEMV_FAST (AutoAWQ `qzeros`,
+    LLM-AWQ/TinyChat `scaled_zeros`) keeps float zeros shaped like the scales; GPTQ packed in int16 words
+    (GPTQModel pack_dtype int16) keeps integer qzeros [nG, O*b/16] and qweight [I*b/16, O]."""
+    qw = t["qweight"][1]
+    zname = "qzeros" if "qzeros" in t else "scaled_zeros" if "scaled_zeros" in t else None
+    z = t.get(zname) if zname else None
+    scs = t["scales"][1]
+    if z is not None and z[0] in INT_DTYPES:
+        return _gptq_int16(t, c)
+    if z is None or z[0] in FLOAT_DTYPES and z[1] == scs:
+        return _awq_gemv_fast(t, c, zname)
+    return Detected("unknown", notes=[("error", f"int16 qweight {list(qw)} with {zname} {z[0]} {list(z[1])}: "
+                                                "neither AWQ GEMV_FAST (float zeros shaped like the scales) "
+                                                "nor GPTQ in int16 words (integer qzeros)")])
+
+
+def _gptq_int16(t: dict[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    n_groups, out = t["scales"][1]
+    qz = t["qzeros"][1]
+    notes: list[tuple[str, str]] = []
+    bits = _div(qz[1] * 16, out) if len(qz) == 2 else None
+    in_f = _div(qw[0] * 16, bits) if bits else None
+    if bits not in (2, 4, 8) or in_f is None or qw[1] != out or qz[0] != n_groups:
+        return Detected("unknown", notes=[("error", f"int16 qweight {list(qw)}, qzeros {list(qz)}, scales "
+                                                    f"{[n_groups, out]} match no GPTQ layout in 16-bit words")])
+    pack = c.raw.get("pack_dtype") if isinstance(c.raw, dict) else None
+    if pack is not None and str(pack) != "int16":
+        notes.append(("error", f"config says pack_dtype {pack} but qweight and qzeros are int16 words"))
+    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+        notes.append(("error", f"config says {c.format} but the tensors are GPTQ in int16 words"))
+    g_idx = t.get("g_idx")
+    if g_idx is not None and g_idx[1] != (in_f,):
+        notes.append(("error", f"g_idx shape {list(g_idx[1])} != [{in_f}] (in_features from qweight)"))
+    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += _bits_note(c, bits)
+    notes.append(("warning", "GPTQ packed in int16 words (GPTQModel pack_dtype int16): described from the "
+                             "header only; qtool decodes, repacks and runs int32-word GPTQ"))
+    fmt = c.format if c.format in GPTQ_FAMILY else "gptq"
+    return Detected(f"{fmt}_int16", bits, group, c.sym, c.desc_act, in_f, out, in_f * out,
+                    detail=f"qweight int16 [{qw[0]}, {qw[1]}]", notes=notes)
+
+
+def _awq_gemv_fast(t: dict[str, Sig], c: Claims, zname: str | None = "qzeros") -> Detected:
     qw = t["qweight"][1]
     out = t["scales"][1][1]
     in_f = qw[1] if len(qw) == 2 else None
@@ -432,8 +656,11 @@ def _awq_gemv_fast(t: dict[str, Sig], c: Claims) -> Detected:
         notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMV_FAST layout "
                                "(int16 qweight)"))
     notes += _bits_note(c, 4)
+    if zname is None:
+        notes.append(("error", "AWQ GEMV_FAST qweight and scales without zeros (qzeros or scaled_zeros)"))
+    detail = "LLM-AWQ (TinyChat) gemv_fast, scaled_zeros" if zname == "scaled_zeros" else "AWQ gemv_fast"
     return Detected("awq_gemv_fast", 4, group, c.sym if c.sym is not None else False, False, in_f, out,
-                    (in_f or 0) * out or None, detail="AWQ gemv_fast", notes=notes)
+                    (in_f or 0) * out or None, detail=detail, notes=notes)
 
 
 def _marlin(name: str, t: dict[str, Sig], c: Claims) -> Detected:
@@ -594,7 +821,23 @@ def _div_ceil_match(n: int, blocks: int) -> int | None:
     return None
 
 
-def _bnb4(t: dict[str, Sig], c: Claims) -> Detected:
+def bnb_state_shape(blob: bytes) -> tuple[int, int] | None:
+    """The [out, in] shape bitsandbytes records in its packed 4-bit quant state (the uint8 tensor
+    `weight.quant_state.bitsandbytes__nf4|fp4` holds UTF-8 JSON: quant_type, blocksize, dtype, shape, ...)."""
+    try:
+        d = json.loads(bytes(blob).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    shape = d.get("shape") if isinstance(d, dict) else None
+    if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 < x < 1 << 40 for x in shape):
+        return shape[0], shape[1]
+    return None
+
+
+def _bnb4(t: dict[str, Sig], c: Claims, state_shape: tuple[int, int] | None = None) -> Detected:
+    """bitsandbytes 4-bit: weight U8 [O*I/2, 1] holds two codes a byte, so the header gives O*I only; the
+    shape comes from the quant state (read by the caller, see `bnb_state_shape`), else from the bias."""
     w = t.get("weight")
     qs = [k for k in t if k.startswith("weight.quant_state.")]
     kind = qs[0].rsplit("__", 1)[-1] if qs and "__" in qs[0] else "4bit"
@@ -609,10 +852,24 @@ def _bnb4(t: dict[str, Sig], c: Claims) -> Detected:
             numel *= d
         group = _div(n, numel)
     notes = []
+    o = i = None
+    if state_shape is not None:
+        o, i = state_shape
+        if n is not None and o * i not in (n, n - 1):  # an odd O*I leaves half of the last byte unused
+            notes.append(("error", f"quant state says shape [{o}, {i}] but the weight holds {n} codes"))
+    elif "bias" in t and len(t["bias"][1]) == 1 and n:
+        o = t["bias"][1][0]
+        i = _div(n, o)
+        o = o if i else None
+    if o is None:
+        notes.append(("warning", "bitsandbytes 4-bit module without a readable quant state or bias: in/out "
+                                 "features unknown from the header"))
+    elif i is not None:
+        n = o * i
     if c.format not in (None, "bnb"):
         notes.append(("error", f"config says {c.format} but the tensors are bitsandbytes 4-bit"))
     notes += _bits_note(c, 4)
-    return Detected("bnb", 4, group, True, False, None, None, n, detail=f"bitsandbytes {kind}", notes=notes)
+    return Detected("bnb", 4, group, True, False, i, o, n, detail=f"bitsandbytes {kind}", notes=notes)
 
 
 def _bnb8(t: dict[str, Sig]) -> Detected:

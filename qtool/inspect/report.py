@@ -240,10 +240,15 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
         s.add_row("sym", _b(report.summary_value("sym")))
         s.add_row("act-order", _b(report.summary_value("desc_act")))
     nq = len(report.quantized_modules)
-    s.add_row("modules", f"{len(report.modules)} ({nq} quantized, {len(report.modules) - nq} dense)")
+    nu = sum(1 for m in report.modules if m.format == "unknown")
+    unknown = f", {nu} unknown quantized layout" if nu else ""
+    s.add_row("modules", f"{len(report.modules)} ({nq} quantized{unknown}, {len(report.modules) - nq - nu} dense)")
     s.add_row("tensors", str(report.tensor_count))
+    ub = sum(m.bytes for m in report.modules if m.format == "unknown")
     s.add_row("bytes", f"{report.bytes_total:,} ({human_bytes(report.bytes_total)}): quantized "
-                       f"{human_bytes(report.quantized_bytes)}, dense {human_bytes(report.dense_bytes)}")
+                       f"{human_bytes(report.quantized_bytes)}"
+                       + (f", unknown layout {human_bytes(ub)}" if nu else "")
+                       + f", dense {human_bytes(report.dense_bytes - ub)}")
     bpw = "?" if report.bpw is None else f"{report.bpw:.3f}"
     if report.quantized_bpw is not None:
         bpw += f" (quantized modules {report.quantized_bpw:.3f})"

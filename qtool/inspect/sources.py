@@ -211,6 +211,9 @@ def _configs(root: Path, anoms: list[Anomaly]) -> tuple[dict | None, dict | None
             if a is not None and not isinstance(a, dict):
                 _err(anoms, "config.json quantization_config is not an object")
                 a = None
+            mlx = config.get("quantization")
+            if a is None and isinstance(mlx, dict):  # MLX keeps {group_size, bits, <module>: {...}} here
+                return config, mlx, "config.json quantization"
     if (root / "quantize_config.json").is_file():
         try:
             b = read_json(root / "quantize_config.json")

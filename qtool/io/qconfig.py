@@ -22,7 +22,8 @@ class QuantConfig:
     """A normalised quantization config.
 
     format: the qtool format id the config implies ("gptq", "gptq_v2", "gptq_p", "awq", "awq_gemv",
-            "awq_gemv_fast", "marlin", "ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb") or None if unknown.
+            "awq_gemv_fast", "marlin", "ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "qqq", "exl3") or None if
+            unknown.
     """
 
     quant_method: str | None
@@ -84,8 +85,8 @@ def parse_quant_config(raw: dict | None, source: object = None) -> QuantConfig |
             fmt = _AWQ_VERSIONS[ckpt]
     elif method == "awq":
         fmt = _AWQ_VERSIONS.get(ckpt or "gemm")
-    elif method == "marlin":
-        fmt = "marlin"
+    elif method in ("marlin", "qqq", "exl3"):
+        fmt = method
     elif method == "fp8":
         fmt, bits = "fp8", bits or 8
     elif method == "bitsandbytes":

@@ -14,13 +14,13 @@ Two containers:
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qtool.errors import InputError
 from qtool.formats.base import LayerParams
+from qtool.io.config_regex import WorkBudget, compile_config_regex
 
 # inspect's "gguf:<TYPE>" -> qtool format ids that hold those blocks exactly
 GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
@@ -230,6 +230,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     raw = ck.quant_config or {}
     version = raw.get("version") if raw.get("quant_method") == "compressed-tensors" else None
     dynamic = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
+    regexes: dict[str, Any] = {}
+    budget = WorkBudget()
     modules, in_module = [], set()
     known = all_formats()
     for mr in report.modules:
@@ -251,12 +253,12 @@ def _open_safetensors(p: Path, report, errors) -> Source:
         for pat, over in dynamic.items():  # GPTQModel per-module overrides ("+:regex" or bare regex)
             if isinstance(over, dict) and not pat.startswith("-:"):
                 rx = pat[2:] if pat.startswith("+:") else pat
-                try:
-                    if re.match(rx, mr.name):
-                        bits = over.get("bits", bits)
-                        group = over.get("group_size", group)
-                except re.error:
-                    pass
+                if rx not in regexes:  # bounded matcher: the pattern comes from the file (config_regex.py)
+                    regexes[rx] = compile_config_regex(rx, path=ck.root / "config.json", key="dynamic",
+                                                       budget=budget)
+                if regexes[rx].match(mr.name):
+                    bits = over.get("bits", bits)
+                    group = over.get("group_size", group)
         extra = {"quant_config": raw, "metadata": dict(ck.metadata)}
         if version:
             extra["version"] = str(version)
