@@ -7,13 +7,15 @@ byte; other files of the source directory (tokenizer, ...) are copied.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from qtool.errors import InputError, UsageError
+from qtool.errors import InputError, QtoolError, UsageError
 from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.safetensors_header import TensorInfo
 
@@ -65,7 +67,7 @@ class PackJob:
     to: str = "gptq"
     bits: int = 4
     group_size: int = 128
-    sym: bool = True
+    sym: bool | None = None  # None: the target's convention (resolve_sym)
     method: str = "rtn"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -115,6 +117,8 @@ class PackReport:
     bytes_in: int = 0
     bytes_out: int = 0
     files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -138,7 +142,22 @@ class PackReport:
         return {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
                 "dtype": self.dtype, "dry_run": self.dry_run,
                 "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
-                "totals": self.totals(), "files": self.files}
+                "totals": self.totals(), "files": self.files, "notes": self.notes, "warnings": self.warnings}
+
+
+AWQ_ASYM_NOTE = "AWQ: asymmetric by convention (zero points); --sym writes symmetric AWQ"
+AWQ_SYM_WARNING = ("symmetric AWQ (--sym): vLLM's AWQ path refuses it on CUDA and AWQ readers expect zero points; "
+                   "drop --sym for the asymmetric convention")
+
+
+def resolve_sym(to: str, sym: bool | None) -> tuple[bool, list[str], list[str]]:
+    """(sym, notes, warnings) for a target: AWQ checkpoints are zero-point by convention, GPTQ's are symmetric
+    by default; an explicit --sym/--asym wins, and symmetric AWQ is written with a warning."""
+    if to == "awq":
+        if sym is None:
+            return False, [AWQ_ASYM_NOTE], []
+        return sym, [], [AWQ_SYM_WARNING] if sym else []
+    return (True if sym is None else sym), [], []
 
 
 def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
@@ -156,6 +175,11 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
         module = name[: -len(".weight")]
         o, i = info.shape
         plan = ModulePlan(module, name, (o, i), "quantize")
+        if o == 0 or i == 0:
+            # Nothing to quantize: carried through byte for byte, whatever --include says.
+            plan.action, plan.reason = "keep", f"empty weight [{o}, {i}]: nothing to quantize"
+            plans.append(plan)
+            continue
         skip = next((why for pat, why in _SKIP_PATTERNS if pat.search(module)), None)
         if incl:
             if not any(r.search(module) for r in incl):
@@ -220,15 +244,24 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if ck.quant_config is not None:
         raise InputError("the source is already quantized", path=ck.path,
                          fix="pack reads dense models; use `qtool repack` to convert quantized ones")
+    sym, notes, warnings = resolve_sym(job.to, job.sym)
+    job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
+    warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
-                        bytes_in=ck.total_bytes)
+                        bytes_in=ck.total_bytes, notes=notes, warnings=warnings)
     to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
     if not to_quantize:
+        empty = [p for p in plans if p.reason.startswith("empty weight")]
+        if empty:
+            raise InputError(f"no linear weights to quantize: {len(empty)} empty weight(s), the first "
+                             f"[{empty[0].shape[0]}, {empty[0].shape[1]}]", path=ck.path, tensor=empty[0].weight,
+                             fix="pack needs at least one non-empty 2-D weight")
         raise UsageError("no linear weights to quantize", path=ck.path,
                          fix="check --include/--exclude; embeddings, lm_head and norms stay dense by default")
     if job.dry_run:
         return report
+    check_memory(ck, to_quantize.values())
 
     from qtool import __version__
     from qtool.io.writer import refuse_overwriting_input
@@ -249,13 +282,20 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     w.add_raw(name, info)
                     continue
                 weight = ck.get(name)
-                p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method, scale_dtype=scale_dtype)
+                try:
+                    p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method,
+                                 scale_dtype=scale_dtype, name=name)
+                except QtoolError as e:
+                    raise _located(e, ck.path, name) from None
+                err = relative_error(weight, p)
+                if not math.isfinite(err):
+                    raise InputError(f"the relative error of the packed weight is {err} (not a number)",
+                                     path=ck.path, tensor=name, fix="--exclude this tensor and report it")
                 packed = fmt.pack(p)
                 after = 0
                 for short, t in packed.items():
                     w.add(f"{plan.module}.{short}", t)
                     after += t.numel() * t.element_size()
-                err = relative_error(weight, p)
                 o, i = plan.shape
                 report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
                                                    8 * after / (o * i), err))
@@ -276,6 +316,78 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if on_progress:
         on_progress("", len(names), len(names))
     return report
+
+
+def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
+    """The same error, naming the file and tensor it came from (the quantizer knows neither)."""
+    if e.path is not None:
+        return e
+    return type(e)(e.problem, path=path, tensor=e.tensor or tensor, fix=e.fix)
+
+
+# Memory one module needs while it is packed, per weight: the uint8 codes, their transposed copy and the packed
+# words (at most one byte each for widths dividing 32); other widths go through an int64 bit stream of
+# 8 bytes per bit. Plus the float32 row blocks of the quantizer and error measure (bounded, see qtool.quant).
+_BLOCK_BYTES = 256 << 20
+
+
+def module_bytes(info: TensorInfo, bits: int) -> int:
+    """Peak bytes that packing one weight holds at once: the weight as read, plus its per-weight working set."""
+    o, i = info.shape
+    per_weight = 3 if 32 % bits == 0 else 3 + 8 * bits
+    return info.nbytes + per_weight * o * i + _BLOCK_BYTES
+
+
+def available_bytes() -> tuple[int, str]:
+    """(bytes this process can still allocate, what limits it): the smaller of the memory the system reports
+    available and the room left under the address-space limit."""
+    import resource
+
+    limits = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append((int(line.split()[1]) * 1024, "memory available"))
+                    break
+    except OSError:
+        pass
+    if not limits:
+        try:
+            limits.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free memory"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        used = 0
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmSize:"):
+                        used = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+        limits.append((max(soft - used, 0), "room under the address-space limit (ulimit -v)"))
+    if not limits:
+        return 1 << 62, "unknown"
+    return min(limits)
+
+
+def check_memory(ck: Checkpoint, plans) -> None:
+    """Refuse, before anything is read or written, a module whose packing needs more memory than there is."""
+    worst = max(plans, key=lambda p: module_bytes(ck.tensors[p.weight], p.bits))
+    need = module_bytes(ck.tensors[worst.weight], worst.bits)
+    have, what = available_bytes()
+    if need > have:
+        o, i = worst.shape
+        raise InputError(f"packing this [{o}, {i}] weight needs about {_gib(need)} but only {_gib(have)} is free "
+                         f"({what})", path=ck.path, tensor=worst.weight,
+                         fix="--exclude this module, or run where more memory is available")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB ({n} bytes)"
 
 
 def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:

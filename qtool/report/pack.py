@@ -20,7 +20,7 @@ def _summary_lines(report) -> list[str]:
              f"{human_bytes(t['quantized_bytes_after'])} ({t['bpw']:.3f} bits/weight), "
              f"mean relative error {t['rel_error_mean']:.4%}",
              f"checkpoint: {human_bytes(t['bytes_in'])} -> {human_bytes(t['bytes_out'])}"]
-    return lines
+    return lines + list(report.notes)
 
 
 def render(report, console) -> None:
@@ -36,6 +36,8 @@ def render(report, console) -> None:
             t.add_row(sanitize(p.module), "x".join(map(str, p.shape)), p.action, str(p.bits or ""),
                       str(p.group_size or ""), p.reason)
         console.print(t)
+        for note in report.notes:
+            console.print(note)
         console.print("dry run: nothing written")
         return
     t = Table(title=f"qtool pack -> {sanitize(report.out)}")
@@ -55,6 +57,7 @@ def render(report, console) -> None:
 def to_markdown(report) -> str:
     out = ["# qtool pack report\n", f"- source: `{report.src}`", f"- output: `{report.out}`"]
     out += [f"- {line}" for line in _summary_lines(report)]
+    out += [f"- warning: {w}" for w in report.warnings]
     out.append("")
     out.append(md_table(_HEAD, _rows(report)))
     kept = [p for p in report.plan if p.action == "keep"]
