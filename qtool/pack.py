@@ -262,6 +262,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if job.dry_run:
         return report
     check_memory(ck, to_quantize.values())
+    check_disk(ck, to_quantize, job.out)
 
     from qtool import __version__
     from qtool.io.writer import refuse_overwriting_input
@@ -384,6 +385,38 @@ def check_memory(ck: Checkpoint, plans) -> None:
         raise InputError(f"packing this [{o}, {i}] weight needs about {_gib(need)} but only {_gib(have)} is free "
                          f"({what})", path=ck.path, tensor=worst.weight,
                          fix="--exclude this module, or run where more memory is available")
+
+
+def output_bytes(ck: Checkpoint, to_quantize: dict[str, ModulePlan]) -> int:
+    """Bytes the output holds, at most: tensors copied as they are, packed modules (codes, a 2-byte scale and a
+    zero per group and output, g_idx), the other files of the source."""
+    total = sum(f.stat().st_size for f in ck.other_files())
+    for name, info in ck.tensors.items():
+        p = to_quantize.get(name)
+        if p is None:
+            total += info.nbytes
+            continue
+        o, i = p.shape
+        groups = 1 if p.group_size == -1 else -(-i // p.group_size)
+        total += -(-o * i * p.bits // 8) + groups * o * 3 + 4 * i
+    return total
+
+
+def check_disk(ck: Checkpoint, to_quantize: dict[str, ModulePlan], out: Path) -> None:
+    """Refuse, before writing, an output larger than the free space where it goes."""
+    where = Path(os.path.abspath(out)).parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # the destination's own checks name what is wrong with it
+    need = output_bytes(ck, to_quantize)
+    if need > free:
+        from qtool.errors import OutputError
+
+        raise OutputError(f"the output needs about {_gib(need)} but {where} has {_gib(free)} free", path=out,
+                          fix="free space there, or choose another -o")
 
 
 def _gib(n: int) -> str:

@@ -315,3 +315,21 @@ def test_memory_need_checked_before_anything_is_read(tmp_path, monkeypatch):
     need = pack.module_bytes(pack.open_checkpoint(tmp_path / "src").tensors["model.layers.0.self_attn.q_proj.weight"], 4)
     assert f"needs about {need / (1 << 30):.2f} GiB ({need} bytes) but only 0.00 GiB (1048576 bytes)" in msg
     assert "memory available" in msg
+
+
+def test_output_size_checked_against_free_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    import qtool.pack as pack
+
+    make_model(tmp_path / "src")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(OutputError, match=r"the output needs about 0\.00 GiB \(\d+ bytes\) but .* has 0\.00 GiB "
+                                          r"\(4096 bytes\) free"):
+        invoke("pack", tmp_path / "src", "-o", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    need = pack.output_bytes(pack.open_checkpoint(tmp_path / "src"), {})
+    assert need == (tmp_path / "src" / "model.safetensors").stat().st_size - 8 - int.from_bytes(
+        (tmp_path / "src" / "model.safetensors").read_bytes()[:8], "little") + len('{"vocab": {}}')

@@ -149,3 +149,27 @@ def test_empty_weight_beside_real_ones_is_kept_with_a_warning(tmp_path):
         assert f.get_tensor(LINEAR).shape == (0, 64)
         assert f.get_tensor("model.layers.0.mlp.gate_proj.weight").shape == (64, 0)
         assert "model.layers.0.mlp.down_proj.qweight" in f.keys()
+
+
+def test_huge_dense_tensor_checked_against_free_disk(tmp_path):
+    """An 8 TiB embedding (kept dense, so copied byte for byte) in a sparse file: refused before writing, with
+    the bytes the output needs and the space free where it goes."""
+    import shutil
+
+    n = 1 << 21
+    big = n * n * 2
+    if shutil.disk_usage(tmp_path).free > big:
+        pytest.skip("this filesystem has 8 TiB free: the claim would fit")
+    src = tmp_path / "src"
+    src.mkdir()
+    head = json.dumps({"model.embed_tokens.weight": {"dtype": "F16", "shape": [n, n], "data_offsets": [0, big]},
+                       LINEAR: {"dtype": "F16", "shape": [64, 64], "data_offsets": [big, big + 8192]}}).encode()
+    head += b" " * (-len(head) % 8)
+    with open(src / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.truncate(8 + len(head) + big + 8192)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / SENTINEL).write_text(SENTINEL_TEXT)
+    res, = run_batch([["pack", str(src), "-o", str(dest), "--group-size", "32", "--force"]], cwd=tmp_path)
+    assert _problems(res, dest, ["the output needs about 8192.00 GiB", "free"], dest, True) == []
