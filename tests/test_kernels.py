@@ -277,3 +277,17 @@ def test_bench_runs_every_width_through_torch_ref(bits):
     rows = [x for x in json.loads(r.stdout)["results"] if x["kernel"] == "torch-ref"]
     assert rows and all(x["status"] == "ok" for x in rows), rows
     assert all(x["rel_err"] <= ERR_FACTOR * x["baseline_rel_err"] for x in rows)
+
+
+@pytest.mark.parametrize("bits,fmt", [(3, "gptq"), (5, "gptq_p"), (6, "gptq_p"), (7, "gptq_p"), (2, "gptq_v2")])
+def test_select_finds_torch_ref_for_every_width_qtool_writes(bits, fmt):
+    """The declaration agrees with the kernel: `qtool select --engine qtool` has a kernel for every pack."""
+    from qtool.kernels.devices import profile
+    from qtool.kernels.select import LayerQuant, select_kernel
+
+    layer = LayerQuant(name="layer", in_features=4096, out_features=4104, format=fmt, bits=bits, group_size=128,
+                       sym=False, desc_act=True, act_dtype="bfloat16", parallel="column")
+    for dev in ("cpu", "h100"):
+        sel = select_kernel(layer, profile(dev), "qtool")
+        assert sel.chosen == "torch-ref", sel
+    assert bits in get_kernel("torch-ref").bits
