@@ -312,7 +312,8 @@ def test_memory_need_checked_before_anything_is_read(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["pack", str(tmp_path / "src"), "-o", str(tmp_path / "out")])
     msg = str(r.exception)
     assert r.exception.exit_code == 2 and not (tmp_path / "out").exists()
-    need = pack.module_bytes(pack.open_checkpoint(tmp_path / "src").tensors["model.layers.0.self_attn.q_proj.weight"], 4)
+    info = pack.open_checkpoint(tmp_path / "src").tensors["model.layers.0.self_attn.q_proj.weight"]
+    need = pack.module_bytes(info, 4, "gptq")
     assert f"needs about {need / (1 << 30):.2f} GiB ({need} bytes) but only 0.00 GiB (1048576 bytes)" in msg
     assert "memory available" in msg
 

@@ -68,7 +68,7 @@ REFUSED = {
                    [LINEAR, "empty weight", "[0, 64]"]),
     "empty_cols": (lambda r: _dense(r, {LINEAR: torch.zeros(64, 0, dtype=torch.float16)}),
                    [LINEAR, "empty weight", "[64, 0]"]),
-    "huge_sparse": (_sparse_huge, [LINEAR, "needs about 320.25 GiB", f"[{HUGE}, {HUGE}]"]),
+    "huge_sparse": (_sparse_huge, [LINEAR, "needs about 384.25 GiB", f"[{HUGE}, {HUGE}]"]),
     "nan_weight": (lambda r: _dense(r, {LINEAR: _with(float("nan"), (9, 33))}), [LINEAR, "holds nan at [9, 33]"]),
     "inf_weight": (lambda r: _dense(r, {LINEAR: _with(float("-inf"), (0, 63))}), [LINEAR, "holds -inf at [0, 63]"]),
     "fp16_scale_overflow": (lambda r: _dense(r, {LINEAR: _overflowing()}),
