@@ -7,12 +7,14 @@ byte; other files of the source directory (tokenizer, ...) are copied.
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from qtool.errors import InputError, UsageError
+from qtool.errors import InputError, QtoolError, UsageError
 from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.safetensors_header import TensorInfo
 
@@ -64,7 +66,7 @@ class PackJob:
     to: str = "gptq"
     bits: int = 4
     group_size: int = 128
-    sym: bool = True
+    sym: bool | None = None  # None: the target's convention (resolve_sym)
     method: str = "rtn"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -114,6 +116,7 @@ class PackReport:
     bytes_in: int = 0
     bytes_out: int = 0
     files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -138,7 +141,22 @@ class PackReport:
         return {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
                 "dtype": self.dtype, "dry_run": self.dry_run,
                 "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
-                "totals": self.totals(), "files": self.files, "warnings": list(self.warnings)}
+                "totals": self.totals(), "files": self.files, "notes": self.notes, "warnings": self.warnings}
+
+
+AWQ_ASYM_NOTE = "AWQ: asymmetric by convention (zero points); --sym writes symmetric AWQ"
+AWQ_SYM_WARNING = ("symmetric AWQ (--sym): vLLM's AWQ path refuses it on CUDA and AWQ readers expect zero points; "
+                   "drop --sym for the asymmetric convention")
+
+
+def resolve_sym(to: str, sym: bool | None) -> tuple[bool, list[str], list[str]]:
+    """(sym, notes, warnings) for a target: AWQ checkpoints are zero-point by convention, GPTQ's are symmetric
+    by default; an explicit --sym/--asym wins, and symmetric AWQ is written with a warning."""
+    if to == "awq":
+        if sym is None:
+            return False, [AWQ_ASYM_NOTE], []
+        return sym, [], [AWQ_SYM_WARNING] if sym else []
+    return (True if sym is None else sym), [], []
 
 
 def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
@@ -156,6 +174,11 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
         module = name[: -len(".weight")]
         o, i = info.shape
         plan = ModulePlan(module, name, (o, i), "quantize")
+        if o == 0 or i == 0:
+            # Nothing to quantize: carried through byte for byte, whatever --include says.
+            plan.action, plan.reason = "keep", f"empty weight [{o}, {i}]: nothing to quantize"
+            plans.append(plan)
+            continue
         skip = next((why for pat, why in _SKIP_PATTERNS if pat.search(module)), None)
         if incl:
             if not any(r.search(module) for r in incl):
@@ -220,15 +243,25 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if ck.quant_config is not None:
         raise InputError("the source is already quantized", path=ck.path,
                          fix="pack reads dense models; use `qtool repack` to convert quantized ones")
+    sym, notes, warnings = resolve_sym(job.to, job.sym)
+    job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
+    warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
-                        bytes_in=ck.total_bytes)
+                        bytes_in=ck.total_bytes, notes=notes, warnings=warnings)
     to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
     if not to_quantize:
+        empty = [p for p in plans if p.reason.startswith("empty weight")]
+        if empty:
+            raise InputError(f"no linear weights to quantize: {len(empty)} empty weight(s), the first "
+                             f"[{empty[0].shape[0]}, {empty[0].shape[1]}]", path=ck.path, tensor=empty[0].weight,
+                             fix="pack needs at least one non-empty 2-D weight")
         raise UsageError("no linear weights to quantize", path=ck.path,
                          fix="check --include/--exclude; embeddings, lm_head and norms stay dense by default")
     if job.dry_run:
         return report
+    check_memory(ck, to_quantize.values(), job.to)
+    check_disk(ck, to_quantize, job.out)
 
     from qtool import __version__
     from qtool.io.writer import refuse_overwriting_input
@@ -249,13 +282,20 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     w.add_raw(name, info)
                     continue
                 weight = ck.get(name)
-                p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method, scale_dtype=scale_dtype)
+                try:
+                    p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method,
+                                 scale_dtype=scale_dtype, name=name)
+                except QtoolError as e:
+                    raise _located(e, ck.path, name) from None
+                err = relative_error(weight, p)
+                if not math.isfinite(err):
+                    raise InputError(f"the relative error of the packed weight is {err} (not a number)",
+                                     path=ck.path, tensor=name, fix="--exclude this tensor and report it")
                 packed = fmt.pack(p)
                 after = 0
                 for short, t in packed.items():
                     w.add(f"{plan.module}.{short}", t)
                     after += t.numel() * t.element_size()
-                err = relative_error(weight, p)
                 o, i = plan.shape
                 report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
                                                    8 * after / (o * i), err))
@@ -277,6 +317,117 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if on_progress:
         on_progress("", len(names), len(names))
     return report
+
+
+def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
+    """The same error, naming the file and tensor it came from (the quantizer knows neither)."""
+    if e.path is not None:
+        return e
+    return type(e)(e.problem, path=path, tensor=e.tensor or tensor, fix=e.fix)
+
+
+# Memory one module needs while it is packed, in bytes per weight beyond the weight as read: the uint8 codes
+# and their packing. Continuous widths dividing 32 pack in int32 slices (about 4 bytes per weight); the planar
+# layout stages each plane in int64 (about 17); 3-bit continuous streams expand every bit to int64 (about
+# 16 per bit, plus 12). Measured with ru_maxrss on 2048..8192 x 4096 layers; the quantizer's and the error
+# measure's float32 row blocks are bounded (qtool.quant.CHUNK_ELEMENTS), about 140 MiB at most.
+_BLOCK_BYTES = 256 << 20
+
+
+def _per_weight(fmt: str, bits: int) -> int:
+    if fmt == "gptq_p":
+        return 17
+    return 4 if 32 % bits == 0 else 16 * bits + 12
+
+
+def module_bytes(info: TensorInfo, bits: int, fmt: str) -> int:
+    """Peak bytes that packing one weight to `fmt` holds at once: the weight as read, plus its working set."""
+    o, i = info.shape
+    return info.nbytes + _per_weight(fmt, bits) * o * i + _BLOCK_BYTES
+
+
+def available_bytes() -> tuple[int, str]:
+    """(bytes this process can still allocate, what limits it): the smaller of the memory the system reports
+    available and the room left under the address-space limit."""
+    import resource
+
+    limits = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append((int(line.split()[1]) * 1024, "memory available"))
+                    break
+    except OSError:
+        pass
+    if not limits:
+        try:
+            limits.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free memory"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        used = 0
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmSize:"):
+                        used = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+        limits.append((max(soft - used, 0), "room under the address-space limit (ulimit -v)"))
+    if not limits:
+        return 1 << 62, "unknown"
+    return min(limits)
+
+
+def check_memory(ck: Checkpoint, plans, fmt: str) -> None:
+    """Refuse, before anything is read or written, a module whose packing needs more memory than there is."""
+    worst = max(plans, key=lambda p: module_bytes(ck.tensors[p.weight], p.bits, fmt))
+    need = module_bytes(ck.tensors[worst.weight], worst.bits, fmt)
+    have, what = available_bytes()
+    if need > have:
+        o, i = worst.shape
+        raise InputError(f"packing this [{o}, {i}] weight needs about {_gib(need)} but only {_gib(have)} is free "
+                         f"({what})", path=ck.path, tensor=worst.weight,
+                         fix="--exclude this module, or run where more memory is available")
+
+
+def output_bytes(ck: Checkpoint, to_quantize: dict[str, ModulePlan]) -> int:
+    """Bytes the output holds, at most: tensors copied as they are, packed modules (codes, a 2-byte scale and a
+    zero per group and output, g_idx), the other files of the source."""
+    total = sum(f.stat().st_size for f in ck.other_files())
+    for name, info in ck.tensors.items():
+        p = to_quantize.get(name)
+        if p is None:
+            total += info.nbytes
+            continue
+        o, i = p.shape
+        groups = 1 if p.group_size == -1 else -(-i // p.group_size)
+        total += -(-o * i * p.bits // 8) + groups * o * 3 + 4 * i
+    return total
+
+
+def check_disk(ck: Checkpoint, to_quantize: dict[str, ModulePlan], out: Path) -> None:
+    """Refuse, before writing, an output larger than the free space where it goes."""
+    where = Path(os.path.abspath(out)).parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # the destination's own checks name what is wrong with it
+    need = output_bytes(ck, to_quantize)
+    if need > free:
+        from qtool.errors import OutputError
+
+        raise OutputError(f"the output needs about {_gib(need)} but {where} has {_gib(free)} free", path=out,
+                          fix="free space there, or choose another -o")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB ({n} bytes)"
 
 
 def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:

@@ -154,7 +154,7 @@ def test_qtool_engine_declares_its_three_kernels():
     tri = q.kernel("triton-w4a16")
     assert tri.min_cc == (8, 0) and tri.bits == (4,) and tri.n_part_multiple == 8 and tri.k_part_multiple == 8
     ref = q.kernel("torch-ref")
-    assert ref.bits == (2, 4, 8) and ref.platforms == ("all",)
+    assert ref.bits == (2, 3, 4, 5, 6, 7, 8) and ref.platforms == ("all",)
 
 
 def test_profiles_and_models_load():

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.errors import InputError, OutputError, SpecError, UsageError
-from tests.oracles.layouts import awq_weight, gptq_weight
+from tests.oracles.layouts import awq_unpack_cols, awq_weight, gptq_weight
 
 O, I = 128, 256
 
@@ -218,3 +218,125 @@ def test_output_over_the_input_is_refused(tmp_path):
         with pytest.raises(OutputError, match="overlaps the input"):
             invoke("pack", src, "-o", dest, "--force")
     assert (src / "model.safetensors").read_bytes() == before
+
+
+def big_model(root, dtype=torch.bfloat16):
+    """One linear weight whose first group's max |w| (2^21) needs a 4-bit scale beyond fp16's range."""
+    root.mkdir(parents=True, exist_ok=True)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    w[0, 3] = 2.0 ** 21
+    save_file({"model.layers.0.mlp.up_proj.weight": w.to(dtype)}, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_fp16_scale_overflow_refused_bf16_scales_written(tmp_path, fmt):
+    big_model(tmp_path / "src")
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "--to", fmt,
+                                 "--group-size", "32"])
+    assert r.exception.exit_code == 2 and not (tmp_path / "out").exists()
+    msg = str(r.exception)
+    assert str(tmp_path / "src") in msg and "model.layers.0.mlp.up_proj.weight" in msg
+    assert "max |w| = 2.09715e+06" in msg and "--dtype bf16" in msg and "\n" not in msg
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "out", "--to", fmt, "--group-size", 32, "--dtype", "bf16",
+               "--json")
+    rep = json.loads(r.stdout)
+    assert 0 < rep["totals"]["rel_error_mean"] < 0.2
+    tensors, _ = load(tmp_path / "out")
+    s = tensors["model.layers.0.mlp.up_proj.scales"]
+    assert s.dtype == torch.bfloat16 and bool(torch.isfinite(s.float()).all())
+    w = decode(fmt, tensors, "model.layers.0.mlp.up_proj", 4, 32)
+    assert np.isfinite(w).all()
+
+
+def test_nan_error_metric_is_an_error(tmp_path, monkeypatch):
+    import qtool.formats.plain as plain
+
+    make_model(tmp_path / "src")
+    monkeypatch.setattr(plain, "relative_error", lambda w, p: float("nan"))
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "src"), "-o", str(tmp_path / "out")])
+    assert r.exception.exit_code == 2 and "nan%" not in r.output and not (tmp_path / "out").exists()
+    assert "not a number" in str(r.exception) and "model.layers.0.mlp.down_proj.weight" in str(r.exception)
+
+
+def test_nan_weight_error_names_file_tensor_and_index(tmp_path):
+    t = make_model(tmp_path / "src")
+    t["model.layers.1.mlp.down_proj.weight"][17, 100] = float("inf")
+    save_file(t, tmp_path / "src" / "model.safetensors")
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "src"), "-o", str(tmp_path / "out")])
+    msg = str(r.exception)
+    assert r.exception.exit_code == 2 and not (tmp_path / "out").exists()
+    assert msg.startswith(f"{tmp_path / 'src'}: tensor 'model.layers.1.mlp.down_proj.weight': the weight holds inf "
+                          f"at [17, 100]")
+
+
+def test_awq_defaults_to_asymmetric_and_says_so(tmp_path):
+    make_model(tmp_path / "src")
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "awq", "--to", "awq", "--group-size", 64)
+    assert "AWQ: asymmetric by convention" in r.stdout and "awq (rtn, asym" in r.stdout and "warning" not in r.stderr
+    q = json.loads((tmp_path / "awq" / "config.json").read_text())["quantization_config"]
+    assert q["zero_point"] is True and q["sym"] is False
+    assert "AWQ: asymmetric by convention" in (tmp_path / "awq" / "report.md").read_text()
+    tensors, _ = load(tmp_path / "awq")
+    # the zero points vary (not all the symmetric midpoint 8)
+    assert (awq_unpack_cols(tensors["model.layers.0.mlp.down_proj.qzeros"].numpy()) != 8).any()
+    # --sym opts in, with a warning on stderr (also under --json, whose stdout stays JSON)
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "awq-sym", "--to", "awq", "--group-size", 64, "--sym",
+               "--json")
+    rep = json.loads(r.stdout)
+    assert rep["sym"] is True and any("vLLM" in w for w in rep["warnings"])
+    assert "warning: symmetric AWQ (--sym): vLLM's AWQ path refuses it on CUDA" in r.stderr
+    assert json.loads((tmp_path / "awq-sym" / "config.json").read_text())["quantization_config"]["zero_point"] is False
+    # GPTQ layouts keep their symmetric default
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "gptq", "--dry-run", "--json")
+    assert json.loads(r.stdout)["sym"] is True
+
+
+@pytest.mark.parametrize("shape", [(0, 256), (256, 0)])
+def test_empty_weight_kept_with_a_warning(tmp_path, shape):
+    t = make_model(tmp_path / "src")
+    t["model.layers.0.mlp.gate_proj.weight"] = torch.zeros(shape, dtype=torch.float16)
+    save_file(t, tmp_path / "src" / "model.safetensors")
+    r = invoke("pack", tmp_path / "src", "-o", tmp_path / "out", "--json")
+    rep = json.loads(r.stdout)
+    plan = {p["module"]: p for p in rep["plan"]}
+    assert plan["model.layers.0.mlp.gate_proj"]["action"] == "keep"
+    assert f"model.layers.0.mlp.gate_proj.weight: empty weight [{shape[0]}, {shape[1]}]" in r.stderr
+    tensors, _ = load(tmp_path / "out")
+    assert tensors["model.layers.0.mlp.gate_proj.weight"].shape == shape
+    assert "model.layers.0.mlp.down_proj.qweight" in tensors
+    dyn = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["dynamic"]
+    assert r"-:^model\.layers\.0\.mlp\.gate_proj$" in dyn
+
+
+def test_memory_need_checked_before_anything_is_read(tmp_path, monkeypatch):
+    import qtool.pack as pack
+
+    make_model(tmp_path / "src")
+    monkeypatch.setattr(pack, "available_bytes", lambda: (1 << 20, "memory available"))
+    monkeypatch.setattr(pack.Checkpoint, "get", lambda *a, **k: pytest.fail("a tensor was read"))
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "src"), "-o", str(tmp_path / "out")])
+    msg = str(r.exception)
+    assert r.exception.exit_code == 2 and not (tmp_path / "out").exists()
+    info = pack.open_checkpoint(tmp_path / "src").tensors["model.layers.0.self_attn.q_proj.weight"]
+    need = pack.module_bytes(info, 4, "gptq")
+    assert f"needs about {need / (1 << 30):.2f} GiB ({need} bytes) but only 0.00 GiB (1048576 bytes)" in msg
+    assert "memory available" in msg
+
+
+def test_output_size_checked_against_free_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    import qtool.pack as pack
+
+    make_model(tmp_path / "src")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(OutputError, match=r"the output needs about 0\.00 GiB \(\d+ bytes\) but .* has 0\.00 GiB "
+                                          r"\(4096 bytes\) free"):
+        invoke("pack", tmp_path / "src", "-o", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    need = pack.output_bytes(pack.open_checkpoint(tmp_path / "src"), {})
+    assert need == (tmp_path / "src" / "model.safetensors").stat().st_size - 8 - int.from_bytes(
+        (tmp_path / "src" / "model.safetensors").read_bytes()[:8], "little") + len('{"vocab": {}}')

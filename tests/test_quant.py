@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qtool.errors import InputError, UsageError
+from qtool.errors import InputError, NotRepresentable, UsageError
 from qtool.formats import dequantize, get_format
 from qtool.quant import quantize
 
@@ -161,3 +161,56 @@ def test_bad_inputs():
     w[2, 3] = float("nan")
     with pytest.raises(InputError, match="NaN"):
         quantize(w, 4, 32, True, name="model.layers.0.q_proj.weight")
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("method", ["rtn", "mse"])
+@pytest.mark.parametrize("sym", [True, False])
+def test_scales_beyond_fp16_are_refused_never_inf(bits, method, sym):
+    """Finite bf16 weights whose group scale exceeds fp16's range: fp16 scales are refused (naming max |w|, the
+    row, the group and --dtype bf16); bf16 scales hold them and decode finite."""
+    w = weights("normal", O=8, I=128, seed=bits).to(torch.float32)
+    w[5, 70] = 3.0e7   # group 2 of row 5 at g32; over fp16 for every bits value
+    w = w.to(torch.bfloat16)
+    with pytest.raises(NotRepresentable) as e:
+        quantize(w, bits, 32, sym, method, scale_dtype=torch.float16, name="m.q_proj.weight")
+    msg = str(e.value)
+    assert f"max |w| = {float(w[5, 70]):.6g}" in msg and "row 5, group 2" in msg and "fp16" in msg and "--dtype bf16" in msg
+    assert e.value.tensor == "m.q_proj.weight" and "\n" not in msg
+    p = quantize(w, bits, 32, sym, method, scale_dtype=torch.bfloat16)
+    assert p.scales.dtype == torch.bfloat16 and bool(torch.isfinite(p.scales.float()).all())
+    d = dequantize(p, torch.float64)
+    assert bool(torch.isfinite(d).all()) and rel_err(w, p) < 0.7
+
+
+def test_scales_beyond_float32_are_refused():
+    w = torch.zeros(2, 32, dtype=torch.float32)
+    w[1, 0], w[1, 1] = 3.0e38, -3.0e38   # the range 6e38 overflows float32 itself
+    with pytest.raises(NotRepresentable, match=r"max \|w\| = 3e\+38 in row 1, group 0.*bf16") as e:
+        quantize(w, 4, 32, False, scale_dtype=torch.bfloat16)
+    assert "rescale" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_weight_names_the_first_bad_index(value, monkeypatch):
+    import qtool.quant as qmod
+
+    monkeypatch.setattr(qmod, "CHUNK_ELEMENTS", 64 * 3)   # the bad value sits in a later row block
+    w = weights("normal", O=12, I=64)
+    w[7, 41] = value
+    w[9, 2] = value
+    with pytest.raises(InputError) as e:
+        quantize(w, 4, 32, True, name="model.layers.0.q_proj.weight")
+    msg = str(e.value)
+    assert f"holds {value}" in msg and "[7, 41]" in msg and e.value.tensor == "model.layers.0.q_proj.weight"
+    # act-order permutes columns before quantizing; the index is still the source's
+    g_idx = torch.arange(64, dtype=torch.int32).flip(0) // 32
+    with pytest.raises(InputError, match=r"\[7, 41\]"):
+        quantize(w, 4, 32, True, g_idx=g_idx)
+
+
+def test_float64_weight_beyond_float32_is_named():
+    w = torch.zeros(4, 32, dtype=torch.float64)
+    w[3, 9] = 1e300
+    with pytest.raises(InputError, match=r"1e\+300 at \[3, 9\], beyond float32's range"):
+        quantize(w, 4, 32, True)

@@ -20,6 +20,7 @@ from qtool.cli.common import (
     apply_config,
     emit_json,
     progress,
+    sanitize,
     stderr_console,
     stdout_console,
 )
@@ -48,7 +49,9 @@ def pack_cmd(
     bits: Annotated[int, typer.Option("--bits", help="Bits per weight, 2..8.")] = 4,
     group_size: Annotated[int, typer.Option("--group-size", help="Group size along in_features; -1 = per channel.")]
     = 128,
-    sym: Annotated[bool, typer.Option("--sym/--asym", help="Symmetric (zero 2^(b-1)) or asymmetric zeros.")] = True,
+    sym: Annotated[bool | None, typer.Option(
+        "--sym/--asym", help="Symmetric (zero 2^(b-1)) or asymmetric zeros. Default: symmetric for the GPTQ "
+                             "layouts, asymmetric for awq (AWQ's zero-point convention).", show_default=False)] = None,
     method: Annotated[str, typer.Option("--method", help="rtn (min-max) or mse (clip search).")] = "rtn",
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
@@ -81,6 +84,8 @@ def pack_cmd(
             bar.update(task, completed=k, total=n, description=f"packing {sanitize(name[-40:])}")
 
         report = run_pack(job, tick)
+    for w in report.warnings:
+        stderr_console().print(f"warning: {sanitize(w)}")
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

@@ -36,10 +36,14 @@ class PackedLayer:
     """The GPTQ v2 tensors of one linear layer y[M, N] = x[M, K] @ W[N, K]^T (FORMATS.md "GPTQ").
 
     qweight: int32 [K*bits/32, N]   codes packed along the input rows, little-endian bit stream
-    qzeros:  int32 [n_groups, N*bits/32]  true (v2) zero points packed along the output columns
+    qzeros:  int32 [n_groups, words(N)]  true (v2) zero points packed along the output columns
     scales:  fp16/bf16/fp32 [n_groups, N]
     g_idx:   int32 [K] group of each input row, or None when it is the trivial k // group_size
-    bits, group_size (-1 = one group over all K), in_features K, out_features N
+    bits (2..8), group_size (-1 = one group over all K), in_features K, out_features N
+
+    Codes come in runs of run_length(bits) (32/bits for widths dividing 32, else 32, whose bits words some
+    codes straddle): K is a whole number of runs; qzeros holds N zeros padded with zeros to whole runs,
+    words(N) = ceil(N / run) * run * bits / 32, so any N (odd ones included) has a layer.
     """
 
     qweight: torch.Tensor
@@ -110,12 +114,15 @@ class PackedLayer:
         qweight, qzeros, scales = tensors["qweight"], tensors["qzeros"], tensors["scales"]
         if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
             raise FormatError("gptq_v2 layer: qweight and qzeros must be int32", tensor="qweight")
-        if 32 % bits:
-            raise FormatError(f"kernels read {bits}-bit GPTQ words only for bits dividing 32 (2, 4, 8)",
-                              fix="repack to 2, 4 or 8 bits")
+        if bits not in LAYER_BITS:
+            raise FormatError(f"kernels read 2..8-bit GPTQ words, not {bits}-bit", fix="repack to 2..8 bits")
+        run = run_length(bits)
+        if qweight.shape[0] % (run * bits // 32):
+            raise FormatError(f"gptq_v2 layer: qweight has {qweight.shape[0]} rows, not whole runs of {run} "
+                              f"{bits}-bit codes ({run * bits // 32} words each)", tensor="qweight")
         k = qweight.shape[0] * 32 // bits
         n = qweight.shape[1]
-        if scales.shape[1] != n or qzeros.shape[1] * 32 // bits != n or qzeros.shape[0] != scales.shape[0]:
+        if scales.shape[1] != n or qzeros.shape[1] != packed_words(n, bits) or qzeros.shape[0] != scales.shape[0]:
             raise FormatError(f"gptq_v2 layer: shapes disagree: qweight {tuple(qweight.shape)}, qzeros "
                               f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}", tensor="scales")
         g_idx = tensors.get("g_idx")
@@ -127,21 +134,48 @@ class PackedLayer:
 
     @classmethod
     def from_plain(cls, plain: Plain) -> PackedLayer:
-        """Pack a Plain [N, K] through the `gptq_v2` format (or the device-side packer when the weight
-        lives on an accelerator; both write the same bytes, a test says so)."""
-        if plain.qweight.device.type != "cpu":
-            return pack_gptq_v2(plain)
-        from qtool.formats import get_format
+        """Pack a Plain [N, K] of any bits 2..8, on its device (pack_gptq_v2). Where the `gptq_v2` format
+        holds the Plain, the bytes are the format's (a test says so); other widths and any N are packed in
+        the same bit stream, zeros padded to whole runs."""
+        return pack_gptq_v2(plain)
 
-        return cls.from_tensors(get_format("gptq_v2").pack(plain), plain.bits, plain.group_size)
+
+LAYER_BITS = tuple(range(2, 9))
+
+
+def run_length(bits: int) -> int:
+    """Codes per packing run: 32/bits words' worth for widths dividing 32, else 32 codes in `bits` words."""
+    return 32 // bits if 32 % bits == 0 else 32
+
+
+def packed_words(n: int, bits: int) -> int:
+    """int32 words holding n codes packed in whole runs (the last one padded)."""
+    run = run_length(bits)
+    return -(-n // run) * run * bits // 32
+
+
+def _pad_to_run(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """codes padded with zero codes along `dim` to whole runs."""
+    n = codes.shape[dim]
+    extra = -(-n // run_length(bits)) * run_length(bits) - n
+    if not extra:
+        return codes
+    shape = list(codes.shape)
+    shape[dim] = extra
+    return torch.cat([codes, codes.new_zeros(shape)], dim)
 
 
 def _pack_along(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """uint8 codes -> int32 words along `dim`, for bits dividing 32; runs on any device.
+    """uint8 codes -> int32 words along `dim`; runs on any device.
 
-    Same little-endian stream as qtool.packing.bitstream.pack_stream, without its int64 staging so that
-    70B-sized layers pack on the GPU in milliseconds.
+    Same little-endian stream as qtool.packing.bitstream.pack_stream. For bits dividing 32 without its int64
+    staging, so that 70B-sized layers pack on the GPU in milliseconds; other widths go through pack_stream
+    on the CPU.
     """
+    if 32 % bits:
+        from qtool.packing.bitstream import pack_stream
+
+        return pack_stream(codes.cpu(), bits, dim=dim).to(codes.device)
     pf = 32 // bits
     c = codes.movedim(dim, -1)
     n = c.shape[-1]
@@ -158,14 +192,18 @@ def _pack_along(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 
 def pack_gptq_v2(plain: Plain) -> PackedLayer:
-    """Plain [N, K] on any device -> PackedLayer on that device (bits 2, 4 or 8)."""
+    """Plain [N, K] on any device -> PackedLayer on that device (bits 2..8; K in whole runs, any N)."""
     b = plain.bits
-    if 32 % b:
-        raise FormatError(f"device-side packing handles bits 2, 4, 8, not {b}", fix="pack on the CPU")
+    if b not in LAYER_BITS:
+        raise FormatError(f"kernels read 2..8-bit codes, not {b}-bit")
+    run = run_length(b)
+    if plain.in_features % run:
+        raise FormatError(f"{b}-bit packing: K={plain.in_features} is not a multiple of {run}",
+                          fix=f"K must be a multiple of {run} for {b}-bit codes")
     qweight = _pack_along(plain.qweight.t(), b, dim=0)
     zeros = plain.zeros if plain.zeros is not None else torch.full(
         plain.scales.shape, 1 << (b - 1), dtype=torch.uint8, device=plain.scales.device)
-    qzeros = _pack_along(zeros.t(), b, dim=1)
+    qzeros = _pack_along(_pad_to_run(zeros.t(), b, dim=1), b, dim=1)
     g_idx = None
     if plain.g_idx is not None:
         eff = plain.effective_group_size
@@ -176,16 +214,36 @@ def pack_gptq_v2(plain: Plain) -> PackedLayer:
                        plain.in_features, plain.out_features)
 
 
+def _unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 words [R*bits, C] (R runs of 32 codes along dim 0, bits not dividing 32) -> int32 codes
+    [R*32, C], on the words' device. Code j of a run starts at stream bit j*bits: word j*bits // 32, shift
+    j*bits % 32, continued in the next word when it straddles; each word is paired with its successor in
+    int64 so one shift reads either case."""
+    dev = words.device
+    runs = words.shape[0] // bits
+    w = words.to(torch.int64).reshape(runs, bits, -1) & 0xFFFFFFFF
+    nxt = torch.cat([w[:, 1:], torch.zeros_like(w[:, :1])], 1)
+    pairs = w | (nxt << 32)  # [R, bits, C]: 64 stream bits from each word on
+    start = torch.arange(32, device=dev, dtype=torch.int64) * bits
+    codes = (pairs.index_select(1, start // 32) >> (start % 32)[None, :, None]) & ((1 << bits) - 1)
+    return codes.reshape(runs * 32, -1).to(torch.int32)
+
+
+def _unpack_along_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 words [rows, C] -> int32 codes [rows*32/bits, C] (the continuous stream along dim 0)."""
+    if 32 % bits:
+        return _unpack_rows(words, bits)
+    pf = 32 // bits
+    shifts = torch.arange(pf, device=words.device, dtype=torch.int32) * bits
+    codes = (words.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [rows, pf, C]
+    return codes.reshape(words.shape[0] * pf, -1)
+
+
 def unpack_gptq(layer: PackedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """On the layer's device: codes int32 [K, N] and zeros int32 [n_groups, N] (bits dividing 32)."""
-    b, mask = layer.bits, (1 << layer.bits) - 1
-    pf = 32 // b
-    shifts = torch.arange(pf, device=layer.device, dtype=torch.int32) * b
-    codes = (layer.qweight.unsqueeze(1) >> shifts[None, :, None]) & mask  # [K/pf, pf, N]
-    codes = codes.reshape(layer.in_features, layer.out_features)
-    zeros = (layer.qzeros.unsqueeze(-1) >> shifts) & mask  # [G, N/pf, pf]
-    zeros = zeros.reshape(layer.n_groups, layer.out_features)
-    return codes, zeros
+    """On the layer's device: codes int32 [K, N] and zeros int32 [n_groups, N] (bits 2..8)."""
+    codes = _unpack_along_rows(layer.qweight, layer.bits)
+    zeros = _unpack_along_rows(layer.qzeros.t(), layer.bits).t()[:, : layer.out_features]
+    return codes, zeros.contiguous()
 
 
 def dequantize_packed(layer: PackedLayer, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from qtool.errors import InputError, UsageError
+from qtool.errors import InputError, NotRepresentable, UsageError
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.quant import mse, rtn
 
@@ -61,6 +61,44 @@ def _column_order(g_idx: torch.Tensor | None, in_features: int, group: int, name
     return perm
 
 
+def _first(mask: torch.Tensor) -> tuple[int, int]:
+    r, c = (int(v) for v in mask.nonzero()[0])
+    return r, c
+
+
+def _refuse_nonfinite(weight: torch.Tensor, r0: int, r1: int, name: str | None) -> None:
+    """InputError naming the first value of rows r0..r1 that is NaN/inf (or beyond float32's range)."""
+    block = weight[r0:r1].cpu()
+    bad = ~torch.isfinite(block)
+    if bool(bad.any()):
+        r, c = _first(bad)
+        n = int(bad.sum())
+        raise InputError(f"the weight holds {float(block[r, c])} at [{r0 + r}, {c}] (the first of {n} "
+                         f"NaN/inf values in rows {r0}..{r1 - 1})", tensor=name,
+                         fix="fix the source weights or --exclude this module")
+    r, c = _first(~torch.isfinite(block.to(torch.float32)))
+    raise InputError(f"the weight holds {float(block[r, c]):.6g} at [{r0 + r}, {c}], beyond float32's "
+                     f"range", tensor=name, fix="rescale the source weights or --exclude this module")
+
+
+def _refuse_scale_overflow(weight: torch.Tensor, w: torch.Tensor, s: torch.Tensor, r0: int, group: int,
+                           perm: torch.Tensor | None, bits: int, scale_dtype: torch.dtype, name: str | None) -> None:
+    """NotRepresentable naming the first group whose scale is not finite in scale_dtype, its max |w| and the fix."""
+    r, g = _first(~torch.isfinite(s.reshape(s.shape[0], -1)))
+    cols = torch.arange(g * group, (g + 1) * group)
+    amax = float(w[r, g * group:(g + 1) * group].abs().max())
+    col = int(cols[0]) if perm is None else int(perm[cols].min())
+    limit = torch.finfo(scale_dtype).max
+    dt = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[scale_dtype]
+    if scale_dtype == torch.float16:
+        fix = "write bf16 scales with --dtype bf16 (its range is float32's), or --exclude this module"
+    else:
+        fix = "rescale the source weights or --exclude this module"
+    raise NotRepresentable(f"max |w| = {amax:.6g} in row {r0 + r}, group {g} (from column "
+                           f"{col}) needs a {bits}-bit scale beyond {dt}'s largest value {limit:.6g}",
+                           tensor=name, fix=fix)
+
+
 def quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool, method: str = "rtn",
              scale_dtype: torch.dtype = torch.float16, g_idx: torch.Tensor | None = None,
              name: str | None = None) -> Plain:
@@ -89,12 +127,13 @@ def quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool, method
     for r0 in range(0, out_features, step):
         r1 = min(out_features, r0 + step)
         w = weight[r0:r1].to(device="cpu", dtype=torch.float32)
+        if not torch.isfinite(w).all():
+            _refuse_nonfinite(weight, r0, r1, name)
         if perm is not None:
             w = w[:, perm]
-        if not torch.isfinite(w).all():
-            raise InputError(f"weight{_where(name)} holds NaN or inf (rows {r0}..{r1 - 1})",
-                             fix="fix or exclude this tensor")
         q, s, z = fn(w.reshape(r1 - r0, n_groups, group), bits, sym, scale_dtype)
+        if not torch.isfinite(s).all():
+            _refuse_scale_overflow(weight, w, s, r0, group, perm, bits, scale_dtype, name)
         q = q.reshape(r1 - r0, in_features).to(torch.uint8)
         if perm is not None:
             qweight[r0:r1, perm] = q

@@ -21,7 +21,7 @@ def _summary_lines(report) -> list[str]:
              f"{human_bytes(t['quantized_bytes_after'])} ({t['bpw']:.3f} bits/weight), "
              f"mean relative error {t['rel_error_mean']:.4%}",
              f"checkpoint: {human_bytes(t['bytes_in'])} -> {human_bytes(t['bytes_out'])}"]
-    return lines
+    return lines + list(report.notes)
 
 
 def render(report, console) -> None:
@@ -35,6 +35,8 @@ def render(report, console) -> None:
             t.add_row(sanitize(p.module), "x".join(map(str, p.shape)), p.action, str(p.bits or ""),
                       str(p.group_size or ""), sanitize(p.reason))
         console.print(t)
+        for note in report.notes:
+            console.print(note)
         console.print("dry run: nothing written")
         return
     t = Table(title=f"qtool pack -> {sanitize(report.out)}")
@@ -65,5 +67,5 @@ def to_markdown(report) -> str:
                                                           for p in kept]))
     if report.warnings:
         out.append("## Warnings\n")
-        out += [f"- {w}" for w in report.warnings]
+        out += [f"- {md_escape(w)}" for w in report.warnings]
     return "\n".join(out)
