@@ -41,9 +41,8 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   });
   // The CTA barrier orders every thread's partials before thread 0's fence, which (being cumulative) releases
   // them at GPU scope before its arrival; the last CTA's thread 0 fences again (acquire) before the barrier
-  // that lets its threads read the others' partials. One fence per CTA, not one per thread: with a fence in
-  // every thread, the fence was 12 % of the warps' stall samples of Llama-3-70B gate/up at M = 16 (split 9;
-  // Nsight Compute, tenth pass in bench.md).
+  // that lets its threads read the others' partials. One fence per CTA, not one per thread: a fence in every
+  // thread stalls every warp on it.
   __shared__ int last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -58,9 +57,8 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   __syncthreads();
   if (!last) return;
   // Four adjacent outputs per float4, V float4s per thread at once, so V x (unrolled) splits 16-byte loads are in
-  // flight instead of one 4-byte load: this loop is latency-bound (an L2 round trip per pass), and with one
-  // element per thread per pass it cost ~20 us of Llama-3-70B q/o at M = 256 (bench.md, ninth pass). Partials
-  // are written for every n < np (np and tile_n0 multiples of 16), so a float4 never straddles the end.
+  // flight instead of one 4-byte load: this loop is latency-bound (an L2 round trip per pass). Partials are
+  // written for every n < np (np and tile_n0 multiples of 16), so a float4 never straddles the end.
   const int w4 = tile_w >> 2, total = mc * w4;
   const size_t stride = (size_t)gridDim.z * slab;
   for (int e0 = threadIdx.x; e0 < total; e0 += nthr * V) {
@@ -97,7 +95,7 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
   }
 }
 
-// The wgmma kernel's producer warpgroup in the epilogue: it holds no accumulators and its registers were given to
+// The wgmma kernel's producer warpgroup in the epilogue: it holds no accumulators and its registers are given to
 // the consumers (setmaxnreg), so it only meets the epilogue's two CTA barriers (split K).
 DEVI void epilogue_barriers() {
   if (gridDim.y > 1) {

@@ -85,9 +85,9 @@ DEVI void mma_block(float (&acc)[TN][NT][4], const R& ws, int g, const uint32_t 
 // range (one split) of x is staged in shared memory once; each warp streams its weight blocks from HBM
 // through its cp.async ring. Grid: (ceil(N16 / (warps TN)), splits, ceil(M / 8NT)).
 // POST: scale the fp32 block sums (one group per block); else scale the 16-bit fragment per k16 step.
-// Never a programmatic dependent launch (launch.py): it has no pdl_wait. A version that had one, with the first
-// weight blocks issued before it and x after, measured ~30 us slower over the 70B layer at M = 16 (all D - 1
-// blocks then had to land before the first mma; bench.md, sixth pass) and was reverted to this one.
+// Never a programmatic dependent launch (launch.py): it has no pdl_wait. x is staged in the same commit group
+// as, and ahead of, the first weight blocks; with a wait between them all D - 1 blocks would have to land before
+// the first mma.
 // ---------------------------------------------------------------------------------------------------------
 template <int NT, bool BF16, bool POST, int D, int TN>
 DEVI void mma_small(const Args& p) {

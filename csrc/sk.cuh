@@ -27,7 +27,7 @@ namespace qt {
 // ZSUB: the zero point is removed from each fragment by one FMA (dequant) instead of (bias + z) * sum(x) from
 // the block sums: no x sums between the wait for the previous kernel and the first mma, no cancellation in
 // fp32; four more instructions per k16 step. Faster on the grids of whole tiles per CTA (k/v, down), slower on
-// the 1/sm grid (gate/up): benchmarks/results/bench.md, seventh pass.
+// the 1/sm grid (gate/up), where the x sums are made off the critical path.
 template <bool BF16, int UB, int D, bool ZSUB = false>
 DEVI void sk_small(const Args& p) {
   extern __shared__ uint4 smem4[];

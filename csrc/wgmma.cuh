@@ -32,12 +32,12 @@ DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]),
 // lane, by the tensor map) and the CTA's weights and metadata for it (cp.async, all 128 threads) into a stage,
 // completing the stage's "full" mbarrier; each consumer warp releases a stage on its "empty" mbarrier once the
 // wgmmas that read it are done. The consumers copy nothing and meet at no CTA barrier and no proxy fence per
-// block: the x path of the cp.async form (all threads copy, then fence and __syncthreads every block) cost ~70 us
-// of 270 on Llama-3-70B gate/up at M = 256 (benchmarks/results/bench.md, ninth pass).
+// block, which in the cp.async form (all threads copy, then fence and __syncthreads every block) hold the
+// tensor cores back.
 // The producer is a whole warpgroup so that it can give its registers to the consumers (setmaxnreg works per
-// warpgroup): at 168 registers a thread for every warp of 3 warpgroups, ptxas had 38 beside the 128 accumulators
-// and recomputed the loop's addresses, predicates and scale pairs every block and step; the consumers'
-// instruction stream, not the tensor pipe, set the pace (Nsight Compute, tenth pass in bench.md).
+// warpgroup): at 168 registers a thread for every warp of 3 warpgroups, ptxas has 38 beside the 128 accumulators
+// and recomputes the loop's addresses, predicates and scale pairs every block and step, so the consumers'
+// instruction stream, not the tensor pipe, would set the pace.
 struct alignas(64) TMap {  // CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled
   unsigned long long v[16];
 };
@@ -157,8 +157,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       // thread) and arrive when they land; thread 0 arms the barrier with x's bytes and copies the x tile (tensor
       // map). Warps of their own, so the copies run ahead of every consumer warp, not of one, and the consumers
       // issue no copies at all: their own cp.async rings cost each consumer warp ~50 instructions a block.
-      // (One 1-D bulk copy per tile's weights and per metadata record instead, 25 a block from one warp, was
-      // correct and far slower: gate/up 347 us against 205, tenth pass.)
+      // (One 1-D bulk copy per tile's weights and per metadata record, 25 a block from one warp, is far slower.)
       if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
       constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
       const int ptid = tid - NTH, t0 = blockIdx.x * 4 * WGS;
@@ -194,8 +193,8 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
 #pragma unroll
         for (int r = 0; r < PPT; ++r) {
           if (!valid[r]) continue;
-          // No L2 policy hint (evict-first) here: with one, ptxas 13.0 gave these cp.asyncs an odd uniform
-          // register as their memory descriptor, which faults (illegal instruction; compute-sanitizer, tenth pass).
+          // No L2 policy hint (evict-first) here: with one, ptxas 13.0 gives these cp.asyncs an odd uniform
+          // register as their memory descriptor, which faults (illegal instruction under compute-sanitizer).
           const size_t off = step[r] < 0 ? (size_t)j * 512 : (size_t)ws.group(kb, step[r]) * mstride[r];
           cp_async16(base + dst[r], src[r] + off, true);
         }

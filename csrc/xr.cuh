@@ -32,11 +32,8 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // that x as mma B fragments in registers (R blocks x 4 k16 steps x NT x 2 words a lane, loaded once); it then
 // walks units of T tiles, every warp streaming its R blocks of each tile (R x 512 contiguous bytes) through its
 // cp.async ring. A weight word then meets x with no shared-memory read of x, no x stream and no CTA barrier: the
-// dequantization and NT mmas. On Llama-3-70B gate/up at M = 16 the steady state runs within 1-2 us of the bare
-// weight stream; each call pays ~5 us more than the stream once: the x load and the first unit's arithmetic
-// before the ring moves, the last unit and the K groups' sums after it (benchmarks/results/bench.md, twelfth and
-// thirteenth passes). Timed per warp (probe 12, fourteenth pass): x's load alone, every SM loading 128 KB of the
-// same lines at once, took 4-7 us of a 18-47 us call before it went ahead of the ring's copies (3-4.5 us now).
+// dequantization and NT mmas. The steady state runs close to the bare weight stream; what a call pays once is the
+// x load and the first unit's arithmetic before the ring moves, and the last unit and the K groups' sums after it.
 // BIAS: the words enter the mmas biased (biased(): four LOP3s a word) and each group's fp32 sums are corrected by
 // (bias + z) x the group's sum of x, made once per K group (mmas with an A of ones at the x load).
 // CL (sm_90a, exactly two K groups): a cluster of 2 CTAs, rank r = K group r of one range of tile units; rank 1's
@@ -47,9 +44,8 @@ DEVI void transpose4(uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3, int
 // warp order L units later (so it seldom waits) and stores y, or, with several K groups, its K group's fp32
 // partials to the workspace; after its loop each warp counts its units in, and the last K group of a unit to
 // arrive sums its tiles' partials in K-group order (deterministic) and re-arms the unit's counter.
-// (Summing by the last warp to arrive instead of a fixed warp made the slowest warp slower still; counting in
-// within the loop put a fence, which waits for the ring's copies in flight, on the summing warp: both much
-// slower, eleventh pass.)
+// (A fixed summing warp, not the last to arrive, keeps the slowest warp from getting slower still; counting in
+// after the loop keeps a fence, which waits for the ring's copies in flight, off the summing warp.)
 // Work: units (K group kg, T tiles), kg-major, cut into one equal contiguous range per CTA (a persistent grid); a
 // CTA whose range crosses into the next K group reloads its x registers there. The last unit of a K group may
 // hold tiles past N: they copy the unit's first tile again and are never stored.
@@ -109,8 +105,8 @@ DEVI void xr_small(const Args& p) {
   if constexpr (CL) cluster_arrive();
   pdl_start(p.flags);
 
-  // Producer side of the ring, by running pointers (recomputed per unit, the addresses took about a quarter of the
-  // first version's 572 instructions per warp and unit; ncu-v11-h200.txt): this lane's next weight piece and
+  // Producer side of the ring, by running pointers (addresses recomputed per unit would be about a quarter of the
+  // instructions per warp and unit): this lane's next weight piece and
   // record piece, advanced one tile per unit and reset at each K group. A warp whose range runs past K copies its
   // last in-range block again for the missing ones (x is 0 there, so they add 0 and the loop needs no bounds); a
   // warp wholly past K copies nothing and computes nothing.
@@ -176,7 +172,7 @@ DEVI void xr_small(const Args& p) {
     // Lane t of a row loads the row's 16-byte chunks t and t + 4 of each block (words 4t..4t+3, 16+4t..16+4t+3)
     // and the row's four lanes transpose them (transpose4), so that lane t holds words t, 4+t, .. 28+t: its
     // fragments. Four-byte loads of the fragments themselves (64 a lane, each warp load touching 8 rows' lines)
-    // drew 13 % of the warps' stall samples (Nsight Compute, eleventh pass in benchmarks/results/bench.md).
+    // would stall the warps far longer.
     const int k0 = (kg * nw + warp) * R * 64 + 8 * t;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -359,12 +355,10 @@ DEVI void xr_small(const Args& p) {
   const int lag = CL ? (crank == 0 ? L + 1 : L - 1) : L;
   int fw = ((-lag) % nw + nw) % nw;         // the warp that finishes unit i - lag, i.e. (i - lag) mod nw
   // The first K group's x is loaded before the loop's first ring copy is issued: at the start of a call every SM
-  // loads x at once, 128 KB an SM of the same lines, and the copy queued ahead of it (L2 to SM bandwidth) held the
-  // first mma back; x first took 1.5-1.75 us off q/o, gate/up and down at M = 16 (pdl_wait to x in registers
-  // 4.5 -> 3.0, 7.25 -> 5.5, 5.5 -> 3.75 us; benchmarks/results/bench.md, fourteenth pass). Prefetching that
-  // copy's weights into L2 meanwhile gave some of it back. (A K group entered later in the range, by one CTA
-  // alone, loads its x after the copy, in the loop: one load_x site there keeps the loop's registers as they were,
-  // and moving that one too spilled three of the biased kernels.)
+  // loads x at once, 128 KB an SM of the same lines, and a copy queued ahead of it (L2 to SM bandwidth) would hold
+  // the first mma back. (A K group entered later in the range, by one CTA alone, loads its x after the copy, in
+  // the loop: one load_x site there keeps the loop's registers within bounds; a second one spills the biased
+  // kernels.)
   if (n > 0) {
     load_x(kg);
     live = (kg * nw + warp) * R < p.KB;
@@ -418,11 +412,10 @@ DEVI void xr_small(const Args& p) {
   cp_wait<0>();
   if constexpr (CL) cluster_sync();  // neither CTA leaves while the other may write to or arrive in its memory
   if (CL || G == 1) return;
-  // The K-group hand-over, once per warp after its loop: a fence in the loop (a release per unit) waited for the
-  // ring's copies in flight and held the finishing warp, and through the partial slots every warp, ~13 us of
-  // Llama-3-70B gate/up at M = 16 (benchmarks/results/bench.md, eleventh pass). Lane l counts this warp's l-th
-  // finished unit (units warp, warp + NW, ...) in; the last K group of a tile to arrive sums its G partials in
-  // K-group order (deterministic) and re-arms the tile's counter.
+  // The K-group hand-over, once per warp after its loop: a fence in the loop (a release per unit) would wait for
+  // the ring's copies in flight and hold the finishing warp, and through the partial slots every warp. Lane l
+  // counts this warp's l-th finished unit (units warp, warp + NW, ...) in; the last K group of a tile to arrive
+  // sums its G partials in K-group order (deterministic) and re-arms the tile's counter.
   __syncwarp();      // the lanes' partial stores ...
   __threadfence();   // ... released before the counts below
   const int mine = n > warp ? (n - 1 - warp) / nw + 1 : 0;  // units f = warp + nw c, c < mine
