@@ -306,7 +306,7 @@ def sk_takes(st, ub: int = 2) -> bool:
 
 
 def sk_x_bytes(m: int, kb: int, ub: int = 2) -> int:
-    """Shared memory before the stream-K kernel's local partials (csrc/w4a16.cu sk_small): x [m][64 kb + 8
+    """Shared memory before the stream-K kernel's local partials (csrc/sk.cuh sk_small): x [m][64 kb + 8
     halves], then the per-unit sums of x (float [kb / ub][8]), each rounded up to 128 bytes."""
     return -(-(m * (kb * 64 + 8) * 2) // 128) * 128 + -(-(kb // ub * 32) // 128) * 128
 
@@ -359,7 +359,7 @@ def _sk_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
 
 def xr_smem(warps: int, r: int, depth: int, nt: int, t: int = 1, slots: int = 4, bias: bool = False,
             cluster: bool = False) -> int:
-    """Dynamic shared memory of an x-in-registers CTA (csrc/w4a16.cu xr_small): the warps' rings of depth slots
+    """Dynamic shared memory of an x-in-registers CTA (csrc/xr.cuh xr_small): the warps' rings of depth slots
     of t x {r x 512 bytes of weights, r 48-byte records} (biased: each followed by the warp's sums of x, [r
     groups][4 lanes] float4), `slots` partial slots [warps][t][nt][32] float4, per slot two mbarriers (8 bytes
     each); as a cluster, then the other rank's sums ([t][nt][32] float4 a slot) and two mbarriers a slot."""
@@ -433,7 +433,7 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
 
 
 PDL_KINDS = (SK, WGMMA, XS, XR)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
-# on by default for stream-K only: the wgmma kernel gained nothing and sometimes lost at M = 256 (bench.md, sixth pass)
+# on by default for stream-K only: the wgmma kernel gains nothing from it at large M
 PDL_DEFAULT_KINDS = (SK,)
 
 
