@@ -9,8 +9,8 @@ with and without split, stream-K with short and long warp ranges and whole tiles
 outputs poisoned with NaN; error within 4x the dense same-precision baseline's. Then chains of calls each
 reading the previous output, with and without programmatic dependent launch (same bits required). Exit 1 on
 any failure.
---scaling: K 8192 x N 7168-57344 for the M = 16 x-in-registers shapes, their probes and the M = 1 default, with a
-line fitted through each kernel's times (steady state per 28672 rows, and what a call pays once).
+--scaling: K 8192 x N 7168-57344 for the M = 16 x-in-registers shapes and the M = 1 default, with a line fitted
+through each kernel's times (steady state per 28672 rows, and what a call pays once).
 --tune: Llama-3-70B's four distinct projection shapes (times weighted by how often each occurs in a decoder
 layer: q/o 2, k/v 2, gate/up 2, down 1), dense cuBLAS against the default choice and the candidates below,
 timed as `qtool bench --graphs` does (CUDA-graph replays, rotating weight copies).
@@ -33,7 +33,7 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda import launch  # noqa: E402
+from qtool.kernels.cuda import built, launch  # noqa: E402
 from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, XS, Config, choose, sk_takes  # noqa: E402
 
 ERR_FACTOR = 4.0
@@ -43,7 +43,7 @@ SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/u
 
 def forced_configs(m: int, st) -> list[Config]:
     cs = [Config(kind=MMA, nt=nt, tn=tn, splits=sp) for nt in (1, 2, 4) if 8 * nt >= min(m, 8)
-          for tn in (1, 2) for sp in (1, 3)]
+          for tn in (1, 2) if (nt, tn) != (4, 1) for sp in (1, 3)]
     if m <= SK_MAX_M:  # stream-K: ranges of one unit (many warps per tile), and long ranges over many tiles
         cs += [Config(kind=SK, ub=ub, warps=w, ctas_per_sm=c, min_blocks=mb, depth=d)
                for ub, w, c, mb, d in ((2, 8, 4.0, 1, 0), (2, 4, 1.0, 8, 6), (2, 16, 0.1, 1, 0), (2, 16, 1.0, 8, 4),
@@ -60,12 +60,12 @@ def forced_configs(m: int, st) -> list[Config]:
                Config(kind=SK, warps=8, tpc=2, zsub=True, evict="none")] if sk_takes(st) else []
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
-        cs.append(Config(kind=WGMMA, bn=128, wgs=1, splits=1))
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="none"))  # the default is evict-first
         # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
-        cs += [Config(kind=WGMMA, bn=128, wgs=2, splits=2, tma=False), Config(kind=WGMMA, bn=256, wgs=2, stages=6)]
+        cs += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2, tma=False),
+               Config(kind=WGMMA, bn=256, wgs=2, stages=6)]
     cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="none"))
     if st.gshift_blk >= 0:  # x streamed in chunks (one group per block): both chunk sizes, split or not, pdl
         cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
@@ -83,12 +83,11 @@ def forced_configs(m: int, st) -> list[Config]:
                for t, d, w, c, pdl in ((1, 3, 8, 1.0, True), (1, 3, 3, 0.4, False), (2, 2, 8, 1.0, None),
                                        (2, 2, 5, 0.3, True), (2, 2, 3, 0.6, False))]
         if torch.cuda.get_device_capability() == (9, 0) and launch.xr_kgroups(st, 8, 8) == 2:
-            # two K groups of 8 warps x 8 blocks, summed in a cluster of 2: both biases, one and two tiles a
+            # two K groups of 8 warps x 8 blocks, summed in a cluster of 2: biased and not, one and two tiles a
             # unit, fewer clusters than units, an odd grid rounded down, no pdl
             cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=8, depth=d, ctas_per_sm=c, pdl=pdl, bias=b,
                           cluster=True)
-                   for t, d, c, pdl, b in ((1, 3, 1.0, True, True), (2, 2, 1.0, None, True), (1, 3, 0.05, False, False),
-                                           (2, 2, 0.03, True, False))]
+                   for t, d, c, pdl, b in ((2, 2, 1.0, None, True), (1, 3, 0.05, False, False), (2, 2, 0.03, True, False))]
         if m <= 8:  # and one batch tile
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
     return cs
@@ -216,7 +215,7 @@ def chain_check() -> int:
     return 1 if bad else 0
 
 
-def candidates(m: int, probes: bool = False, full: bool = True, variants_only: bool = False,
+def candidates(m: int, full: bool = True, variants_only: bool = False,
                variants: list[str] | None = None) -> list[Config | str | None]:
     c: list[Config | str | None] = [None, *(v for v in VARIANTS if not variants or any(w in v for w in variants))]
     if variants_only:
@@ -235,9 +234,6 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
         # whole tiles per CTA (hand-over in shared memory): 64 / 512 / 1792 tiles of k/v, q/o and down, gate/up
         c += [Config(kind=SK, ub=2, warps=w, depth=d, tpc=tpc)
               for tpc, w, d in ((1, 16, 6), (2, 16, 4), (4, 16, 4), (7, 16, 4), (14, 16, 4))]
-        if probes:
-            c += [Config(kind=SK, ub=2, warps=16, ctas_per_sm=1.0, min_blocks=8, probe=pr, trigger="start")
-                  for pr in (1, 2, 3, 4, 5)]
     if m > SK_MAX_M and not full:
         return c
     if m <= 16:
@@ -249,16 +245,13 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
               for r, w, d, cps, pdl in ((4, 16, 4, 1.0, True), (4, 16, 3, 1.0, True), (4, 16, 4, 1.0, False),
                                         (4, 8, 4, 2.0, True), (2, 16, 4, 1.0, True), (2, 8, 4, 2.0, True),
                                         (8, 8, 3, 1.0, True), (8, 4, 3, 2.0, True))
-              if (nt, r, d, 1) in launch.XR_BUILT]
+              if (nt, r, d, 1, False, False) in built.XR]
         # units of two tiles: one exchange of the warps' partial sums per two tiles
         c += [Config(kind=launch.XR, nt=nt, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl)
-              for pdl in (True, False) if (nt, 8, 2, 2) in launch.XR_BUILT]
+              for pdl in (True, False) if (nt, 8, 2, 2, False, False) in built.XR]
         # biased weights (4 LOP3s a word), corrected per group by (bias + z) x the sums of x
         c += [Config(kind=launch.XR, nt=nt, r=8, t=t, warps=8, depth=d, ctas_per_sm=1.0, pdl=True, bias=True)
-              for t, d in ((1, 3), (2, 2)) if (nt, 8, d, t) in launch.XR_BIAS_BUILT]
-        if probes and m > 8:
-            c += [Config(kind=launch.XR, nt=2, r=r, warps=16 if r == 4 else 8, depth=3, ctas_per_sm=1.0, pdl=True,
-                         probe=pr) for r in (4, 8) for pr in (1, 2, 3, 4, 5, 7) if pr <= 3 or r == 4]
+              for t, d in ((1, 3), (2, 2)) if (nt, 8, d, t, True, False) in built.XR]
         if m > 8:  # x streamed in chunks: about one wave of CTAs, whole tiles (gate/up) or a few long K slices
             c += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, ctas_per_sm=cps, pdl=pdl, min_blocks=mb)
                   for tn, w, d, xc, cps, pdl, mb in (
@@ -270,18 +263,12 @@ def candidates(m: int, probes: bool = False, full: bool = True, variants_only: b
                       # fewer K splits on the small layers (k/v): fewer partials for the last CTA to sum
                       (1, 8, 6, 2, 3.0, True, 8), (1, 8, 6, 2, 3.0, True, 16), (1, 4, 6, 2, 4.0, True, 8),
                       (1, 16, 6, 2, 1.0, True, 8), (1, 8, 12, 4, 3.0, True, 8))]
-            if probes:
-                c += [Config(kind=XS, nt=2, tn=1, warps=w, xc=2, ctas_per_sm=cps, probe=pr)
-                      for pr in (1, 2, 3) for w, cps in ((16, 1.0), (8, 3.0))]
     else:
         c += [Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stg, ctas_per_sm=1.0, min_blocks=8)
               for bn, wgs, stg in ((128, 2, 4), (256, 2, 4), (256, 2, 6), (128, 4, 6), (64, 2, 6))]
         # K splits against the tail wave (gate/up: 224 tiles of 128 rows on 132 SMs)
         c += [Config(kind=WGMMA, bn=256, wgs=2, stages=stg, splits=sp) for stg in (4, 6) for sp in (2, 3, 4)]
         c += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8, tma=False)]
-        if probes:
-            c += [Config(kind=WGMMA, bn=bn, wgs=wgs, ctas_per_sm=1.0, min_blocks=8, probe=pr)
-                  for bn, wgs in ((128, 4), (256, 2)) for pr in (1, 2, 3)]
     return c
 
 
@@ -298,8 +285,7 @@ def rotated_layer(kern, k: int, n: int, dtype: torch.dtype, dev: torch.device, m
     return layer, states, [w16] + [w16.clone() for _ in range(nd - 1)]
 
 
-def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, probes: bool = False,
-         full: bool = True, variants_only: bool = False, only: str | None = None,
+def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, full: bool = True, variants_only: bool = False, only: str | None = None,
          variants: list[str] | None = None) -> None:
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
@@ -314,7 +300,7 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
                 tr = time_calls([(lambda s=s: s.qweight.sum(dtype=torch.int64)) for s in states], dev, graphs=True)
                 rows.append(dict(shape=name, K=k, N=n, M=m, mult=mult, kernel="read-only torch.sum(qweight)",
                                  us=tr.median_s * 1e6))
-            for cfg in candidates(m, probes, full, variants_only, variants):
+            for cfg in candidates(m, full, variants_only, variants):
                 if only and isinstance(cfg, Config) and cfg.kind != only:
                     continue
                 for s in states:
@@ -363,17 +349,12 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, prob
 SCALING = [(16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True)),
            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True)),
            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)),
-           (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=1)),
-           (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True, probe=2)),
-           (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True,
-                       probe=10)),
            (1, None), (16, "dense"), (1, "dense")]
 
 
 def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
     """How a kernel's time grows with its work: K 8192 and N from 7168 to 57344 (one K group split as in
-    gate/up, 0.25-2x its units per SM), for the M = 16 x-in-registers shapes, its no-arithmetic probe and the
-    M = 1 default. A line through the points: its slope is the steady state, its intercept what a kernel pays once
+    gate/up, 0.25-2x its units per SM), for the M = 16 x-in-registers shapes and the M = 1 default. A line through the points: its slope is the steady state, its intercept what a kernel pays once
     (start, x loads, tail)."""
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
@@ -416,7 +397,6 @@ def main() -> int:
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 256])
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--probes", action="store_true", help="also time the stream-K bandwidth probes (--tune)")
     ap.add_argument("--defaults-above-8", action="store_true",
                     help="for M > 8 time only the default choice, with and without pdl (--tune)")
     ap.add_argument("--variants-only", action="store_true",
@@ -435,7 +415,7 @@ def main() -> int:
     if a.scaling:
         scaling({"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
     if a.tune:
-        tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json, a.probes,
+        tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json,
              not a.defaults_above_8, a.variants_only, a.only, a.variants)
     return rc
 

@@ -18,31 +18,10 @@ import torch
 
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, get_kernel
-from qtool.kernels.cuda import act_order_plan, build, group_shift, launch
+from qtool.kernels.cuda import act_order_plan, build, built, group_shift, launch
 from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XR, XS, Config, choose, plan, ring_depth
 
-SRC = (build.CSRC / "w4a16.cu").read_text()
-ENTRY = (set(re.findall(r"QT_(?:MMA|WG|WGX|SK|XS)\((qt_\w+),", SRC))
-         | set(re.findall(r"__global__ void __launch_bounds__\(\d+(?:, \d+)?\) (qt_\w+)\(", SRC))
-         | {f"qt_sk_probe{pr}_f16_u2_d4" for pr in re.findall(r"^QT_SK_PROBE\((\d+)\)", SRC, re.M)}
-         | {f"qt_sk_z_{dt}_u2_d{d}" for d in re.findall(r"^QT_SK_Z\((\d+)\)", SRC, re.M) for dt in ("f16", "bf16")}
-         | {f"qt_xs_probe{pr}_f16_nt2_tn1_d6_x2" for pr in re.findall(r"^QT_XS_PROBE\((\d+)\)", SRC, re.M)}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}" for nt, r, d in re.findall(r"^QT_XR\((\d+), (\d+), (\d+), \d+\)", SRC, re.M)
-            for dt in ("f16", "bf16")}
-         | {f"qt_xr_probe{pr}_f16_nt{nt}_r{r}_d{d}"
-            for pr, nt, r, d in re.findall(r"^QT_XR_PROBE\((\d+), (\d+), (\d+), (\d+), \d+\)", SRC, re.M)}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_t{t}_s{sl}{'_b' if b else ''}"
-            for b, nt, r, d, t, sl in re.findall(r"^QT_XRT(B?)\((\d+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", SRC,
-                                                 re.M)
-            for dt in ("f16", "bf16")}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}_b" for nt, r, d in re.findall(r"^QT_XRB\((\d+), (\d+), (\d+), \d+\)", SRC, re.M)
-            for dt in ("f16", "bf16")}
-         | {f"qt_xr_{dt}_nt{nt}_r{r}_d{d}{suf}_c"
-            for suf, nt, r, d in re.findall(r"^QT_XRC\((\w*), (\d+), (\d+), (\d+), ", SRC, re.M) for dt in ("f16", "bf16")}
-         | {f"qt_wg_probe{pr}_f16_bn{bn}_wg{w}_s{st}_blk"
-            for bn, w, st, pr in re.findall(r"^QT_WG_PROBE\((\d+), (\d+), (\d+), (\d+)\)", SRC, re.M)}
-         | {f"qt_wg_{dt}_bn{bn}_wg{w}_s{st}_{ns}_tma" for bn, w, st in re.findall(r"^QT_WGT\((\d+), (\d+), (\d+)\)", SRC, re.M)
-            for dt in ("f16", "bf16") for ns in ("blk", "step")})
+ENTRY = built.NAMES | built.NAMES_SM90A  # every entry point of the sm_90a build
 SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
@@ -62,7 +41,7 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
                 assert cfg.kind in (MMA, SK, XS)  # wgmma is sm_90a only
             p = plan(cfg, m, st)
             for dt in ("f16", "bf16"):
-                assert p["name"].replace("{dt}", dt) in ENTRY, p["name"]
+                assert p["name"].replace("{dt}", dt) in launch.kernels(cc), p["name"]
             assert p["smem"] <= SMEM_MAX
             # x by TMA exactly for the kernels built so, which take one more (producer) warpgroup
             assert p["tma"] == p["name"].endswith("_tma")
@@ -160,9 +139,9 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
     assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings
     assert plan(choose(1, state(8192, 8192)), 1, state(8192, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"  # q/o: 4
-    with pytest.raises(ValueError, match="zsub"):
-        plan(Config(kind=SK, zsub=True, probe=1), 1, state(8192, 1024))
     st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8)  # group 256: units of 4 would fit
+    with pytest.raises(ValueError, match="zsub"):
+        plan(Config(kind=SK, ub=4, zsub=True), 1, st8)
     with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
         plan(Config(kind=SK, ub=4), 1, st8)
     with pytest.raises(ValueError, match="one group per unit"):
@@ -180,10 +159,6 @@ def test_stream_k_partition(n16, upt, tw):
     tiles never collide, and the finisher's shortcut holds (every contributor after the first starts its range
     inside the tile, so its slot is 2w)."""
     units = n16 * upt
-    # the formulas below are the kernel's own: fail here if the source stops using them
-    for expr in ("w * units / tw", "((u + 1) * tw - 1) / units", "2 * w * 32",
-                 "start(wa) == (long long)tile * upt ? 2 * wa : 2 * wa + 1", "(u0 / upt == tile) ? 2 * gwarp"):
-        assert expr in SRC, expr
 
     def start(w):
         return w * units // tw
@@ -275,7 +250,7 @@ def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("QTOOL_CUDA_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "csrc"
     src.mkdir()
-    for name in build.SOURCES:
+    for name in build.sources():
         (src / name).write_bytes((build.CSRC / name).read_bytes())
     monkeypatch.setattr(build, "CSRC", src)
     a = build.cubin_path((9, 0))
@@ -283,7 +258,12 @@ def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
     assert build.cubin_path((8, 0)) != a and build.gencode((9, 0)) == "arch=compute_90a,code=sm_90a"
     assert build.gencode((8, 9)) == "arch=compute_89,code=sm_89"
     (src / "w4a16.cu").write_text((src / "w4a16.cu").read_text() + "\n// edited\n")
-    assert build.cubin_path((9, 0)) != a  # an edited kernel is never served from a stale cubin
+    b = build.cubin_path((9, 0))
+    assert b != a  # an edited kernel is never served from a stale cubin
+    (src / "xr.cuh").write_text((src / "xr.cuh").read_text() + "\n// edited\n")
+    assert build.cubin_path((9, 0)) != b  # nor an edited header
+    (src / "notes.txt").write_text("not a source")
+    assert build.sources() == sorted(build.sources()) and "notes.txt" not in build.sources()
     a.parent.mkdir(parents=True)
     a.write_bytes(b"stale")
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
@@ -296,16 +276,15 @@ def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
 def test_nvcc_builds_every_entry_point_without_spills(cc, tmp_path):
     out = tmp_path / "k.cubin"
     res = subprocess.run([build.find_nvcc(), *build.FLAGS, "-gencode", build.gencode(cc), "-Xptxas", "-v",
-                          "-o", str(out), str(build.CSRC / "w4a16.cu")], capture_output=True, text=True)
+                          "-o", str(out), str(build.CSRC / build.MAIN)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     names = set(re.findall(r"Compiling entry function '(\w+)'", res.stderr))
-    want = {n for n in ENTRY if cc == (9, 0) or not (n.startswith("qt_wg_") or n.endswith("_c"))}  # sm_90a only
-    assert names == want
+    assert names == set(launch.kernels(cc))
     assert "warning" not in res.stderr.lower()
     spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert spills and max(spills) == 0
     # No memory access through an odd uniform register pair: nvcc 13.0 gave the wgmma producer's policy-hinted
-    # cp.asyncs such a descriptor, which faults on the GPU (illegal instruction; csrc/w4a16.cu says more).
+    # cp.asyncs such a descriptor, which faults on the GPU (illegal instruction; csrc/wgmma.cuh says more).
     import triton  # its wheel carries a cuobjdump
 
     dump = shutil.which("cuobjdump") or next(Path(triton.__file__).parent.glob("backends/nvidia/bin/cuobjdump"), None)
@@ -349,8 +328,7 @@ def test_tensor_map_mirror_matches_cuda_h():
 
     from qtool.kernels.cuda import driver
 
-    assert ctypes.sizeof(driver.TensorMap) == 128 and "struct alignas(64) TMap" in SRC
-    assert "unsigned long long v[16];" in SRC
+    assert ctypes.sizeof(driver.TensorMap) == 128
     header = next((p for p in (Path("/usr/local/cuda/include/cuda.h"),) if p.is_file()), None)
     if header is None:
         pytest.skip("no cuda.h to compare with")
@@ -410,47 +388,6 @@ def test_x_map_is_cached_per_address_shape_and_box(monkeypatch):
     assert len(made) == 3 and made[0] == (x.data_ptr(), 4, 64, 128)
 
 
-def _body(name: str) -> str:
-    """The source of one device function of csrc/w4a16.cu, up to the next top-level definition, with the bodies
-    of its lambdas blanked (a definition is not an access; its calls are)."""
-    start = SRC.index(f"DEVI void {name}(")
-    end = min(i for i in (SRC.find("\ntemplate <", start + 1), SRC.find("\n#ifdef", start + 1),
-                          SRC.find("\n}  // namespace", start + 1)) if i > 0)
-    body = SRC[start:end]
-    for m in re.finditer(r"= \[&\]\([^)]*\) \{", body):
-        depth, i = 0, m.end() - 1
-        while True:
-            depth += {"{": 1, "}": -1}.get(body[i], 0)
-            if depth == 0:
-                break
-            i += 1
-        body = body[:m.end()] + " " * (i - m.end()) + body[i:]
-    return body
-
-
-@pytest.mark.parametrize("name", ["sk_small", "wg_large", "mma_xs", "xr_small"])
-def test_pdl_orders_every_dependent_access_after_the_wait(name):
-    """Programmatic dependent launch: before pdl_wait a kernel may only read what no earlier kernel writes (the
-    weight stream and its records); x, y, the workspace and the counters come after it. The mma kernel has no
-    wait, and is never launched so."""
-    from qtool.kernels.cuda.launch import PDL_KINDS
-
-    assert "pdl_" not in _body("mma_small") and MMA not in PDL_KINDS
-    body = _body(name)
-    # wg_large has two forms (x by TMA, x by cp.async), each with its own prologue: check each from its start
-    cut = body.index("static_assert(D - 1 >= STAGES - 2") if name == "wg_large" else 0  # the cp.async form
-    forms = [body[:cut], body[cut:]] if cut else [body]
-    for form in forms:
-        wait = form.index("pdl_wait(p.flags")
-        assert form.index("pdl_start(p.flags)") < wait
-        # the first weight blocks are in flight before the wait (each warp's ring, or the producer's cp.asyncs)
-        assert "issue()" in form[:wait] or "issue(d < n)" in form[:wait] or "weights(j)" in form[:wait]
-        for dependent in ("p.x", "p.y", "p.ws", "p.cnt", "epilogue<", "load_x(", "tma_load_2d(", "finish(",
-                          "store_y("):
-            i = form.find(dependent)
-            assert i < 0 or i > wait, (name, dependent)
-
-
 def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     from qtool.kernels.cuda.launch import flags, use_pdl
 
@@ -463,15 +400,12 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert not use_pdl(Config(kind=SK), hopper) and use_pdl(Config(kind=SK, pdl=True), hopper)
     plain = {"evict": "none"}
     assert flags(Config(**plain)) == 0 and flags(Config(trigger="start", **plain)) == 1
-    assert "QT_PDL_EARLY = 1, QT_EVICT_FIRST = 2" in SRC
     # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
     assert flags(Config(trigger="start", **plain), 264, 132) == 1
     assert flags(Config(trigger="start", **plain), 128, 132) == 0
     # evict-first weight copies: the default, for every kernel (each Stream and the stream-K ring read the bit)
     assert flags(Config()) == 2 and flags(Config(kind=SK, trigger="start"), 264, 132) == 3
     assert all(flags(choose(m, hopper)) & 2 for m in (1, 16, 256))
-    # Stream (mma, xs, wgmma by cp.async), sk_small and xr_small
-    assert SRC.count("l2_policy(p.flags & QT_EVICT_FIRST)") == 3
     with pytest.raises(ValueError, match="evict"):
         Config(evict="all")  # refused where it is made, not at launch
     gate = state(8192, 28672)
@@ -493,9 +427,6 @@ def test_stream_k_cta_local_hand_over(n16, upt, ctas, warps):
     """A shared tile whose warps are all in one CTA is handed over in shared memory: its counter (the tile's first
     warp, CTA-relative) is used by no other shared tile of the CTA, and the partial slots of the CTA's warps never
     collide; a grid of whole tiles per CTA hands over nothing through global memory."""
-    for expr in ("wa >= cta0 && wb < cta0 + nwarps", "(u0 / upt == tile) ? 2 * lw : 2 * lw + 1",
-                 "start(wa) == (long long)tile * upt ? 2 * la : 2 * la + 1", "part + 2 * w * 512"):
-        assert expr in SRC, expr
     units, tw = n16 * upt, ctas * warps
 
     def start(w):
@@ -546,7 +477,7 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
             configs = [c for c in tune.forced_configs(m, st)]
             variants = [dataclasses.replace(base, **v) for v in tune.VARIANTS.values()]
             configs += variants
-            configs += [c for c in tune.candidates(m, probes=True) if isinstance(c, Config)]
+            configs += [c for c in tune.candidates(m) if isinstance(c, Config)]
             configs += [dataclasses.replace(base, pdl=p, trigger=t) for p, t in ((True, "wait"), (True, "start"))]
             if m == 16 and k == 8192:  # --scaling's launches (K 8192)
                 configs += [c for mm, c in tune.SCALING if mm == m and isinstance(c, Config)]
@@ -559,7 +490,7 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
                     if cfg in variants and cfg.cluster:  # no cluster kernel for this layer: the script times the default
                         continue
                     raise
-                for dt in ("f16",) if cfg.probe else ("f16", "bf16"):  # the probes exist for fp16 tuning only
+                for dt in ("f16", "bf16"):
                     assert p["name"].replace("{dt}", dt) in ENTRY, (cfg, p["name"])
                 flags(cfg, p["grid"][0], 132)
 
@@ -567,41 +498,16 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
 def test_x_in_registers_plan():
     """K groups of warps x r blocks; units (K group, tile) over about ctas_per_sm CTAs per SM; partials per K
     group in the workspace only when there are several; every built shape fits one CTA per SM."""
-    from qtool.kernels.cuda.launch import (
-        XR_BIAS_BUILT,
-        XR_BUILT,
-        XR_CLUSTER_BUILT,
-        XR_MAX_WARPS,
-        XR_PROBES_BUILT,
-        xr_smem,
-        xr_units,
-    )
+    from qtool.kernels.cuda.launch import XR_MAX_WARPS, xr_smem, xr_units
 
-    for (nt, r, d, t), sl in XR_BUILT.items():
-        name = f"qt_xr_{{}}_nt{nt}_r{r}_d{d}" + (f"_t{t}_s{sl}" if t > 1 else "")
-        assert {name.format("f16"), name.format("bf16")} <= ENTRY
-        if (nt, r, d, t) in XR_BIAS_BUILT:
-            assert {name.format("f16") + "_b", name.format("bf16") + "_b"} <= ENTRY
-        if (nt, r, d, t) in XR_CLUSTER_BUILT:
-            assert {name.format(dt) + b + "_c" for dt in ("f16", "bf16") for b in ("", "_b")} <= ENTRY
-        # the largest form built (biased, as a cluster) still fits one CTA per SM
-        w = XR_MAX_WARPS.get(r, 16)
-        assert xr_smem(w, r, d, nt, t, sl, (nt, r, d, t) in XR_BIAS_BUILT, (nt, r, d, t) in XR_CLUSTER_BUILT) <= (
-            SMEM_MAX - 1024)
-        assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl) <= SMEM_MAX - 1024
-        # r 8 (128 registers of x): __launch_bounds__ of 256 threads, and plans of at most 8 warps
-        th = 32 * XR_MAX_WARPS.get(r, 16)
-        macro = rf"QT_XR\({nt}, {r}, {d}, {th}\)" if t == 1 else rf"QT_XRT\({nt}, {r}, {d}, {th}, {t}, {sl}, \d+\)"
-        assert re.search(rf"^{macro}$", SRC, re.M), (nt, r, d, t)
-    # the probe rows plan exactly the probe entry points the source defines (a row without its kernel, or a kernel
-    # no row reaches, fails)
-    planned = set()
-    for pr, (nt, r, d, t), b, c in XR_PROBES_BUILT:
-        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get(r, 16), probe=pr, bias=b, cluster=c)
-        planned.add(plan(cfg, 16, state(8192, 28672))["name"].replace("{dt}", "f16"))
-    assert planned == {n for n in ENTRY if n.startswith("qt_xr_probe")}
-    with pytest.raises(ValueError, match="x-in-registers"):  # probe 4 is built on r 4 only
-        plan(Config(kind=XR, nt=2, r=8, warps=8, depth=3, probe=4), 16, state(8192, 8192))
+    for (nt, r, d, t, b, c), sl in built.XR.items():
+        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get(r, 16), bias=b, cluster=c)
+        st = state(8192, 28672) if c else state(8192, 8192)  # a cluster takes exactly two K groups
+        name = plan(cfg, 8 * nt, st)["name"]
+        assert {name.replace("{dt}", "f16"), name.replace("{dt}", "bf16")} <= ENTRY
+        assert name.endswith(("_b" if b else "") + ("_c" if c else ""))
+        # every built form, at its most warps, fits one CTA per SM
+        assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl, b, c) <= SMEM_MAX - 1024
     cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
     gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
     assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2
@@ -639,21 +545,88 @@ def test_x_in_registers_plan():
     for bad_st in (state(28672, 8192), state(4096, 8192), state(8192, 28672, cc=(8, 0))):  # 7 and 1 K groups, sm_80
         with pytest.raises(ValueError, match="cluster"):
             plan(cl, 16, bad_st)
-    # probe 12 (the timelines): choose()'s three M = 16 launches, fp16; 16 u64 a warp after the partials' place
-    for cfg12, st12, kg in ((dataclasses.replace(cl, probe=12), state(8192, 28672), 2),
-                            (Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, probe=12), state(28672, 8192), 7),
-                            (Config(kind=XR, nt=2, r=8, warps=8, depth=3, probe=12), state(8192, 8192), 2)):
-        p12 = plan(cfg12, 16, st12)
-        assert p12["name"].replace("{dt}", "f16") in ENTRY and p12["name"].startswith("qt_xr_probe12_")
-        n16 = st12.N // 16
-        assert p12["ws_floats"] == kg * n16 * 128 * 2 + p12["grid"][0] * 8 * launch.XR_STAMP_U64 * 2
-    with pytest.raises(ValueError, match="x-in-registers"):  # not built biased without the cluster
-        plan(dataclasses.replace(cl, probe=12, cluster=False), 16, state(8192, 28672))
+    with pytest.raises(ValueError, match="cluster"):  # not built biased with one-tile units
+        plan(dataclasses.replace(cl, t=1, depth=3), 16, state(8192, 28672))
     for bad in (Config(kind=XR, nt=1, r=4), Config(kind=XR, nt=2, r=8, warps=16), Config(kind=XR, nt=2, r=8, depth=5),
-                Config(kind=XR, nt=2, r=4, probe=1), Config(kind=XR, nt=2, r=4, t=2, depth=2),
-                Config(kind=XR, nt=2, r=4, depth=3, bias=True), Config(kind=XR, nt=2, r=8, depth=3, bias=True, probe=1)):
+                Config(kind=XR, nt=2, r=4, t=2, depth=2), Config(kind=XR, nt=2, r=4, depth=3, bias=True)):
         with pytest.raises(ValueError, match="x-in-registers"):
             plan(bad, 16, state(8192, 8192))
     with pytest.raises(ValueError, match="x-in-registers"):
         plan(cfg, 16, state(8192, 8192, post=False))
 
+
+
+def _gen_kernels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_kernels", build.CSRC / "gen_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_generated_files_are_current():
+    """csrc/w4a16.cu, csrc/wgmma_rs.cuh and qtool/kernels/cuda/built.py are what csrc/gen_kernels.py makes from its
+    table (regenerated here in memory), and the build hashes every file the translation unit includes."""
+    gen = _gen_kernels()
+    for path, text in gen.outputs().items():
+        assert path.read_text() == text, f"{path} is stale: run python csrc/gen_kernels.py"
+    assert {build.MAIN, "wgmma_rs.cuh", *gen.HEADERS} <= set(build.sources())
+    common, sm90 = gen.names()
+    assert built.NAMES == set(common) and built.NAMES_SM90A == set(sm90) and not built.NAMES & built.NAMES_SM90A
+    assert len(common) == len(set(common)) and len(sm90) == len(set(sm90))  # no name built twice
+
+
+def test_sources_are_short():
+    for path in sorted(build.CSRC.iterdir()):
+        if path.suffix in (".cu", ".cuh", ".py"):
+            assert len(path.read_text().splitlines()) < 1000, path.name
+
+
+def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
+    """For every point of tests/data/cuda_choices.json (M 1-8192, the configs/models.yaml shapes and some odd ones,
+    five group shifts, sm_80 and sm_90 profiles), choose() and plan() give the launch recorded there, and it
+    names a kernel the device's cubin has."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cuda_choices
+
+    monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
+    want = json.loads(cuda_choices.DATA.read_text())
+    got = cuda_choices.record(launch, want["shapes"])
+    for key, runs in want["runs"].items():
+        dev = key.split("/")[0]
+        expect = [(a, b, want["launches"][i]) for a, b, i in runs]
+        assert [(a, b, got["launches"][i]) for a, b, i in got["runs"][key]] == expect, key
+        assert got["plans"][key] == want["plans"][key], key
+        for _, _, lc in expect:
+            assert set(lc["names"]) <= launch.kernels(tuple(want["devices"][dev][0])), (key, lc)
+
+
+# a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
+ROW_POINTS = {
+    "wgmma bn64": (64, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
+    "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
+    "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
+    "stream-K whole tiles": (1, 28672, 8192, (9, 0), 7), "stream-K 1/SM": (1, 8192, 28672, (8, 0), 7),
+    "mma M <= 8": (4, 28672, 8192, (9, 0), 7), "x in registers, two-tile units": (16, 8192, 28672, (9, 0), 7),
+    "x in registers": (16, 8192, 8192, (9, 0), 30), "x streamed, small layer": (9, 8192, 1024, (9, 0), 6),
+    "x streamed": (16, 8192, 8192, (8, 0), 7), "mma M <= 16, small layer": (16, 8192, 1024, (9, 0), -1),
+    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "mma": (256, 8192, 8192, (8, 0), 7),
+}
+
+
+def test_every_row_is_reachable_and_built():
+    """Each row of the launch table is the first to match somewhere (so none is dead), its launch names a kernel
+    the device's cubin has, and its evidence is one sentence."""
+    assert [r.name for r in launch.ROWS] == list(ROW_POINTS)
+    for row in launch.ROWS:
+        m, k, n, cc, gs = ROW_POINTS[row.name]
+        st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs)
+        assert launch.choose_row(m, st) is row, row.name
+        p = plan(choose(m, st), m, st)
+        assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= launch.kernels(cc), row.name
+        assert p["smem"] <= launch.smem_per_sm(cc), row.name
+        assert row.why.endswith(".") and ". " not in row.why and "pass" not in row.why, row.name

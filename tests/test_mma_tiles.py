@@ -1,4 +1,4 @@
-"""The mma tile layout (qtool/packing/mma_tiles.py) and the arithmetic csrc/w4a16.cu does on it, on the CPU.
+"""The mma tile layout (qtool/packing/mma_tiles.py) and the arithmetic the csrc/*.cuh kernels do on it, on the CPU.
 
 The kernel cannot run here; what can be checked is everything it relies on:
 - the layout round-trips and places each code where the PTX A-fragment layout says a lane holds it
@@ -33,7 +33,7 @@ def fragment_coords(g: int, t: int) -> list[tuple[int, int]]:
             (g, 2 * t + 8), (g, 2 * t + 9), (g + 8, 2 * t + 8), (g + 8, 2 * t + 9)]
 
 
-# which nibble of the word the kernel's extraction turns into fragment element i (see dequant in w4a16.cu):
+# which nibble of the word the kernel's extraction turns into fragment element i (see dequant in csrc/common.cuh):
 # register a_r = (low half, high half); fp16: a0 <- nibbles 0/4, a1 <- 1/5, a2 <- 2/6 (word >> 8), a3 <- 3/7
 NIBBLE_OF_ELEMENT = [0, 4, 1, 5, 2, 6, 3, 7]
 
@@ -291,7 +291,7 @@ def test_stream_k_unit_arithmetic_reproduces_the_layer_product(bf16):
 
 
 def _transpose4(v: list[list[int]]) -> list[list[int]]:
-    """csrc/w4a16.cu transpose4 over one row's four lanes: v[t][e] is lane t's element e; two butterfly rounds,
+    """csrc/xr.cuh transpose4 over one row's four lanes: v[t][e] is lane t's element e; two butterfly rounds,
     the same sends and keeps as the kernel's."""
     v = [list(r) for r in v]
     for m in (1, 2):
@@ -329,7 +329,7 @@ def test_x_in_registers_fragments_come_out_in_mma_order():
     assert "const int k0 = (kg * nw + warp) * R * 64 + 8 * t;" in _SRC and "k0 + b * 64 + c * 32" in _SRC
 
 
-_SRC = (Path(__file__).parents[1] / "csrc" / "w4a16.cu").read_text()
+_SRC = "".join(p.read_text() for p in sorted((Path(__file__).parents[1] / "csrc").glob("*.cuh")))  # the kernels
 
 
 # (K, group, warps, blocks per warp, tiles per unit, CTAs, M, biased, clusters of 2): a warp partly past K with

@@ -161,7 +161,7 @@ def detect_cpu_flags() -> frozenset[str]:
 
         cap = torch.backends.cpu.get_cpu_capability().lower()  # e.g. "avx2", "avx512"
         return frozenset({cap})
-    except Exception:  # noqa: BLE001 - no probe available: report no flags rather than guess
+    except Exception:  # noqa: BLE001 - no flag detection available: report no flags rather than guess
         return frozenset()
 
 

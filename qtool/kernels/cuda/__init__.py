@@ -1,17 +1,20 @@
-"""`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/w4a16.cu) over the mma tile layout (qtool/packing/mma_tiles.py).
+"""`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/*.cuh) over the mma tile layout (qtool/packing/mma_tiles.py).
 
-Four kernels, chosen per call by M and the layer (launch.py):
+Five kernel families (csrc/gen_kernels.py's table lists the built shapes), chosen per call by M and the layer
+(launch.ROWS):
 - `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
   persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
   unit's fp32 sum through sum(x), or (grids of whole tiles per CTA) from each fragment by one FMA; shared tiles
   finished by the last warp in the same launch (in shared memory when all its warps are in one CTA; small layers
   get one CTA per tile). Weight copies carry an L2 evict-first policy in every kernel.
-- `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
-  from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
-  same launch. For small M that `sk` and `xs` do not take (M 9-32, groups of 64, act-order).
+- `xr` (sm_80+, chosen on sm_90 at M 9-16, groups of >= 128): x held in registers as mma fragments by the CTA
+  of one K group, the weights streamed past it unit by unit; two K groups may meet in a cluster of 2 (sm_90a).
 - `xs` (sm_80+, M 9-16 on layers of under 8 tiles per SM, one group per block): the `mma` kernel's warps with
   x streamed through a ring of chunks in shared memory instead of staged per CTA, so a grid of about one wave
   gives each warp one long run of its tile (no split, or a few long K slices).
+- `mma` (sm_80+): mma.sync m16n8k16 with the weight as the A operand, dequantized in registers straight
+  from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
+  same launch. For small M that the others do not take (M 9-32, groups of 64, act-order).
 - `wgmma` (sm_90a only): wgmma m64nNk16 with A from registers (the same per-lane words) and x tiles from
   shared memory; for large M, where the tensor cores' rate matters.
 
@@ -98,7 +101,7 @@ def act_order_plan(g_idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 @register
 class CudaW4A16(Kernel):
     id = "cuda-w4a16"
-    summary = ("CUDA C++ W4A16 (csrc/w4a16.cu): stream-K mma.sync for M <= 8, mma.sync with in-register LOP3 "
+    summary = ("CUDA C++ W4A16 (csrc/*.cuh): stream-K mma.sync for M <= 8, mma.sync with in-register LOP3 "
                "dequant for other small M (at M 9-16 x held in registers or streamed in chunks), wgmma (sm_90a) "
                "for large M; weights repacked once to the mma tile layout")
     devices = ("cuda",)

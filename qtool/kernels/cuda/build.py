@@ -1,10 +1,10 @@
-"""Build csrc/w4a16.cu into a cubin for one GPU architecture, once, cached by content.
+"""Build csrc/w4a16.cu (and the headers it includes) into a cubin for one GPU architecture, once, cached by content.
 
     cubin_for((9, 0)) -> bytes     # nvcc -cubin -gencode arch=compute_90a,code=sm_90a (wgmma kernels included)
     cubin_for((8, 0)) -> bytes     # arch=compute_80,code=sm_80 (mma.sync kernels only)
 
-The cache key is the sources' SHA-256 plus the nvcc command, so an edited kernel is rebuilt and a stale cubin
-is never loaded. Cache folder: $QTOOL_CUDA_CACHE, else ~/.cache/qtool/cuda. A cubin built elsewhere (same
+The cache key is the SHA-256 of every csrc/*.cu and *.cuh file plus the nvcc command, so an edited kernel or
+header is rebuilt and a stale cubin is never loaded. Cache folder: $QTOOL_CUDA_CACHE, else ~/.cache/qtool/cuda. A cubin built elsewhere (same
 sources, same key) can be copied into the cache: that is how the benchmarks carry a build to a GPU machine.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from qtool.errors import DeviceError
 
 CSRC = Path(__file__).resolve().parents[3] / "csrc"
-SOURCES = ("w4a16.cu", "wgmma_rs.cuh")
+MAIN = "w4a16.cu"  # the translation unit; it includes the csrc/*.cuh headers
 FLAGS = ("-cubin", "-O3", "-std=c++17", "-lineinfo")
 
 
@@ -44,9 +44,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QTOOL_CUDA_CACHE") or Path.home() / ".cache" / "qtool" / "cuda")
 
 
+def sources() -> list[str]:
+    """Every file the build can include: csrc/*.cu and csrc/*.cuh (all hashed into the cache key)."""
+    return sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh"))
+
+
 def cache_key(cc: tuple[int, int]) -> str:
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in sources():
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(" ".join((*FLAGS, gencode(cc))).encode())
@@ -58,7 +63,7 @@ def cubin_path(cc: tuple[int, int]) -> Path:
 
 
 def sources_present() -> bool:
-    return all((CSRC / n).is_file() for n in SOURCES)
+    return CSRC.is_dir() and (CSRC / MAIN).is_file()
 
 
 def cubin_for(cc: tuple[int, int]) -> bytes:
@@ -76,7 +81,7 @@ def cubin_for(cc: tuple[int, int]) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        cmd = [nvcc, *FLAGS, "-gencode", gencode(cc), "-o", str(out), str(CSRC / "w4a16.cu")]
+        cmd = [nvcc, *FLAGS, "-gencode", gencode(cc), "-o", str(out), str(CSRC / MAIN)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["?"])[-1]

@@ -38,7 +38,7 @@ def ex_config(grid: tuple[int, int, int], block: int, smem: int, stream: int, at
               pdl: bool, cluster: int) -> LaunchConfig:
     """A cuLaunchKernelEx launch with its attributes written into `attrs` (kept alive by the caller): pdl, the
     kernel may start before the previous kernel in the stream ends (programmatic stream serialization; it
-    waits for it with griddepcontrol.wait, csrc/w4a16.cu pdl_wait); cluster > 1, thread-block clusters of that
+    waits for it with griddepcontrol.wait, csrc/common.cuh pdl_wait); cluster > 1, thread-block clusters of that
     many CTAs along x."""
     n = 0
     if pdl:
@@ -67,7 +67,7 @@ TMAP_UINT16, TMAP_SWIZZLE_128B, TMAP_L2_128B = 1, 3, 2
 
 def x_tensor_map(ptr: int, rows: int, cols: int, box_rows: int) -> TensorMap:
     """The tensor map of a row-major 2-byte matrix [rows][cols] at device address ptr (16-byte aligned, cols % 8
-    == 0) read in boxes of 64 columns x box_rows rows, swizzled by 128 bytes (csrc/w4a16.cu, TMA_X)."""
+    == 0) read in boxes of 64 columns x box_rows rows, swizzled by 128 bytes (csrc/wgmma.cuh, TMA_X)."""
     buf = (ctypes.c_uint8 * 192)()  # the driver writes the map at a 64-byte aligned address
     at = (ctypes.addressof(buf) + 63) & ~63
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32

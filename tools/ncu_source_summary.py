@@ -1,15 +1,15 @@
-"""Summarize an Nsight Compute report's SASS source page (per-instruction counters) for one kernel.
+"""Summarize an Nsight Compute report's SASS source page (per-instruction counters): where one kernel stalls.
 
     ncu --clock-control none -k regex:qt_xr -c 1 --section WarpStateStats --section SourceCounters \\
-        --section InstructionStats -o rep python benchmarks/profile_cuda_w4a16.py 16 --xr --shape 8192x28672
+        --section InstructionStats -o rep python tools/profile_cuda_w4a16.py 16 --shape 8192x28672
     ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv
-    python benchmarks/ncu_source_summary.py src.csv [--top N] [--regions UNITS]
+    python tools/ncu_source_summary.py src.csv [--top N] [--regions UNITS]
 
 Prints the column totals (instructions executed, warp stall samples, each stall reason) and the instructions with
 the most stall samples and the most executions. --regions UNITS: the code as runs of consecutive instructions
 with the same execution count (a loop body, a branch taken so often), each with its instructions per work unit
 (UNITS: how many times the kernel's main loop body runs in all warps, e.g. units x warps per CTA) and its share
-of the stall samples; how benchmarks/results/ncu-v11-h200.txt was made.
+of the stall samples.
 """
 
 import argparse

@@ -1,0 +1,105 @@
+"""The launch `cuda-w4a16` picks at every point of a grid, as plain data (tests/data/cuda_choices.json).
+
+    python tests/cuda_choices.py   # rewrites tests/data/cuda_choices.json from the current launch.py
+
+The JSON holds the points (devices, group shifts, layer shapes: every layer and fused layer of
+configs/models.yaml plus a few odd ones) and, per (device, group shift, shape), runs of M with the same
+launch. tests/test_kernels_cuda.py asserts that choose() and plan() still give exactly these launches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "cuda_choices.json"
+DEVICES = {"sm_80": [[8, 0], 108], "sm_90": [[9, 0], 132], "sm_90-114": [[9, 0], 114]}
+# group shift of a layer: -1 the group table (groups of 32, act-order), 6/7/8 groups of 64/128/256, 30 one group
+GSHIFTS = (-1, 6, 7, 8, 30)
+MS = [*range(1, 257), 257, 300, 384, 500, 512, 1000, 1024, 2048, 4096, 8192]
+ODD_SHAPES = [[384, 200], [160, 48], [4104, 4096], [8192, 1000], [1024, 16]]
+
+
+def model_shapes() -> list[list[int]]:
+    """(K, N) of every layer and fused layer of every model in configs/models.yaml."""
+    data = yaml.safe_load((ROOT / "configs" / "models.yaml").read_text())
+    out = set()
+    for row in data["models"].values():
+        arch = data["architectures"][row["arch"]]
+        heads = row["num_attention_heads"]
+        hd = row.get("head_dim") or row["hidden_size"] // heads
+        sizes = {"hidden_size": row["hidden_size"], "intermediate_size": row["intermediate_size"],
+                 "q_size": heads * hd, "kv_size": (row.get("num_key_value_heads") or heads) * hd}
+        layers = {it["name"]: (sizes[it["in"]], sizes[it["out"]]) for it in arch["layers"]}
+        out.update(layers.values())
+        for fused in arch.get("fused", []):
+            parts = [layers[p] for p in fused["parts"]]
+            out.add((parts[0][0], sum(n for _, n in parts)))
+    return sorted([k, n] for k, n in out)
+
+
+def launch_of(launch, m: int, st) -> tuple[dict, dict]:
+    """Everything a launch is: the Config's non-default fields, the kernel per dtype, whether it is a dependent
+    launch; and the rest of its plan (grid, block, shared memory, split, workspace) and flags."""
+    cfg = launch.choose(m, st)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if getattr(cfg, f.name) != f.default}
+    p = dict(launch.plan(cfg, m, st))
+    name = p.pop("name")
+    p["grid"] = list(p["grid"])
+    p.setdefault("cluster", 1)
+    g = p["grid"]
+    p["flags"] = launch.flags(cfg, g[0] * g[1] * g[2], st.n_sm)
+    return ({"config": fields, "names": [name.replace("{dt}", dt) for dt in ("f16", "bf16")],
+             "pdl": launch.use_pdl(cfg, st)}, p)
+
+
+def record(launch, shapes: list[list[int]]) -> dict:
+    """runs {"device/gshift/KxN": [[m_first, m_last, launch index], ...]}, the distinct launches, and plans
+    {"device/gshift/KxN": SHA-256 of the plans over every M} (they vary with M too often to list)."""
+    from types import SimpleNamespace
+
+    launches: list[str] = []
+    index: dict[str, int] = {}
+    runs: dict[str, list] = {}
+    plans: dict[str, str] = {}
+    for dev, (cc, n_sm) in DEVICES.items():
+        for gs in GSHIFTS:
+            for k, n in shapes:
+                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs)
+                rows: list = []
+                h = hashlib.sha256()
+                for m in MS:
+                    what, p = launch_of(launch, m, st)
+                    h.update(json.dumps([m, p], sort_keys=True).encode())
+                    key = json.dumps(what, sort_keys=True)
+                    i = index.setdefault(key, len(launches))
+                    if i == len(launches):
+                        launches.append(key)
+                    if rows and rows[-1][2] == i:
+                        rows[-1][1] = m
+                    else:
+                        rows.append([m, m, i])
+                runs[f"{dev}/{gs}/{k}x{n}"] = rows
+                plans[f"{dev}/{gs}/{k}x{n}"] = h.hexdigest()[:16]
+    return {"runs": runs, "launches": [json.loads(s) for s in launches], "plans": plans}
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from qtool.kernels.cuda import launch
+
+    shapes = model_shapes() + ODD_SHAPES
+    out = {"devices": DEVICES, "gshifts": list(GSHIFTS), "ms": MS, "shapes": shapes, **record(launch, shapes)}
+    DATA.parent.mkdir(exist_ok=True)
+    DATA.write_text(json.dumps(out, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main()
