@@ -29,14 +29,18 @@ def commands(out: Path, models: list[str], dtypes: list[str], batch_sizes: list[
     return cmds
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--models", nargs="+", default=["llama-3-70b"])
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--batch-sizes", nargs="+", default=["1", "16", "256"])
     ap.add_argument("--kernels", default="triton-w4a16,cuda-w4a16")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rc = 0
     for cmd in commands(args.out, args.models, args.dtypes, args.batch_sizes, args.kernels):

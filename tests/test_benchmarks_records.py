@@ -109,3 +109,34 @@ def test_commits_named_by_bench_page_exist() -> None:
     missing = [s for s in sorted(shas) if subprocess.run([git, "cat-file", "-e", f"{s}^{{commit}}"], cwd=REPO,
                                                           capture_output=True).returncode != 0]
     assert not missing, f"bench.md names commits this clone does not have: {missing}"
+
+
+def test_bench_script_reproduces_the_cited_runs() -> None:
+    """benchmarks/bench_w4a16.py with its defaults runs the commands whose JSON bench.md cites: each output it
+    names is in benchmarks/results, and each JSON's recorded settings are the command's."""
+    import importlib.util
+    import json
+
+    from qtool.bench.shapes import parse_shapes
+
+    spec = importlib.util.spec_from_file_location("bench_w4a16", REPO / "benchmarks" / "bench_w4a16.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.parser().parse_args([])
+    cmds = mod.commands(args.out, args.models, args.dtypes, args.batch_sizes, args.kernels)
+    cited = {t for t in LINK.findall((RESULTS / "bench.md").read_text(encoding="utf-8")) if t.endswith(".json")}
+    runs = set()
+    for cmd in cmds:
+        opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+        path = Path(opt["--json"])
+        assert path.parent == RESULTS and path.exists(), path
+        runs.add(path.name)
+        settings = json.loads(path.read_text(encoding="utf-8"))["settings"]
+        shapes = [{"name": s.name, "K": s.K, "N": s.N} for s in parse_shapes(opt["--shapes"], "cuda")]
+        start = cmd.index("--batch-sizes") + 1
+        sizes = [int(v) for v in itertools.takewhile(lambda v: not v.startswith("--"), cmd[start:])]
+        assert settings["device"] == opt["--device"] and settings["dtype"] == opt["--dtype"]
+        assert settings["kernels"] == opt["--kernels"].split(",") and settings["batch_sizes"] == sizes
+        assert settings["graphs"] is True and "--graphs" in cmd
+        assert settings["shapes"] == shapes
+    assert {c for c in cited if c.startswith("bench-")} == runs
