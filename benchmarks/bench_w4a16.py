@@ -1,9 +1,11 @@
-"""Reproduce the W4A16 numbers in the README / benchmarks/results/bench.md.
+"""Reproduce the W4A16 numbers of the README and benchmarks/results/bench.md (one GPU, CUDA and triton).
 
-    python benchmarks/bench_w4a16.py [--out DIR] [--models llama-3-70b llama-3-8b] [--dtype fp16]
+    python benchmarks/bench_w4a16.py [--out DIR] [--models llama-3-70b] [--dtypes fp16 bf16]
+                                     [--batch-sizes 1 16 256] [--kernels triton-w4a16,cuda-w4a16]
 
-For each model: `qtool bench --device cuda:0 --shapes MODEL --batch-sizes 1 16 256 --graphs` with the JSON,
-Markdown tables and PNG plot written to DIR (default benchmarks/results). Needs a CUDA GPU and triton.
+For each model and dtype: `qtool bench --device cuda:0 --shapes MODEL --dtype DTYPE --batch-sizes ... --graphs
+--kernels ...`, writing bench-MODEL-DTYPE-cuda.{json,md,png} to DIR (default benchmarks/results, the files the
+page cites). The dense cuBLAS baseline and the copy bandwidth are measured in the same run.
 """
 
 from __future__ import annotations
@@ -16,20 +18,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def commands(out: Path, models: list[str], dtypes: list[str], batch_sizes: list[str], kernels: str) -> list[list[str]]:
+    cmds = []
+    for model in models:
+        for dtype in dtypes:
+            stem = out / f"bench-{model}-{dtype}-cuda"
+            cmds.append([sys.executable, "-m", "qtool", "bench", "--device", "cuda:0", "--shapes", model,
+                         "--dtype", dtype, "--batch-sizes", *batch_sizes, "--graphs", "--kernels", kernels,
+                         "--json", f"{stem}.json", "--markdown", f"{stem}.md", "--plot", f"{stem}.png"])
+    return cmds
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    ap.add_argument("--models", nargs="+", default=["llama-3-70b", "llama-3-8b"])
-    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--models", nargs="+", default=["llama-3-70b"])
+    ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--batch-sizes", nargs="+", default=["1", "16", "256"])
-    args = ap.parse_args()
+    ap.add_argument("--kernels", default="triton-w4a16,cuda-w4a16")
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rc = 0
-    for model in args.models:
-        stem = args.out / f"bench-{model}-{args.dtype}"
-        cmd = [sys.executable, "-m", "qtool", "bench", "--device", "cuda:0", "--shapes", model, "--dtype", args.dtype,
-               "--batch-sizes", *args.batch_sizes, "--graphs", "--json", f"{stem}.json",
-               "--markdown", f"{stem}.md", "--plot", f"{stem}.png"]
+    for cmd in commands(args.out, args.models, args.dtypes, args.batch_sizes, args.kernels):
         print("$", " ".join(cmd[1:]), flush=True)
         rc |= subprocess.call(cmd, cwd=REPO)
     return rc

@@ -10,8 +10,8 @@ Why the buckets look the way they do (seed 002, "crossover" and the M-bucketed d
 - Past M = 64 the dequantize-into-a-temporary + cuBLAS path is taken and reported as such
   ("dequant(ptx ...)+cublas"). The temporary lives for one call.
 
-TABLE comes from benchmarks/tune_w4a16.py and tune_w4a16_v2.py on an H200, 2026-11-29
-(benchmarks/results/bench.md, tune-h200.json, tune-m1-h200.json, tune-v2-h200.json).
+TABLE comes from benchmarks/tune_w4a16.py sweeps on an H200, 2026-11-29 (benchmarks/results: tune-h200.json,
+tune-m1-h200.json, tune-v2-h200.json; bench.md).
 """
 
 from __future__ import annotations
