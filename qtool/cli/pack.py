@@ -20,7 +20,6 @@ from qtool.cli.common import (
     apply_config,
     emit_json,
     progress,
-    sanitize,
     stderr_console,
     stdout_console,
 )
