@@ -188,12 +188,15 @@ def test_fp32_scales_round_to_fp16_and_the_error_is_reported():
     assert a.kind == "near-exact" and a.max_error == float((got - ref).abs().max()) > 0
 
 
-def test_gguf_writer_reports_a_full_disk_as_an_output_error():
-    from qtool.errors import OutputError
+def test_gguf_writer_passes_a_full_disk_to_the_publisher():
+    """A full disk reaches atomic_output as its OSError, which names the output and the space needed."""
+    import errno
+
     from qtool.io.gguf_writer import GGUFTensorSpec, write_gguf
 
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
     spec = GGUFTensorSpec("output_norm.weight", (1 << 20,), "F32", 4 << 20)
-    with pytest.raises(OutputError, match="cannot write the GGUF file: No space left on device"):
+    with pytest.raises(OSError) as e:
         write_gguf(Path("/dev/full"), "llama", [spec], [np.zeros(1 << 20, np.float32)])
+    assert e.value.errno == errno.ENOSPC

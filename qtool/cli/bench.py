@@ -24,7 +24,7 @@ from qtool.cli.common import (
 from qtool.report.text import sanitize
 
 # Code widths the kernels' packed layers read (GPTQ words hold a whole number of codes).
-BITS = (2, 4, 8)
+BITS = (2, 3, 4, 5, 6, 7, 8)
 DEVICE = re.compile(r"cpu|cuda(:\d{1,4})?")
 MAX_SECONDS = 3600.0
 

@@ -18,6 +18,7 @@ names and types still come from it.
 
 from __future__ import annotations
 
+import errno
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -257,7 +258,9 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
     try:
         with open(path, "wb", buffering=1 << 20) as out:
             _write_body(out, path, tensors, data, records, align)
-    except OSError as e:  # a full disk, a quota, an I/O error: the caller removes the partial file
+    except OSError as e:  # the caller removes the partial file
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise  # atomic_output names the output and the space needed and free
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
         raise OutputError(f"cannot write the GGUF file: {e.strerror or e}{where}", path=path,
                           fix="free space on the destination's file system or choose another -o") from None
