@@ -52,7 +52,6 @@ FLAG_CASES = [
     (["select", "--model", "llama-3-8b", "--device", "h100", "--group-size", "0"], ["--group-size 0", "-1 or 1"]),
     (["select", "--layer", "4096,4096", "--device", "h100", "--group-size", "-2"], ["--group-size -2"]),
     (["bench", "--device", "cpu", "--bits", "99"], ["--bits 99", "2, 3, 4, 5, 6, 7, 8"]),
-    (["bench", "--device", "cpu", "--bits", "3"], ["--bits 3", "2, 4, 8"]),
     (["bench", "--device", "tpu:0"], ["--device", "tpu:0", "cpu, cuda or cuda:N"]),
     (["bench", "--device", "cuda:99999999999999999999"], ["--device", "cpu, cuda or cuda:N"]),
     (["bench", "--device", "cpu", "--group-size", "0"], ["--group-size 0"]),

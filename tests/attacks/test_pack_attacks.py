@@ -87,7 +87,7 @@ def _problems(res: Result, src: Path, words: list[str], dest: Path, force: bool)
         out.append(f"stderr is not one qtool error line: {res.stderr[:500]!r}")
     elif not all(w in lines[0] for w in [str(src), *words]):
         out.append(f"error does not name {[w for w in [str(src), *words] if w not in lines[0]]}: {lines[0]}")
-    if force and (sorted(p.name for p in dest.iterdir()) != [SENTINEL]
+    if force and (sorted(p.name for p in dest.iterdir()) != sorted([SENTINEL, "model.safetensors"])
                   or (dest / SENTINEL).read_text() != SENTINEL_TEXT):
         out.append("destination changed")
     if not force and dest.exists():
@@ -108,6 +108,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[Result, Path, Path]]:
             if force:  # an earlier output that --force may replace only with a complete new one
                 dest.mkdir()
                 (dest / SENTINEL).write_text(SENTINEL_TEXT)
+                save_file({"x": torch.zeros(1)}, dest / "model.safetensors", metadata={"qtool.version": "0"})
             argv = ["pack", str(src), "-o", str(dest), "--group-size", "32"] + (["--force"] if force else [])
             runs.append((f"{name}-{force}", argv, src, dest))
     results = run_batch([argv for _, argv, _, _ in runs], cwd=root)
@@ -127,6 +128,7 @@ def test_huge_sparse_tensor_in_a_fresh_interpreter(tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
     (dest / SENTINEL).write_text(SENTINEL_TEXT)
+    save_file({"x": torch.zeros(1)}, dest / "model.safetensors", metadata={"qtool.version": "0"})
     res = run_qtool(["pack", str(src), "-o", str(dest), "--force"])
     assert _problems(res, src, REFUSED["huge_sparse"][1], dest, True) == []
     assert res.maxrss_mb < 1024
@@ -171,5 +173,6 @@ def test_huge_dense_tensor_checked_against_free_disk(tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
     (dest / SENTINEL).write_text(SENTINEL_TEXT)
+    save_file({"x": torch.zeros(1)}, dest / "model.safetensors", metadata={"qtool.version": "0"})
     res, = run_batch([["pack", str(src), "-o", str(dest), "--group-size", "32", "--force"]], cwd=tmp_path)
     assert _problems(res, dest, ["the output needs about 8192.00 GiB", "free"], dest, True) == []
