@@ -11,8 +11,8 @@ stored exactly (empty list = it can).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch

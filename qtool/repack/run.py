@@ -23,6 +23,7 @@ from pathlib import Path
 from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+
 HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
 
 
