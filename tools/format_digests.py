@@ -4,9 +4,10 @@ output file: the proof that a refactor leaves qtool's outputs byte-identical.
     python tools/format_digests.py MODEL --write tests/data/format_digests.json   # record
     python tools/format_digests.py MODEL --check tests/data/format_digests.json   # compare; exit 1 on change
 
-MODEL defaults to the demo model (all-MiniLM-L6-v2 from the `demo` extra). `--include` limits the modules
-quantized (default: the first encoder layer, which keeps the run to seconds); tests/test_format_digests.py
-runs the check on every `make test`.
+MODEL defaults to the demo model (all-MiniLM-L6-v2 from the `demo` extra). The matrix runs on a one-layer copy
+of it (its first encoder layer, embeddings, pooler and every non-weight file and folder), and each output is
+deleted once digested, so a run writes little and holds less; tests/test_format_digests.py runs the check on
+every `make test`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -83,7 +85,36 @@ def _digest(path: Path, work: Path) -> dict[str, str]:
     return out
 
 
+def one_layer_copy(model: Path, dst: Path) -> Path:
+    """The model cut to its first block: every tensor outside blocks 1.. kept, config.json told so."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True)
+    for p in model.iterdir():
+        if p.is_dir():
+            shutil.copytree(p, dst / p.name)
+        elif p.suffix != ".safetensors" and p.name != "config.json":
+            shutil.copy2(p, dst / p.name)
+    with safe_open(model / "model.safetensors", "pt") as f:
+        keep = {k: f.get_tensor(k) for k in f.keys() if not re.search(r"\.layer\.([1-9]\d*)\.", k)}
+        meta = f.metadata()
+    save_file(keep, dst / "model.safetensors", metadata=meta)
+    config = json.loads((model / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return dst
+
+
+def _gone(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
 def run(model: Path, include: list[str], work: Path) -> dict[str, dict]:
+    model = one_layer_copy(model, work / "model")
     sel = [a for pat in include for a in ("--include", pat)]
     out: dict[str, dict] = {}
     for name, args in PACKS:
@@ -106,6 +137,9 @@ def run(model: Path, include: list[str], work: Path) -> dict[str, dict]:
                     rc2 = _qtool(["repack", str(dst), "--to", "gptq", "-o", str(back), "-q"])
                     out[f"repack {name} -> {to} -> gptq"] = {
                         "rc": rc2, "files": _digest(back, work) if rc2 == 0 else {}}
+                    _gone(back)
+                _gone(dst)
+        _gone(src)
     return out
 
 
