@@ -206,7 +206,7 @@ def test_gptq_p_planar():
         assert [c.kernel for c in s.candidates] == ["TorchLinear", "MlxQuantLinear"]
     sel = select_kernel(gptq(4096, 4096, format="gptq_p", bits=5, group_size=64, sym=False), H100, "vllm")
     assert sel.chosen is None
-    assert "format gptq_p is not a vLLM WNA16 checkpoint format" in cand(sel, "vLLM method").reason
+    assert "format gptq_p is not a checkpoint format vLLM loads" in cand(sel, "vLLM method").reason
     # 4-bit planar is bit-identical to continuous packing: the hint says so
     sel = select_kernel(gptq(4096, 4096, format="gptq_p"), H100, "vllm")
     assert "bit-identical to gptq" in cand(sel, "vLLM method").hint
