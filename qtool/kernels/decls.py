@@ -179,6 +179,7 @@ KERNEL_ROW = record({
     "file": is_str,
     "source": is_str,
     "note": is_str,
+    "fallback": is_str,                         # what choosing this kernel gives up (said in the layer notes)
     "platforms": list_of(one_of(*PLATFORMS)),
     "reject_platforms": list_of(one_of(*PLATFORMS)),
     # contract: what the checkpoint and layer must look like
@@ -277,6 +278,7 @@ class KernelDecl:
     file: str | None = None
     source: str | None = None
     note: str | None = None
+    fallback: str | None = None
     reject_platforms: tuple[str, ...] = ()
     formats: dict[str, int] | None = None
     bits: tuple[int, ...] | None = None

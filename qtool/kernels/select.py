@@ -188,11 +188,12 @@ def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
             if chosen is None:
                 chosen = k.name
     per_m = tuple((m, next((k.name for k in eligible if _serves(k, m)), None)) for m in ms)
+    notes = _layer_notes(facts, decls, walk, blocked)
+    notes += [f"{k.name}: {k.fallback}" for k in eligible[:1] if k.fallback]
     return Selection(
         layer=layer, engine=decls.engine, device=device.name, tp=tp,
         in_features_per_partition=facts.k_part, out_features_per_partition=facts.n_part,
-        chosen=chosen, candidates=tuple(candidates),
-        notes=tuple(_layer_notes(facts, decls, walk, blocked)), per_m=per_m,
+        chosen=chosen, candidates=tuple(candidates), notes=tuple(notes), per_m=per_m,
     )
 
 
@@ -424,7 +425,8 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
             fail("shape_k", f"K {L.in_features} % group_size {g} != 0")
         if k.group_divides_k == "part" and f.k_part % g:
             fail("tp" if f.k_split else "shape_k", f"{f.kl} {f.k_part} % group_size {g} != 0")
-        if (k.group_straddle == "refuse" or f.group_straddle_base) and g < L.in_features and f.k_part % g:
+        straddle = k.group_straddle == "refuse" or (f.group_straddle_base and k.kind == "kernel")
+        if straddle and g < L.in_features and f.k_part % g:
             if f.k_split:
                 fail("tp", f"group_size {g} straddles TP shards: K_part {f.k_part} % {g} != 0 "
                            "(padding cannot fix a split group)")
@@ -558,10 +560,14 @@ def _hint(k: KernelDecl, layer: LayerQuant, device: Device, tp: int, disabled: f
                 pad = _pad_hint(k, layer, device, tp, decls, disabled, cat, cats)
                 if pad:
                     parts.append(pad)
-            tps = [t for t in TP_SIZES if t != tp and _tp_divides(layer, t)
-                   and clears(cat, new_tp=t)]
-            if tps:
-                parts.append(" or ".join(f"TP={t}" for t in tps))
+            if "tp-hint" not in done:
+                # one TP suggestion that clears every shape/TP failure at once
+                done.add("tp-hint")
+                shape_cats = cats & {"shape_k", "shape_n", "tp"}
+                tps = [t for t in TP_SIZES if t != tp and _tp_divides(layer, t)
+                       and all(clears(c, new_tp=t) for c in shape_cats)]
+                if tps:
+                    parts.append(" or ".join(f"TP={t}" for t in tps))
             continue
         elif cat == "device":
             names = [d.name for d in alts if d.name != device.name and clears(cat, new_device=d)]
@@ -702,7 +708,7 @@ def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked:
         notes.append(f"act-order with K split across {f.tp} ranks")
     if not walk:
         if decls.walk == "list":
-            notes.append(f"{decls.engine} declares no WNA16 kernel list for platform {f.device.platform}")
+            notes.append(f"{decls.engine} declares no kernel list for this layer on platform {f.device.platform}")
         else:
             notes.append(f"no {decls.engine} kernel declares format {f.engine_format}")
     if blocked:
