@@ -174,7 +174,9 @@ def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
                 c = _evaluate(gate, layer, device, tp, disabled, decls, alts)
                 candidates.append(c)
                 blocked = blocked or not c.ok
-        walk = [decls.kernel(n) for n in _list_for(decls, method, layer).get(device.platform, ())]
+        # a format no method reads reaches no kernel: listing the walk would show kernels "passing" for it
+        walk = [] if method is None else \
+            [decls.kernel(n) for n in _list_for(decls, method, layer).get(device.platform, ())]
     else:
         walk = _priority_walk(decls, layer, facts.engine_format)
 
@@ -706,7 +708,7 @@ def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked:
                      "(a rank holds a partial group)")
     if f.k_split and L.desc_act:
         notes.append(f"act-order with K split across {f.tp} ranks")
-    if not walk:
+    if not walk and not blocked:
         if decls.walk == "list":
             notes.append(f"{decls.engine} declares no kernel list for this layer on platform {f.device.platform}")
         else:

@@ -41,6 +41,8 @@ class LayerRow:
             "in_features_per_partition": s.in_features_per_partition,
             "out_features_per_partition": s.out_features_per_partition,
             "chosen": s.chosen,
+            "scale": L.scale_kind, "block": list(L.block) if L.block else None,
+            "per_m": {str(m): k for m, k in s.per_m},
             "candidates": [c.to_dict() for c in s.candidates],
             "notes": list(s.notes),
         }
@@ -59,10 +61,13 @@ class SelectReport:
     source: str | None = None        # checkpoint path or model name
     disabled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ms: list[int] = field(default_factory=list)   # batch rows resolved per call (--m)
 
     @property
     def all_chosen(self) -> bool:
-        return all(r.selection.chosen is not None for r in self.layers)
+        """Every layer has a kernel (and there is a layer: a checkpoint with none selectable is a failure)."""
+        return bool(self.layers) and all(r.selection.chosen is not None and
+                                         all(k is not None for _, k in r.selection.per_m) for r in self.layers)
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +78,7 @@ class SelectReport:
             "source": self.source,
             "device_profile": self.device.to_dict(),
             "disabled": list(self.disabled),
+            "m": list(self.ms),
             "notes": list(self.notes),
             "layers": [r.to_dict() for r in self.layers],
         }
@@ -99,14 +105,16 @@ def render(report: SelectReport, console) -> None:
         console.print(f"disabled: {sanitize(', '.join(report.disabled))}")
 
     summary = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("layer", "x", "quant", "K x N", "per rank", "chosen"):
+    cols = ("layer", "x", "quant", "K x N", "per rank", "chosen") + tuple(f"M={m}" for m in report.ms)
+    for col in cols:
         summary.add_column(col, no_wrap=col != "layer")
     for r in report.layers:
         s, L = r.selection, r.selection.layer
-        quant = f"{L.format} {L.bits}b g{L.group_size}{'' if L.sym else ' asym'}{' act' if L.desc_act else ''}"
+        quant = f"{L.format} {L.bits}b {_scale(L)}{'' if L.sym else ' asym'}{' act' if L.desc_act else ''}"
         chosen = f"[green]{s.chosen}[/]" if s.chosen else "[red]none[/]"
+        per_m = [f"[green]{k}[/]" if k else "[red]none[/]" for _, k in s.per_m]
         summary.add_row(sanitize(r.name), str(r.count), sanitize(quant), f"{L.in_features}x{L.out_features}",
-                        f"{s.in_features_per_partition}x{s.out_features_per_partition}", chosen)
+                        f"{s.in_features_per_partition}x{s.out_features_per_partition}", chosen, *per_m)
     console.print(summary)
 
     # Patterns whose candidates got identical verdicts share one table (most layers of a model do).
@@ -137,6 +145,15 @@ def render(report: SelectReport, console) -> None:
             console.print(f"  note: {sanitize(n)}")
     for n in report.notes:
         console.print(f"note: {sanitize(n)}")
+
+
+def _scale(L: Any) -> str:
+    kind = L.scale_kind
+    if kind == "block":
+        return "block " + ("x".join(map(str, L.block)) if L.block else "?")
+    if kind == "group":
+        return f"g{L.group_size}"
+    return f"per-{kind}"
 
 
 def _par(parallel: str) -> str:
