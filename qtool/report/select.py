@@ -105,16 +105,14 @@ def render(report: SelectReport, console) -> None:
         console.print(f"disabled: {sanitize(', '.join(report.disabled))}")
 
     summary = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    cols = ("layer", "x", "quant", "K x N", "per rank", "chosen") + tuple(f"M={m}" for m in report.ms)
-    for col in cols:
+    for col in ("layer", "x", "quant", "K x N", "per rank", "chosen"):
         summary.add_column(col, no_wrap=col != "layer")
     for r in report.layers:
         s, L = r.selection, r.selection.layer
         quant = f"{L.format} {L.bits}b {_scale(L)}{'' if L.sym else ' asym'}{' act' if L.desc_act else ''}"
         chosen = f"[green]{s.chosen}[/]" if s.chosen else "[red]none[/]"
-        per_m = [f"[green]{k}[/]" if k else "[red]none[/]" for _, k in s.per_m]
         summary.add_row(sanitize(r.name), str(r.count), sanitize(quant), f"{L.in_features}x{L.out_features}",
-                        f"{s.in_features_per_partition}x{s.out_features_per_partition}", chosen, *per_m)
+                        f"{s.in_features_per_partition}x{s.out_features_per_partition}", chosen)
     console.print(summary)
 
     # Patterns whose candidates got identical verdicts share one table (most layers of a model do).
@@ -141,6 +139,9 @@ def render(report: SelectReport, console) -> None:
             label = c.kernel if c.priority is None else f"{c.kernel} ({c.priority})"
             t.add_row(mark, sanitize(label), sanitize(why), sanitize(c.hint or ""))
         console.print(t)
+        if s.per_m:
+            calls = "; ".join(f"M={m}: " + (sanitize(k) if k else "[red]none[/]") for m, k in s.per_m)
+            console.print(f"  per call: {calls}")
         for n in s.notes:
             console.print(f"  note: {sanitize(n)}")
     for n in report.notes:
