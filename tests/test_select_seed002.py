@@ -57,8 +57,10 @@ DSV3_DOWN = dict(K=18432, N=7168, fmt="fp8", parallel="row", scale="block")
 
 def test_deepseek_v3_fp8_block_on_h200_vllm_by_m():
     says(SEED002, "Keep this backend to 1 <= M < 32, mirroring vLLM's")
-    sel = select_kernel(layer(**DSV3_DOWN), H200, "vllm", ms=(1, 16, 64))
-    assert sel.layer.block == (128, 128) and sel.layer.act_dtype == "float8_e4m3fn"
+    sel = select_kernel(layer(**DSV3_DOWN, dtype="bf16"), H200, "vllm", ms=(1, 16, 64))
+    assert sel.layer.block == (128, 128)
+    # the model's bf16 activations are quantized to FP8 by the method, which the FP8 kernels then take
+    assert "activations bfloat16 -> float8_e4m3fn" in cand(sel, "Fp8Config").reason
     assert dict(sel.per_m) == {1: "FlashInferFp8DeepGEMMDynamicBlockScaledKernel",
                                16: "FlashInferFp8DeepGEMMDynamicBlockScaledKernel",
                                64: "DeepGemmFp8BlockScaledMMKernel"}
@@ -106,11 +108,10 @@ def test_deepseek_v3_block_checkpoint_through_inspect(tmp_path):
               str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
         "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
-    groups, notes = path_groups(tmp_path)
+    groups, notes = path_groups(tmp_path, "bf16")
     (g,) = groups
     assert (g.layer.format, g.layer.scale_kind, g.layer.block, g.layer.act_dtype) == \
-        ("fp8", "block", (128, 128), "float8_e4m3fn")
-    assert not any("float16 assumed" in n for n in notes)
+        ("fp8", "block", (128, 128), "bfloat16")
     rep = plan_select(groups, H200, "vllm", ms=(1, 64))
     assert dict(rep.layers[0].selection.per_m) == {1: "FlashInferFp8DeepGEMMDynamicBlockScaledKernel",
                                                    64: "DeepGemmFp8BlockScaledMMKernel"}
@@ -159,7 +160,8 @@ def test_fp8_per_tensor_and_per_channel_use_the_epilogue_kernels():
 def test_int8_w8a8():
     says(SEED002, "A and B must have symmetric quantization (zero point == 0)")
     sel = select_kernel(layer(4096, 4096, "int8"), A100, "vllm")
-    assert sel.layer.act_dtype == "int8" and sel.chosen == "CutlassInt8ScaledMMLinearKernel"
+    assert sel.chosen == "CutlassInt8ScaledMMLinearKernel"
+    assert "activations float16 -> int8" in cand(sel, "CompressedTensorsW8A8Int8").reason
     sel = select_kernel(layer(4096, 4096, "int8", sym=False), A100, "vllm")
     assert sel.chosen is None and "sym=False not supported" in cand(sel, "CutlassInt8ScaledMMLinearKernel").reason
     assert select_kernel(layer(4096, 4096, "int8"), CPU, "vllm").chosen == "CPUInt8ScaledMMLinearKernel"
@@ -328,3 +330,37 @@ def test_sglang_has_no_machete():
     lay = layer(28672, 8192, parallel="row", dtype="bf16")
     assert select_kernel(lay, H100, "vllm", tp=2).chosen == "MacheteLinearKernel"
     assert select_kernel(lay, H100, "sglang", tp=2).chosen == "gptq_marlin_gemm"
+
+
+def test_compressed_tensors_int8_and_nvfp4_checkpoints_through_inspect(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    O, K = 256, 512
+    int8 = tmp_path / "int8"
+    int8.mkdir()
+    save_file({"model.layers.0.mlp.down_proj.weight": torch.zeros(O, K, dtype=torch.int8),
+               "model.layers.0.mlp.down_proj.weight_scale": torch.ones(O, 1)}, str(int8 / "model.safetensors"))
+    groups, _ = path_groups(int8, "bf16")
+    assert [(g.layer.format, g.layer.scale_kind) for g in groups] == [("ct_int8", "channel")]
+    assert plan_select(groups, A100, "vllm").layers[0].selection.chosen == "CutlassInt8ScaledMMLinearKernel"
+
+    fp4 = tmp_path / "nvfp4"
+    fp4.mkdir()
+    save_file({"model.layers.0.mlp.down_proj.weight_packed": torch.zeros(O, K // 2, dtype=torch.uint8),
+               "model.layers.0.mlp.down_proj.weight_scale": torch.zeros(O, K // 16, dtype=torch.float8_e4m3fn),
+               "model.layers.0.mlp.down_proj.weight_global_scale": torch.ones(1)}, str(fp4 / "model.safetensors"))
+    groups, _ = path_groups(fp4, "bf16")
+    assert [(g.layer.format, g.layer.group_size) for g in groups] == [("ct_nvfp4", 16)]
+    rep = plan_select(groups, H100, "vllm")
+    assert rep.layers[0].selection.chosen == "MarlinNvFp4LinearKernel"
+    assert plan_select(groups, B200, "vllm").layers[0].selection.chosen == "FlashInferCutlassNvFp4LinearKernel"
+
+
+def test_gptqmodel_fp8_is_weight_only():
+    # GPTQModel's TorchFP8Linear multiplies the model's activations (it quantizes none): an FP8 layer fed bf16
+    # is its to run, while vLLM's W8A8 method quantizes those activations for the scaled-mm kernels
+    sel = select_kernel(layer(4096, 4096, "fp8", dtype="bf16"), H100, "gptqmodel")
+    assert sel.chosen == "TorchFP8Linear"
+    assert select_kernel(layer(4096, 4096, "fp8", dtype="bf16"), H100, "vllm").chosen == \
+        "CutlassFP8ScaledMMLinearKernel"

@@ -240,6 +240,7 @@ METHOD_ROW = record({
     "gate": is_str,
     "note": is_str,
     "walk": is_str,                              # a `walks:` name (default: `lists:`)
+    "act_quant": one_of(*DTYPES),                # the method quantizes activations to this at run time
     "walk_by_scale": map_of(one_of(*SCALES), is_str),   # scale granularity -> `walks:` name
 }, required=("name", "formats", "weight_type", "zero_points"))
 
@@ -344,6 +345,7 @@ class MethodDecl:
     note: str | None = None
     walk: str | None = None
     walk_by_scale: dict[str, str] | None = None
+    act_quant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ class _Facts:
     group_straddle_base: bool = False
     serialized: tuple[str, ...] | None = None    # backends the loader binds this serialized layout to
     engine: str = ""
+    act_operand: str = "float16"                 # what the kernel multiplies: the method may quantize x
 
     @property
     def kl(self) -> str:
@@ -265,6 +266,7 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
         group_divides_k_base=decls.base_checks.get("group_divides_k_unless_auto_padding", False),
         group_straddle_base=decls.base_checks.get("group_straddle_fatal", False),
         serialized=_serialized_backends(decls, engine_format, layer.method), engine=decls.engine,
+        act_operand=(method.act_quant if method is not None and method.act_quant else layer.act_dtype),
     )
     return facts, method, method_failures
 
@@ -340,6 +342,8 @@ def _method_candidate(layer: LayerQuant, facts: _Facts, method: MethodDecl | Non
             f"act-order {'yes' if layer.desc_act else 'no'}")
     if method is not None and (method.walk or method.walk_by_scale):
         desc += f", {layer.scale_kind} scales, activations {layer.act_dtype}"
+        if method.act_quant and method.act_quant != layer.act_dtype:
+            desc += f" -> {method.act_quant}"
     if method is not None and method.note:
         desc += f"; {method.note}"
     return Candidate(name, True, f"{name}: {desc}", None, "method")
@@ -390,8 +394,8 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
     if allowed is not None and f.weight_type not in allowed:
         zp = " with zero points" if f.zero_points else ""
         fail("weight_type", f"weight type {f.weight_type}{zp} not in {_fmt(allowed)}")
-    if k.act_dtypes is not None and L.act_dtype not in k.act_dtypes:
-        fail("act_dtype", f"activation dtype {L.act_dtype} not in {_fmt(k.act_dtypes)}")
+    if k.act_dtypes is not None and f.act_operand not in k.act_dtypes:
+        fail("act_dtype", f"activation dtype {f.act_operand} not in {_fmt(k.act_dtypes)}")
     if k.pack_dtypes is not None and f.pack_dtype not in k.pack_dtypes:
         fail("pack", f"pack dtype {f.pack_dtype} not in {_fmt(k.pack_dtypes)}")
     if k.qtypes is not None:

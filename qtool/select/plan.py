@@ -37,21 +37,20 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "floa
           "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float8_e4m3fn": "float8_e4m3fn"}
 
 # What a bare `--format X` layer is when the flags leave it open: bits, group size, weight-scale granularity
-# and the activation operand the kernels see. W4A16 formats take the flags' 4-bit / g128 and the model's
-# activation dtype; the W8A8 formats quantize activations at run time, W4A8 feeds FP8 activations.
+# and the activations the layer is fed. W4A16 formats take the flags' 4-bit / g128; FP8 / INT8 layers are fed
+# the model's activations (an engine's W8A8 method quantizes them, said in its row: act_quant); a W4A8 layer
+# is fed FP8 activations.
 SCALES = ("tensor", "channel", "group", "block")
 SYNTHETIC: dict[str, dict[str, Any]] = {
     "gptq": {}, "gptq_v2": {}, "gptq_p": {}, "awq": {}, "marlin": {}, "ct": {},
-    "fp8": {"bits": 8, "group_size": -1, "scale": "channel", "act": "float8_e4m3fn"},
-    "int8": {"bits": 8, "group_size": -1, "scale": "channel", "act": "int8"},
+    "fp8": {"bits": 8, "group_size": -1, "scale": "channel"},
+    "int8": {"bits": 8, "group_size": -1, "scale": "channel"},
     "w4a8": {"bits": 4, "group_size": 128, "scale": "group", "act": "float8_e4m3fn"},
     "nvfp4": {"bits": 4, "group_size": 16, "scale": "group"},   # e2m1, FP8 scale per 16 inputs
     "mxfp4": {"bits": 4, "group_size": 32, "scale": "group"},   # e2m1, E8M0 scale per 32 inputs
     "bnb": {"bits": 4, "group_size": 64, "scale": "group"},     # bitsandbytes NF4/FP4, absmax per 64
     "gguf": {},                                                  # gguf:QTYPE, e.g. gguf:Q6_K
 }
-# Activation operand of a checkpoint's layers when --dtype is not given (by inspect's format id).
-CHECKPOINT_ACT = {"fp8": "float8_e4m3fn", "ct_fp8": "float8_e4m3fn", "ct_int8": "int8"}
 SIZE_KEYS = ("hidden_size", "intermediate_size", "q_size", "kv_size")
 
 _WIDTH = lambda v, where: v if isinstance(v, int) and not isinstance(v, bool) else one_of(*SIZE_KEYS)(v, where)  # noqa: E731
@@ -305,7 +304,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
             shapeless[fmt] = shapeless.get(fmt, 0) + 1
             continue
         scale, block = scale_of(m)
-        act = dtype_name(dtype) if dtype is not None else CHECKPOINT_ACT.get(fmt, "float16")
+        act = dtype_name(dtype)
         acts.add(act)
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
                            format=fmt, bits=int(m.bits),
