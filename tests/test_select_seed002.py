@@ -82,6 +82,9 @@ def test_deepseek_v3_fp8_block_on_h200_sglang_by_m():
         "cutlass_w8a8_block_fp8_linear", "triton_w8a8_block_fp8_linear"]
     assert {k for _, k in sel.per_m} == {"deepgemm_w8a8_block_fp8_linear"}
     assert cand(sel, "flashinfer_gemm_w8a8_block_fp8_linear").failures == ("CC 9.0 < 10.0",)
+    # the window and its reason are in the verdict
+    fi = cand(select_kernel(layer(**DSV3_DOWN), B200, "sglang"), "flashinfer_gemm_w8a8_block_fp8_linear")
+    assert "serves M in [1, 31] per call (M >= 32 takes the non-swapAB kernel" in fi.reason
     # Blackwell without DeepGEMM: FlashInfer's 31-row window, then the fallback of the auto order
     sel = select_kernel(layer(**DSV3_DOWN), B200, "sglang", ms=(1, 16, 31, 32, 64),
                         disabled={"deepgemm_w8a8_block_fp8_linear"})

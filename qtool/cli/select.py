@@ -19,8 +19,8 @@ from qtool.cli.common import (
     stdout_console,
 )
 
-# Code widths a layer can be described with (GGUF Q1_0 is 1-bit; Plain holds 2..8-bit codes).
-BITS_RANGE = (1, 8)
+# Code widths --bits takes (Plain holds 2..8-bit codes; a gguf:QTYPE layer takes its bits from the qtype).
+BITS_RANGE = (2, 8)
 
 EPILOG = """Examples:
 

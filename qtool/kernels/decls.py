@@ -213,6 +213,7 @@ KERNEL_ROW = record({
     "scales": list_of(one_of(*SCALES)),         # weight-scale granularity: per tensor / channel / group / block
     "blocks": list_of(list_of(is_int)),         # block-scale shapes [rows, cols] when scales has block
     "m_range": list_of(is_int),                 # [lo, hi]: rows per call this kernel serves (dispatch by M)
+    "m_why": is_str,                            # why the window is what it is (shown with it)
     # runtime: the device and the software on it
     "min_cc": is_cc,
     "exact_cc": list_of(is_cc),
@@ -311,6 +312,7 @@ class KernelDecl:
     scales: tuple[str, ...] | None = None
     blocks: tuple[tuple[int, ...], ...] | None = None
     m_range: tuple[int, ...] | None = None
+    m_why: str | None = None
     min_cc: tuple[int, int] | None = None
     exact_cc: tuple[tuple[int, int], ...] | None = None
     cc_range: tuple[tuple[int, int], ...] | None = None

@@ -506,7 +506,8 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
     if not out and k.auto_padding and g > 0 and f.k_part % g:
         notes.insert(0, f"auto-pads {f.kl} {f.k_part} to whole groups of {g}")
     if k.m_range is not None:
-        notes.append(f"serves M in [{k.m_range[0]}, {k.m_range[-1]}] per call; other M run the next "
+        why = f" ({k.m_why})" if k.m_why else ""
+        notes.append(f"serves M in [{k.m_range[0]}, {k.m_range[-1]}] per call{why}; other M run the next "
                      "eligible kernel")
     return out, notes
 

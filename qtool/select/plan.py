@@ -93,8 +93,8 @@ class QuantSpec:
     """
 
     format: str = "gptq"
-    bits: int | None = 4
-    group_size: int | None = 128
+    bits: int | None = None
+    group_size: int | None = None
     sym: bool = True
     desc_act: bool = False
     scale: str | None = None
