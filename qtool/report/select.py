@@ -2,7 +2,7 @@
 
 JSON (`SelectReport.to_dict()`, the --json schema):
 
-    {"engine": "vllm", "device": "h100", "tp": 2,
+    {"engine": "vllm", "device": "h100", "tp": 2, "m": [1, 16, 64],
      "device_profile": {...}, "disabled": [...], "notes": [...],
      "layers": [{"name": "model.layers.#.mlp.down_proj", "count": 80, "parallel": "row",
                  "format": "gptq", "bits": 4, "group_size": 128, "sym": true, "desc_act": false,
@@ -10,6 +10,8 @@ JSON (`SelectReport.to_dict()`, the --json schema):
                  "in_features": 28672, "out_features": 8192,
                  "in_features_per_partition": 14336, "out_features_per_partition": 8192,
                  "chosen": "MacheteLinearKernel",
+                 "scale": "group", "block": null,             # weight-scale granularity, [rows, cols] if block
+                 "per_m": {"1": "...", "16": "...", "64": "..."},   # the kernel a call of M rows runs (--m)
                  "candidates": [{"kernel": ..., "ok": ..., "reason": ..., "hint": ...}, ...],
                  "notes": [...]}]}
 """
