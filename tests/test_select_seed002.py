@@ -16,7 +16,8 @@ from qtool.cli.app import app
 from qtool.errors import UsageError
 from qtool.kernels.devices import profile
 from qtool.kernels.select import LayerQuant, select_kernel
-from qtool.select.plan import QuantSpec, layer_groups, path_groups, plan_select
+from qtool.scheme import QuantScheme
+from qtool.select.plan import layer_groups, path_groups, plan_select
 from tests.conftest import SEEDS, fixture_path
 
 runner = CliRunner()
@@ -42,10 +43,10 @@ def cand(sel, name):
 
 
 def layer(K, N, fmt="gptq", parallel="column", **kw) -> LayerQuant:
-    q = QuantSpec(format=fmt, bits=kw.pop("bits", None), group_size=kw.pop("group_size", None),
-                  scale=kw.pop("scale", None), block=kw.pop("block", None), sym=kw.pop("sym", True))
+    q = QuantScheme(format=fmt, bits=kw.pop("bits", None), group_size=kw.pop("group_size", None),
+                    sym=kw.pop("sym", True), desc_act=False)
     spec = f"{K},{N},{'row' if parallel == 'row' else 'col'}"
-    (g,) = layer_groups([spec], q, kw.pop("dtype", None))
+    (g,) = layer_groups([spec], q, kw.pop("dtype", None), kw.pop("scale", None), kw.pop("block", None))
     return g.layer if not kw else LayerQuant(**{**g.layer.__dict__, **kw})
 
 
@@ -310,7 +311,7 @@ def test_6_unknown_format_is_a_usage_error():
     assert isinstance(r.exception, UsageError) and "unknown --format 'bogus'" in str(r.exception)
     for bad in ("gguf", "gguf:Q9_Z", "fp9"):
         with pytest.raises(UsageError):
-            layer_groups(["4096,4096"], QuantSpec(format=bad))
+            layer_groups(["4096,4096"], QuantScheme(format=bad))
     r = runner.invoke(app, ["select", "--layer", "4096,4096", "--dtype", "fp4", "--device", "h100"])
     assert isinstance(r.exception, UsageError) and "fp8 or int8" in str(r.exception)
     r = runner.invoke(app, ["select", "--layer", "4096,4096", "--m", "0", "--device", "h100"])

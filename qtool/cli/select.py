@@ -93,9 +93,9 @@ def select_cmd(
     from qtool.errors import UsageError
     from qtool.kernels.devices import resolve_device
     from qtool.report.select import render
+    from qtool.scheme import QuantScheme
     from qtool.select.plan import (
         SCALES,
-        QuantSpec,
         check_format,
         dtype_name,
         layer_groups,
@@ -123,16 +123,16 @@ def select_cmd(
                          fix="e.g. qtool select model-gptq/ --device h100, or --model llama-3-8b, "
                              "or --layer 4096,14336")
     dev = resolve_device(v["device"])
-    q = QuantSpec(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
-                  desc_act=v["desc_act"], scale=v["scale"], block=blk)
+    q = QuantScheme(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
+                    desc_act=v["desc_act"])
     notes: list[str] = []
     if v["path"] is not None:
         groups, notes = path_groups(v["path"], v["dtype"])
         source = str(v["path"])
     elif v["model"] is not None:
-        groups, source = model_groups(v["model"], q, v["dtype"]), v["model"]
+        groups, source = model_groups(v["model"], q, v["dtype"], scale=v["scale"], block=blk), v["model"]
     else:
-        groups, source = layer_groups(v["layer"], q, v["dtype"]), None
+        groups, source = layer_groups(v["layer"], q, v["dtype"], v["scale"], blk), None
     report = plan_select(groups, dev, v["engine"], v["tp"], v["disable"] or (), notes, source, ms=ms)
     if v["json_"]:
         emit_json(report.to_dict())

@@ -27,14 +27,17 @@ Zero-point conventions (the part that bites):
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
+from qtool.scheme import QuantScheme
 
 GPTQ_BITS = (2, 3, 4, 8)
 
@@ -59,6 +62,9 @@ def v1_word_constant(bits: int) -> int:
 def pack_multiple(bits: int) -> int:
     """How many codes one packed dimension must be a multiple of: 32/b words' worth, or 32 for 3-bit."""
     return 32 // bits if 32 % bits == 0 else 32
+
+
+GPTQ_MULTIPLES = {b: pack_multiple(b) for b in GPTQ_BITS}
 
 
 def _resolve_convention(convention: str | None, bits: int, version: int) -> str:
@@ -191,17 +197,26 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
     return g.to(torch.int32).contiguous()
 
 
-def check_divisible(plain: Plain, bits_ok: tuple[int, ...], in_mult: int, out_mult: int, fmt: str,
-                    in_axis: str = "in_features", out_axis: str = "out_features") -> list[str]:
-    why = []
-    if plain.bits in bits_ok:
-        if plain.in_features % in_mult:
-            why.append(f"{fmt} {plain.bits}-bit packs {in_axis} in runs of {in_mult}, but in_features is "
-                       f"{plain.in_features}")
-        if plain.out_features % out_mult:
-            why.append(f"{fmt} {plain.bits}-bit packs zeros along out_features in runs of {out_mult}, but "
-                       f"out_features is {plain.out_features}")
-    return why
+def gptqmodel_config(fmt: Format, modules) -> dict:
+    """The majority scheme of `modules` as the base config, GPTQModel `dynamic` overrides ("+:^name$")
+    for modules that differ (the GPTQ family and AWQ share this shape)."""
+    def key(s: QuantScheme):
+        return (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))
+
+    base = Counter(key(s) for _n, s, _m in modules).most_common(1)[0][0]
+    dynamic = {}
+    for name, s, _meta in modules:
+        if key(s) != base:
+            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), key(s), base, strict=True)
+                    if v != b}
+            dynamic[f"+:^{re.escape(name)}$"] = over
+    return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None)
+
+
+def quantizer_meta() -> dict:
+    from qtool import __version__
+
+    return {"quantizer": [f"qtool:{__version__}"]}
 
 
 class GptqFamily(Format):
@@ -220,14 +235,9 @@ class GptqFamily(Format):
     def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
         return unpack_stream(words, bits, n, dim=dim)
 
-    def _multiple(self, bits: int) -> int:
-        return pack_multiple(bits)
-
     # --- check / pack ------------------------------------------------------------------------------
     def check(self, plain: Plain) -> list[str]:
         why = super().check(plain)
-        m = self._multiple(plain.bits) if plain.bits in self.spec.bits else 1
-        why += check_divisible(plain, self.spec.bits, m, m, self.spec.id)
         if plain.g_idx is not None:
             expected = 1 if plain.group_size == -1 else -(-plain.in_features // plain.group_size)
             if plain.n_groups != expected:
@@ -263,12 +273,23 @@ class GptqFamily(Format):
             "g_idx": plain.group_index().to(torch.int32).contiguous(),
         }
 
+    # --- config ------------------------------------------------------------------------------------
+    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None) -> dict:
+        """The `quantization_config` transformers, GPTQModel and vLLM read; `extra` merged last."""
+        cfg = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
+               "checkpoint_format": self.spec.id, "format": self.spec.id, "pack_dtype": "int32", "lm_head": False,
+               "meta": quantizer_meta()}
+        return cfg | (extra or {})
+
+    def quantization_config(self, modules) -> dict:
+        return gptqmodel_config(self, modules)
+
     # --- unpack ------------------------------------------------------------------------------------
-    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: LayerParams):
+    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
         conv = _resolve_convention(params.convention, bits, self.version)
         return decode_qzeros(qzeros, bits, out_features, conv), conv
 
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """{"qweight", "qzeros", "scales"[, "g_idx"]} -> Plain; bits and group_size inferred from shapes
         when params leave them None. Records the zero convention read in meta["gptq_zero_convention"]."""
         fid = self.spec.id
@@ -320,16 +341,15 @@ class GptqFamily(Format):
 class GptqV1(GptqFamily):
     spec = FormatSpec(
         id="gptq",
+        aliases=("gptq_v1",),
         bits=GPTQ_BITS,
         tensors=("qweight", "qzeros", "scales", "g_idx"),
         required=("qweight", "qzeros", "scales"),
         summary="GPTQ v1 (stores z-1): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,
-        extra={"zero_convention": "v1", "read_conventions": ("word", "field"), "default_read": "word",
-               "in_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "out_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "checkpoint_format": "gptq"},
+        in_multiple=GPTQ_MULTIPLES,
+        out_multiple=GPTQ_MULTIPLES,
     )
     version = 1
 
@@ -344,9 +364,7 @@ class GptqV2(GptqFamily):
         summary="GPTQ v2 (stores true z): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,
-        extra={"zero_convention": "v2",
-               "in_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "out_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "checkpoint_format": "gptq_v2"},
+        in_multiple=GPTQ_MULTIPLES,
+        out_multiple=GPTQ_MULTIPLES,
     )
     version = 2

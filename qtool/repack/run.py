@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
-from qtool.repack.plan import GGUF_TARGETS, ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
-
-GGUF_TYPE = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
-GGUF_FILE_TYPE = {"gguf_q4_0": 2, "gguf_q4_1": 3, "gguf_q8_0": 7}  # LlamaFileType.MOSTLY_*
-HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
+from qtool.formats.gguf_blocks import GGUF_IDS, type_name
+from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 
 
 class Refused(NotRepresentable):
@@ -100,7 +96,7 @@ def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | No
     conv = ModuleConverter(source, plan, fast_paths() if use_fast_paths else {})
     source.prefetch()
     try:
-        if plan.target in GGUF_TARGETS:
+        if plan.target in GGUF_IDS:
             _write_gguf(source, plan, conv, report, on_progress)
         else:
             _write_hf(source, plan, conv, report, on_progress)
@@ -145,7 +141,7 @@ class ModuleConverter:
         if plain is not None:
             return dequantize(plain, torch.float32)
         raw = self.source.load(m)["weight"]
-        if m.format in GGUF_TYPE:
+        if m.format in GGUF_IDS:
             from qtool.formats.gguf_blocks import dequantize_blocks
 
             return dequantize_blocks(raw, m.format)
@@ -193,7 +189,7 @@ class ModuleConverter:
 
     def _relayout(self, m, mp: ModulePlan, plain) -> dict:
         plain = apply_steps(plain, mp)
-        if self.dst.spec.id in GGUF_TARGETS:
+        if self.dst.spec.id in GGUF_IDS:
             raw, why = self.dst.encode(plain)  # the check and the bytes in one pass
             if raw is not None:
                 return {"weight": raw}
@@ -220,12 +216,12 @@ class ModuleConverter:
 
         w = self.source_weight(m, plain)
         ref = w.to(torch.float64)
-        if self.dst.spec.id in GGUF_TARGETS:
+        if self.dst.spec.id in GGUF_IDS:
             import gguf
 
             from qtool.formats.gguf_blocks import dequantize_blocks
 
-            qt = gguf.GGMLQuantizationType[GGUF_TYPE[self.dst.spec.id]]
+            qt = gguf.GGMLQuantizationType[type_name(self.dst.spec.id)]
             raw = torch.from_numpy(gguf.quants.quantize(w.numpy(), qt).copy())
             got = dequantize_blocks(raw, self.dst.spec.id).to(torch.float64)
             out = {"weight": raw}
@@ -359,7 +355,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
             raise
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
-        _write_configs(tmp, source, plan)
+        _write_configs(tmp, source, plan, conv.dst)
         from qtool.io.writer import copy_extras
 
         subdirs = source._ck.sub_directories() if source._ck is not None else []
@@ -381,24 +377,13 @@ def _module_order(source):
     return by_first, skip
 
 
-def _majority(values):
-    return Counter(values).most_common(1)[0][0]
-
-
-def _write_configs(tmp: Path, source, plan: RepackPlan) -> None:
+def _write_configs(tmp: Path, source, plan: RepackPlan, dst) -> None:
+    """config.json with the target format's quantization_config (and quantize_config.json, which
+    GPTQ/AWQ loaders also read)."""
     from qtool.io.writer import write_json
 
     conv = [m for m in plan.modules if m.converts]
-    qcfg = None
-    if plan.target in HF_CONFIG_TARGETS:
-        qcfg = gptq_family_config(plan.target, conv)
-    elif plan.target == "ct":
-        qcfg = ct_config(conv, source)
-    elif plan.target == "marlin":
-        from qtool.formats import marlin
-
-        metas = {m.module: m.target_meta for m in conv if m.target_meta}
-        qcfg = marlin.quantization_config(marlin.summarize(metas))
+    qcfg = dst.quantization_config([(m.module, m.target_scheme(), m.target_meta) for m in conv])
     cfg = dict(source.config or {})
     if qcfg is not None:
         cfg["quantization_config"] = qcfg
@@ -407,55 +392,9 @@ def _write_configs(tmp: Path, source, plan: RepackPlan) -> None:
         write_json(tmp / "quantize_config.json", qcfg)
 
 
-def gptq_family_config(target: str, conv: list[ModulePlan]) -> dict:
-    """quantization_config for gptq/gptq_v2/gptq_p/awq: the majority scheme, GPTQModel `dynamic` overrides
-    for modules that differ."""
-    from qtool.io.qconfig import quantization_config_for
-
-    def scheme(m):
-        return (m.to_bits, m.to_group_size, bool(m.to_sym), bool(m.desc_act) and "requantize" not in m.steps)
-
-    base = _majority([scheme(m) for m in conv])
-    dynamic = {}
-    for m in conv:
-        s = scheme(m)
-        if s != base:
-            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), s, base, strict=True)
-                    if v != b}
-            dynamic[f"+:^{re.escape(m.module)}$"] = over
-    bits, group, sym, desc = base
-    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False,
-                                   {"dynamic": dynamic} if dynamic else None)
-
-
-def ct_config(conv: list[ModulePlan], source) -> dict:
-    """compressed-tensors quantization_config: one config group per (bits, group size, sym, act-order) scheme,
-    targeting its modules by exact name."""
-    from qtool.formats.compressed_tensors import DENSE_SINCE
-
-    groups: dict[tuple, list[str]] = {}
-    for m in conv:
-        desc = bool(m.desc_act) and "requantize" not in m.steps
-        groups.setdefault((m.to_bits, m.to_group_size, bool(m.to_sym), desc), []).append(m.module)
-    config_groups = {}
-    for k, ((bits, group, sym, desc), mods) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-        config_groups[f"group_{k}"] = {
-            "targets": mods,
-            "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
-                        "group_size": None if group == -1 else group,
-                        "strategy": "channel" if group == -1 else "group",
-                        "actorder": "group" if desc else None, "dynamic": False, "observer": "minmax",
-                        "observer_kwargs": {}, "block_structure": None},
-            "input_activations": None, "output_activations": None, "format": "pack-quantized",
-        }
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
-            "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
-            "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
-            "transform_config": {}, "global_compression_ratio": None}
-
-
 # --- GGUF targets -------------------------------------------------------------------------------------------
 def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
+    import gguf
     import torch
 
     from qtool.formats import dequantize
@@ -531,7 +470,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     hp = [] if gguf_src else hparams_from_config(source.config, source.root)
     name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
     with atomic_output(plan.out, plan.job.force, directory=False, need_bytes=sum(s.nbytes for s in specs)) as tmp:
-        write_gguf(tmp, arch or "unknown", specs, data(), GGUF_FILE_TYPE[plan.target], kv,
+        write_gguf(tmp, arch or "unknown", specs, data(), gguf.LlamaFileType[f"MOSTLY_{type_name(plan.target)}"], kv,
                    [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
     report.files = [plan.out.name]
     report.bytes_out = plan.out.stat().st_size

@@ -32,6 +32,7 @@ from qtool.kernels.devices import Device
 from qtool.kernels.select import LayerQuant, select_kernel
 from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
+from qtool.scheme import QuantScheme
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn", "int8": "int8",
           "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float8_e4m3fn": "float8_e4m3fn"}
@@ -85,38 +86,40 @@ class LayerGroup:
     layer: LayerQuant
 
 
+# The quantization --model / --layer ask about when no flag says otherwise (a checkpoint carries its own).
+DEFAULT_SCHEME = QuantScheme(format="gptq", bits=4, group_size=128, sym=True, desc_act=False)
+
+
 @dataclass(frozen=True)
-class QuantSpec:
-    """The quantization asked for with --model / --layer (a checkpoint carries its own).
+class SyntheticLayer:
+    """A --model / --layer quantization with the format's defaults filled in (SYNTHETIC): bits, group size,
+    weight-scale granularity, block shape [rows, cols] of block scales, and the activations it is fed."""
 
-    bits / group_size / scale None: the format's default (SYNTHETIC). block: [rows, cols] of block scales.
-    """
-
-    format: str = "gptq"
-    bits: int | None = None
-    group_size: int | None = None
-    sym: bool = True
-    desc_act: bool = False
-    scale: str | None = None
-    block: tuple[int, int] | None = None
-
-    def resolved(self) -> QuantSpec:
-        """Fill what the flags left open from the format's row; refuse a format nothing knows."""
-        d = dict(SYNTHETIC.get(check_format(self.format).split(":", 1)[0], {}))
-        if self.format.startswith("gguf:"):
-            d.update(gguf_defaults(self.format.split(":", 1)[1]))
-        scale = self.scale or d.get("scale")
-        block = self.block if self.block is not None else ((128, 128) if scale == "block" else None)
-        group = self.group_size if self.group_size is not None else d.get("group_size", 128)
-        if scale == "block" and block is not None:
-            group = block[1]   # the K extent of a block, as inspect reports block-scaled layers
-        return replace(self, bits=self.bits if self.bits is not None else d.get("bits", 4), group_size=group,
-                       scale=scale, block=block)
+    scheme: QuantScheme
+    scale: str | None
+    block: tuple[int, int] | None
 
     def activation(self, dtype: str | None, model_default: str = "float16") -> str:
         if dtype is not None:
             return dtype_name(dtype)
-        return SYNTHETIC.get(self.format.split(":", 1)[0], {}).get("act", model_default)
+        return SYNTHETIC.get(str(self.scheme.format).split(":", 1)[0], {}).get("act", model_default)
+
+
+def resolve_scheme(q: QuantScheme, scale: str | None = None, block: tuple[int, int] | None = None) -> SyntheticLayer:
+    """Fill what the flags left open (bits / group_size None) from the format's row; refuse a format nothing
+    knows. A scheme without a format is GPTQ's (DEFAULT_SCHEME)."""
+    fmt = check_format(q.format or "gptq")
+    d = dict(SYNTHETIC.get(fmt.split(":", 1)[0], {}))
+    if fmt.startswith("gguf:"):
+        d.update(gguf_defaults(fmt.split(":", 1)[1]))
+    scale = scale or d.get("scale")
+    block = block if block is not None else ((128, 128) if scale == "block" else None)
+    group = q.group_size if q.group_size is not None else d.get("group_size", 128)
+    if scale == "block" and block is not None:
+        group = block[1]   # the K extent of a block, as inspect reports block-scaled layers
+    scheme = replace(q, format=fmt, bits=q.bits if q.bits is not None else d.get("bits", 4), group_size=group,
+                     sym=True if q.sym is None else q.sym, desc_act=bool(q.desc_act))
+    return SyntheticLayer(scheme, scale, block)
 
 
 def gguf_defaults(qtype: str) -> dict[str, int]:
@@ -211,8 +214,9 @@ def dtype_name(flag: str | None, default: str = "float16") -> str:
         raise UsageError(f"unknown --dtype {flag!r}", fix="use fp16, bf16, fp32, fp8 or int8") from None
 
 
-def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
-                 config_dir: Path | None = None) -> list[LayerGroup]:
+def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
+                 config_dir: Path | None = None, scale: str | None = None,
+                 block: tuple[int, int] | None = None) -> list[LayerGroup]:
     """One group per linear layer of one decoder block, counted over all blocks."""
     data = load_models(config_dir)
     if model not in data["models"]:
@@ -225,8 +229,9 @@ def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
     sizes = {"hidden_size": m["hidden_size"], "intermediate_size": m["intermediate_size"],
              "q_size": m["num_attention_heads"] * m["head_dim"],
              "kv_size": m["num_key_value_heads"] * m["head_dim"]}
-    q = q.resolved()
-    act = q.activation(dtype, DTYPES[m.get("dtype", "bf16")])
+    syn = resolve_scheme(q, scale, block)
+    q = syn.scheme
+    act = syn.activation(dtype, DTYPES[m.get("dtype", "bf16")])
     prefix = arch["prefix"].replace("{i}", "#")
     out = []
     for row in arch["layers"]:
@@ -235,14 +240,16 @@ def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
         name = f"{prefix}.{row['name']}"
         layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
                            group_size=q.group_size, sym=q.sym, desc_act=q.desc_act, act_dtype=act,
-                           parallel=row["parallel"], scale=q.scale, block=q.block)
+                           parallel=row["parallel"], scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, m["num_hidden_layers"], layer))
     return out
 
 
-def layer_groups(specs: Iterable[str], q: QuantSpec, dtype: str | None = None) -> list[LayerGroup]:
+def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None, scale: str | None = None,
+                 block: tuple[int, int] | None = None) -> list[LayerGroup]:
     """`--layer K,N[,row|col]` -> one group each (default column-parallel)."""
-    q = q.resolved()
+    syn = resolve_scheme(q, scale, block)
+    q = syn.scheme
     out = []
     for i, spec in enumerate(specs):
         parts = [p.strip() for p in spec.split(",")]
@@ -260,7 +267,7 @@ def layer_groups(specs: Iterable[str], q: QuantSpec, dtype: str | None = None) -
         name = f"layer{i}[K={k},N={n},{parallel}]"
         layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
                            group_size=q.group_size, sym=q.sym, desc_act=q.desc_act,
-                           act_dtype=q.activation(dtype), parallel=parallel, scale=q.scale, block=q.block)
+                           act_dtype=syn.activation(dtype), parallel=parallel, scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, 1, layer))
     return out
 
