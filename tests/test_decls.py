@@ -197,3 +197,118 @@ def test_bad_declarations_are_refused_with_the_key(mutate, needle, tmp_path):
 def test_the_shipped_file_parses_unchanged(tmp_path):
     d = parse_engine(_raw(), tmp_path / "vllm.yaml")
     assert d.kernel("MacheteLinearKernel").exact_cc == ((9, 0),)
+
+
+# --- seed 002's second world: FP8 / INT8 / W4A8 / NVFP4 and SGLang ----------------------------------------
+
+def _text(path) -> str:
+    return "\n".join(_seed(path))
+
+
+def test_sglang_marlin_carries_the_vendored_constants():
+    text = _text(SEED_VLLM)
+    m = re.search(r"GPTQ_MARLIN_TILE = (\d+), MIN_THREAD_N = (\d+), MIN_THREAD_K = (\d+), "
+                  r"MARLIN_SUPPORTED_GROUP_SIZES = \[([-\d, ]+)\]", text)
+    assert m, "seed 002 no longer lists SGLang's Marlin constants"
+    _tile, min_n, min_k, groups = m.groups()
+    sgl = load_engine("sglang")
+    marlin = sgl.kernel("gptq_marlin_gemm")
+    assert (marlin.n_part_multiple, marlin.k_part_multiple) == (int(min_n), int(min_k))
+    assert marlin.group_sizes == tuple(int(g) for g in groups.split(","))
+    assert "There is no Machete in SGLang at this SHA" in text
+    assert not any("machete" in n.lower() for n in sgl.names())
+
+
+def test_sglang_block_fp8_order_is_the_seed_dispatch():
+    lines = _seed(SEED_VLLM)
+    start = next(i for i, line in enumerate(lines) if "def _dispatch_auto_backend" in line)
+    order = []
+    for line in lines[start:start + 30]:
+        hit = re.match(r"\s+return (\w+)", line)
+        if hit:
+            order.append(hit.group(1).removesuffix("_with_fallback"))
+    assert len(order) == 5
+    walks = load_engine("sglang").walks["fp8_block"]
+    amd = [n for n in order if n.startswith("aiter")]
+    assert walks["cuda"] == tuple(n for n in order if n not in amd)
+    assert walks["rocm"] == tuple(amd) + (order[-1],)
+    # "m_supported = 1 <= ... < 32": FlashInfer's 31-row window
+    window = re.search(r"m_supported = (\d+) <= .* < (\d+)", "\n".join(lines))
+    lo, hi = int(window.group(1)), int(window.group(2))
+    assert load_engine("sglang").kernel("flashinfer_gemm_w8a8_block_fp8_linear").m_range == (lo, hi - 1)
+    assert load_engine("vllm").kernel("FlashInferFp8DeepGEMMDynamicBlockScaledKernel").m_range == (lo, hi - 1)
+    # DeepGEMM: SM >= 90, SM120 excluded
+    assert "SM ≥ 90 required, SM120 explicitly excluded" in "\n".join(lines)
+    for engine, name in (("sglang", "deepgemm_w8a8_block_fp8_linear"), ("vllm", "DeepGemmFp8BlockScaledMMKernel")):
+        cc = load_engine(engine).kernel(name).exact_cc
+        assert (9, 0) in cc and all(c >= (9, 0) and c[0] != 12 for c in cc)
+
+
+def test_vllm_fp8_rows_follow_the_seed():
+    text = _text(SEED_VLLM)
+    vllm = load_engine("vllm")
+    # "scaled_mm_blockwise_sm90_fp8.cu, …sm100…, …sm120…": one blockwise dispatch per architecture family
+    archs = {int(a) for a in re.findall(r"sm(\d+)", text.split("Block-wise FP8")[1][:300])}
+    assert archs == {90, 100, 120}
+    assert {c[0] * 10 for c in vllm.kernel("CutlassFp8BlockScaledMMKernel").exact_cc} == archs
+    # per-tensor and per-channel scales share one epilogue (ColOrScalarLoad / RowOrScalarLoad)
+    assert "the same code path for per-tensor (a scalar) and per-token / per-channel (a vector)" in text
+    assert vllm.kernel("CutlassFP8ScaledMMLinearKernel").scales == ("tensor", "channel")
+    # "A and B must have symmetric quantization (zero point == 0)"
+    assert "A and B must have symmetric quantization (zero point == 0)" in text
+    assert vllm.kernel("CutlassInt8ScaledMMLinearKernel").sym == (True,)
+    # W4A8: "CutlassW4A8LinearKernel declines (activations are bf16, not fp8)"
+    assert "CutlassW4A8LinearKernel declines (activations are bf16, not fp8)" in text
+    assert vllm.kernel("CutlassW4A8LinearKernel").act_dtypes == ("float8_e4m3fn",)
+    # NVFP4 runs natively only on Blackwell's block-scaled tensor op
+    assert "Blackwell's block-scaled tensor op consumes the sub-byte NVFP4 operands natively" in text
+    assert vllm.kernel("CutlassNvFp4LinearKernel").min_cc == (10, 0)
+    assert vllm.kernel("MarlinNvFp4LinearKernel").fallback
+    # bitsandbytes and GGUF: SGLang loads them, vLLM's method list at the pin has neither
+    assert 'neither "bitsandbytes" nor "gguf" is among them' in text
+    vllm_formats = {f for m in vllm.methods for f in m.formats}
+    sgl_formats = {f for m in load_engine("sglang").methods for f in m.formats}
+    assert not vllm_formats & {"bnb", "gguf"} and {"bnb", "gguf"} <= sgl_formats
+    # a group straddling a TP boundary is fatal in both engines
+    assert "a group straddling a tensor-parallel boundary is fatal" in text
+    assert vllm.base_checks["group_straddle_fatal"] and load_engine("sglang").base_checks["group_straddle_fatal"]
+
+
+def test_gguf_rows_declare_qtypes_matching_their_bits(gptqmodel, seed000):
+    import gguf
+
+    text = "\n".join(seed000)
+    assert "Broad logical bit declaration is not a blanket qtype guarantee" in text
+    assert "GGUFTritonKernel\tDeclares logical bits 1/4/5/6 and CUDA" in text
+    rows = [k for k in gptqmodel.kernels if k.formats and "GGUF" in k.formats and k.backend != "MLX"]
+    assert {k.name for k in rows} == {"GGUFTorchLinear", "GGUFCppKernel", "GGUFCudaKernel", "GGUFTritonKernel"}
+    for k in rows:
+        assert k.qtypes, k.name
+        for q in k.qtypes:
+            if q in gguf.GGMLQuantizationType.__members__:
+                bits = int(re.match(r"^I?Q(\d)", q).group(1))
+                assert bits in k.bits, (k.name, q)
+    assert gptqmodel.kernel("GGUFTritonKernel").qtypes == ("Q4_K", "Q5_K", "Q6_K")
+
+
+def test_serialized_marlin_is_bound_to_its_backend(gptqmodel, seed000):
+    text = "\n".join(seed000)
+    assert ("the local model loader requires the matching Marlin backend or MLX for a serialized Marlin "
+            "checkpoint. The same boundary applies to serialized BitBLAS checkpoints") in text
+    assert gptqmodel.serialized["MARLIN"] == {"gptq": ("GPTQ_MARLIN", "MLX"), "awq": ("AWQ_MARLIN", "MLX")}
+    backends = {k.backend for k in gptqmodel.kernels}
+    assert {b for m in gptqmodel.serialized.values() for bs in m.values() for b in bs} <= backends
+    # Marlin's packing and act-order checks stay even though the class declares no divisibility
+    assert "Input/output packing divisibility and activation-order alignment are validated" in text
+    for name in ("MarlinLinear", "AwqMarlinLinear"):
+        k = gptqmodel.kernel(name)
+        assert (k.k_part_multiple, k.n_part_multiple) == (16, 64) and k.strict_with_g_idx
+
+
+def test_device_profiles_cover_the_architectures_the_paths_distinguish():
+    profiles = load_profiles()
+    archs = {(d.platform, d.arch) for d in profiles.values()}
+    for want in (("cuda", "sm_80"), ("cuda", "sm_89"), ("cuda", "sm_90a"), ("cuda", "sm_100a"),
+                 ("cuda", "sm_120a"), ("rocm", "gfx942"), ("cpu", None)):
+        assert want in archs, want
+    assert profiles["rtx5090"].cc == (12, 0) and profiles["l40s"].cc == (8, 9)

@@ -19,7 +19,7 @@ from qtool.cli.common import (
     stdout_console,
 )
 
-# Code widths any format qtool reads stores (Plain holds 2..8-bit codes).
+# Code widths --bits takes (Plain holds 2..8-bit codes; a gguf:QTYPE layer takes its bits from the qtype).
 BITS_RANGE = (2, 8)
 
 EPILOG = """Examples:
@@ -34,19 +34,24 @@ EPILOG = """Examples:
 
   qtool select --model qwen2.5-72b --device h100 --engine vllm --tp 8 --disable MacheteLinearKernel --json
 
-Devices: profiles in configs/devices.yaml (h100, h200, a100, a10, l40s, rtx4090, t4, mi300x, b200, gb10,
-cpu-avx512-bf16, mps), or cpu / cuda:N to read this machine. Exit code 1 when some layer has no kernel.
+  qtool select --layer 7168,18432 --format fp8 --scale block --device h200 --engine sglang --m 1,16,64
+
+  qtool select --layer 4096,4096 --format w4a8 --dtype bf16 --device h100 --engine vllm
+
+Devices: profiles in configs/devices.yaml (h100, h200, a100, a10, l40s, rtx4090, rtx5090, t4, mi300x, b200,
+gb10, cpu-avx512-bf16, mps), or cpu / cuda:N to read this machine. Exit code 1 when some layer (or some
+--m) has no kernel, or the checkpoint has no selectable layer.
 """
 
 
 @app.command("select", help="Show which kernel each layer gets on a device, and why every other kernel "
-                            "refused (GPTQModel AUTO, vLLM's WNA16 walk, or qtool's own).", epilog=EPILOG)
+                            "refused (GPTQModel AUTO, vLLM's or SGLang's walks, or qtool's own).", epilog=EPILOG)
 def select_cmd(
     ctx: typer.Context,
     path: Annotated[Path | None, typer.Argument(help="Checkpoint: .safetensors, .gguf, HF directory or index.",
                                                 show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help="Profile name, cpu, or cuda:N.")] = "cpu",
-    engine: Annotated[str, typer.Option("--engine", help="gptqmodel, vllm or qtool.")] = "gptqmodel",
+    engine: Annotated[str, typer.Option("--engine", help="gptqmodel, vllm, sglang or qtool.")] = "gptqmodel",
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size (column layers split N, row "
                                                  "layers split K).")] = 1,
     disable: Annotated[list[str] | None, typer.Option(
@@ -56,15 +61,29 @@ def select_cmd(
     layer: Annotated[list[str] | None, typer.Option(
         "--layer", help="A bare layer K,N[,row|col] (repeatable).", show_default=False)] = None,
     format: Annotated[str, typer.Option("--format", help="With --model/--layer: gptq, gptq_v2, gptq_p, awq, "
-                                                         "marlin, ct.")] = "gptq",
-    bits: Annotated[int, typer.Option("--bits", help="With --model/--layer: bits per weight.")] = 4,
-    group_size: Annotated[int, typer.Option("--group-size", help="With --model/--layer: -1 = per channel.")]
-    = 128,
+                                                         "marlin, ct, fp8, int8, w4a8, nvfp4, mxfp4, "
+                                                         "gguf:QTYPE.")] = "gptq",
+    bits: Annotated[int | None, typer.Option("--bits", help="With --model/--layer: bits per weight (default: "
+                                                            "the format's, 4 for W4A16).", show_default=False)]
+    = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="With --model/--layer: -1 = per "
+                                                                        "channel (default: the format's, 128 "
+                                                                        "for W4A16).", show_default=False)]
+    = None,
+    scale: Annotated[str | None, typer.Option("--scale", help="With --model/--layer: weight-scale granularity "
+                                                              "tensor, channel, group or block (default: the "
+                                                              "format's).", show_default=False)] = None,
+    block: Annotated[str | None, typer.Option("--block", help="With --scale block: ROWS,COLS of a scale block "
+                                                              "(default 128,128).", show_default=False)] = None,
+    m: Annotated[str | None, typer.Option("--m", help="Batch rows per call to resolve, e.g. 1,16,64: the "
+                                                      "kernel an M-bucketed backend runs at each.",
+                                          show_default=False)] = None,
     sym: Annotated[bool, typer.Option("--sym/--asym", help="With --model/--layer: zero points or not.")] = True,
     desc_act: Annotated[bool, typer.Option("--desc-act/--no-desc-act", help="With --model/--layer: "
                                                                              "act-order (g_idx).")] = False,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Activation dtype: fp16, bf16 or fp32 "
-                                                              "(default: the model's, fp16 for a "
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Activation operand: fp16, bf16, fp32, fp8 or "
+                                                              "int8 (default: the format's — fp8 for fp8/w4a8, "
+                                                              "int8 for int8 — else the model's, fp16 for a "
                                                               "checkpoint).", show_default=False)] = None,
     config: ConfigOpt = None,
     json_: JsonOpt = False,
@@ -75,11 +94,29 @@ def select_cmd(
     from qtool.kernels.devices import resolve_device
     from qtool.report.select import render
     from qtool.scheme import QuantScheme
-    from qtool.select.plan import layer_groups, model_groups, path_groups, plan_select
+    from qtool.select.plan import (
+        SCALES,
+        check_format,
+        dtype_name,
+        layer_groups,
+        model_groups,
+        parse_ints,
+        path_groups,
+        plan_select,
+    )
 
-    check_range("--bits", v["bits"], *BITS_RANGE)
-    check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
+    if v["bits"] is not None:
+        check_range("--bits", v["bits"], *BITS_RANGE)
+    if v["group_size"] is not None:
+        check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
     check_range("--tp", v["tp"], 1, 1 << 16)
+    check_format(v["format"])
+    if v["dtype"] is not None:
+        dtype_name(v["dtype"])
+    if v["scale"] is not None and v["scale"] not in SCALES:
+        raise UsageError(f"unknown --scale {v['scale']!r}", fix=f"use one of: {', '.join(SCALES)}")
+    blk = parse_ints("--block", v["block"], count=2) if v["block"] else None
+    ms = parse_ints("--m", v["m"]) if v["m"] else ()
     sources = [s for s in ("path", "model", "layer") if v[s]]
     if len(sources) != 1:
         raise UsageError("give exactly one of PATH, --model or --layer" if sources else "nothing to select for",
@@ -87,16 +124,16 @@ def select_cmd(
                              "or --layer 4096,14336")
     dev = resolve_device(v["device"])
     q = QuantScheme(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
-                  desc_act=v["desc_act"])
+                    desc_act=v["desc_act"])
     notes: list[str] = []
     if v["path"] is not None:
         groups, notes = path_groups(v["path"], v["dtype"])
         source = str(v["path"])
     elif v["model"] is not None:
-        groups, source = model_groups(v["model"], q, v["dtype"]), v["model"]
+        groups, source = model_groups(v["model"], q, v["dtype"], scale=v["scale"], block=blk), v["model"]
     else:
-        groups, source = layer_groups(v["layer"], q, v["dtype"]), None
-    report = plan_select(groups, dev, v["engine"], v["tp"], v["disable"] or (), notes, source)
+        groups, source = layer_groups(v["layer"], q, v["dtype"], v["scale"], blk), None
+    report = plan_select(groups, dev, v["engine"], v["tp"], v["disable"] or (), notes, source, ms=ms)
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

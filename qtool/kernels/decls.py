@@ -22,10 +22,11 @@ from typing import Any
 from qtool.errors import SpecError
 from qtool.paths import CONFIG_DIR
 
-ENGINES = ("gptqmodel", "vllm", "qtool")
+ENGINES = ("gptqmodel", "vllm", "sglang", "qtool")
 PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "mps", "npu", "all")
 WALKS = ("priority", "list")
-DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn")
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "int8")
+SCALES = ("tensor", "channel", "group", "block")
 PACK_DTYPES = ("int8", "int16", "int32", "int64")
 MAX_DECL_BYTES = 4 << 20
 
@@ -178,6 +179,7 @@ KERNEL_ROW = record({
     "file": is_str,
     "source": is_str,
     "note": is_str,
+    "fallback": is_str,                         # what choosing this kernel gives up (said in the layer notes)
     "platforms": list_of(one_of(*PLATFORMS)),
     "reject_platforms": list_of(one_of(*PLATFORMS)),
     # contract: what the checkpoint and layer must look like
@@ -207,10 +209,16 @@ KERNEL_ROW = record({
     "strict_with_g_idx": record({"k_part_multiple": is_int, "n_part_multiple": is_int}),
     "group_straddle": one_of("refuse"),
     "tile_padding": one_of("marlin"),
+    "qtypes": list_of(is_str),                  # GGUF block qtypes the kernel runs ("Q6_K"), not bit widths
+    "scales": list_of(one_of(*SCALES)),         # weight-scale granularity: per tensor / channel / group / block
+    "blocks": list_of(list_of(is_int)),         # block-scale shapes [rows, cols] when scales has block
+    "m_range": list_of(is_int),                 # [lo, hi]: rows per call this kernel serves (dispatch by M)
+    "m_why": is_str,                            # why the window is what it is (shown with it)
     # runtime: the device and the software on it
     "min_cc": is_cc,
     "exact_cc": list_of(is_cc),
     "cc_range": list_of(is_cc),
+    "below_cc": is_cc,                          # only devices below this capability (a fallback for older GPUs)
     "min_smem_optin": is_int,
     "cpu_flags": list_of(is_str),
     "packages": list_of(is_str),
@@ -226,11 +234,15 @@ METHOD_ROW = record({
     "name": is_str,
     "source": is_str,
     "formats": list_of(is_str),
-    "weight_type": one_of("biased", "unsigned", "by_sym"),
+    "weight_type": one_of("biased", "unsigned", "by_sym", "signed", "float"),
     "sym_only": is_bool,
     "zero_points": either(is_bool, one_of("not_sym")),
     "bits": list_of(is_int),
     "gate": is_str,
+    "note": is_str,
+    "walk": is_str,                              # a `walks:` name (default: `lists:`)
+    "act_quant": one_of(*DTYPES),                # the method quantizes activations to this at run time
+    "walk_by_scale": map_of(one_of(*SCALES), is_str),   # scale granularity -> `walks:` name
 }, required=("name", "formats", "weight_type", "zero_points"))
 
 ENGINE_FILE = record({
@@ -240,9 +252,13 @@ ENGINE_FILE = record({
     "source": is_str,
     "formats": map_of(is_str, is_str),
     "pack_dtype_by_format": map_of(is_str, one_of(*PACK_DTYPES)),
-    "base_checks": record({"group_full_k_alias": is_bool, "group_divides_k_unless_auto_padding": is_bool}),
+    "base_checks": record({"group_full_k_alias": is_bool, "group_divides_k_unless_auto_padding": is_bool,
+                           "group_straddle_fatal": is_bool}),
     "methods": list_of(METHOD_ROW),
     "lists": map_of(one_of(*PLATFORMS), list_of(is_str, nonempty=False)),
+    "walks": map_of(is_str, map_of(one_of(*PLATFORMS), list_of(is_str, nonempty=False))),
+    # serialized layout -> {checkpoint source: backends the loader binds it to}
+    "serialized": map_of(is_str, map_of(is_str, list_of(is_str))),
     "gates": list_of(KERNEL_ROW),
     "kernels": list_of(KERNEL_ROW),
 }, required=("schema", "engine", "walk", "kernels"))
@@ -264,6 +280,7 @@ class KernelDecl:
     file: str | None = None
     source: str | None = None
     note: str | None = None
+    fallback: str | None = None
     reject_platforms: tuple[str, ...] = ()
     formats: dict[str, int] | None = None
     bits: tuple[int, ...] | None = None
@@ -291,9 +308,15 @@ class KernelDecl:
     strict_with_g_idx: dict[str, int] | None = None
     group_straddle: str | None = None
     tile_padding: str | None = None
+    qtypes: tuple[str, ...] | None = None
+    scales: tuple[str, ...] | None = None
+    blocks: tuple[tuple[int, ...], ...] | None = None
+    m_range: tuple[int, ...] | None = None
+    m_why: str | None = None
     min_cc: tuple[int, int] | None = None
     exact_cc: tuple[tuple[int, int], ...] | None = None
     cc_range: tuple[tuple[int, int], ...] | None = None
+    below_cc: tuple[int, int] | None = None
     min_smem_optin: int | None = None
     cpu_flags: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
@@ -321,6 +344,10 @@ class MethodDecl:
     bits: tuple[int, ...] | None = None
     gate: str | None = None
     source: str | None = None
+    note: str | None = None
+    walk: str | None = None
+    walk_by_scale: dict[str, str] | None = None
+    act_quant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +365,8 @@ class EngineDecls:
     lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
     gates: tuple[KernelDecl, ...] = ()
     base_checks: dict[str, bool] = field(default_factory=dict)   # checks the engine applies to every row
+    walks: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    serialized: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def kernel(self, name: str) -> KernelDecl:
         for k in self.kernels:
@@ -373,6 +402,13 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
             if n not in names:
                 raise SpecError(f"lists.{platform} names undeclared kernel {n!r}", path=path,
                                 fix="add a row for it under kernels:")
+    walks = {w: {p: tuple(v) for p, v in per.items()} for w, per in d.get("walks", {}).items()}
+    for w, per in walks.items():
+        for platform, order in per.items():
+            for n in order:
+                if n not in names:
+                    raise SpecError(f"walks.{w}.{platform} names undeclared kernel {n!r}", path=path,
+                                    fix="add a row for it under kernels:")
     if d["walk"] == "list" and not lists:
         raise SpecError("walk: list needs a `lists:` mapping of platform -> kernel order", path=path)
     if d["walk"] == "priority":
@@ -385,10 +421,16 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     for m in methods:
         if m.gate is not None and m.gate not in gate_names:
             raise SpecError(f"method {m.name!r} names undeclared gate {m.gate!r}", path=path)
+        for w in ([m.walk] if m.walk else []) + list((m.walk_by_scale or {}).values()):
+            if w not in walks:
+                raise SpecError(f"method {m.name!r} names undeclared walk {w!r}", path=path,
+                                fix="add it under walks:")
     return EngineDecls(
         engine=d["engine"], walk=d["walk"], path=path, kernels=kernels, source=d.get("source", ""),
         formats=dict(d.get("formats", {})), pack_dtype_by_format=dict(d.get("pack_dtype_by_format", {})),
         methods=methods, lists=lists, gates=gates, base_checks=dict(d.get("base_checks", {})),
+        walks=walks, serialized={f: {src: tuple(b) for src, b in m.items()}
+                                 for f, m in d.get("serialized", {}).items()},
     )
 
 

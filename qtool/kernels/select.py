@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from qtool.kernels.decls import EngineDecls, KernelDecl, MethodDecl, load_engine
 from qtool.kernels.devices import Device, load_profiles
 
-DTYPE_FLAG = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+DTYPE_FLAG = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8", "int8": "int8"}
 PACKAGE_PIP = {"conch": "conch-triton-kernels"}
 TP_SIZES = (1, 2, 4, 8)
 
@@ -36,6 +36,9 @@ class LayerQuant:
     parallel: how TP splits it -- "column" splits N, "row" splits K, "replicated" splits nothing.
     method: "gptq" / "awq" when the format alone is ambiguous (a Marlin-format checkpoint), else None.
     pack_dtype: integer word dtype of the checkpoint ("int32" unless the format says otherwise).
+    scale: weight-scale granularity, "tensor" | "channel" | "group" | "block"; None = from group_size
+    (-1 -> channel, else group). block: [rows, cols] of a block scale (DeepSeek-V3: (128, 128)).
+    act_dtype may be a quantized activation ("float8_e4m3fn", "int8"): the operand the kernel multiplies.
     """
 
     name: str
@@ -50,6 +53,14 @@ class LayerQuant:
     parallel: str = "column"
     method: str | None = None
     pack_dtype: str | None = None
+    scale: str | None = None
+    block: tuple[int, int] | None = None
+
+    @property
+    def scale_kind(self) -> str:
+        if self.scale is not None:
+            return self.scale
+        return "channel" if self.group_size <= 0 or self.group_size == self.in_features else "group"
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ class Selection:
     chosen: str | None
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = ()
+    per_m: tuple[tuple[int, str | None], ...] = ()   # (M, kernel that runs a call of M rows)
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,10 @@ class _Facts:
     pack_dtype: str
     group_full_k_alias: bool
     group_divides_k_base: bool
+    group_straddle_base: bool = False
+    serialized: tuple[str, ...] | None = None    # backends the loader binds this serialized layout to
+    engine: str = ""
+    act_operand: str = "float16"                 # what the kernel multiplies: the method may quantize x
 
     @property
     def kl(self) -> str:
@@ -132,11 +148,13 @@ class _Facts:
 
 def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
                   disabled: Iterable[str] = (), tp: int = 1,
-                  profiles: Sequence[Device] | None = None) -> Selection:
+                  profiles: Sequence[Device] | None = None, ms: Sequence[int] = ()) -> Selection:
     """Choose the kernel `engine` would run `layer` with on `device` at tensor-parallel size `tp`.
 
     disabled: kernel names removed from consideration (vLLM's VLLM_DISABLED_KERNELS; --disable).
     profiles: devices tried when searching for a "runs on ..." hint (default: configs/devices.yaml).
+    ms: batch rows M to resolve per call: kernels declaring `m_range` serve only those M, and a call
+    outside it runs the next eligible kernel in walk order (SGLang/vLLM's M-bucketed FP8 dispatch).
     Returns every candidate in walk order with ok/reason/hint; `chosen` is the first eligible one.
     """
     decls = load_engine(engine) if isinstance(engine, str) else engine
@@ -157,22 +175,43 @@ def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
                 c = _evaluate(gate, layer, device, tp, disabled, decls, alts)
                 candidates.append(c)
                 blocked = blocked or not c.ok
-        walk = [decls.kernel(n) for n in decls.lists.get(device.platform, ())]
+        # a format no method reads reaches no kernel: listing the walk would show kernels "passing" for it
+        walk = [] if method is None else \
+            [decls.kernel(n) for n in _list_for(decls, method, layer).get(device.platform, ())]
     else:
         walk = _priority_walk(decls, layer, facts.engine_format)
 
     chosen = None
+    eligible: list[KernelDecl] = []
     for k in walk:
         c = _evaluate(k, layer, device, tp, disabled, decls, alts)
         candidates.append(c)
-        if chosen is None and c.ok and not blocked:
-            chosen = k.name
+        if c.ok and not blocked:
+            eligible.append(k)
+            if chosen is None:
+                chosen = k.name
+    per_m = tuple((m, next((k.name for k in eligible if _serves(k, m)), None)) for m in ms)
+    notes = _layer_notes(facts, decls, walk, blocked)
+    notes += [f"{k.name}: {k.fallback}" for k in eligible[:1] if k.fallback]
     return Selection(
         layer=layer, engine=decls.engine, device=device.name, tp=tp,
         in_features_per_partition=facts.k_part, out_features_per_partition=facts.n_part,
-        chosen=chosen, candidates=tuple(candidates),
-        notes=tuple(_layer_notes(facts, decls, walk, blocked)),
+        chosen=chosen, candidates=tuple(candidates), notes=tuple(notes), per_m=per_m,
     )
+
+
+def _serves(k: KernelDecl, m: int) -> bool:
+    return k.m_range is None or k.m_range[0] <= m <= k.m_range[-1]
+
+
+def _list_for(decls: EngineDecls, method: MethodDecl | None, layer: LayerQuant) -> dict[str, tuple[str, ...]]:
+    """The per-platform kernel list the method walks: its scale-specific walk, its own walk, or `lists:`."""
+    if method is not None and method.walk_by_scale is not None:
+        name = method.walk_by_scale.get(layer.scale_kind)
+        return decls.walks[name] if name is not None else {}
+    if method is not None and method.walk is not None:
+        return decls.walks[method.walk]
+    return decls.lists
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -184,7 +223,8 @@ def _priority_walk(decls: EngineDecls, layer: LayerQuant, engine_format: str) ->
     order breaks ties), explicit-only (priority 0) classes last so their refusal is still reported."""
     rows = [k for k in decls.kernels
             if k.selectable and k.formats is not None and engine_format in k.formats
-            and (layer.method is None or k.method is None or k.method == layer.method)]
+            and (layer.method is None or k.method is None or k.method == layer.method
+                 or engine_format in decls.serialized)]
     return sorted(rows, key=lambda k: -k.formats[engine_format])
 
 
@@ -212,7 +252,7 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
     n_part = N // tp if n_split else N
 
     method, method_failures = None, []
-    if decls.walk == "list":
+    if decls.methods:
         method, method_failures, weight_type, zero_points = _vllm_method(decls, layer)
     else:
         weight_type, zero_points = _weight_type(layer.bits, layer.sym), not layer.sym
@@ -224,8 +264,22 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
         zero_points=zero_points, pack_dtype=pack_dtype,
         group_full_k_alias=decls.base_checks.get("group_full_k_alias", False),
         group_divides_k_base=decls.base_checks.get("group_divides_k_unless_auto_padding", False),
+        group_straddle_base=decls.base_checks.get("group_straddle_fatal", False),
+        serialized=_serialized_backends(decls, engine_format, layer.method), engine=decls.engine,
+        act_operand=(method.act_quant if method is not None and method.act_quant else layer.act_dtype),
     )
     return facts, method, method_failures
+
+
+def _serialized_backends(decls: EngineDecls, engine_format: str, source: str | None) -> tuple[str, ...] | None:
+    """Backends the model loader binds a serialized layout to (seed 000: a serialized Marlin checkpoint
+    needs the matching Marlin backend or MLX); every source's backends when the source is unknown."""
+    by_source = decls.serialized.get(engine_format)
+    if by_source is None:
+        return None
+    if source is not None and source in by_source:
+        return by_source[source]
+    return tuple(dict.fromkeys(b for bs in by_source.values() for b in bs))
 
 
 def _vllm_method(decls: EngineDecls, layer: LayerQuant):
@@ -235,17 +289,28 @@ def _vllm_method(decls: EngineDecls, layer: LayerQuant):
     failures: list[Failure] = []
     if method is None:
         readable = sorted({f for m in decls.methods for f in m.formats})
-        failures.append(Failure("format", f"format {layer.format} is not a vLLM WNA16 checkpoint format "
+        failures.append(Failure("format", f"format {layer.format} is not a checkpoint format "
+                                          f"{_ENGINE_NAME.get(decls.engine, decls.engine)} loads "
                                           f"(reads: {', '.join(readable)})"))
         return None, failures, _weight_type(layer.bits, layer.sym), not layer.sym
+    if method.walk_by_scale is not None and layer.scale_kind not in method.walk_by_scale:
+        failures.append(Failure("scale", f"{layer.scale_kind} scales: no kernel list declared for them "
+                                         f"(declared: {', '.join(method.walk_by_scale)})"))
     if method.bits is not None and layer.bits not in method.bits:
         failures.append(Failure("bits", f"bits {layer.bits} not in {_fmt(method.bits)}"))
     if method.sym_only and not layer.sym:
         failures.append(Failure("sym", f"sym=False: {method.name} has no scalar type for asymmetric weights "
                                        "(TYPE_MAP holds symmetric 4/8-bit only)"))
-    biased = {"biased": True, "unsigned": False, "by_sym": layer.sym}[method.weight_type]
     zp = (not layer.sym) if method.zero_points == "not_sym" else bool(method.zero_points)
+    if method.weight_type == "signed":
+        return method, failures, f"int{layer.bits}", zp
+    if method.weight_type == "float":
+        return method, failures, layer.format.split(":", 1)[0], zp
+    biased = {"biased": True, "unsigned": False, "by_sym": layer.sym}[method.weight_type]
     return method, failures, _weight_type(layer.bits, biased), zp
+
+
+_ENGINE_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -268,13 +333,19 @@ def _evaluate(k: KernelDecl, layer: LayerQuant, device: Device, tp: int, disable
 
 def _method_candidate(layer: LayerQuant, facts: _Facts, method: MethodDecl | None,
                       failures: list[Failure]) -> Candidate:
-    name = method.name if method is not None else "vLLM method"
+    name = method.name if method is not None else f"{_ENGINE_NAME.get(facts.engine, facts.engine)} method"
     if failures:
         hint = _method_hint(layer, failures)
         return Candidate(name, False, f"{name}: " + "; ".join(f.text for f in failures), hint, "method",
                          failures=tuple(f.text for f in failures))
     desc = (f"weight type {facts.weight_type}, zero points {'yes' if facts.zero_points else 'no'}, "
             f"act-order {'yes' if layer.desc_act else 'no'}")
+    if method is not None and (method.walk or method.walk_by_scale):
+        desc += f", {layer.scale_kind} scales, activations {layer.act_dtype}"
+        if method.act_quant and method.act_quant != layer.act_dtype:
+            desc += f" -> {method.act_quant}"
+    if method is not None and method.note:
+        desc += f"; {method.note}"
     return Candidate(name, True, f"{name}: {desc}", None, "method")
 
 
@@ -323,10 +394,26 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
     if allowed is not None and f.weight_type not in allowed:
         zp = " with zero points" if f.zero_points else ""
         fail("weight_type", f"weight type {f.weight_type}{zp} not in {_fmt(allowed)}")
-    if k.act_dtypes is not None and L.act_dtype not in k.act_dtypes:
-        fail("act_dtype", f"activation dtype {L.act_dtype} not in {_fmt(k.act_dtypes)}")
+    if k.act_dtypes is not None and f.act_operand not in k.act_dtypes:
+        fail("act_dtype", f"activation dtype {f.act_operand} not in {_fmt(k.act_dtypes)}")
     if k.pack_dtypes is not None and f.pack_dtype not in k.pack_dtypes:
         fail("pack", f"pack dtype {f.pack_dtype} not in {_fmt(k.pack_dtypes)}")
+    if k.qtypes is not None:
+        qtype = L.format.split(":", 1)[1] if ":" in L.format else None
+        if qtype is None:
+            fail("qtype", f"GGUF qtype unknown; runs only {_fmt(k.qtypes)}")
+        elif qtype not in k.qtypes:
+            fail("qtype", f"GGUF qtype {qtype} not in {_fmt(k.qtypes)}")
+    if k.scales is not None and L.scale_kind not in k.scales:
+        fail("scale", f"{L.scale_kind} weight scales not in {_fmt(k.scales)}")
+    elif k.blocks is not None and L.scale_kind == "block" and tuple(L.block or ()) not in k.blocks:
+        want = ", ".join("x".join(map(str, b)) for b in k.blocks)
+        got = "x".join(map(str, L.block)) if L.block else "unknown"
+        fail("scale", f"block {got} not in [{want}]")
+    if f.serialized is not None and k.kind == "kernel" and k.backend not in f.serialized:
+        src = f" from {L.method}" if L.method else ""
+        fail("loader", f"serialized {f.engine_format} checkpoint{src}: the model loader binds it to "
+                       f"{' or '.join(f.serialized)}, not {k.backend}")
 
     for multiple in (k.in_divisible, k.k_part_multiple):
         if multiple and f.k_part % multiple:
@@ -344,7 +431,8 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
             fail("shape_k", f"K {L.in_features} % group_size {g} != 0")
         if k.group_divides_k == "part" and f.k_part % g:
             fail("tp" if f.k_split else "shape_k", f"{f.kl} {f.k_part} % group_size {g} != 0")
-        if k.group_straddle == "refuse" and g < L.in_features and f.k_part % g:
+        straddle = k.group_straddle == "refuse" or (f.group_straddle_base and k.kind == "kernel")
+        if straddle and g < L.in_features and f.k_part % g:
             if f.k_split:
                 fail("tp", f"group_size {g} straddles TP shards: K_part {f.k_part} % {g} != 0 "
                            "(padding cannot fix a split group)")
@@ -377,6 +465,8 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
             fail("device", f"CC {_cc(cc)} outside {_cc(k.cc_range[0])}..{_cc(k.cc_range[-1])}")
         elif k.min_cc is not None and cc < k.min_cc:
             fail("device", f"CC {_cc(cc)} < {_cc(k.min_cc)}")
+        if k.below_cc is not None and cc >= k.below_cc:
+            fail("device", f"CC {_cc(cc)} >= {_cc(k.below_cc)}: a fallback for GPUs below {_cc(k.below_cc)} only")
         if k.min_smem_optin is not None:
             if dev.smem_optin is None:
                 notes.append("opt-in shared memory unknown for this device")
@@ -415,6 +505,10 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
                             "(zero-padded tiles on every forward; slower)")
     if not out and k.auto_padding and g > 0 and f.k_part % g:
         notes.insert(0, f"auto-pads {f.kl} {f.k_part} to whole groups of {g}")
+    if k.m_range is not None:
+        why = f" ({k.m_why})" if k.m_why else ""
+        notes.append(f"serves M in [{k.m_range[0]}, {k.m_range[-1]}] per call{why}; other M run the next "
+                     "eligible kernel")
     return out, notes
 
 
@@ -461,17 +555,26 @@ def _hint(k: KernelDecl, layer: LayerQuant, device: Device, tp: int, disabled: f
         elif cat == "act_dtype":
             text = _first((f"run with --dtype {DTYPE_FLAG[d]}", replace(layer, act_dtype=d))
                           for d in DTYPE_FLAG if clears(cat, new_layer=replace(layer, act_dtype=d)))
-            if text is None and k.act_dtypes == ("float8_e4m3fn",):
-                text = "needs FP8 (e4m3) activations: a W4A8 checkpoint"
+            if k.act_dtypes == ("float8_e4m3fn",):
+                text = "needs FP8 (e4m3) activations: a W4A8 checkpoint, --dtype fp8"
+        elif cat == "qtype":
+            text = f"re-quantize to {' / '.join(k.qtypes)}" if k.qtypes else None
+        elif cat == "loader":
+            backends = _facts(layer, device, tp, decls)[0].serialized or ()
+            text = f"load it with {' or '.join(backends)}" if backends else None
         elif cat in ("shape_k", "shape_n", "tp"):
             if "shape" in cat:
                 pad = _pad_hint(k, layer, device, tp, decls, disabled, cat, cats)
                 if pad:
                     parts.append(pad)
-            tps = [t for t in TP_SIZES if t != tp and _tp_divides(layer, t)
-                   and clears(cat, new_tp=t)]
-            if tps:
-                parts.append(" or ".join(f"TP={t}" for t in tps))
+            if "tp-hint" not in done:
+                # one TP suggestion that clears every shape/TP failure at once
+                done.add("tp-hint")
+                shape_cats = cats & {"shape_k", "shape_n", "tp"}
+                tps = [t for t in TP_SIZES if t != tp and _tp_divides(layer, t)
+                       and all(clears(c, new_tp=t) for c in shape_cats)]
+                if tps:
+                    parts.append(" or ".join(f"TP={t}" for t in tps))
             continue
         elif cat == "device":
             names = [d.name for d in alts if d.name != device.name and clears(cat, new_device=d)]
@@ -491,8 +594,9 @@ def _hint(k: KernelDecl, layer: LayerQuant, device: Device, tp: int, disabled: f
 
 
 # Order in which hint fragments are written (what to change first).
-_CATEGORY_ORDER = ("disabled", "explicit", "device", "software", "bits", "weight_type", "sym", "group",
-                   "desc_act", "act_dtype", "pack", "shape_k", "shape_n", "tp", "executable")
+_CATEGORY_ORDER = ("disabled", "explicit", "device", "software", "loader", "bits", "weight_type", "sym",
+                   "group", "qtype", "scale", "desc_act", "act_dtype", "pack", "shape_k", "shape_n", "tp",
+                   "executable")
 
 
 def _first(pairs) -> str | None:
@@ -609,9 +713,9 @@ def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked:
                      "(a rank holds a partial group)")
     if f.k_split and L.desc_act:
         notes.append(f"act-order with K split across {f.tp} ranks")
-    if not walk:
+    if not walk and not blocked:
         if decls.walk == "list":
-            notes.append(f"{decls.engine} declares no WNA16 kernel list for platform {f.device.platform}")
+            notes.append(f"{decls.engine} declares no kernel list for this layer on platform {f.device.platform}")
         else:
             notes.append(f"no {decls.engine} kernel declares format {f.engine_format}")
     if blocked:

@@ -2,7 +2,7 @@
 
 JSON (`SelectReport.to_dict()`, the --json schema):
 
-    {"engine": "vllm", "device": "h100", "tp": 2,
+    {"engine": "vllm", "device": "h100", "tp": 2, "m": [1, 16, 64],
      "device_profile": {...}, "disabled": [...], "notes": [...],
      "layers": [{"name": "model.layers.#.mlp.down_proj", "count": 80, "parallel": "row",
                  "format": "gptq", "bits": 4, "group_size": 128, "sym": true, "desc_act": false,
@@ -10,6 +10,8 @@ JSON (`SelectReport.to_dict()`, the --json schema):
                  "in_features": 28672, "out_features": 8192,
                  "in_features_per_partition": 14336, "out_features_per_partition": 8192,
                  "chosen": "MacheteLinearKernel",
+                 "scale": "group", "block": null,             # weight-scale granularity, [rows, cols] if block
+                 "per_m": {"1": "...", "16": "...", "64": "..."},   # the kernel a call of M rows runs (--m)
                  "candidates": [{"kernel": ..., "ok": ..., "reason": ..., "hint": ...}, ...],
                  "notes": [...]}]}
 """
@@ -41,6 +43,8 @@ class LayerRow:
             "in_features_per_partition": s.in_features_per_partition,
             "out_features_per_partition": s.out_features_per_partition,
             "chosen": s.chosen,
+            "scale": L.scale_kind, "block": list(L.block) if L.block else None,
+            "per_m": {str(m): k for m, k in s.per_m},
             "candidates": [c.to_dict() for c in s.candidates],
             "notes": list(s.notes),
         }
@@ -59,10 +63,13 @@ class SelectReport:
     source: str | None = None        # checkpoint path or model name
     disabled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ms: list[int] = field(default_factory=list)   # batch rows resolved per call (--m)
 
     @property
     def all_chosen(self) -> bool:
-        return all(r.selection.chosen is not None for r in self.layers)
+        """Every layer has a kernel (and there is a layer: a checkpoint with none selectable is a failure)."""
+        return bool(self.layers) and all(r.selection.chosen is not None and
+                                         all(k is not None for _, k in r.selection.per_m) for r in self.layers)
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +80,7 @@ class SelectReport:
             "source": self.source,
             "device_profile": self.device.to_dict(),
             "disabled": list(self.disabled),
+            "m": list(self.ms),
             "notes": list(self.notes),
             "layers": [r.to_dict() for r in self.layers],
         }
@@ -103,7 +111,7 @@ def render(report: SelectReport, console) -> None:
         summary.add_column(col, no_wrap=col != "layer")
     for r in report.layers:
         s, L = r.selection, r.selection.layer
-        quant = f"{L.format} {L.bits}b g{L.group_size}{'' if L.sym else ' asym'}{' act' if L.desc_act else ''}"
+        quant = f"{L.format} {L.bits}b {_scale(L)}{'' if L.sym else ' asym'}{' act' if L.desc_act else ''}"
         chosen = f"[green]{s.chosen}[/]" if s.chosen else "[red]none[/]"
         summary.add_row(sanitize(r.name), str(r.count), sanitize(quant), f"{L.in_features}x{L.out_features}",
                         f"{s.in_features_per_partition}x{s.out_features_per_partition}", chosen)
@@ -133,10 +141,22 @@ def render(report: SelectReport, console) -> None:
             label = c.kernel if c.priority is None else f"{c.kernel} ({c.priority})"
             t.add_row(mark, sanitize(label), sanitize(why), sanitize(c.hint or ""))
         console.print(t)
+        if s.per_m:
+            calls = "; ".join(f"M={m}: " + (sanitize(k) if k else "[red]none[/]") for m, k in s.per_m)
+            console.print(f"  per call: {calls}")
         for n in s.notes:
             console.print(f"  note: {sanitize(n)}")
     for n in report.notes:
         console.print(f"note: {sanitize(n)}")
+
+
+def _scale(L: Any) -> str:
+    kind = L.scale_kind
+    if kind == "block":
+        return "block " + ("x".join(map(str, L.block)) if L.block else "?")
+    if kind == "group":
+        return f"g{L.group_size}"
+    return f"per-{kind}"
 
 
 def _par(parallel: str) -> str:

@@ -34,8 +34,24 @@ from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
 from qtool.scheme import QuantScheme
 
-DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
-          "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn", "int8": "int8",
+          "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float8_e4m3fn": "float8_e4m3fn"}
+
+# What a bare `--format X` layer is when the flags leave it open: bits, group size, weight-scale granularity
+# and the activations the layer is fed. W4A16 formats take the flags' 4-bit / g128; FP8 / INT8 layers are fed
+# the model's activations (an engine's W8A8 method quantizes them, said in its row: act_quant); a W4A8 layer
+# is fed FP8 activations.
+SCALES = ("tensor", "channel", "group", "block")
+SYNTHETIC: dict[str, dict[str, Any]] = {
+    "gptq": {}, "gptq_v2": {}, "gptq_p": {}, "awq": {}, "marlin": {}, "ct": {},
+    "fp8": {"bits": 8, "group_size": -1, "scale": "channel"},
+    "int8": {"bits": 8, "group_size": -1, "scale": "channel"},
+    "w4a8": {"bits": 4, "group_size": 128, "scale": "group", "act": "float8_e4m3fn"},
+    "nvfp4": {"bits": 4, "group_size": 16, "scale": "group"},   # e2m1, FP8 scale per 16 inputs
+    "mxfp4": {"bits": 4, "group_size": 32, "scale": "group"},   # e2m1, E8M0 scale per 32 inputs
+    "bnb": {"bits": 4, "group_size": 64, "scale": "group"},     # bitsandbytes NF4/FP4, absmax per 64
+    "gguf": {},                                                  # gguf:QTYPE, e.g. gguf:Q6_K
+}
 SIZE_KEYS = ("hidden_size", "intermediate_size", "q_size", "kv_size")
 
 _WIDTH = lambda v, where: v if isinstance(v, int) and not isinstance(v, bool) else one_of(*SIZE_KEYS)(v, where)  # noqa: E731
@@ -72,6 +88,71 @@ class LayerGroup:
 
 # The quantization --model / --layer ask about when no flag says otherwise (a checkpoint carries its own).
 DEFAULT_SCHEME = QuantScheme(format="gptq", bits=4, group_size=128, sym=True, desc_act=False)
+
+
+@dataclass(frozen=True)
+class SyntheticLayer:
+    """A --model / --layer quantization with the format's defaults filled in (SYNTHETIC): bits, group size,
+    weight-scale granularity, block shape [rows, cols] of block scales, and the activations it is fed."""
+
+    scheme: QuantScheme
+    scale: str | None
+    block: tuple[int, int] | None
+
+    def activation(self, dtype: str | None, model_default: str = "float16") -> str:
+        if dtype is not None:
+            return dtype_name(dtype)
+        return SYNTHETIC.get(str(self.scheme.format).split(":", 1)[0], {}).get("act", model_default)
+
+
+def resolve_scheme(q: QuantScheme, scale: str | None = None, block: tuple[int, int] | None = None) -> SyntheticLayer:
+    """Fill what the flags left open (bits / group_size None) from the format's row; refuse a format nothing
+    knows. A scheme without a format is GPTQ's (DEFAULT_SCHEME)."""
+    fmt = check_format(q.format or "gptq")
+    d = dict(SYNTHETIC.get(fmt.split(":", 1)[0], {}))
+    if fmt.startswith("gguf:"):
+        d.update(gguf_defaults(fmt.split(":", 1)[1]))
+    scale = scale or d.get("scale")
+    block = block if block is not None else ((128, 128) if scale == "block" else None)
+    group = q.group_size if q.group_size is not None else d.get("group_size", 128)
+    if scale == "block" and block is not None:
+        group = block[1]   # the K extent of a block, as inspect reports block-scaled layers
+    scheme = replace(q, format=fmt, bits=q.bits if q.bits is not None else d.get("bits", 4), group_size=group,
+                     sym=True if q.sym is None else q.sym, desc_act=bool(q.desc_act))
+    return SyntheticLayer(scheme, scale, block)
+
+
+def gguf_defaults(qtype: str) -> dict[str, int]:
+    """Bits and block size of a GGML qtype by name (gguf.GGML_QUANT_SIZES), or a UsageError."""
+    import gguf
+
+    from qtool.io.gguf_reader import nominal_bits
+
+    try:
+        t = gguf.GGMLQuantizationType[qtype]
+    except KeyError:
+        raise UsageError(f"unknown GGUF qtype {qtype!r}",
+                         fix="use a GGML type name, e.g. gguf:Q4_K, gguf:Q6_K, gguf:Q8_0") from None
+    bits = nominal_bits(qtype)
+    if bits is None or bits > 8:
+        raise UsageError(f"gguf:{qtype} is not a quantized type", fix="use e.g. gguf:Q4_K")
+    return {"bits": bits, "group_size": gguf.GGML_QUANT_SIZES[t][0]}
+
+
+def check_format(fmt: str) -> str:
+    """A --format value select can describe, or a UsageError listing them."""
+    family, _, qtype = fmt.partition(":")
+    if family == "gguf" and qtype:
+        gguf_defaults(qtype)
+        return fmt
+    if family in SYNTHETIC and family != "gguf" and not qtype:
+        return fmt
+    if family == "gguf":
+        raise UsageError("--format gguf needs its qtype", fix="e.g. --format gguf:Q6_K")
+    close = difflib.get_close_matches(fmt, list(SYNTHETIC), n=1, cutoff=0.6)
+    guess = f"did you mean '{close[0]}'? " if close else ""
+    raise UsageError(f"unknown --format {fmt!r}",
+                     fix=f"{guess}formats: {', '.join(k for k in SYNTHETIC if k != 'gguf')}, gguf:QTYPE")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -111,17 +192,31 @@ def parallel_of(name: str, rules: dict[str, Sequence[str]]) -> str:
     return best
 
 
+def parse_ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
+    """`1,16,64` -> (1, 16, 64): positive integers, `count` of them when given."""
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+        if any(v < 1 for v in vals) or (count is not None and len(vals) != count):
+            raise ValueError
+    except ValueError:
+        want = f"{count} positive integers" if count else "positive integers"
+        raise UsageError(f"bad {flag} {text!r}", fix=f"write {want} separated by commas, e.g. "
+                         + ("128,128" if count == 2 else "1,16,64")) from None
+    return vals
+
+
 def dtype_name(flag: str | None, default: str = "float16") -> str:
     if flag is None:
         return default
     try:
         return DTYPES[flag.lower()]
     except KeyError:
-        raise UsageError(f"unknown --dtype {flag!r}", fix="use fp16, bf16 or fp32") from None
+        raise UsageError(f"unknown --dtype {flag!r}", fix="use fp16, bf16, fp32, fp8 or int8") from None
 
 
 def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
-                 config_dir: Path | None = None) -> list[LayerGroup]:
+                 config_dir: Path | None = None, scale: str | None = None,
+                 block: tuple[int, int] | None = None) -> list[LayerGroup]:
     """One group per linear layer of one decoder block, counted over all blocks."""
     data = load_models(config_dir)
     if model not in data["models"]:
@@ -134,7 +229,9 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
     sizes = {"hidden_size": m["hidden_size"], "intermediate_size": m["intermediate_size"],
              "q_size": m["num_attention_heads"] * m["head_dim"],
              "kv_size": m["num_key_value_heads"] * m["head_dim"]}
-    act = dtype_name(dtype, DTYPES[m.get("dtype", "bf16")])
+    syn = resolve_scheme(q, scale, block)
+    q = syn.scheme
+    act = syn.activation(dtype, DTYPES[m.get("dtype", "bf16")])
     prefix = arch["prefix"].replace("{i}", "#")
     out = []
     for row in arch["layers"]:
@@ -143,13 +240,16 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
         name = f"{prefix}.{row['name']}"
         layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
                            group_size=q.group_size, sym=q.sym, desc_act=q.desc_act, act_dtype=act,
-                           parallel=row["parallel"])
+                           parallel=row["parallel"], scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, m["num_hidden_layers"], layer))
     return out
 
 
-def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None) -> list[LayerGroup]:
+def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None, scale: str | None = None,
+                 block: tuple[int, int] | None = None) -> list[LayerGroup]:
     """`--layer K,N[,row|col]` -> one group each (default column-parallel)."""
+    syn = resolve_scheme(q, scale, block)
+    q = syn.scheme
     out = []
     for i, spec in enumerate(specs):
         parts = [p.strip() for p in spec.split(",")]
@@ -167,7 +267,7 @@ def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None)
         name = f"layer{i}[K={k},N={n},{parallel}]"
         layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
                            group_size=q.group_size, sym=q.sym, desc_act=q.desc_act,
-                           act_dtype=dtype_name(dtype), parallel=parallel)
+                           act_dtype=syn.activation(dtype), parallel=parallel, scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, 1, layer))
     return out
 
@@ -198,36 +298,75 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     notes about modules left out (dense, or missing a shape)."""
     mods = inspect_modules(path) if modules is None else list(modules)
     rules = load_models(config_dir).get("parallel_rules", {})
-    act = dtype_name(dtype)
     groups: dict[tuple, list] = {}
-    skipped: dict[str, int] = {}
+    dense: dict[str, int] = {}
+    shapeless: dict[str, int] = {}
+    acts: set[str] = set()
     for m in mods:
         fmt = str(m.format)
-        if fmt in ("dense", "unknown") or m.bits is None or m.in_features is None or m.out_features is None:
-            skipped[fmt] = skipped.get(fmt, 0) + 1
+        if fmt in ("dense", "unknown"):
+            dense[fmt] = dense.get(fmt, 0) + 1
             continue
+        if m.bits is None or m.in_features is None or m.out_features is None:
+            shapeless[fmt] = shapeless.get(fmt, 0) + 1
+            continue
+        scale, block = scale_of(m)
+        act = dtype_name(dtype)
+        acts.add(act)
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
                            format=fmt, bits=int(m.bits),
                            group_size=int(m.group_size) if m.group_size is not None else -1,
                            sym=True if m.sym is None else bool(m.sym), desc_act=bool(m.desc_act),
-                           act_dtype=act, parallel=parallel_of(str(m.name), rules))
+                           act_dtype=act, parallel=parallel_of(str(m.name), rules), method=source_method(m),
+                           scale=scale, block=block)
         key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
-               layer.group_size, layer.sym, layer.desc_act)
+               layer.group_size, layer.sym, layer.desc_act, layer.scale, layer.block, layer.method)
         groups.setdefault(key, []).append(layer)
-    if not groups and not skipped:
+    if not groups and not dense and not shapeless:
         raise InputError("no linear modules found", path=path, fix="run `qtool inspect` on it to see what it holds")
     out = [LayerGroup(key[0], len(layers), layers[0]) for key, layers in groups.items()]
-    notes = [f"{n} {fmt} module(s) not quantized or without a shape: skipped" for fmt, n in skipped.items()]
-    if dtype is None:
+    notes = [f"{n} {fmt} module(s) not quantized: skipped" for fmt, n in dense.items()]
+    notes += [f"{n} {fmt} module(s) whose bits or [out, in] shape the checkpoint does not record: no kernel "
+              "can be chosen for them (`qtool inspect --deep` reads what the data holds)"
+              for fmt, n in shapeless.items()]
+    if not out:
+        notes.append("no selectable layer: every quantized module lacks a shape or bits")
+    if dtype is None and "float16" in acts:
         notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
     return out, notes
+
+
+_BLOCK = re.compile(r"^block (\d+)x(\d+) scales")
+
+
+def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
+    """Weight-scale granularity of an inspected FP8 / INT8 module (inspect says it in `detail`); None for
+    group-quantized formats, whose group_size says it."""
+    detail = str(getattr(m, "detail", "") or "")
+    if detail.startswith("per-tensor scale"):
+        return "tensor", None
+    if detail.startswith("per-channel scale") or str(m.format) == "ct_int8":
+        return "channel", None
+    hit = _BLOCK.match(detail)
+    if hit:
+        return "block", (int(hit.group(1)), int(hit.group(2)))
+    return None, None
+
+
+def source_method(m: Any) -> str | None:
+    """The quantization a serialized Marlin module came from. A qtool Marlin file from AWQ always keeps its
+    qzeros (formats/marlin.py), so zero points mean AWQ; legacy B/s files are GPTQ's 4-bit symmetric."""
+    if str(m.format) != "marlin":
+        return None
+    return "awq" if m.sym is False else "gptq"
 
 
 # ------------------------------------------------------------------------------------------------------
 # vLLM's fused layers
 # ------------------------------------------------------------------------------------------------------
 
-def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None) -> tuple[list[LayerGroup], list[str]]:
+def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None,
+                engine: str = "vLLM") -> tuple[list[LayerGroup], list[str]]:
     """Merge groups vLLM builds as one layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj): same K, same
     quantization, N summed. Parts that are missing or differ stay separate."""
     data = load_models(config_dir)
@@ -261,7 +400,7 @@ def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None) -> tup
         elif g.pattern not in used:
             out.append(g)
     if merged:
-        notes.append("vLLM fuses " + ", ".join(sorted({g.pattern.rsplit('.', 1)[-1] for g in merged.values()}))
+        notes.append(f"{engine} fuses " + ", ".join(sorted({g.pattern.rsplit('.', 1)[-1] for g in merged.values()}))
                      + " into one layer each (N summed)")
     return out, notes
 
@@ -283,19 +422,24 @@ def check_disabled(disabled: Iterable[str], decls: EngineDecls) -> frozenset[str
 
 def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmodel", tp: int = 1,
                 disabled: Iterable[str] = (), notes: Sequence[str] = (), source: str | None = None,
-                config_dir: Path | None = None) -> SelectReport:
-    """Run `select_kernel` for every group and collect the verdicts into one report."""
+                config_dir: Path | None = None, ms: Sequence[int] = ()) -> SelectReport:
+    """Run `select_kernel` for every group and collect the verdicts into one report.
+
+    ms: batch rows M for which to resolve the kernel each call runs (M-bucketed backends)."""
+    for m in ms:
+        if m < 1:
+            raise UsageError(f"--m {m}: batch rows must be >= 1")
     if tp < 1:
         raise UsageError(f"--tp {tp}: tensor-parallel size must be >= 1")
     decls = load_engine(engine, config_dir)
     off = check_disabled(disabled, decls)
     notes = list(notes)
-    if decls.engine == "vllm":
-        groups, fuse_notes = fuse_groups(groups, config_dir)
+    if decls.engine in ("vllm", "sglang"):
+        groups, fuse_notes = fuse_groups(groups, config_dir, {"vllm": "vLLM", "sglang": "SGLang"}[decls.engine])
         notes += fuse_notes
     if decls.engine == "gptqmodel" and tp > 1:
         notes.append("GPTQModel has no tensor parallelism of its own: per-rank shapes are shown as if each "
                      "rank loaded a shard (sharded_load)")
-    rows = [layer_row(g.pattern, g.count, select_kernel(g.layer, device, decls, off, tp)) for g in groups]
+    rows = [layer_row(g.pattern, g.count, select_kernel(g.layer, device, decls, off, tp, ms=ms)) for g in groups]
     return SelectReport(engine=decls.engine, device=device, tp=tp, layers=rows, source=source,
-                        disabled=sorted(off), notes=notes)
+                        disabled=sorted(off), notes=notes, ms=list(ms))
