@@ -142,14 +142,28 @@ class _Run:
         rep.modules = len(modules)
         rep.tensors = self.header.tensor_count
         if self.hasher is not None:
-            rep.model_hash = model_digest(rep.tensor_hashes)
-            failed = [c for c in rep.checks if c.name == "hashes" and c.status == "fail"]
-            if not failed:
-                self.add("hashes", None, "pass", f"{len(rep.tensor_hashes)} tensors hashed; model {ALGORITHM} "
-                                                 f"{rep.model_hash}", {"tensors": len(rep.tensor_hashes)})
+            self._model_hash()
         for name in ("roundtrip", "reference", "kernels"):
             if name in self.on and not any(c.name == name for c in rep.checks):
                 self.add(name, None, "skip", "no quantized module qtool decodes")
+
+    def _model_hash(self) -> None:
+        """The model hash only over the whole model: a tensor that a header or the index names but that could
+        not be read leaves it unset, and the check fails naming how many."""
+        rep = self.report
+        expected = {t.name for t in self.header.tensors}
+        if not self.gguf and self.handle.index is not None:
+            expected |= set(self.handle.index.get("weight_map", {}))
+        missing = sorted(expected - rep.tensor_hashes.keys())
+        if missing:
+            self.add("hashes", None, "fail", f"{len(missing)} of {len(expected)} tensors could not be read "
+                                             f"(e.g. '{missing[0]}'): no model hash for an incomplete model",
+                     {"tensors": len(rep.tensor_hashes), "missing": len(missing)})
+            return
+        rep.model_hash = model_digest(rep.tensor_hashes)
+        if not any(c.name == "hashes" and c.status == "fail" for c in rep.checks):
+            self.add("hashes", None, "pass", f"{len(rep.tensor_hashes)} tensors hashed; model {ALGORITHM} "
+                                             f"{rep.model_hash}", {"tensors": len(rep.tensor_hashes)})
 
     def _contract_target(self) -> str:
         if self.device is not None:
