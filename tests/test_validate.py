@@ -304,3 +304,32 @@ def test_bad_input_is_exit_2(tmp_path, packed):
     (tmp_path / "m.bin").write_bytes(b"\x80\x02")
     with pytest.raises(InputError):
         cli("validate", tmp_path / "m.bin")
+
+
+# --- GPU (skipped without CUDA; the coordinator runs these on the H200) ---------------------------------------
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_kernels_check_runs_the_gpu_kernels(packed):
+    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--batch-sizes", "1", "16", "256")
+    assert code == 0, fails(rep)
+    assert rep["device"].startswith("cuda")
+    ran = {c["numbers"]["kernel"] for c in rep["checks"] if c["status"] == "pass"}
+    assert {"torch-ref", "triton-w4a16"} <= ran, rep["checks"]
+    skipped = {c["numbers"].get("kernel"): c["detail"] for c in rep["checks"] if c["status"] == "skip"}
+    assert "torch-int4-cpu" in skipped  # a CPU kernel, said so, not silently left out
+    assert "cuda-w4a16" in ran or "cuda-w4a16" in skipped
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_wrong_gpu_kernel_fails(packed, monkeypatch):
+    from qtool.kernels.triton import TritonW4A16
+
+    real = TritonW4A16.forward
+    monkeypatch.setattr(TritonW4A16, "forward", lambda self, x, state, out=None: real(self, x, state, out) * 1.01)
+    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--kernels", "triton-w4a16")
+    assert code == 1 and all(c["numbers"]["kernel"] == "triton-w4a16" for c in rep["checks"] if c["status"] == "fail")

@@ -6,7 +6,8 @@ Per kernel and M, against the oracle y* = x · dequantize(plain, float64)ᵀ:
 passes when err ≤ k · max(base, u) (k: the kernel's declared `err_factor`; u: the dtype's unit roundoff,
 so a baseline that happens to be exact does not demand an exact kernel), the output is finite, and a
 second forward gives the same bits. The kernel's state (what `prepare` built, what a loaded engine keeps) is
-measured before and after the forwards: growing by a dense weight's bytes means a dense copy was kept.
+measured before and after the forwards (bytes in the numbers), and searched for a floating-point tensor of
+the weight's shape: a dense copy, which a packed kernel must never keep.
 """
 
 from __future__ import annotations
@@ -26,28 +27,39 @@ def act_dtype(plain: Plain) -> torch.dtype:
     return plain.scales.dtype if plain.scales.dtype in DTYPES else torch.float16
 
 
-def state_bytes(obj: Any, seen: set | None = None, depth: int = 0) -> int:
-    """Bytes of every distinct tensor storage reachable from a kernel state (dataclass fields, attributes,
-    dicts, lists, tuples)."""
-    seen = set() if seen is None else seen
+def _walk(obj: Any, seen: set, depth: int = 0):
+    """Every tensor reachable from a kernel state (dataclass fields, attributes, dicts, lists, tuples)."""
     if depth > 8 or id(obj) in seen:
-        return 0
+        return
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
-        st = obj.untyped_storage()
-        key = ("storage", obj.device, st.data_ptr())
-        if key in seen:
-            return 0
-        seen.add(key)
-        return st.nbytes()
-    if isinstance(obj, dict):
-        return sum(state_bytes(v, seen, depth + 1) for v in obj.values())
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return sum(state_bytes(v, seen, depth + 1) for v in obj)
-    d = getattr(obj, "__dict__", None)
-    if d is not None and not isinstance(obj, type):
-        return sum(state_bytes(v, seen, depth + 1) for v in d.values())
-    return 0
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v, seen, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _walk(v, seen, depth + 1)
+    elif getattr(obj, "__dict__", None) is not None and not isinstance(obj, type):
+        for v in vars(obj).values():
+            yield from _walk(v, seen, depth + 1)
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of every distinct tensor storage a kernel state holds."""
+    storages = {}
+    for t in _walk(state, set()):
+        st = t.untyped_storage()
+        storages[(str(t.device), st.data_ptr())] = st.nbytes()
+    return sum(storages.values())
+
+
+def dense_copies(state: Any, n: int, k: int) -> list[str]:
+    """Floating-point tensors of the weight's own shape ([N, K] or [K, N]) in a kernel state: a dense copy of
+    the weight. Workspaces (split-K partial sums, per-M buffers) have other shapes and are not counted."""
+    want = sorted((n, k))
+    return [f"{t.dtype} {list(t.shape)}" for t in _walk(state, set())
+            if t.is_floating_point() and t.dim() == 2 and sorted(t.shape) == want]
 
 
 def eligible(plain: Plain, device: torch.device, only: tuple[str, ...] | None = None):
@@ -86,6 +98,7 @@ def run_kernel(kernel, layer, plain: Plain, device: torch.device, batch_sizes: t
     dense_bytes = plain.out_features * plain.in_features * torch.empty((), dtype=dtype).element_size()
     state = kernel.prepare(layer)
     before = state_bytes(state)
+    early = dense_copies(state, plain.out_features, plain.in_features)
     problems, worst = [], {}
     for m in batch_sizes:
         gen = torch.Generator().manual_seed(seed + m)
@@ -114,12 +127,12 @@ def run_kernel(kernel, layer, plain: Plain, device: torch.device, batch_sizes: t
     after = state_bytes(state)
     numbers = {"k": factor, "batch_sizes": list(batch_sizes), "state_bytes_before": before,
                "state_bytes_after": after, "dense_bytes": dense_bytes, **{f"worst_{k}": v for k, v in worst.items()}}
-    if after - before >= dense_bytes:
-        problems.append(f"state grew by {after - before} bytes during the forwards (a dense weight is "
-                        f"{dense_bytes} bytes): it keeps a dense copy of the weight")
-    if before >= dense_bytes + layer.nbytes():
-        problems.append(f"prepare built {before} bytes of state, more than the packed layer plus a dense "
-                        "weight: it holds a dense copy of the weight")
+    if early:
+        problems.append(f"prepare built a dense copy of the weight ({', '.join(early)})")
+    late = [c for c in dense_copies(state, plain.out_features, plain.in_features) if c not in early]
+    if late:
+        problems.append(f"the state keeps a dense copy of the weight after a forward ({', '.join(late)}; it grew "
+                        f"by {after - before} bytes)")
     if problems:
         return "fail", f"{kernel.id}: " + "; ".join(problems), numbers
     w = worst or {"err": float("nan"), "m": 0, "bound": float("nan")}
