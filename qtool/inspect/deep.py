@@ -143,12 +143,17 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
     else None. stats=False skips the dequantized-weight statistics (and the NaN/Inf check of the
     dequantized weight, which the scale check already covers for the formats decoded to a Plain).
     """
+    import torch
+
     from qtool.formats.base import get_format
     from qtool.formats.plain import dequantize
 
     fmt = m.format
     if fmt == "dense":
-        m.stats = _check_weight(t["weight"].float(), m.name, notes)
+        if stats:
+            m.stats = _check_weight(t["weight"].float(), m.name, notes)
+        elif t["weight"].is_floating_point() and not bool(torch.isfinite(t["weight"]).all()):
+            notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
         return None
     sname = next((n for n in _SCALE_NAMES if n in t), "scales")
     if fmt in ("fp8", "ct_fp8"):
