@@ -135,13 +135,21 @@ def load_module(m: ModuleReport, src) -> dict:
     return {split_name(n)[1]: src.get(n) for n in m.tensor_names}
 
 
+def _bit_fields_only(t: dict) -> bool:
+    """True when every integer tensor of the layout except g_idx is int32 words (packed bit fields)."""
+    ints = [v for k, v in t.items() if k not in _GIDX_NAMES and not v.is_floating_point()]
+    return bool(ints) and all(str(v.dtype) == "torch.int32" for v in ints)
+
+
 def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, src=None,
-                stats: bool = True) -> tuple[str, Any, Any] | None:
+                stats: bool = True, decode: bool = True) -> tuple[str, Any, Any] | None:
     """Check one module's tensors `t` ({short name: tensor}, see load_module), appending findings to `notes`.
 
     Returns (format id the data was read as, its LayerParams, the Plain) for layouts qtool.formats decodes,
     else None. stats=False skips the dequantized-weight statistics (and the NaN/Inf check of the
     dequantized weight, which the scale check already covers for the formats decoded to a Plain).
+    decode=False (with stats=False) skips decoding codes where the layout stores them as int32 bit fields
+    (their range holds by construction) and returns None: for callers that need the checks, not the Plain.
     """
     import torch
 
@@ -185,6 +193,12 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
                 notes.append(("warning", m.name, "config says desc_act false but g_idx is not i // group_size "
                                                  "(act-order data)"))
             m.desc_act = desc
+    if not decode and _bit_fields_only(t):
+        # Codes and zeros are fixed-width fields of int32 words: every value a field can hold is in range,
+        # so the range check needs no decoding; the scales are checked as stored (a permutation of them in
+        # Marlin, whose padding may add zero scales: warnings, not errors).
+        check_scales(t[sname], m.name, sname, notes)
+        return None
     params = _params(m, claims, read_fmt, src)
     plain = f.unpack(t, params)
     # Checked in canonical form: padding (Marlin) is cropped and every layout's scales look alike.

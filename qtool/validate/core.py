@@ -22,6 +22,9 @@ from qtool.validate.hashing import ALGORITHM, Hasher, compare, model_digest
 
 DEFAULT_BATCH_SIZES = (1, 7, 32)
 DATA_CHECKS = frozenset({"integrity", "roundtrip", "reference", "kernels", "hashes"})
+NEEDS_PLAIN = frozenset({"roundtrip", "reference", "kernels"})
+# Tensors read but not yet hashed (the hash pool runs behind the reader by at most this much).
+PENDING_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class _Run:
         self.hasher = Hasher() if "hashes" in self.on else None
         self.ref = None
         self.kernel_keys: set[tuple] = set()
+        self.pending: list = []
+        self.pending_bytes = 0
         self.warnings: list[tuple[str, str, str]] = []
 
     def _device(self):
@@ -133,12 +138,14 @@ class _Run:
         total = len(modules) + (1 if others else 0)
         for k, m in enumerate(modules):
             self._module(m)
+            self._drain(PENDING_BYTES)
             if on_progress:
                 on_progress(k + 1, total)
         if others:
             self._others([t.name for t in others])
             if on_progress:
                 on_progress(total, total)
+        self._drain()
         from qtool.inspect.report import merge_notes
 
         rep.notes += [f"{a.tensor + ': ' if a.tensor else ''}{a.message}" for a in merge_notes(self.warnings)]
@@ -228,8 +235,16 @@ class _Run:
             return None
         self.report.bytes_read += len(raw)
         if self.hasher is not None:
-            self.report.tensor_hashes[name] = self.hasher.tensor(dtype, shape, raw)
+            # hashed on the pool while the next tensors are read and checked; bounded by PENDING_BYTES
+            self.pending.append((name, self.hasher.submit(dtype, shape, raw), raw))
+            self.pending_bytes += len(raw)
         return t
+
+    def _drain(self, limit: int = 0) -> None:
+        while self.pending and (self.pending_bytes > limit or len(self.pending) > 64):
+            name, digest, raw = self.pending.pop(0)
+            self.report.tensor_hashes[name] = digest()
+            self.pending_bytes -= len(raw)
 
     def _read_gguf(self, name: str):
         import torch
@@ -262,6 +277,7 @@ class _Run:
                 bad += 1
                 continue
             t = self._read(n)
+            self._drain(PENDING_BYTES)
             if t is None:
                 bad += 1
                 continue
@@ -302,7 +318,8 @@ class _Run:
             short = {split_name(n)[1]: t for n, t in tensors.items()}
             if m.format != "unknown":
                 try:
-                    decoded = deep_module(m, short, self.claims, notes, self.handle, stats=False)
+                    decoded = deep_module(m, short, self.claims, notes, self.handle, stats=False,
+                                          decode=bool(self.on & NEEDS_PLAIN))
                 except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
                     from qtool.errors import QtoolError
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 CHUNK = 16 << 20
@@ -29,13 +30,24 @@ class Hasher:
 
     def tensor(self, dtype: str, shape, data) -> str:
         """data: a contiguous buffer (numpy uint8 array or memoryview) of the tensor's stored bytes."""
+        return self.submit(dtype, shape, data)()
+
+    def submit(self, dtype: str, shape, data) -> Callable[[], str]:
+        """Start hashing `data` on the pool; the returned function waits and gives the digest. The caller
+        keeps `data` alive (the pieces are views of it) and may read the next tensor meanwhile."""
         mv = memoryview(data).cast("B")
         n = len(mv)
-        pieces = [mv[i:i + CHUNK] for i in range(0, n, CHUNK)] or [mv]
-        h = hashlib.sha256(f"{dtype} {list(shape)} {n}\n".encode())
-        for d in self.pool.map(_sha, pieces):
-            h.update(d)
-        return h.hexdigest()
+        futures = [self.pool.submit(_sha, mv[i:i + CHUNK]) for i in range(0, n, CHUNK)] or \
+            [self.pool.submit(_sha, mv)]
+        head = f"{dtype} {list(shape)} {n}\n".encode()
+
+        def digest() -> str:
+            h = hashlib.sha256(head)
+            for f in futures:
+                h.update(f.result())
+            return h.hexdigest()
+
+        return digest
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
