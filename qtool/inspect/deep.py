@@ -219,9 +219,13 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
     """Judge v1 vs v2 from the qzeros; returns the format id to read the module with."""
+    import torch
+
     from qtool.formats.gptq import zero_convention_evidence
 
-    ev = zero_convention_evidence(t["qzeros"], m.bits, m.out_features)
+    # The verdict rests on which zero rows occur, not how often: distinct rows only (one, for symmetric
+    # data) decode in a fraction of the time on large layers.
+    ev = zero_convention_evidence(torch.unique(t["qzeros"], dim=0), m.bits, m.out_features)
     mid = 1 << (m.bits - 1)
     claimed = "v2" if m.format == "gptq_v2" else "v1"
     said = claims is not None and claims.format in ("gptq", "gptq_v2")
