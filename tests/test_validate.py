@@ -173,6 +173,16 @@ def test_bits_disagreeing_with_tensors_fail(copy):
     assert code == 1 and any("8-bit" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
 
 
+def test_configs_that_disagree_fail_integrity(copy):
+    d = copy()
+    c = json.loads((d / "quantize_config.json").read_text())
+    c["desc_act"] = True
+    (d / "quantize_config.json").write_text(json.dumps(c))
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and any("quantize_config.json says True" in c["detail"] for c in rep["checks"]
+                             if c["status"] == "fail")
+
+
 def test_orphaned_shard_fails_integrity(copy):
     d = copy()
     shutil.copy(d / "model-00001-of-00002.safetensors", d / "model-00003-of-00003.safetensors")
@@ -301,6 +311,8 @@ def test_bad_input_is_exit_2(tmp_path, packed):
         cli("validate", tmp_path / "missing")
     with pytest.raises(UsageError):
         cli("validate", packed[1], "--checks", "integrity,speling")
+    with pytest.raises(InputError, match="--reference"):
+        cli("validate", packed[1], "--reference", tmp_path / "nowhere")
     (tmp_path / "m.bin").write_bytes(b"\x80\x02")
     with pytest.raises(InputError):
         cli("validate", tmp_path / "m.bin")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qtool.errors import UsageError
+from qtool.errors import InputError, UsageError
 from qtool.report.validate import CHECKS, CheckResult, ValidateReport
 from qtool.validate import numeric
 from qtool.validate.hashing import ALGORITHM, Hasher, compare, model_digest
@@ -51,6 +51,9 @@ class ValidateOptions:
                              fix=f"choose among {', '.join(CHECKS)}")
         if not self.batch_sizes or any(m < 1 for m in self.batch_sizes):
             raise UsageError("--batch-sizes must be positive integers", fix="e.g. --batch-sizes 1 16 64")
+        for flag, p in (("--reference", self.reference), ("--against", self.against)):
+            if p is not None and not Path(p).exists():
+                raise InputError(f"{flag}: no such file or directory", path=p, fix="check the path")
 
 
 def validate_path(path: str | Path, opt: ValidateOptions | None = None,
@@ -191,6 +194,7 @@ class _Run:
                 errors += 1
             elif a.severity == "warning":
                 self.warnings.append(("warning", a.tensor or "", a.message))
+        errors += self._configs_agree()
         if not self.gguf and self.handle.index is not None:
             named = set(self.handle.index.get("weight_map", {}).values())
             for f in sorted(self.handle.root.glob("*.safetensors")):
@@ -202,6 +206,29 @@ class _Run:
         if not errors:
             self.add("integrity", None, "pass", f"headers, {len(self.header.files)} file(s), index and configs "
                                                 "consistent")
+
+    def _configs_agree(self) -> int:
+        """config.json's quantization_config and quantize_config.json must say the same: engines differ in which
+        they read (inspect warns; a CI gate fails)."""
+        if self.gguf or not isinstance(self.handle.config, dict):
+            return 0
+        a = self.handle.config.get("quantization_config")
+        qc = self.handle.root / "quantize_config.json"
+        if not isinstance(a, dict) or not qc.is_file():
+            return 0
+        from qtool.errors import InputError
+        from qtool.inspect.sources import config_disagreements
+        from qtool.io.checkpoint import read_json
+
+        try:
+            b = read_json(qc)
+        except InputError:
+            return 0  # inspect reported it as an error already
+        bad = config_disagreements(a, b) if isinstance(b, dict) else []
+        for k, va, vb in bad:
+            self.add("integrity", None, "fail", f"config.json says {k}={va!r} but quantize_config.json says {vb!r}: "
+                                                "engines disagree on which file wins; fix: make them agree")
+        return len(bad)
 
     def _open_reference(self) -> None:
         if self.opt.reference is None:
