@@ -93,11 +93,20 @@ def _per_check(report: ValidateReport) -> list[list[str]]:
     rows = []
     for n in report.selected:
         c = report.counts(n)
-        first_skip = next((x for x in report.checks if x.name == n and x.status == "skip"), None)
+        reasons: dict[str, int] = {}
+        for x in report.checks:
+            if x.name == n and x.status == "skip":
+                reasons[_reason(x.detail)] = reasons.get(_reason(x.detail), 0) + 1
         verdict = "fail" if c["fail"] else ("pass" if c["pass"] else "skip")
-        why = f"e.g. {first_skip.module or 'file'}: {first_skip.detail}" if first_skip and c["skip"] else ""
+        why = "; ".join(f"{k} ({v})" if v > 1 else k for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]))
         rows.append([n, verdict, str(c["pass"]), str(c["fail"]), str(c["skip"]), why])
     return rows
+
+
+def _reason(detail: str) -> str:
+    """A skip's reason without the layer shape in front ("[384, 384] 4-bit g128: cuda-w4a16 ...")."""
+    head, sep, rest = detail.partition(": ")
+    return rest if sep and head.startswith("[") else detail
 
 
 def render(report: ValidateReport, console, verbose: bool = False) -> None:
