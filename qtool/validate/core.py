@@ -379,10 +379,9 @@ class _Run:
         self._numeric(m, fmt_id, plain, stored)
 
     def _gguf_plain(self, m, tensors: dict, notes) -> tuple | bool | None:
-        from qtool.formats.base import LayerParams, get_format
-        from qtool.repack.source import GGUF_FORMATS
+        from qtool.formats.base import LayerParams, format_id, get_format
 
-        fmt_id = GGUF_FORMATS.get(m.format)
+        fmt_id = format_id(m.format)  # "gguf:Q4_0" is an alias of the block format that holds it exactly
         if fmt_id is None:
             return None
         t = self._gguf_tensor(f"{m.name}.weight" if m.name else "weight")
