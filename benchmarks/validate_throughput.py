@@ -81,7 +81,7 @@ def build(dest: Path, layers: int) -> int:
 
 
 def timed(cmd: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes, exit status) of a subprocess."""
+    """(wall seconds, peak RSS bytes, exit status) of a subprocess; its CPU seconds in timed.last_cpu."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out_chunks = []
@@ -93,6 +93,7 @@ def timed(cmd: list[str]) -> tuple[float, int, int]:
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     timed.last_stdout = b"".join(out_chunks)
+    timed.last_cpu = usage.ru_utime + usage.ru_stime
     return wall, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
 
@@ -112,17 +113,20 @@ def main() -> None:
     file_bytes = sum(os.path.getsize(s) for s in shards)
     print(f"built {a.layers} layers: {file_bytes / 1e9:.2f} GB in {len(shards)} shards ({build_s:.0f} s)", flush=True)
     runs = {"cat": [], "validate": []}
+    cpu = {"cat": [], "validate": []}
     rss, summary = [], None
     try:
         for r in range(a.repeat):
             w, _, code = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat", *shards])
             assert code == 0
             runs["cat"].append(w)
+            cpu["cat"].append(timed.last_cpu)
             w, peak, code = timed([qtool, "validate", str(a.dir), "--checks", "integrity,hashes", "--json"])
             summary = json.loads(timed.last_stdout)["summary"]
             if code != 0:
                 raise SystemExit(f"validate exited {code}: {summary}")
             runs["validate"].append(w)
+            cpu["validate"].append(timed.last_cpu)
             rss.append(peak)
             print(f"run {r + 1}: cat {runs['cat'][-1]:.1f} s, validate {w:.1f} s, peak RSS {peak / 2**30:.2f} GiB",
                   flush=True)
@@ -136,7 +140,7 @@ def main() -> None:
                                                     f"{platform.system()} {platform.release()}",
         "load_avg_1m_at_end": os.getloadavg()[0],
         "layers": a.layers, "shards": len(shards), "file_bytes": file_bytes, "tensor_bytes": total,
-        "runs_s": runs, "median_s": med,
+        "runs_s": runs, "median_s": med, "cpu_s": cpu,
         "gb_per_s": {k: file_bytes / v / 1e9 for k, v in med.items()},
         "ratio_validate_over_cat": med["validate"] / med["cat"],
         "peak_rss_bytes": max(rss), "validate_summary": summary,

@@ -204,8 +204,9 @@ class _Run:
                                                         "or delete it")
                     errors += 1
         if not errors:
-            self.add("integrity", None, "pass", f"headers, {len(self.header.files)} file(s), index and configs "
-                                                "consistent")
+            what = "index, " if not self.gguf and self.handle.index is not None else ""
+            self.add("integrity", None, "pass", f"headers of {len(self.header.files)} file(s), {what}configs and "
+                                                "tensor shapes consistent")
 
     def _configs_agree(self) -> int:
         """config.json's quantization_config and quantize_config.json must say the same: engines differ in which
