@@ -145,7 +145,7 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
                 stats: bool = True, decode: bool = True) -> tuple[str, Any, Any] | None:
     """Check one module's tensors `t` ({short name: tensor}, see load_module), appending findings to `notes`.
 
-    Returns (format id the data was read as, its LayerParams, the Plain) for layouts qtool.formats decodes,
+    Returns (format id the data was read as, its QuantScheme, the Plain) for layouts qtool.formats decodes,
     else None. stats=False skips the dequantized-weight statistics (and the NaN/Inf check of the
     dequantized weight, which the scale check already covers for the formats decoded to a Plain).
     decode=False (with stats=False) skips decoding codes where the layout stores them as int32 bit fields

@@ -380,7 +380,8 @@ class _Run:
         self._numeric(m, fmt_id, plain, stored)
 
     def _gguf_plain(self, m, tensors: dict, notes) -> tuple | bool | None:
-        from qtool.formats.base import LayerParams, format_id, get_format
+        from qtool.formats.base import format_id, get_format
+        from qtool.scheme import QuantScheme
 
         fmt_id = format_id(m.format)  # "gguf:Q4_0" is an alias of the block format that holds it exactly
         if fmt_id is None:
@@ -390,7 +391,7 @@ class _Run:
             notes.append(("info", m.name, "big-endian GGUF data: round trip and kernels unavailable"))
             return None
         stored = {"weight": tensors[t.name]}
-        params = LayerParams(bits=m.bits, group_size=32, sym=m.sym, desc_act=False,
+        params = QuantScheme(format=fmt_id, bits=m.bits, group_size=32, sym=m.sym, desc_act=False,
                              extra={"gguf_type": t.type_name})
         from qtool.errors import QtoolError
 
