@@ -101,7 +101,7 @@ def edit_config(d: Path, **changes) -> None:
 
 def test_clean_checkpoint_passes_every_check(packed, tmp_path):
     dense, q = packed
-    rep, code = run_json(q, "--reference", dense, "--report", tmp_path / "ci")
+    rep, code = run_json(q, "--reference", dense, "--report", tmp_path / "ci", "--device", "cpu")
     assert code == 0, fails(rep)
     assert set(rep) >= {"path", "device", "checks", "summary", "hash"}
     assert rep["summary"]["status"] == "pass" and rep["device"] == "cpu"
@@ -345,3 +345,10 @@ def test_wrong_gpu_kernel_fails(packed, monkeypatch):
     monkeypatch.setattr(TritonW4A16, "forward", lambda self, x, state, out=None: real(self, x, state, out) * 1.01)
     rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--kernels", "triton-w4a16")
     assert code == 1 and all(c["numbers"]["kernel"] == "triton-w4a16" for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_job_spec_keys_are_the_flags(packed, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("checks: [integrity, hashes]\nbatch-sizes: [1, 3]\n")
+    rep, code = run_json(packed[1], "--config", spec)
+    assert code == 0 and {c["name"] for c in rep["checks"]} == {"integrity", "hashes"}

@@ -17,6 +17,7 @@ JSON schema (README "qtool validate"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,12 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "module": self.module, "status": self.status, "detail": self.detail,
-                "numbers": dict(self.numbers)}
+                "numbers": {k: _finite(v) for k, v in self.numbers.items()}}
+
+
+def _finite(v: Any) -> Any:
+    """NaN/Inf are not JSON: null (the detail says what was not finite)."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 @dataclass

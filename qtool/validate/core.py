@@ -360,6 +360,9 @@ class _Run:
         unavailable = [msg for sev, _, msg in notes if sev == "info" and "unavailable" in msg]
         if errs:
             self.add("integrity", m.name, "fail", "; ".join(errs))
+        elif m.format == "unknown":
+            self.add("integrity", m.name, "skip", f"{len(tensors)} tensors readable; a layout qtool does not know: "
+                                                  "values not checked")
         elif unavailable:
             self.add("integrity", m.name, "skip", f"readable; {'; '.join(unavailable)}")
         else:
