@@ -107,9 +107,9 @@ class _Run:
         self.warnings: list[tuple[str, str, str]] = []
 
     def _device(self):
-        from qtool.kernels.base import resolve_device
+        from qtool.kernels.devices import torch_device
 
-        return resolve_device(self.opt.device)
+        return torch_device(self.opt.device)
 
     def add(self, name: str, module: str | None, status: str, detail: str = "", numbers: dict | None = None):
         if name in self.on:
