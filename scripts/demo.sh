@@ -21,3 +21,6 @@ step "$BIN/python" scripts/same_tensors.py "$OUT/minilm-gptq-4bit" "$OUT/minilm-
 step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-g32" --to gptq --bits 4 --group-size 32 -q
 step "$QT" repack "$OUT/minilm-gptq-g32" --to q4_0 -o "$OUT/minilm-q4_0.gguf"
 step "$QT" inspect "$OUT/minilm-q4_0.gguf"
+# The GPTQ pack proven against its dense source: integrity, exact round trip, the engines' contract (CPU and
+# H100), error bounds per module, the CPU kernels against the float64 oracle, content hashes; report.md for CI.
+step "$QT" validate "$OUT/minilm-gptq-4bit" --reference "$MODEL" --target cpu,h100 --report "$OUT/validate"

@@ -66,21 +66,36 @@ def inspect_path(path: str | Path, deep: bool = False,
     Raises InputError only when nothing can be read; every other problem is an anomaly in the report.
     """
     p = Path(path)
-    if is_gguf_path(p):
-        report, gset = _inspect_gguf(p)
-        if deep:
+    report, handle, claims = open_inspected(p)
+    if deep:
+        if report.container == "gguf":
             from qtool.inspect.deep import deep_gguf
 
-            deep_gguf(report, gset, on_progress)
-    else:
-        report, src, claims = _inspect_safetensors(p)
-        if deep:
+            deep_gguf(report, handle, on_progress)
+        else:
             from qtool.inspect.deep import deep_safetensors
 
-            deep_safetensors(report, src, claims, on_progress)
+            deep_safetensors(report, handle, claims, on_progress)
     report.deep = deep
     _finish(report)
     return report
+
+
+def open_inspected(path: str | Path) -> tuple[InspectReport, Any, Claims | None]:
+    """The header-only report plus what reads the data behind it, for callers that check tensor data one
+    module at a time (`inspect --deep`, `validate`): (report, handle, claims). handle is an
+    `inspect.sources.Source` (safetensors; close it when done) or a `GGUFSet` (GGUF; claims None). The report's
+    anomalies hold the header findings; its summary fields are filled by `finish_report`."""
+    p = Path(path)
+    if is_gguf_path(p):
+        report, gset = _inspect_gguf(p)
+        return report, gset, None
+    return _inspect_safetensors(p)
+
+
+def finish_report(report: InspectReport) -> None:
+    """Sort the anomalies and fill the dominant format and bits per weight."""
+    _finish(report)
 
 
 # --- shared ------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
             notes.append(("error", m.name, "data truncated: module not checked"))
         elif m.format != "unknown":
             try:
-                _deep_module(m, src, claims, notes)
+                deep_module(m, load_module(m, src), claims, notes, src)
             except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
                 from qtool.errors import QtoolError
 
@@ -128,32 +128,57 @@ def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
                        desc_act=m.desc_act, extra=extra)
 
 
-def _deep_module(m: ModuleReport, src, claims: Claims | None, notes: Notes) -> None:
-    from qtool.formats.base import get_format
-    from qtool.formats.plain import dequantize
+def load_module(m: ModuleReport, src) -> dict:
+    """{short name: torch.Tensor} of every tensor of one module, read from the source."""
     from qtool.inspect.detect import split_name
 
-    t = {split_name(n)[1]: src.get(n) for n in m.tensor_names}
+    return {split_name(n)[1]: src.get(n) for n in m.tensor_names}
+
+
+def _bit_fields_only(t: dict) -> bool:
+    """True when every integer tensor of the layout except g_idx is int32 words (packed bit fields)."""
+    ints = [v for k, v in t.items() if k not in _GIDX_NAMES and not v.is_floating_point()]
+    return bool(ints) and all(str(v.dtype) == "torch.int32" for v in ints)
+
+
+def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, src=None,
+                stats: bool = True, decode: bool = True) -> tuple[str, Any, Any] | None:
+    """Check one module's tensors `t` ({short name: tensor}, see load_module), appending findings to `notes`.
+
+    Returns (format id the data was read as, its QuantScheme, the Plain) for layouts qtool.formats decodes,
+    else None. stats=False skips the dequantized-weight statistics (and the NaN/Inf check of the
+    dequantized weight, which the scale check already covers for the formats decoded to a Plain).
+    decode=False (with stats=False) skips decoding codes where the layout stores them as int32 bit fields
+    (their range holds by construction) and returns None: for callers that need the checks, not the Plain.
+    """
+    import torch
+
+    from qtool.formats.base import get_format
+    from qtool.formats.plain import dequantize
+
     fmt = m.format
     if fmt == "dense":
-        m.stats = _check_weight(t["weight"].float(), m.name, notes)
-        return
+        if stats:
+            m.stats = _check_weight(t["weight"].float(), m.name, notes)
+        elif t["weight"].is_floating_point() and not bool(torch.isfinite(t["weight"]).all()):
+            notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
+        return None
     sname = next((n for n in _SCALE_NAMES if n in t), "scales")
     if fmt in ("fp8", "ct_fp8"):
         check_scales(t[sname], m.name, sname, notes)
         m.stats = _check_weight(_dequant_fp8(t), m.name, notes)
-        return
+        return None
     if fmt == "ct_nvfp4":
         check_scales(t[sname], m.name, sname, notes)
         if "weight_global_scale" in t:
             check_scales(t["weight_global_scale"], m.name, "weight_global_scale", notes)
         m.stats = _check_weight(_dequant_nvfp4(t), m.name, notes)
-        return
+        return None
     try:
         f = get_format(fmt)
     except Exception:  # noqa: BLE001 - the registry says which formats exist
         notes.append(("info", m.name, f"deep check unavailable for format {fmt} (no decoder in qtool.formats)"))
-        return
+        return None
     read_fmt = fmt
     if fmt in ("gptq", "gptq_v2") and "qzeros" in t and m.bits:
         read_fmt = _gptq_convention(m, t, claims, notes)
@@ -163,12 +188,19 @@ def _deep_module(m: ModuleReport, src, claims: Claims | None, notes: Notes) -> N
             n_groups = t["scales"].shape[0] if "scales" in t else t["weight_scale"].shape[1]
             desc = check_g_idx(t[gname], m.in_features, n_groups, m.group_size, m.name, gname, notes)
             if desc is None:
-                return
+                return None
             if claims is not None and claims.desc_act is False and desc:
                 notes.append(("warning", m.name, "config says desc_act false but g_idx is not i // group_size "
                                                  "(act-order data)"))
             m.desc_act = desc
-    plain = f.unpack(t, _params(m, claims, read_fmt, src))
+    if not decode and _bit_fields_only(t):
+        # Codes and zeros are fixed-width fields of int32 words: every value a field can hold is in range,
+        # so the range check needs no decoding; the scales are checked as stored (a permutation of them in
+        # Marlin, whose padding may add zero scales: warnings, not errors).
+        check_scales(t[sname], m.name, sname, notes)
+        return None
+    params = _params(m, claims, read_fmt, src)
+    plain = f.unpack(t, params)
     # Checked in canonical form: padding (Marlin) is cropped and every layout's scales look alike.
     check_scales(plain.scales, m.name, sname, notes)
     for p in plain.check_ranges():
@@ -178,16 +210,22 @@ def _deep_module(m: ModuleReport, src, claims: Claims | None, notes: Notes) -> N
         notes.append(("warning", m.name, "config says sym but the zero points vary (asymmetric data)"))
     m.sym = sym
     m.desc_act = plain.desc_act
-    # In the scales' dtype, as the format's own dequantizer returns it (the fixtures' references), so the
-    # statistics describe the weights an engine would compute.
-    m.stats = _check_weight(dequantize(plain), m.name, notes)
+    if stats:
+        # In the scales' dtype, as the format's own dequantizer returns it (the fixtures' references), so the
+        # statistics describe the weights an engine would compute.
+        m.stats = _check_weight(dequantize(plain), m.name, notes)
+    return read_fmt, params, plain
 
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
     """Judge v1 vs v2 from the qzeros; returns the format id to read the module with."""
+    import torch
+
     from qtool.formats.gptq import zero_convention_evidence
 
-    ev = zero_convention_evidence(t["qzeros"], m.bits, m.out_features)
+    # The verdict rests on which zero rows occur, not how often: distinct rows only (one, for symmetric
+    # data) decode in a fraction of the time on large layers.
+    ev = zero_convention_evidence(torch.unique(t["qzeros"], dim=0), m.bits, m.out_features)
     mid = 1 << (m.bits - 1)
     claimed = "v2" if m.format == "gptq_v2" else "v1"
     said = claims is not None and claims.format in ("gptq", "gptq_v2")
@@ -262,31 +300,35 @@ _LEADING_D = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"})
 
 
 def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], None] | None = None) -> None:
-    import numpy as np
-
     by_name = {t.name: t for t in gset.tensors}
     notes: Notes = []
     total = len(report.modules)
     for k, m in enumerate(report.modules):
-        t = by_name.get(f"{m.name}.weight" if m.name else "weight")
-        if t is None or not t.complete:
-            notes.append(("error", m.name, "data truncated: module not checked"))
-        else:
-            try:
-                with np.errstate(all="ignore"):  # NaN/Inf scales are reported below, not warned about
-                    w = _gguf_tensor(t, notes, m.name)
-                if w is not None:
-                    bad = int((~np.isfinite(w)).sum())
-                    if bad:
-                        notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
-                    v = w[np.isfinite(w)].astype(np.float64) if bad else w.reshape(-1).astype(np.float64)
-                    m.stats = {"mean": float(v.mean()), "std": float(v.std()), "absmax": float(np.abs(v).max())} \
-                        if v.size else None
-            except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
-                notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
+        deep_gguf_module(m, by_name.get(f"{m.name}.weight" if m.name else "weight"), notes)
         if on_progress:
             on_progress(k + 1, total)
     report.anomalies += merge_notes(notes)
+
+
+def deep_gguf_module(m: ModuleReport, t, notes: Notes) -> None:
+    """Check one GGUF module's weight tensor `t` (a GGUFTensor, or None when absent), appending findings."""
+    import numpy as np
+
+    if t is None or not t.complete:
+        notes.append(("error", m.name, "data truncated: module not checked"))
+        return
+    try:
+        with np.errstate(all="ignore"):  # NaN/Inf scales are reported below, not warned about
+            w = _gguf_tensor(t, notes, m.name)
+        if w is not None:
+            bad = int((~np.isfinite(w)).sum())
+            if bad:
+                notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
+            v = w[np.isfinite(w)].astype(np.float64) if bad else w.reshape(-1).astype(np.float64)
+            m.stats = {"mean": float(v.mean()), "std": float(v.std()), "absmax": float(np.abs(v).max())} \
+                if v.size else None
+    except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
+        notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
 
 
 def _gguf_tensor(t, notes: Notes, mod: str):

@@ -197,6 +197,11 @@ def read_headers(path: Path) -> Headers:
 _COMPARE = ("quant_method", "bits", "group_size", "sym", "desc_act", "checkpoint_format")
 
 
+def config_disagreements(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(key, config.json's value, quantize_config.json's value) for every compared key the two set apart."""
+    return [(k, a[k], b[k]) for k in _COMPARE if k in a and k in b and a[k] != b[k]]
+
+
 def _configs(root: Path, anoms: list[Anomaly]) -> tuple[dict | None, dict | None, str | None]:
     config = None
     a = b = None
@@ -225,10 +230,9 @@ def _configs(root: Path, anoms: list[Anomaly]) -> tuple[dict | None, dict | None
             _err(anoms, "quantize_config.json is not a JSON object")
             b = None
     if a is not None and b is not None:
-        for k in _COMPARE:
-            if k in a and k in b and a[k] != b[k]:
-                _err(anoms, f"config.json says {k}={a[k]!r} but quantize_config.json says {b[k]!r}; loaders "
-                            "disagree on which file wins (transformers reads config.json)", severity="warning")
+        for k, va, vb in config_disagreements(a, b):
+            _err(anoms, f"config.json says {k}={va!r} but quantize_config.json says {vb!r}; loaders "
+                        "disagree on which file wins (transformers reads config.json)", severity="warning")
     if a is not None:
         return config, a, "config.json quantization_config"
     if b is not None:

@@ -221,6 +221,8 @@ class Kernel:
     dtypes:   activation dtypes
     scale_dtypes: scale dtypes it reads (empty: any)
     min_capability: lowest CUDA compute capability it runs on, or None
+    err_factor: k in the accuracy contract: the relative error against the dequantize -> float64 oracle may
+              be at most k times the same-precision torch baseline's (`qtool validate`, the kernel tests)
     """
 
     id: ClassVar[str]
@@ -230,6 +232,7 @@ class Kernel:
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
     scale_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
     min_capability: ClassVar[tuple[int, int] | None] = None
+    err_factor: ClassVar[float] = 4.0
 
     def available(self, device: torch.device) -> str | None:
         """Why this kernel cannot run at all on `device` (missing op, library, GPU), or None."""

@@ -1,0 +1,120 @@
+"""`qtool validate`: one CI gate for a checkpoint and the kernels that read it. Exit 0 pass, 1 a check
+failed, 2 bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qtool.cli.app import app
+from qtool.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    QuietOpt,
+    apply_config,
+    check_range,
+    emit_json,
+    progress,
+    stdout_console,
+)
+
+CHECK_NAMES = "integrity, roundtrip, contract, reference, kernels, hashes"
+
+EPILOG = f"""Examples:
+
+  qtool validate model-gptq/
+
+  qtool validate model-gptq/ --reference model-dense/ --report ci-artifacts/
+
+  qtool validate model-gptq/ --checks integrity,hashes --json
+
+  qtool validate model-gptq/ --against model-gptq-copy/ --checks hashes
+
+  qtool validate model-gptq/ --device cuda --kernels triton-w4a16,cuda-w4a16 --batch-sizes 1 16 256
+
+  qtool validate model-gptq/ --engine gptqmodel,vllm --target h100,a100
+
+Checks: {CHECK_NAMES} (default: all; reference needs --reference).
+"""
+
+
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(x.strip() for v in values or () for x in v.split(",") if x.strip())
+
+
+@app.command("validate", help="Prove a checkpoint and the kernels that read it are right: integrity, exact "
+                              "round trip, engine contract, error against the dense source, kernels against "
+                              "the float64 oracle, content hashes. Exit 1 names each failing module and check.",
+             epilog=EPILOG)
+def validate_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="Checkpoint: .safetensors, directory, *.index.json or .gguf.",
+                                         show_default=False)],
+    reference: Annotated[Path | None, typer.Option("--reference", help="The dense checkpoint it was made from.",
+                                                   show_default=False)] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Where kernels run: cpu, cuda, cuda:N "
+                                                                "(default: cuda when present).",
+                                               show_default=False)] = None,
+    kernels: Annotated[list[str] | None, typer.Option("--kernels", help="Only these kernel ids (comma list).",
+                                                      show_default=False)] = None,
+    batch_sizes: Annotated[list[int] | None, typer.Option("--batch-sizes", help="M values the kernels run at "
+                                                                                 "(default 1 7 32).",
+                                                          show_default=False)] = None,
+    checks: Annotated[list[str] | None, typer.Option("--checks", help=f"Comma list among: {CHECK_NAMES}.",
+                                                     show_default=False)] = None,
+    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engines the contract check asks select "
+                                                                      "about: gptqmodel, vllm, qtool (comma "
+                                                                      "list; default gptqmodel).",
+                                                     show_default=False)] = None,
+    target: Annotated[list[str] | None, typer.Option("--target", help="Devices the contract check plans for: "
+                                                                      "profiles (h100, a100, ...) or cpu / "
+                                                                      "cuda:N (default: --device).",
+                                                     show_default=False)] = None,
+    against: Annotated[Path | None, typer.Option("--against", help="Another checkpoint: name every tensor "
+                                                                   "whose content differs.",
+                                                 show_default=False)] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Directory to write report.json and report.md "
+                                                                 "into (CI artifacts).", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every check, not only failures.")] = False,
+    config: ConfigOpt = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> int:
+    v = apply_config(ctx, config, {k: val for k, val in locals().items() if k != "ctx"}, validate_cmd)
+    from qtool.report.validate import CHECKS, render, to_markdown
+    from qtool.validate import DEFAULT_BATCH_SIZES, ValidateOptions, validate_path
+
+    for m in v["batch_sizes"] or ():
+        check_range("--batch-sizes", m, 1, 1 << 20)
+    if v["report"] is not None and v["report"].exists() and not v["report"].is_dir():
+        from qtool.errors import UsageError
+
+        raise UsageError(f"--report {v['report']}: is not a directory", fix="name a directory (it is created)")
+    opt = ValidateOptions(checks=_split(v["checks"]) or CHECKS, reference=v["reference"], device=v["device"],
+                          kernels=_split(v["kernels"]) or None,
+                          batch_sizes=tuple(v["batch_sizes"] or DEFAULT_BATCH_SIZES),
+                          engines=_split(v["engine"]) or ("gptqmodel",), targets=_split(v["target"]),
+                          against=v["against"])
+    with progress(v["quiet"] or v["json_"]) as bar:
+        task = bar.add_task("validate", total=None)
+        result = validate_path(v["path"], opt,
+                               on_progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if v["report"] is not None:
+        _write(v["report"], result, to_markdown(result))
+    if v["json_"]:
+        emit_json(result.to_dict())
+    elif not v["quiet"]:
+        render(result, stdout_console(), verbose=v["verbose"])
+    return 1 if result.failed else 0
+
+
+def _write(folder: Path, result, markdown: str) -> None:
+    import json
+
+    from qtool.bench.report import write_report
+
+    text = json.dumps(result.to_dict(), indent=2) + "\n"
+    write_report("--report", folder / "report.json", lambda p: p.write_text(text, encoding="utf-8"))
+    write_report("--report", folder / "report.md", lambda p: p.write_text(markdown, encoding="utf-8"))

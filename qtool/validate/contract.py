@@ -1,0 +1,141 @@
+"""The engine-contract check: does the config give each engine's loader what it needs, and does every
+quantized layer get a kernel from `select` on each named target?
+
+What the loaders read (seed 000, the engines' config parsers): GPTQ (transformers, GPTQModel, vLLM) reads
+bits, group_size, desc_act, sym and checkpoint_format (absent = v1), and skips modules through `dynamic`
+"-:" patterns; AWQ reads bits, group_size, zero_point, version and `modules_to_not_convert`;
+compressed-tensors reads format and config_groups and skips `ignore`; llama.cpp reads general.architecture
+and the architecture's block count and embedding length from GGUF metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qtool.report.validate import CheckResult
+
+NAME = "contract"
+
+# quant_method -> keys its loaders need in the quantization config
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "gptq": ("bits", "group_size", "desc_act", "sym"),
+    "awq": ("bits", "group_size", "zero_point", "version"),
+    "compressed-tensors": ("format", "config_groups"),
+    "fp8": ("activation_scheme",),
+}
+# keys a loader reads with a default that may not match the data: named when absent, not failed
+DEFAULTED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gptq": (("checkpoint_format", "gptq (v1)"),),
+}
+GGUF_REQUIRED = ("general.architecture", "{arch}.block_count", "{arch}.embedding_length")
+
+
+def check(report, quant_raw: dict | None, path: Path, engines: tuple[str, ...], targets: tuple[str, ...]
+          ) -> list[CheckResult]:
+    out: list[CheckResult] = []
+    quantized = [m for m in report.modules if m.quantized]
+    if report.container == "gguf":
+        out += _gguf_keys(report.metadata)
+    elif quantized:
+        out += _config_keys(quant_raw, report, path)
+    if not quantized:
+        return out + [CheckResult(NAME, None, "skip", "no quantized module: no kernel to select")]
+    for engine in engines:
+        for target in targets:
+            out += _select(report, path, engine, target)
+    return out
+
+
+def _config_keys(raw: dict | None, report, path: Path) -> list[CheckResult]:
+    if raw is None:
+        return [CheckResult(NAME, None, "fail", "no quantization config (config.json quantization_config or "
+                                               "quantize_config.json): engines load the checkpoint as dense and "
+                                               "fail on qweight; fix: write the config qtool pack/repack writes")]
+    method = str(raw.get("quant_method", "")).lower() or None
+    if method is None:
+        return [CheckResult(NAME, None, "fail", "the quantization config has no quant_method; engines cannot "
+                                               "tell which loader to use")]
+    out = []
+    missing = [k for k in REQUIRED_KEYS.get(method, ()) if k not in raw]
+    if missing:
+        out.append(CheckResult(NAME, None, "fail", f"quant_method {method}: the config lacks "
+                                                  f"{', '.join(missing)}, which the {method} loaders read"))
+    else:
+        need = REQUIRED_KEYS.get(method, ())
+        out.append(CheckResult(NAME, None, "pass", f"quant_method {method}"
+                               + (f" with {', '.join(need)}" if need else "")))
+    defaults = [f"{k} (read as {d})" for k, d in DEFAULTED_KEYS.get(method, ()) if k not in raw]
+    if defaults:
+        out.append(CheckResult(NAME, None, "pass", f"absent, loaders use the default: {', '.join(defaults)}"))
+    out += _excluded(raw, method, report, path)
+    return out
+
+
+def _excluded(raw: dict, method: str, report, path: Path) -> list[CheckResult]:
+    """Dense linear modules inside the numbered layers must be excluded in the config, or engines build
+    them as quantized layers and find no qweight."""
+    from qtool.inspect.detect import collapse_layers
+    from qtool.io.config_regex import WorkBudget, compile_config_regex
+
+    dense = [m for m in report.modules if m.format == "dense" and "#" in collapse_layers(m.name)]
+    if not dense:
+        return []
+    if method == "gptq":
+        dyn = raw.get("dynamic") if isinstance(raw.get("dynamic"), dict) else {}
+        budget = WorkBudget()
+        pats = [compile_config_regex(k[2:], path=path, key="dynamic", budget=budget) for k in dyn
+                if isinstance(k, str) and k.startswith("-:")]
+        skipped = lambda name: any(p.match(name) for p in pats)  # noqa: E731
+        how = "a dynamic '-:' pattern"
+    else:
+        names = raw.get("modules_to_not_convert") or raw.get("ignore") or []
+        names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+        skipped = lambda name: any(name == n or name.endswith("." + n) or n in name.split(".") for n in names)  # noqa: E731
+        how = "modules_to_not_convert / ignore"
+    out = []
+    for m in dense:
+        if not skipped(m.name):
+            out.append(CheckResult(NAME, m.name, "fail", f"dense inside the quantized layers but not excluded by "
+                                                        f"{how}: engines expect quantized tensors here"))
+    if not out:
+        out.append(CheckResult(NAME, None, "pass", f"{len(dense)} dense layer modules excluded by {how}"))
+    return out
+
+
+def _gguf_keys(kv: dict[str, Any]) -> list[CheckResult]:
+    arch = kv.get("general.architecture")
+    keys = [k.format(arch=arch) for k in GGUF_REQUIRED] if isinstance(arch, str) else list(GGUF_REQUIRED[:1])
+    missing = [k for k in keys if k not in kv]
+    if missing:
+        return [CheckResult(NAME, None, "fail", f"GGUF metadata lacks {', '.join(missing)}, which llama.cpp "
+                                               "reads to build the model")]
+    return [CheckResult(NAME, None, "pass", f"GGUF metadata has {', '.join(keys)}")]
+
+
+def _select(report, path: Path, engine: str, target: str) -> list[CheckResult]:
+    from qtool.errors import QtoolError
+    from qtool.kernels.devices import resolve_device
+    from qtool.select.plan import path_groups, plan_select
+
+    where = f"{engine} on {target}"
+    try:
+        groups, _ = path_groups(path, modules=report.modules)
+        sel = plan_select(groups, resolve_device(target), engine)
+    except QtoolError as e:
+        return [CheckResult(NAME, None, "fail", f"{where}: cannot plan kernels: {e.problem}")]
+    out, picks = [], {}
+    for row in sel.layers:
+        s = row.selection
+        if s.chosen is None:
+            first = next((c for c in s.candidates if not c.ok), None)
+            why = f"{first.kernel}: {first.reason}" if first else "no candidate"
+            out.append(CheckResult(NAME, row.name, "fail", f"{where}: no kernel takes this layer ({why})",
+                                   {"engine": engine, "target": target, "layers": row.count}))
+        else:
+            picks[s.chosen] = picks.get(s.chosen, 0) + row.count
+    if picks:
+        text = ", ".join(f"{k} for {n} layers" for k, n in sorted(picks.items()))
+        out.append(CheckResult(NAME, None, "pass", f"{where}: select picks {text}",
+                               {"engine": engine, "target": target, "picks": picks}))
+    return out

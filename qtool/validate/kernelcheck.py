@@ -1,0 +1,140 @@
+"""The kernels check of one layer: every registered kernel that takes it on the device runs it at several M.
+
+Per kernel and M, against the oracle y* = x · dequantize(plain, float64)ᵀ:
+    err  = ‖y − y*‖ / ‖y*‖                   the kernel
+    base = ‖F.linear(x, Ŵ_dtype) − y*‖ / ‖y*‖  the same-precision torch baseline (fp32 accumulate)
+passes when err ≤ k · base (k: the kernel's declared `err_factor`; base floored at an eighth of the dtype's
+unit roundoff, so a baseline that happens to be exact does not demand an exact kernel), the output is finite, and a
+second forward gives the same bits. The kernel's state (what `prepare` built, what a loaded engine keeps) is
+measured before and after the forwards (bytes in the numbers), and searched for a floating-point tensor of
+the weight's shape: a dense copy, which a packed kernel must never keep.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from qtool.formats.plain import Plain, dequantize
+
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def act_dtype(plain: Plain) -> torch.dtype:
+    """The activations an engine feeds this layer: its scales' dtype when that is 16-bit, else fp16."""
+    return plain.scales.dtype if plain.scales.dtype in DTYPES else torch.float16
+
+
+def _walk(obj: Any, seen: set, depth: int = 0):
+    """Every tensor reachable from a kernel state (dataclass fields, attributes, dicts, lists, tuples)."""
+    if depth > 8 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v, seen, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            yield from _walk(v, seen, depth + 1)
+    elif getattr(obj, "__dict__", None) is not None and not isinstance(obj, type):
+        for v in vars(obj).values():
+            yield from _walk(v, seen, depth + 1)
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of every distinct tensor storage a kernel state holds."""
+    storages = {}
+    for t in _walk(state, set()):
+        st = t.untyped_storage()
+        storages[(str(t.device), st.data_ptr())] = st.nbytes()
+    return sum(storages.values())
+
+
+def dense_copies(state: Any, n: int, k: int) -> list[str]:
+    """Floating-point tensors of the weight's own shape ([N, K] or [K, N]) in a kernel state: a dense copy of
+    the weight. Workspaces (split-K partial sums, per-M buffers) have other shapes and are not counted."""
+    want = sorted((n, k))
+    return [f"{t.dtype} {list(t.shape)}" for t in _walk(state, set())
+            if t.is_floating_point() and t.dim() == 2 and sorted(t.shape) == want]
+
+
+def eligible(plain: Plain, device: torch.device, only: tuple[str, ...] | None = None):
+    """([(kernel, layer on device)], [(kernel id, why not)]) for the registered kernels."""
+    from qtool.kernels.base import PackedLayer, all_kernels
+
+    dtype = act_dtype(plain)
+    layer = PackedLayer.from_plain(plain)
+    on_dev = None
+    run, refused = [], []
+    for kid, k in sorted(all_kernels().items()):
+        if only is not None and kid not in only:
+            continue
+        why = k.available(device)
+        if why is None:
+            if on_dev is None:
+                on_dev = layer.to(device)
+            why = "; ".join(k.check(on_dev, dtype, device)) or None
+        if why is None:
+            run.append((k, on_dev))
+        else:
+            refused.append((kid, why))
+    return run, refused
+
+
+def run_kernel(kernel, layer, plain: Plain, device: torch.device, batch_sizes: tuple[int, ...],
+               seed: int = 0) -> tuple[str, str, dict]:
+    """(status, detail, numbers) for one kernel on one layer."""
+    import torch.nn.functional as F
+
+    dtype = act_dtype(plain)
+    factor = float(kernel.err_factor)
+    floor = torch.finfo(dtype).eps / 16  # an eighth of the unit roundoff
+    w64 = dequantize(plain, torch.float64).to(device)
+    wd = dequantize(plain, dtype).to(device).float()
+    dense_bytes = plain.out_features * plain.in_features * torch.empty((), dtype=dtype).element_size()
+    state = kernel.prepare(layer)
+    before = state_bytes(state)
+    early = dense_copies(state, plain.out_features, plain.in_features)
+    problems, worst = [], {}
+    for m in batch_sizes:
+        gen = torch.Generator().manual_seed(seed + m)
+        x = torch.randn(m, plain.in_features, generator=gen).to(dtype).to(device)
+        y = kernel.forward(x, state)
+        y2 = kernel.forward(x, state)
+        ref = x.double() @ w64.t()
+        base_y = F.linear(x.float(), wd).to(dtype)
+        norm = float(ref.norm())
+        if not bool(torch.isfinite(y).all()):
+            problems.append(f"M={m}: output has NaN/Inf")
+            continue
+        if norm == 0.0:
+            err = float((y.double() - ref).norm())
+            base = float((base_y.double() - ref).norm())
+        else:
+            err = float((y.double() - ref).norm()) / norm
+            base = float((base_y.double() - ref).norm()) / norm
+        bound = factor * max(base, floor)
+        if not math.isfinite(err) or err > bound:
+            problems.append(f"M={m}: error {err:.3g} > {factor:g} × baseline {max(base, floor):.3g}")
+        if not torch.equal(y, y2):
+            problems.append(f"M={m}: a second forward gave different values")
+        if not worst or err / max(bound, 1e-300) > worst["err"] / max(worst["bound"], 1e-300):
+            worst = {"m": m, "err": err, "base": base, "bound": bound}
+    after = state_bytes(state)
+    numbers = {"k": factor, "batch_sizes": list(batch_sizes), "state_bytes_before": before,
+               "state_bytes_after": after, "dense_bytes": dense_bytes, **{f"worst_{k}": v for k, v in worst.items()}}
+    if early:
+        problems.append(f"prepare built a dense copy of the weight ({', '.join(early)})")
+    late = [c for c in dense_copies(state, plain.out_features, plain.in_features) if c not in early]
+    if late:
+        problems.append(f"the state keeps a dense copy of the weight after a forward ({', '.join(late)}; it grew "
+                        f"by {after - before} bytes)")
+    if problems:
+        return "fail", f"{kernel.id}: " + "; ".join(problems), numbers
+    w = worst or {"err": float("nan"), "m": 0, "bound": float("nan")}
+    return "pass", (f"{kernel.id}: worst error {w['err']:.3g} at M={w['m']} (bound {w['bound']:.3g}); repeatable; "
+                    f"no dense weight kept"), numbers

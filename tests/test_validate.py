@@ -1,0 +1,354 @@
+"""`qtool validate`: a clean pack passes (exit 0); one deliberately broken checkpoint per check is caught by the
+right check (exit 1, naming the module); bad input is exit 2.
+
+The checkpoint under test is a tiny Llama-shaped dense model packed by `qtool pack` (GPTQ v1, 4-bit, g32,
+two shards), so the dense source is at hand for the reference check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+import qtool.cli.main  # noqa: F401  (registers the commands)
+from qtool.cli.app import app
+from qtool.errors import InputError, UsageError
+from tests.conftest import fixture_path
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def cli(*args):
+    """(result, exit status main() would give: the command's return value)."""
+    res = CliRunner().invoke(app, [str(a) for a in args], standalone_mode=False)
+    if res.exception is not None:
+        raise res.exception
+    return res, res.return_value or 0
+
+
+def run_json(*args):
+    res, code = cli("validate", *args, "--json")
+    return json.loads(res.stdout), code
+
+
+def fails(report: dict) -> list[tuple[str, str | None]]:
+    return [(c["name"], c["module"]) for c in report["checks"] if c["status"] == "fail"]
+
+
+def make_dense(d: Path, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    d.mkdir(parents=True, exist_ok=True)
+    t = {"model.embed_tokens.weight": torch.randn(50, 128, generator=g).half(),
+         "model.norm.weight": torch.ones(128).half()}
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        t[p + "self_attn.q_proj.weight"] = torch.randn(64, 128, generator=g).half()
+        t[p + "mlp.down_proj.weight"] = torch.randn(128, 64, generator=g).half()
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    return t
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("validate")
+    make_dense(root / "dense")
+    _, code = cli("pack", root / "dense", "-o", root / "q", "--to", "gptq", "--bits", "4", "--group-size", "32",
+                  "--max-shard-size", "20KB", "-q")
+    assert code == 0
+    assert len(list((root / "q").glob("*.safetensors"))) == 2
+    return root / "dense", root / "q"
+
+
+@pytest.fixture
+def copy(packed, tmp_path):
+    def make(name: str = "broken") -> Path:
+        d = tmp_path / name
+        shutil.copytree(packed[1], d)
+        return d
+    return make
+
+
+def shard_of(d: Path, tensor: str) -> Path:
+    return d / json.loads((d / "model.safetensors.index.json").read_text())["weight_map"][tensor]
+
+
+def edit_tensor(d: Path, tensor: str, fn) -> None:
+    f = shard_of(d, tensor)
+    with safe_open(str(f), "pt") as h:
+        meta = h.metadata()
+    t = load_file(str(f))
+    t[tensor] = fn(t[tensor].clone())
+    save_file(t, str(f), metadata=meta)
+
+
+def edit_config(d: Path, **changes) -> None:
+    for name in ("config.json", "quantize_config.json"):
+        c = json.loads((d / name).read_text())
+        c.get("quantization_config", c).update(changes)
+        (d / name).write_text(json.dumps(c))
+
+
+# --- clean --------------------------------------------------------------------------------------------------
+
+def test_clean_checkpoint_passes_every_check(packed, tmp_path):
+    dense, q = packed
+    rep, code = run_json(q, "--reference", dense, "--report", tmp_path / "ci", "--device", "cpu")
+    assert code == 0, fails(rep)
+    assert set(rep) >= {"path", "device", "checks", "summary", "hash"}
+    assert rep["summary"]["status"] == "pass" and rep["device"] == "cpu"
+    names = {c["name"] for c in rep["checks"] if c["status"] == "pass"}
+    assert names == {"integrity", "roundtrip", "contract", "reference", "kernels", "hashes"}
+    for c in rep["checks"]:
+        assert set(c) == {"name", "module", "status", "detail", "numbers"} and c["status"] in ("pass", "skip")
+    ran = {c["numbers"]["kernel"] for c in rep["checks"] if c["name"] == "kernels" and c["status"] == "pass"}
+    assert {"torch-ref", "torch-int4-cpu"} <= ran  # the CPU kernels run; the CUDA ones are skipped with a reason
+    ref = [c for c in rep["checks"] if c["name"] == "reference" and c["module"] == Q][0]["numbers"]
+    assert 0 < ref["rel_err"] < ref["rel_bound"] and ref["max_step"] < 0.52  # round to nearest (fp16 scales: a hair over 0.5)
+    assert len(rep["hash"]["model"]) == 64 and len(rep["hash"]["tensors"]) == rep["summary"]["tensors"]
+    on_disk = json.loads((tmp_path / "ci" / "report.json").read_text())
+    assert on_disk["hash"] == rep["hash"] and on_disk["summary"]["status"] == "pass"
+    assert (tmp_path / "ci" / "report.md").read_text().startswith("# qtool validate: PASS")
+
+
+def test_table_output_and_exit_code(packed):
+    res, code = cli("validate", packed[1], "--checks", "integrity,hashes")
+    assert code == 0 and "PASS" in res.stdout and "integrity" in res.stdout
+
+
+# --- one broken checkpoint per check ------------------------------------------------------------------------
+
+def test_nan_scale_fails_integrity(copy):
+    d = copy()
+    edit_tensor(d, f"{Q}.scales", lambda s: s.index_put_((torch.tensor([0]), torch.tensor([1])),
+                                                        torch.tensor(float("nan"), dtype=s.dtype)))
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and ("integrity", Q) in fails(rep)
+    assert "NaN" in next(c["detail"] for c in rep["checks"] if c["module"] == Q and c["status"] == "fail")
+
+
+def test_truncated_shard_fails_integrity(copy):
+    d = copy()
+    f = d / "model-00001-of-00002.safetensors"
+    os.truncate(f, f.stat().st_size - 64)
+    rep, code = run_json(d, "--checks", "integrity,hashes")
+    assert code == 1
+    assert any(n == "integrity" and m is None for n, m in fails(rep))  # the file: "truncated: X of Y bytes"
+    assert any(n == "integrity" and m is not None for n, m in fails(rep))  # and the module it cut
+    assert ("hashes", None) in fails(rep) and rep["hash"]["model"] is None  # no hash of a partial model
+    # cut into the header: the shard's tensors are gone, and neither integrity nor hashes pass
+    os.truncate(f, 64)
+    rep, code = run_json(d, "--checks", "integrity,hashes")
+    assert code == 1 and ("hashes", None) in fails(rep)
+    assert any("unreadable header" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_wrong_g_idx_fails_integrity(copy):
+    d = copy()
+    edit_tensor(d, f"{Q}.g_idx", lambda g: torch.where(torch.arange(g.numel()) == 0, torch.tensor(7, dtype=g.dtype), g))
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and fails(rep) == [("integrity", Q)]
+
+
+def test_mislabelled_v2_config_fails_integrity(copy):
+    d = copy()
+    edit_config(d, checkpoint_format="gptq_v2")
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and ("integrity", Q) in fails(rep)
+    assert any("it is v1" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_bits_disagreeing_with_tensors_fail(copy):
+    d = copy()
+    edit_config(d, bits=8)
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and any("8-bit" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_configs_that_disagree_fail_integrity(copy):
+    d = copy()
+    c = json.loads((d / "quantize_config.json").read_text())
+    c["desc_act"] = True
+    (d / "quantize_config.json").write_text(json.dumps(c))
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and any("quantize_config.json says True" in c["detail"] for c in rep["checks"]
+                             if c["status"] == "fail")
+
+
+def test_orphaned_shard_fails_integrity(copy):
+    d = copy()
+    shutil.copy(d / "model-00001-of-00002.safetensors", d / "model-00003-of-00003.safetensors")
+    rep, code = run_json(d, "--checks", "integrity")
+    assert code == 1 and any("orphaned" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_flipped_qweight_bit_fails_reference_and_hashes(packed, copy):
+    dense, clean = packed
+    d = copy()
+    # the top bit of one word: the code of the 8th input row in that column moves by 8 steps
+    edit_tensor(d, f"{Q}.qweight", lambda q: q.view(-1).index_put_((torch.tensor([5]),), q.view(-1)[5] ^ (-2**31))
+                .view(q.shape))
+    rep, code = run_json(d, "--checks", "reference,hashes", "--reference", dense, "--against", clean)
+    assert code == 1
+    assert ("reference", Q) in fails(rep) and ("hashes", f"{Q}.qweight") in fails(rep)
+    assert len(fails(rep)) == 2  # nothing else differs
+    clean_rep, _ = run_json(clean, "--checks", "hashes")
+    assert rep["hash"]["model"] != clean_rep["hash"]["model"]
+
+
+def test_swapped_scales_fail_reference(packed, copy):
+    d = copy()
+    edit_tensor(d, f"{Q}.scales", lambda s: s.flip(1))
+    rep, code = run_json(d, "--checks", "reference", "--reference", packed[0])
+    assert code == 1 and fails(rep) == [("reference", Q)]
+
+
+def test_wrong_kernel_fails_kernels(packed, monkeypatch):
+    from qtool.kernels.torch_ref import TorchRef
+
+    real = TorchRef.forward
+    monkeypatch.setattr(TorchRef, "forward", lambda self, x, state, out=None: real(self, x, state, out) * 1.01)
+    rep, code = run_json(packed[1], "--checks", "kernels", "--kernels", "torch-ref")
+    assert code == 1
+    bad = [c for c in rep["checks"] if c["status"] == "fail"]
+    assert bad and all(c["numbers"]["kernel"] == "torch-ref" and "baseline" in c["detail"] for c in bad)
+
+
+def test_kernel_keeping_a_dense_weight_fails_kernels(packed, monkeypatch):
+    from qtool.kernels.base import dequantize_packed
+    from qtool.kernels.torch_ref import TorchRef
+
+    def caching(self, x, state, out=None):
+        w = state.meta.setdefault("dense", dequantize_packed(state, x.dtype))
+        return x @ w
+
+    monkeypatch.setattr(TorchRef, "forward", caching)
+    rep, code = run_json(packed[1], "--checks", "kernels", "--kernels", "torch-ref")
+    assert code == 1
+    assert all("dense copy" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_non_repeatable_kernel_fails(packed, monkeypatch):
+    from qtool.kernels.torch_ref import TorchRef
+
+    real = TorchRef.forward
+    calls = []
+
+    def drifting(self, x, state, out=None):
+        calls.append(1)
+        y = real(self, x, state, out)
+        return y if len(calls) % 2 else torch.nextafter(y, torch.full_like(y, float("inf")))
+
+    monkeypatch.setattr(TorchRef, "forward", drifting)
+    rep, code = run_json(packed[1], "--checks", "kernels", "--kernels", "torch-ref", "--batch-sizes", "3")
+    assert code == 1 and all("second forward" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_round_trip_catches_bytes_the_packer_would_not_write(copy):
+    # g_idx widened to int64 decodes to the same groups, but the layout (and the engines' int32 parameter)
+    # says int32: only the round trip, which compares bytes and dtypes, sees it
+    d = copy()
+    edit_tensor(d, f"{Q}.g_idx", lambda g: g.to(torch.int64))
+    rep, code = run_json(d, "--checks", "integrity,roundtrip")
+    assert code == 1 and fails(rep) == [("roundtrip", Q)]
+    assert "g_idx (torch.int64" in next(c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_contract_fails_without_a_quantization_config(copy):
+    d = copy()
+    (d / "quantize_config.json").unlink()
+    c = json.loads((d / "config.json").read_text())
+    del c["quantization_config"]
+    (d / "config.json").write_text(json.dumps(c))
+    rep, code = run_json(d, "--checks", "contract")
+    assert code == 1 and any("no quantization config" in x["detail"] for x in rep["checks"] if x["status"] == "fail")
+
+
+def test_contract_fails_where_no_kernel_takes_a_layer(packed):
+    rep, code = run_json(packed[1], "--checks", "contract", "--engine", "vllm", "--target", "mps")
+    assert code == 1 and any("no kernel takes" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
+
+
+# --- hashes ---------------------------------------------------------------------------------------------------
+
+def test_model_hash_is_the_same_for_any_shard_layout(tmp_path):
+    t = make_dense(tmp_path / "one")
+    two = tmp_path / "two"
+    two.mkdir()
+    names = sorted(t)
+    a, b = names[: len(names) // 2], names[len(names) // 2:]
+    save_file({n: t[n] for n in b}, two / "model-00001-of-00002.safetensors")
+    save_file({n: t[n] for n in a}, two / "model-00002-of-00002.safetensors")
+    wm = {**{n: "model-00001-of-00002.safetensors" for n in b}, **{n: "model-00002-of-00002.safetensors" for n in a}}
+    (two / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    r1, c1 = run_json(tmp_path / "one", "--checks", "hashes")
+    r2, c2 = run_json(two, "--checks", "hashes", "--against", tmp_path / "one")
+    assert c1 == c2 == 0 and r1["hash"] == r2["hash"]
+
+
+# --- GGUF and bad input ---------------------------------------------------------------------------------------
+
+def test_gguf_integrity_round_trip_and_hashes():
+    rep, code = run_json(fixture_path("gguf-q4_0-q4_1-q8_0/gguf-q4_0-q4_1-q8_0.gguf"),
+                         "--checks", "integrity,roundtrip,hashes")
+    assert code == 0, fails(rep)
+    rt = [c for c in rep["checks"] if c["name"] == "roundtrip"]
+    assert any(c["status"] == "pass" for c in rt)
+    # llama.cpp's Q4_1 offsets are free floats: no integer-zero Plain, so the round trip says why it skips
+    assert all("Q4_1" in c["detail"] or "q4_1" in c["detail"] for c in rt if c["status"] == "skip")
+
+
+def test_bad_input_is_exit_2(tmp_path, packed):
+    with pytest.raises(InputError):
+        cli("validate", tmp_path / "missing")
+    with pytest.raises(UsageError):
+        cli("validate", packed[1], "--checks", "integrity,speling")
+    with pytest.raises(InputError, match="--reference"):
+        cli("validate", packed[1], "--reference", tmp_path / "nowhere")
+    (tmp_path / "m.bin").write_bytes(b"\x80\x02")
+    with pytest.raises(InputError):
+        cli("validate", tmp_path / "m.bin")
+
+
+# --- GPU (skipped without CUDA; the coordinator runs these on the H200) ---------------------------------------
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_kernels_check_runs_the_gpu_kernels(packed):
+    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--batch-sizes", "1", "16", "256")
+    assert code == 0, fails(rep)
+    assert rep["device"].startswith("cuda")
+    ran = {c["numbers"]["kernel"] for c in rep["checks"] if c["status"] == "pass"}
+    assert {"torch-ref", "triton-w4a16"} <= ran, rep["checks"]
+    skipped = {c["numbers"].get("kernel"): c["detail"] for c in rep["checks"] if c["status"] == "skip"}
+    assert "torch-int4-cpu" in skipped  # a CPU kernel, said so, not silently left out
+    assert "cuda-w4a16" in ran or "cuda-w4a16" in skipped
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_wrong_gpu_kernel_fails(packed, monkeypatch):
+    from qtool.kernels.triton import TritonW4A16
+
+    real = TritonW4A16.forward
+    monkeypatch.setattr(TritonW4A16, "forward", lambda self, x, state, out=None: real(self, x, state, out) * 1.01)
+    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--kernels", "triton-w4a16")
+    assert code == 1 and all(c["numbers"]["kernel"] == "triton-w4a16" for c in rep["checks"] if c["status"] == "fail")
+
+
+def test_job_spec_keys_are_the_flags(packed, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("checks: [integrity, hashes]\nbatch-sizes: [1, 3]\n")
+    rep, code = run_json(packed[1], "--config", spec)
+    assert code == 0 and {c["name"] for c in rep["checks"]} == {"integrity", "hashes"}
