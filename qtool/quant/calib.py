@@ -88,18 +88,26 @@ def find_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     return best[1], best[2]
 
 
-def token_windows(ids: torch.Tensor, n: int, seqlen: int, seed: int = 0) -> tuple[list[torch.Tensor], str]:
-    """n windows of seqlen tokens from ids int64 [T], at random offsets (seeded); fewer when the text is
-    short, with a note saying so."""
+def token_windows(ids: torch.Tensor, n: int, seqlen: int, seed: int = 0,
+                  specials: tuple[list[int], list[int]] = ([], [])) -> tuple[list[torch.Tensor], str]:
+    """n windows of seqlen tokens from ids int64 [T] at random offsets (seeded), each wrapped in the special
+    tokens the model sees in use (specials = (before, after), e.g. BERT's [CLS] ... [SEP]); fewer tokens when
+    the text is short, with a note saying so."""
+    head, tail = specials
+    body = max(1, seqlen - len(head) - len(tail))
     T = int(ids.numel())
     if T == 0:
         raise InputError("the calibration text has no tokens", fix="give a longer --calib file")
-    if T < seqlen:
-        return [ids[:T].unsqueeze(0)], f"the calibration text has {T} tokens, fewer than --calib-seqlen {seqlen}: " \
-                                       f"one sample of {T} tokens used"
+
+    def wrap(w: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tensor(head, dtype=torch.int64), w, torch.tensor(tail, dtype=torch.int64)])[None]
+
+    if T < body:
+        return [wrap(ids)], f"the calibration text has {T} tokens, fewer than --calib-seqlen {seqlen}: one " \
+                            f"sample of {T} tokens used"
     g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, T - seqlen + 1, (n,), generator=g).tolist()
-    return [ids[s:s + seqlen].unsqueeze(0) for s in starts], ""
+    starts = torch.randint(0, T - body + 1, (n,), generator=g).tolist()
+    return [wrap(ids[s:s + body]) for s in starts], ""
 
 
 def _first(out):
@@ -450,7 +458,7 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
         text, source = calib_text.read_text(text_file), str(text_file)
     limit = hf.max_positions(model)
     L = min(seqlen, limit) if limit else seqlen
-    samples, short = token_windows(hf.tokenize(tok, text), n_samples, L)
+    samples, short = token_windows(hf.tokenize(tok, text), n_samples, L, specials=hf.specials(tok))
     names = hf.name_map([n for n, _ in model.named_parameters()], tensor_names)
     back = {c: m for m, c in names.items()}
     model_targets = {}

@@ -137,3 +137,14 @@ def tokenize(tok, text: str):
 def max_positions(model) -> int | None:
     cfg = model.config
     return getattr(cfg, "max_position_embeddings", None)
+
+
+def specials(tok) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) the tokenizer adds around one sequence ([CLS] / [SEP] for BERT, BOS for some
+    decoders): calibration windows carry them so the model sees the activations it sees in use."""
+    marker = tok("a", add_special_tokens=False)["input_ids"]
+    full = tok("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(marker) + 1):
+        if full[k:k + len(marker)] == marker:
+            return list(full[:k]), list(full[k + len(marker):])
+    return [], []
