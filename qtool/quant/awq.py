@@ -28,11 +28,11 @@ N_GRID = 20
 
 def fake_quant(W: torch.Tensor, bits: int, G: int, sym: bool, scale_dtype: torch.dtype) -> torch.Tensor:
     """RTN quantize-dequantize of W float32 [O, I] with groups of G along I (float32 result)."""
-    O, I = W.shape
-    wg = W.reshape(O, I // G, G)
+    n_out, n_in = W.shape
+    wg = W.reshape(n_out, n_in // G, G)
     xmin, xmax = group_range(wg, sym)
     s, z = params_from_range(xmin, xmax, bits, sym, scale_dtype)
-    return ((codes(wg, s, z, bits) - z) * s).reshape(O, I)
+    return ((codes(wg, s, z, bits) - z) * s).reshape(n_out, n_in)
 
 
 def output_error(dW: torch.Tensor, H: torch.Tensor) -> float:
@@ -45,11 +45,11 @@ def search_scales(weights: list[torch.Tensor], H: torch.Tensor, x_mean: torch.Te
     """weights: float32 [O_k, I] of the linears reading one input; H float32 [I, I]; x_mean float32 [I].
     -> (s float32 [I], error with s, error of plain RTN), the errors as err(s) above."""
     W = torch.cat([w.float() for w in weights], 0)
-    O, I = W.shape
-    wa = W.abs().reshape(O, I // G, G)
-    w_mean = (wa / wa.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(O, I).mean(0)
+    n_out, n_in = W.shape
+    wa = W.abs().reshape(n_out, n_in // G, G)
+    w_mean = (wa / wa.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(n_out, n_in).mean(0)
     x_mean = x_mean.float().clamp(min=0)
-    ones = torch.ones(I, dtype=torch.float32, device=W.device)
+    ones = torch.ones(n_in, dtype=torch.float32, device=W.device)
     rtn_err = output_error(fake_quant(W, bits, G, sym, scale_dtype) - W, H)
     best_s, best_err = ones, rtn_err
     for k in range(N_GRID):
@@ -68,10 +68,10 @@ def clip_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, 
                   scale_dtype: torch.dtype, ratios: tuple[float, ...] = RATIOS) -> Plain:
     """W float32 [O, I], H float32 [I, I] -> Plain (codes uint8 [O, I], scales [O, I/G], zeros uint8 or None)
     with each group's clip ratio chosen for the least output error (see the module docstring)."""
-    O, I = W.shape
-    G = I if group_size == -1 else group_size
-    ng = I // G
-    wg = W.float().reshape(O, ng, G)
+    n_out, n_in = W.shape
+    G = n_in if group_size == -1 else group_size
+    ng = n_in // G
+    wg = W.float().reshape(n_out, ng, G)
     idx = torch.arange(ng, device=W.device)
     Hg = H.float().reshape(ng, G, ng, G)[idx, :, idx, :]  # [ng, G, G] diagonal blocks
     xmin, xmax = group_range(wg, sym)
@@ -87,7 +87,7 @@ def clip_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, 
         better = err < best[0]
         best = (torch.where(better, err, best[0]), torch.where(better, s, best[1]), torch.where(better, z, best[2]))
     _, s, z = best
-    q = codes(wg, s, z, bits).reshape(O, I).to(torch.uint8)
+    q = codes(wg, s, z, bits).reshape(n_out, n_in).to(torch.uint8)
     zeros = None if sym else z.squeeze(-1).to(torch.uint8).cpu()
     return Plain(q.cpu(), s.squeeze(-1).to(scale_dtype).cpu(), zeros, None, bits, group_size,
                  meta={"method": "awq"})

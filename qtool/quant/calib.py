@@ -231,8 +231,8 @@ def _gather(block, group: list[_Linear], inputs, device) -> dict[int, tuple[gptq
         n[0] += flat.shape[0]
 
     for lin in group:
-        I = lin.mod.in_features
-        stats[id(lin.mod)] = (gptq_mod.Hessian(I, device), torch.zeros(I, device=device), [0])
+        n_in = lin.mod.in_features
+        stats[id(lin.mod)] = (gptq_mod.Hessian(n_in, device), torch.zeros(n_in, device=device), [0])
         hooks.append(lin.mod.register_forward_pre_hook(hook))
     try:
         for a, k in inputs:
@@ -268,18 +268,18 @@ def _fold_candidates(block, group: list[_Linear], producer: str | None, order: l
     """Ops that may absorb 1/s for this group's input: the producing module when it is a norm-like module
     (a 1-D weight of in_features) or a linear; else linears of the block run before the group whose
     out_features equal in_features, nearest first."""
-    I = group[0].mod.in_features
+    n_in = group[0].mod.in_features
     mods = dict(block.named_modules())
     out = []
     if producer is not None:
         m = mods[producer]
         w = getattr(m, "weight", None)
-        if isinstance(m, torch.nn.Linear) or (isinstance(w, torch.Tensor) and w.dim() == 1 and w.numel() == I):
+        if isinstance(m, torch.nn.Linear) or (isinstance(w, torch.Tensor) and w.dim() == 1 and w.numel() == n_in):
             out.append(producer)
     first = order.index(group[0])
     names = {id(m): n for n, m in block.named_modules()}
     for lin in reversed(order[:first]):
-        if lin.mod.out_features == I and names[id(lin.mod)] not in out:
+        if lin.mod.out_features == n_in and names[id(lin.mod)] not in out:
             out.append(names[id(lin.mod)])
     return out
 
@@ -300,9 +300,9 @@ def _apply_fold(block, target: str, group: list[_Linear], scale: torch.Tensor) -
 def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: list[torch.Tensor]) -> bool:
     """Fold random scales in [0.5, 2] into target and the group; keep nothing; True when the block's output on
     `probe` is unchanged."""
-    I = group[0].mod.in_features
+    n_in = group[0].mod.in_features
     g = torch.Generator().manual_seed(1)
-    s = torch.exp2(torch.rand(I, generator=g) * 2 - 1)
+    s = torch.exp2(torch.rand(n_in, generator=g) * 2 - 1)
     saved = {n: p.detach().clone() for n, p in block.named_parameters()}
     try:
         _apply_fold(block, target, group, s)
@@ -424,7 +424,7 @@ def _move_outside_blocks(model, block_name: str, device: str) -> None:
     for n, m in model.named_modules():
         if n == block_name or n.startswith(block_name + "."):
             continue
-        for pn, p in list(m.named_parameters(recurse=False)):
+        for p in list(m.parameters(recurse=False)):
             p.data = p.data.to(device)
         for bn, buf in list(m.named_buffers(recurse=False)):
             m._buffers[bn] = buf.to(device)

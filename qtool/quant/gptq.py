@@ -86,9 +86,9 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     group_size must divide I (or be -1); qtool.quant.validate checks that before any work is done.
     """
     W = weight.to(device=H.device, dtype=torch.float32).clone()
-    O, I = W.shape
-    G = I if group_size == -1 else group_size
-    n_groups = I // G
+    n_out, n_in = W.shape
+    G = n_in if group_size == -1 else group_size
+    n_groups = n_in // G
     H = H.clone()
     H0 = H.clone()
     dead = torch.diag(H) == 0
@@ -97,7 +97,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
 
     static = None
     if static_groups:
-        s, z = group_params(W.reshape(O, n_groups, G), bits, sym, scale_dtype)
+        s, z = group_params(W.reshape(n_out, n_groups, G), bits, sym, scale_dtype)
         static = (s.squeeze(-1), z.squeeze(-1))  # [O, n_groups] each
     perm = None
     if act_order:
@@ -107,14 +107,14 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     del H
 
     Q = torch.zeros_like(W)
-    q_codes = torch.zeros(O, I, dtype=torch.uint8, device=W.device)
-    scales = torch.zeros(O, n_groups, dtype=torch.float32, device=W.device)
-    zeros = torch.zeros(O, n_groups, dtype=torch.float32, device=W.device)
+    q_codes = torch.zeros(n_out, n_in, dtype=torch.uint8, device=W.device)
+    scales = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
+    zeros = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
     s_col = z_col = None
     # whole groups per block, so a group's parameters come from weights that carry every update so far
     block = G * max(1, block // G)
-    for i1 in range(0, I, block):
-        i2 = min(i1 + block, I)
+    for i1 in range(0, n_in, block):
+        i2 = min(i1 + block, n_in)
         W1 = W[:, i1:i2].clone()
         Err1 = torch.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
