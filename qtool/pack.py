@@ -243,7 +243,6 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
 
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
-    from qtool.io.qconfig import quantization_config_for
     from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
     from qtool.quant import quantize
 
@@ -337,7 +336,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
             raise
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
-        _write_configs(tmp, ck, job, plans, quantization_config_for)
+        _write_configs(tmp, ck, job, plans, fmt)
         from qtool.io.writer import copy_extras
 
         report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
@@ -465,7 +464,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB ({n} bytes)"
 
 
-def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:
+def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], fmt) -> None:
     from qtool.io.writer import write_json
 
     dynamic = {}
@@ -481,7 +480,7 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
 
         extra["meta"] = {"quantizer": [f"qtool:{__version__}"], "method": job.method,
                          "static_groups": job.static_groups, "true_sequential": job.true_sequential}
-    qcfg = config_for(job.to, job.bits, job.group_size, job.sym, desc_act, extra or None)
+    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, desc_act, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:

@@ -88,9 +88,9 @@ def test_act_order_g_idx_valid_and_decodes():
     assert set(p.g_idx[:4].tolist()) == {0}
     # through the gptq layout and back, the same weights
     fmt = get_format("gptq")
-    from qtool.formats.base import LayerParams
+    from qtool.scheme import QuantScheme
 
-    back = fmt.unpack(fmt.pack(p), LayerParams(bits=4, group_size=32, sym=True, desc_act=True))
+    back = fmt.unpack(fmt.pack(p), QuantScheme(bits=4, group_size=32, sym=True, desc_act=True))
     assert torch.equal(dequantize(back, torch.float64), dequantize(p, torch.float64))
     assert _out_err(W, dequantize(p), X) < _out_err(W, dequantize(quantize(W, 4, 32, True)), X)
 
