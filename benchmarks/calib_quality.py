@@ -52,6 +52,7 @@ def smollm2_dir(out: Path) -> Path:
     dense.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(dense / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config
+    cfg.architectures = [type(model).__name__]  # a config built from GGUF metadata names none
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
     cfg.save_pretrained(dense)
