@@ -21,7 +21,8 @@ from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
 
 PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq")
-METHODS = ("rtn", "mse")
+METHODS = ("rtn", "mse", "gptq", "awq")
+CALIBRATED = ("gptq", "awq")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Names of 2-D weights that are not linear layers, or that engines keep dense by convention.
 _SKIP_PATTERNS = (
@@ -77,6 +78,15 @@ class PackJob:
     max_shard_size: str = "4GB"
     force: bool = False
     dry_run: bool = False
+    # calibrated methods (gptq, awq): qtool.quant.calib
+    calib: Path | None = None  # text or .jsonl; None = the default text (qtool.quant.calib_text)
+    calib_samples: int = 128
+    calib_seqlen: int = 256
+    act_order: bool = False
+    static_groups: bool = False
+    true_sequential: bool = False
+    device: str | None = None  # None: cuda when present, else cpu
+    eval: bool = False  # run `qtool eval` against the source at the end; its numbers go into report.md
 
 
 @dataclass
@@ -120,6 +130,8 @@ class PackReport:
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    calibration: dict | None = None  # gptq/awq: data, settings and the per-layer losses
+    evaluation: dict | None = None  # pack --eval: qtool.evaluate's report
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -140,10 +152,16 @@ class PackReport:
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
 
     def to_dict(self) -> dict:
-        return {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
-                "dtype": self.dtype, "dry_run": self.dry_run,
-                "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
-                "totals": self.totals(), "files": self.files, "notes": self.notes, "warnings": self.warnings}
+        d = {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
+             "dtype": self.dtype, "dry_run": self.dry_run,
+             "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
+             "totals": self.totals(), "files": self.files, "notes": self.notes, "warnings": self.warnings}
+        # only calibrated or evaluated packs carry these keys, so other reports keep their bytes
+        if self.calibration is not None:
+            d["calibration"] = self.calibration
+        if self.evaluation is not None:
+            d["evaluation"] = self.evaluation
+        return d
 
 
 AWQ_ASYM_NOTE = "AWQ: asymmetric by convention (zero points); --sym writes symmetric AWQ"
@@ -232,7 +250,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     if job.to not in PACK_FORMATS:
         raise UsageError(f"pack cannot write '{job.to}'", fix=f"choose --to from {', '.join(PACK_FORMATS)}")
     if job.method not in METHODS:
-        raise UsageError(f"unknown --method '{job.method}'", fix="use rtn or mse")
+        raise UsageError(f"unknown --method '{job.method}'", fix="use rtn, mse, gptq or awq")
+    check_calibration_options(job)
     if not 2 <= job.bits <= 8:
         raise UsageError(f"--bits {job.bits} is outside 2..8")
     if job.dtype not in ("fp16", "bf16"):
@@ -270,6 +289,9 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     refuse_overwriting_input(job.src, job.out)
     meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
     names = list(ck.tensors)
+    calibrated = None
+    if job.method in CALIBRATED:
+        calibrated = _calibrate(ck, job, to_quantize, scale_dtype, report, on_progress)
     with atomic_output(job.out, job.force) as tmp:
         # every packed module writes at most 4 tensors in place of its weight
         w = BackgroundWriter(ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(to_quantize)))
@@ -280,15 +302,23 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     on_progress(name, k, len(names))
                 plan = to_quantize.get(name)
                 if plan is None:
-                    w.add_raw(name, info)
+                    if calibrated is not None and name in calibrated.dense_updates:
+                        w.add(name, calibrated.dense_updates[name].to(ck.get(name).dtype))
+                    else:
+                        w.add_raw(name, info)
                     continue
                 weight = ck.get(name)
-                try:
-                    p = quantize(weight, plan.bits, plan.group_size, job.sym, method=job.method,
-                                 scale_dtype=scale_dtype, name=name)
-                except QtoolError as e:
-                    raise _located(e, ck.path, name) from None
-                err = relative_error(weight, p)
+                layer = calibrated.layers.get(name) if calibrated is not None else None
+                if layer is not None:
+                    p, err = layer.plain, layer.rel_error
+                else:
+                    try:
+                        p = quantize(weight, plan.bits, plan.group_size, job.sym,
+                                     method="rtn" if job.method in CALIBRATED else job.method,
+                                     scale_dtype=scale_dtype, name=name)
+                    except QtoolError as e:
+                        raise _located(e, ck.path, name) from None
+                    err = relative_error(weight, p)
                 if not math.isfinite(err):
                     raise InputError(f"the relative error of the packed weight is {err} (not a number)",
                                      path=ck.path, tensor=name, fix="--exclude this tensor and report it")
@@ -311,6 +341,10 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         from qtool.io.writer import copy_extras
 
         report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
+        if job.eval:
+            from qtool.evaluate import evaluate
+
+            report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
         write_json(tmp / "report.json", report.to_dict())
         from qtool.report.pack import to_markdown
 
@@ -404,7 +438,14 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
             dynamic[f"-:^{re.escape(p.module)}$"] = {}
         elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
             dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
-    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, False, {"dynamic": dynamic} if dynamic else None)
+    desc_act = job.method == "gptq" and job.act_order and not job.static_groups
+    extra = {"dynamic": dynamic} if dynamic else {}
+    if job.method in CALIBRATED:
+        from qtool import __version__
+
+        extra["meta"] = {"quantizer": [f"qtool:{__version__}"], "method": job.method,
+                         "static_groups": job.static_groups, "true_sequential": job.true_sequential}
+    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, desc_act, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:
@@ -412,3 +453,57 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
         cfg["torch_dtype"] = "float16" if job.dtype == "fp16" else "bfloat16"
     write_json(tmp / "config.json", cfg)
     write_json(tmp / "quantize_config.json", qcfg)
+
+
+def check_calibration_options(job: PackJob) -> None:
+    """Refuse calibration options that do not apply, before any work."""
+    from qtool.formats import get_format
+
+    if job.method not in CALIBRATED:
+        used = [f for f, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
+                                ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential))
+                if on]
+        if used:
+            raise UsageError(f"{', '.join(used)} only apply to --method gptq or awq", fix="add --method gptq")
+        return
+    if job.calib_samples < 1 or job.calib_seqlen < 2:
+        raise UsageError("--calib-samples must be >= 1 and --calib-seqlen >= 2")
+    if job.method == "awq" and (job.act_order or job.static_groups):
+        raise UsageError("--act-order/--static-groups are GPTQ options", fix="drop them, or use --method gptq")
+    if job.static_groups and not job.act_order:
+        raise UsageError("--static-groups only changes --act-order", fix="add --act-order")
+    if job.act_order and not job.static_groups and not get_format(job.to).spec.act_order:
+        raise UsageError(f"--to {job.to} cannot store act-order's g_idx",
+                         fix="add --static-groups (act-order without g_idx), or use --to gptq")
+    if job.calib is not None and not Path(job.calib).is_file():
+        raise InputError("calibration file not found", path=job.calib, fix="give a UTF-8 text or .jsonl file")
+
+
+def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan], scale_dtype, report: PackReport,
+               on_progress):
+    """Run GPTQ/AWQ over the model's blocks; modules outside the blocks are left to RTN, and the report says
+    which."""
+    from qtool.quant.calib import CalibSettings, calibrate_checkpoint
+    from qtool.quant.hf import default_device
+
+    settings = CalibSettings(job.method, bool(job.sym), scale_dtype, job.act_order, job.static_groups,
+                             job.true_sequential, device=default_device(job.device))
+    targets = {name: (p.bits, p.group_size) for name, p in to_quantize.items()}
+
+    def tick(b: int, n: int) -> None:
+        if on_progress:
+            on_progress(f"{job.method} block {b}/{n}", b, n)
+
+    res, summary = calibrate_checkpoint(ck.root if ck.root is not None else job.src, list(ck.tensors), targets,
+                                        settings, job.calib, job.calib_samples, job.calib_seqlen, tick)
+    report.calibration = summary
+    if summary["default_text"]:
+        report.notes.append(f"calibration: no --calib given, so {summary['text']}")
+    report.notes.append(f"calibration: {summary['samples']} samples of {summary['seqlen']} tokens, seed 0, "
+                        f"blocks {summary['blocks']}, device {summary['device']}")
+    report.notes.extend(res.notes)
+    rest = [n for n in to_quantize if n not in res.layers]
+    if rest:
+        report.notes.append(f"{len(rest)} module(s) outside the calibrated blocks quantized with RTN: "
+                            + ", ".join(to_quantize[n].module for n in rest))
+    return res

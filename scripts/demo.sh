@@ -21,6 +21,13 @@ step "$BIN/python" scripts/same_tensors.py "$OUT/minilm-gptq-4bit" "$OUT/minilm-
 step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-g32" --to gptq --bits 4 --group-size 32 -q
 step "$QT" repack "$OUT/minilm-gptq-g32" --to q4_0 -o "$OUT/minilm-q4_0.gguf"
 step "$QT" inspect "$OUT/minilm-q4_0.gguf"
+# Calibrated GPTQ (act-order; 128 windows of 64 tokens of qtool's offline default text) evaluated against the
+# dense model, beside the RTN pack above.
+printf '\n\033[1m$ %s\033[0m\n' "$QT eval $OUT/minilm-gptq-4bit --reference $MODEL --json > $OUT/rtn-eval.json"
+"$QT" eval "$OUT/minilm-gptq-4bit" --reference "$MODEL" --json > "$OUT/rtn-eval.json"
+step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-calib" --method gptq --act-order --calib-samples 128 \
+    --calib-seqlen 64 --eval -q
+step "$BIN/python" scripts/compare_eval.py "$OUT/rtn-eval.json" "$OUT/minilm-gptq-calib/report.json"
 # The GPTQ pack proven against its dense source: integrity, exact round trip, the engines' contract (CPU and
 # H100), error bounds per module, the CPU kernels against the float64 oracle, content hashes; report.md for CI.
 step "$QT" validate "$OUT/minilm-gptq-4bit" --reference "$MODEL" --target cpu,h100 --report "$OUT/validate"

@@ -21,7 +21,8 @@ import pytest
 # that prefixes its dotted name.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("qtool.cli", "qtool.__main__")),
-    ("commands", ("qtool.pack", "qtool.repack", "qtool.inspect", "qtool.select", "qtool.bench", "qtool.validate")),
+    ("commands", ("qtool.pack", "qtool.repack", "qtool.inspect", "qtool.select", "qtool.bench", "qtool.validate",
+                  "qtool.evaluate")),
     ("core", ("qtool.formats", "qtool.packing", "qtool.quant", "qtool.kernels")),
     ("io/report", ("qtool.io", "qtool.report")),
     ("base", ("qtool", "qtool.errors", "qtool.paths", "qtool.spec")),

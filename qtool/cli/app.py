@@ -4,7 +4,7 @@ import typer
 
 app = typer.Typer(
     name="qtool",
-    help="Toolchain for quantized LLM weights: pack, repack, inspect, select, bench and validate.",
+    help="Toolchain for quantized LLM weights: pack, repack, inspect, select, bench, validate and eval.",
     no_args_is_help=True,
     add_completion=False,
     # Our own main() turns errors into one line; Typer's rich tracebacks would show internals.
@@ -27,4 +27,4 @@ def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_version,
                                  is_eager=True),
 ) -> None:
-    """Toolchain for quantized LLM weights: pack, repack, inspect, select, bench and validate."""
+    """Toolchain for quantized LLM weights: pack, repack, inspect, select, bench, validate and eval."""

@@ -17,7 +17,7 @@ import typer
 
 from qtool.cli.app import app
 
-COMMANDS = ("pack", "inspect", "repack", "select", "bench", "validate")
+COMMANDS = ("pack", "inspect", "repack", "select", "bench", "validate", "eval")
 
 # Options that take several values after one flag (`--batch-sizes 1 16 256`). Click options take one value
 # per occurrence, so the argument list is rewritten to repeated flags before parsing.

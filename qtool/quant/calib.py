@@ -1,0 +1,488 @@
+"""Calibrated quantization (GPTQ, AWQ) driven block by block through a transformers model.
+
+The model is loaded on the CPU; its repeated blocks (the longest nn.ModuleList of identical modules holding
+linears: BERT's encoder.layer, Llama's model.layers, ...) are found by structure, not by family name. The
+inputs of the first block are captured by running the model up to it; then, one block at a time, the block
+moves to the device, its linears' inputs are gathered (H = 2xᵀx/n and the mean |x| per channel), the linears
+are quantized, their weights replaced by the dequantized ones, and the block's output with quantized weights
+becomes the next block's input. Peak device memory is one block plus the activations of the samples.
+
+Linears that read the same input tensor form a group (q/k/v; gate/up); groups are found by running the block
+once with hooks, in execution order. `true_sequential` quantizes group by group, each group's inputs taken
+with the groups before it already quantized. AWQ folds a group's scales into the op that produces the
+group's input: a module whose output tensor is that input (a norm: weight and bias divided by s) or a linear
+of the block whose outputs feed it (rows divided by s). A fold is used only when a trial with random scales
+leaves the block's output unchanged (relative change below FOLD_TOL): a post-norm block whose norm output is
+also the residual, or an activation between two linears, fails that trial and the group keeps s = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from qtool.errors import InputError, UsageError
+from qtool.formats.plain import Plain, dequantize, relative_error
+from qtool.quant import gptq as gptq_mod
+from qtool.quant.awq import clip_quantize, search_scales
+
+FOLD_TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class CalibSettings:
+    method: str  # "gptq" | "awq"
+    sym: bool
+    scale_dtype: torch.dtype = torch.float16
+    act_order: bool = False
+    static_groups: bool = False
+    true_sequential: bool = False
+    damp: float = gptq_mod.DAMP
+    device: str = "cpu"
+
+
+@dataclass
+class LayerResult:
+    module: str  # the model's module name
+    plain: Plain
+    loss: float  # output relative error on the calibration inputs, tr(ΔW H ΔWᵀ)/tr(W H Wᵀ)
+    rtn_loss: float  # the same for plain RTN of the same (scaled) weight
+    rel_error: float  # ‖W − Ŵ‖/‖W‖ against the weight that was quantized (AWQ: the scaled one)
+    note: str = ""
+
+
+@dataclass
+class CalibResult:
+    layers: dict[str, LayerResult] = field(default_factory=dict)
+    # parameters changed by folding AWQ scales that are not replaced by a quantized layer: name -> tensor
+    dense_updates: dict[str, torch.Tensor] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    blocks: str = ""
+    n_samples: int = 0
+    seqlen: int = 0
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass once what it needed is captured."""
+
+
+def find_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
+    """(name, ModuleList) of the model's repeated blocks: the ModuleList of same-class children holding the
+    most nn.Linear layers."""
+    best = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.ModuleList) or len(mod) == 0:
+            continue
+        kinds = {type(k) for k in mod}
+        if len(kinds) != 1:
+            continue
+        n = sum(isinstance(x, torch.nn.Linear) for k in mod for x in k.modules())
+        if n and (best is None or n > best[0]):
+            best = (n, name, mod)
+    if best is None:
+        raise UsageError("the model has no repeated blocks of linear layers to calibrate",
+                         fix="use --method rtn or mse for this model")
+    return best[1], best[2]
+
+
+def token_windows(ids: torch.Tensor, n: int, seqlen: int, seed: int = 0,
+                  specials: tuple[list[int], list[int]] = ([], [])) -> tuple[list[torch.Tensor], str]:
+    """n windows of seqlen tokens from ids int64 [T] at random offsets (seeded), each wrapped in the special
+    tokens the model sees in use (specials = (before, after), e.g. BERT's [CLS] ... [SEP]); fewer tokens when
+    the text is short, with a note saying so."""
+    head, tail = specials
+    body = max(1, seqlen - len(head) - len(tail))
+    T = int(ids.numel())
+    if T == 0:
+        raise InputError("the calibration text has no tokens", fix="give a longer --calib file")
+
+    def wrap(w: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tensor(head, dtype=torch.int64), w, torch.tensor(tail, dtype=torch.int64)])[None]
+
+    if T < body:
+        return [wrap(ids)], f"the calibration text has {T} tokens, fewer than --calib-seqlen {seqlen}: one " \
+                            f"sample of {T} tokens used"
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, T - body + 1, (n,), generator=g).tolist()
+    return [wrap(ids[s:s + body]) for s in starts], ""
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _with_hidden(args: tuple, kwargs: dict, h: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (h, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": h}
+
+
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, tuple):
+        return tuple(_to(v, device) for v in x)
+    if isinstance(x, list):
+        return [_to(v, device) for v in x]
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x
+
+
+def capture_block_inputs(model, blocks, samples: list[torch.Tensor], device: str) -> list[tuple[tuple, dict]]:
+    """(args, kwargs) each sample's forward passes to the first block (tensors on `device`)."""
+    got: list[tuple[tuple, dict]] = []
+
+    def pre(_mod, args, kwargs):
+        got.append((_to(args, device), _to({k: v for k, v in kwargs.items()}, device)))
+        raise _Stop
+
+    h = blocks[0].register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        for ids in samples:
+            try:
+                model(input_ids=ids.to(device))
+            except _Stop:
+                pass
+    finally:
+        h.remove()
+    if len(got) != len(samples):
+        raise UsageError("the model's forward did not reach its first block", fix="use --method rtn or mse")
+    return got
+
+
+def _run(block, inputs, device) -> list[torch.Tensor]:
+    return [_first(block(*a, **k)) for a, k in inputs]
+
+
+@dataclass
+class _Linear:
+    name: str  # full module name in the model
+    mod: torch.nn.Linear
+    bits: int
+    group_size: int
+
+
+def _groups(block, linears: dict[int, _Linear], sample) -> tuple[list[list[_Linear]], dict[int, str | None]]:
+    """Linears grouped by the input tensor they read, in execution order, and for each group (keyed by the
+    id of its first linear's module) the block-relative name of the module whose output is that input."""
+    order: list[tuple[int, torch.Tensor]] = []
+    produced: dict[int, str] = {}
+    hooks = []
+    names = {id(m): n for n, m in block.named_modules()}
+
+    def on_linear(mod, args):
+        if id(mod) in linears:
+            order.append((id(mod), args[0]))
+
+    def on_output(mod, args, out):
+        if isinstance(out, torch.Tensor):
+            produced.setdefault(id(out), names[id(mod)])
+            keep.append(out)
+
+    keep: list[torch.Tensor] = []
+    for _, m in block.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            hooks.append(m.register_forward_pre_hook(on_linear))
+        if m is not block:
+            hooks.append(m.register_forward_hook(on_output))
+    try:
+        a, k = sample
+        block(*a, **k)
+    finally:
+        for h in hooks:
+            h.remove()
+    groups: list[list[_Linear]] = []
+    producer: dict[int, str | None] = {}
+    seen: dict[int, list[_Linear]] = {}
+    done: set[int] = set()
+    for mid, x in order:
+        if mid in done:
+            continue
+        done.add(mid)
+        g = seen.get(id(x))
+        if g is None:
+            g = seen[id(x)] = []
+            groups.append(g)
+            producer[mid] = produced.get(id(x))
+        g.append(linears[mid])
+    # never run: linears the sample's forward did not reach still get quantized, each on its own
+    for mid, lin in linears.items():
+        if mid not in done:
+            groups.append([lin])
+            producer[mid] = None
+    return groups, producer
+
+
+def _gather(block, group: list[_Linear], inputs, device) -> dict[int, tuple[gptq_mod.Hessian, torch.Tensor]]:
+    """Run the block on every sample, accumulating each linear's H and mean |x| per input channel."""
+    stats: dict[int, tuple[gptq_mod.Hessian, torch.Tensor, list[int]]] = {}
+    hooks = []
+
+    def hook(mod, args):
+        x = args[0].detach()
+        H, xs, n = stats[id(mod)]
+        H.add(x)
+        flat = x.reshape(-1, x.shape[-1]).float()
+        xs.add_(flat.abs().sum(0))
+        n[0] += flat.shape[0]
+
+    for lin in group:
+        n_in = lin.mod.in_features
+        stats[id(lin.mod)] = (gptq_mod.Hessian(n_in, device), torch.zeros(n_in, device=device), [0])
+        hooks.append(lin.mod.register_forward_pre_hook(hook))
+    try:
+        for a, k in inputs:
+            block(*a, **k)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {i: (H, xs / max(n[0], 1)) for i, (H, xs, n) in stats.items()}
+
+
+def _set_weight(lin: _Linear, plain: Plain) -> None:
+    w = dequantize(plain, torch.float32).to(lin.mod.weight.device, lin.mod.weight.dtype)
+    lin.mod.weight.data.copy_(w)
+
+
+def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) -> float:
+    from qtool.quant.awq import fake_quant, output_error
+
+    G = W.shape[1] if lin.group_size == -1 else lin.group_size
+    den = output_error(W, H)
+    return output_error(fake_quant(W, lin.bits, G, s.sym, s.scale_dtype) - W, H) / den if den > 0 else 0.0
+
+
+def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> LayerResult:
+    W = lin.mod.weight.detach().float()
+    r = gptq_mod.gptq_quantize(W, H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype, act_order=s.act_order,
+                               static_groups=s.static_groups, damp=s.damp, name=lin.name)
+    note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
+    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), relative_error(W.cpu(), r.plain), note)
+
+
+def _fold_candidates(block, group: list[_Linear], producer: str | None, order: list[_Linear]):
+    """Ops that may absorb 1/s for this group's input: the producing module when it is a norm-like module
+    (a 1-D weight of in_features) or a linear; else linears of the block run before the group whose
+    out_features equal in_features, nearest first."""
+    n_in = group[0].mod.in_features
+    mods = dict(block.named_modules())
+    out = []
+    if producer is not None:
+        m = mods[producer]
+        w = getattr(m, "weight", None)
+        if isinstance(m, torch.nn.Linear) or (isinstance(w, torch.Tensor) and w.dim() == 1 and w.numel() == n_in):
+            out.append(producer)
+    first = order.index(group[0])
+    names = {id(m): n for n, m in block.named_modules()}
+    for lin in reversed(order[:first]):
+        if lin.mod.out_features == n_in and names[id(lin.mod)] not in out:
+            out.append(names[id(lin.mod)])
+    return out
+
+
+def _apply_fold(block, target: str, group: list[_Linear], scale: torch.Tensor) -> None:
+    m = dict(block.named_modules())[target]
+    s = scale.to(m.weight.device, m.weight.dtype)
+    if isinstance(m, torch.nn.Linear):
+        m.weight.data.div_(s.unsqueeze(1))
+    else:
+        m.weight.data.div_(s)
+    if getattr(m, "bias", None) is not None:
+        m.bias.data.div_(s)
+    for lin in group:
+        lin.mod.weight.data.mul_(s.to(lin.mod.weight.dtype))
+
+
+def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: list[torch.Tensor]) -> bool:
+    """Fold random scales in [0.5, 2] into target and the group; keep nothing; True when the block's output on
+    `probe` is unchanged."""
+    n_in = group[0].mod.in_features
+    g = torch.Generator().manual_seed(1)
+    s = torch.exp2(torch.rand(n_in, generator=g) * 2 - 1)
+    saved = {n: p.detach().clone() for n, p in block.named_parameters()}
+    try:
+        _apply_fold(block, target, group, s)
+        out = _run(block, probe, None)
+    finally:
+        with torch.no_grad():
+            for n, p in block.named_parameters():
+                p.copy_(saved[n])
+    num = sum(float((a.float() - b.float()).norm() ** 2) for a, b in zip(out, reference))
+    den = sum(float(b.float().norm() ** 2) for b in reference)
+    return math.isfinite(num) and num <= (FOLD_TOL ** 2) * den
+
+
+def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: CalibSettings,
+                        result: CalibResult) -> dict[int, LayerResult]:
+    order = [lin for g in groups for lin in g]
+    stats = _gather(block, order, inputs, s.device)
+    probe = inputs[: min(2, len(inputs))]
+    reference = _run(block, probe, s.device)
+    names = {id(m): n for n, m in block.named_modules()}
+    scales: dict[int, torch.Tensor] = {}
+    folds: list[tuple[str, list[_Linear], torch.Tensor]] = []
+    for g in groups:
+        first = g[0]
+        G = first.mod.in_features if first.group_size == -1 else first.group_size
+        if any(lin.bits != first.bits or lin.group_size != first.group_size for lin in g):
+            result.notes.append(f"AWQ: {block_name}: {', '.join(names[id(x.mod)] for x in g)} read one input "
+                                "but differ in bits/group; no scales for them")
+            continue
+        target = next((t for t in _fold_candidates(block, g, producer.get(id(first.mod)), order)
+                       if _fold_is_exact(block, t, g, probe, reference)), None)
+        what = ", ".join(names[id(x.mod)] for x in g)
+        if target is None:
+            result.notes.append(f"AWQ: {block_name}: no op before {what} can absorb scales exactly; "
+                                "clip search only")
+            continue
+        H, xm = stats[id(first.mod)]
+        sc, _, _ = search_scales([lin.mod.weight.detach().float() for lin in g], H.H, xm, first.bits, G,
+                                 s.sym, s.scale_dtype)
+        folds.append((target, g, sc))
+    for target, g, sc in folds:
+        _apply_fold(block, target, g, sc)
+        for lin in g:
+            scales[id(lin.mod)] = sc.to(s.device)
+        result.notes.append(f"AWQ: {block_name}: scales of {', '.join(names[id(x.mod)] for x in g)} "
+                            f"folded into {target}")
+    out: dict[int, LayerResult] = {}
+    for lin in order:
+        H, _ = stats[id(lin.mod)]
+        Hs = H.H
+        sc = scales.get(id(lin.mod))
+        if sc is not None:  # the input is now x / s
+            Hs = Hs / (sc.unsqueeze(0) * sc.unsqueeze(1))
+        W = lin.mod.weight.detach().float()
+        plain = clip_quantize(W, Hs, lin.bits, lin.group_size, s.sym, s.scale_dtype)
+        from qtool.quant.awq import output_error
+
+        den = output_error(W, Hs)
+        loss = output_error(dequantize(plain, torch.float32).to(W.device) - W, Hs) / den if den > 0 else 0.0
+        out[id(lin.mod)] = LayerResult(lin.name, plain, loss, _rtn_loss(W, Hs, lin, s),
+                                       relative_error(W.cpu(), plain))
+    return out
+
+
+def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, int]], s: CalibSettings,
+              on_block: Callable[[int, int], None] | None = None) -> CalibResult:
+    """Quantize the linears named in `targets` ({model module name: (bits, group_size)}) of `model` block by
+    block (see the module docstring); returns their Plains, per-layer losses and the dense parameters that
+    AWQ folding changed ({model parameter name: tensor}). Linears outside the blocks are left to the caller.
+    """
+    if s.method not in ("gptq", "awq"):
+        raise UsageError(f"unknown calibration method '{s.method}'", fix="use gptq or awq")
+    block_name, blocks = find_blocks(model)
+    result = CalibResult(blocks=block_name, n_samples=len(samples), seqlen=int(samples[0].shape[-1]))
+    model.eval()
+    _move_outside_blocks(model, block_name, s.device)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(block_name + ".")} \
+        if s.method == "awq" else {}
+    with torch.no_grad():
+        inputs = capture_block_inputs(model, blocks, samples, s.device)
+        for b, block in enumerate(blocks):
+            if on_block:
+                on_block(b, len(blocks))
+            prefix = f"{block_name}.{b}"
+            block.to(s.device)
+            lins = {}
+            for n, m in block.named_modules():
+                full = f"{prefix}.{n}"
+                if isinstance(m, torch.nn.Linear) and full in targets:
+                    bits, group = targets[full]
+                    lins[id(m)] = _Linear(full, m, bits, group)
+            if lins:
+                groups, producer = _groups(block, lins, inputs[0])
+                if s.method == "gptq":
+                    done = _gptq_block(block, groups, inputs, s)
+                else:
+                    done = _quantize_awq_block(block, prefix, groups, producer, inputs, s, result)
+                for mid, lr in done.items():
+                    _set_weight(lins[mid], lr.plain)
+                    result.layers[lr.module] = lr
+            outs = _run(block, inputs, s.device)
+            for o in outs:
+                if not bool(torch.isfinite(o).all()):
+                    raise InputError(f"block {prefix} gives non-finite outputs on the calibration samples",
+                                     tensor=prefix, fix="check the source weights, or use --method rtn")
+            inputs = [_with_hidden(a, k, o) for (a, k), o in zip(inputs, outs)]
+            block.to("cpu")
+    if on_block:
+        on_block(len(blocks), len(blocks))
+    quantized = {f"{lr.module}.weight" for lr in result.layers.values()}
+    for n, p in model.named_parameters():
+        if n in before and n not in quantized and not torch.equal(before[n], p.detach().cpu()):
+            result.dense_updates[n] = p.detach().cpu().clone()
+    return result
+
+
+def _move_outside_blocks(model, block_name: str, device: str) -> None:
+    """Move every parameter and buffer that is not inside a block to `device`."""
+    for n, m in model.named_modules():
+        if n == block_name or n.startswith(block_name + "."):
+            continue
+        for p in list(m.parameters(recurse=False)):
+            p.data = p.data.to(device)
+        for bn, buf in list(m.named_buffers(recurse=False)):
+            m._buffers[bn] = buf.to(device)
+
+
+def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResult]:
+    out: dict[int, LayerResult] = {}
+    steps = groups if s.true_sequential else [[lin for g in groups for lin in g]]
+    for step in steps:
+        stats = _gather(block, step, inputs, s.device)
+        for lin in step:
+            lr = _quantize_gptq(lin, stats[id(lin.mod)][0], s)
+            out[id(lin.mod)] = lr
+            if s.true_sequential:
+                _set_weight(lin, lr.plain)
+    return out
+
+
+def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]], s: CalibSettings,
+                         text_file=None, n_samples: int = 128, seqlen: int = 256,
+                         on_block: Callable[[int, int], None] | None = None) -> tuple[CalibResult, dict]:
+    """Calibrate the model directory `src` for the checkpoint weights in `targets` ({tensor name:
+    (bits, group_size)}). Returns the result keyed by checkpoint names (layers by weight name, dense updates
+    by tensor name) and a summary of the data and settings for the report."""
+    from qtool.quant import calib_text, hf
+
+    model, tok, causal = hf.build_model(src, "cpu")
+    if text_file is None:
+        text, source = calib_text.stdlib_docstrings(calib_text.CALIB_MODULES), calib_text.DEFAULT_CALIB
+    else:
+        text, source = calib_text.read_text(text_file), str(text_file)
+    limit = hf.max_positions(model)
+    L = min(seqlen, limit) if limit else seqlen
+    samples, short = token_windows(hf.tokenize(tok, text), n_samples, L, specials=hf.specials(tok))
+    names = hf.name_map([n for n, _ in model.named_parameters()], tensor_names)
+    back = {c: m for m, c in names.items()}
+    model_targets = {}
+    for w, bg in targets.items():
+        m = back.get(w)
+        if m is not None and m.endswith(".weight"):
+            model_targets[m[: -len(".weight")]] = bg
+    res = calibrate(model, samples, model_targets, s, on_block)
+    out = CalibResult(notes=list(res.notes), blocks=res.blocks, n_samples=res.n_samples, seqlen=res.seqlen)
+    for mod, lr in res.layers.items():
+        out.layers[names[f"{mod}.weight"]] = lr
+    for n, t in res.dense_updates.items():
+        if n not in names:
+            raise InputError(f"AWQ changed the model parameter '{n}', which has no tensor in the checkpoint",
+                             path=src, fix="use --method gptq for this model")
+        out.dense_updates[names[n]] = t
+    if short:
+        out.notes.append(short)
+    if L < seqlen:
+        out.notes.append(f"--calib-seqlen {seqlen} is beyond the model's {limit} positions: {L} used")
+    summary = {"method": s.method, "text": source, "default_text": text_file is None, "samples": len(samples),
+               "seqlen": int(samples[0].shape[-1]), "seed": 0, "blocks": res.blocks, "device": s.device,
+               "act_order": s.act_order, "static_groups": s.static_groups, "true_sequential": s.true_sequential,
+               "damp": s.damp, "causal": causal,
+               "layers": [{"module": lr.module, "loss": lr.loss, "rtn_loss": lr.rtn_loss, "note": lr.note}
+                          for lr in res.layers.values()]}
+    return out, summary

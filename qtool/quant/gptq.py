@@ -1,0 +1,157 @@
+"""GPTQ: quantize one linear layer column by column, feeding each column's error into the columns not yet done.
+
+Given the layer's inputs X [n, I], the proxy loss is ‖(W − Q) Xᵀ‖² whose Hessian is H = 2 X Xᵀ / n [I, I]
+(`Hessian` accumulates it batch by batch). With U the upper Cholesky factor of H⁻¹ (H dampened by
+`damp` x mean(diag H) so it is positive definite):
+
+    for each block of `block` columns, for each column j in it:
+        q_j = quant(w_j)   (the group's scale/zero, rtn.py conventions, from the weights as updated so far)
+        e_j = (w_j − q_j) / U[j, j]
+        w[:, j+1:] −= e_j U[j, j+1:]          (inside the block, then once for the rest: lazy batch update)
+
+Act-order (`act_order=True`) visits columns by decreasing diag(H). Without `static_groups` the groups are
+formed in that order, so g_idx[perm[k]] = k // G (a desc_act checkpoint); with `static_groups` every
+group's parameters are computed from the original weights of the natural groups i // G before any update,
+and g_idx stays trivial (loaders need no g_idx). Columns whose inputs were always zero (diag H = 0) carry
+no information: their weights become 0 and H gets a 1 on the diagonal there, as in the reference
+implementation.
+
+The loss reported is the Hessian-weighted relative error tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) with the undampened H:
+the relative error of the layer's output on its calibration inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qtool.errors import InputError
+from qtool.formats.plain import Plain
+from qtool.quant.rtn import codes, group_params
+
+DAMP = 0.01
+BLOCK = 128
+
+
+class Hessian:
+    """Running H = 2 X Xᵀ / n in float32 over every row x [.., I] passed to `add` (on x's device)."""
+
+    def __init__(self, in_features: int, device: torch.device | str = "cpu") -> None:
+        self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self.n = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).to(device=self.H.device, dtype=torch.float32)
+        m = x.shape[0]
+        if m == 0:
+            return
+        # running mean, so H's magnitude does not grow with the number of tokens
+        self.H.mul_(self.n / (self.n + m))
+        self.n += m
+        x = x * (2.0 / self.n) ** 0.5
+        self.H.addmm_(x.t(), x)
+
+
+@dataclass
+class GptqResult:
+    plain: Plain
+    loss: float  # tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)
+    damp: float  # the dampening fraction that made H positive definite
+
+
+def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of (H + λI)⁻¹ with λ = damp x mean(diag H), raising damp tenfold until it works."""
+    mean_diag = float(torch.diag(H).mean())
+    eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
+    d = damp
+    for _ in range(6):
+        L, info = torch.linalg.cholesky_ex(H + d * mean_diag * eye)
+        if int(info) == 0:
+            Hinv = torch.cholesky_inverse(L)
+            U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+            if int(info) == 0:
+                return U, d
+        d *= 10
+    raise InputError(f"the calibration Hessian is not positive definite even with dampening {d / 10:g}",
+                     tensor=name, fix="give more or longer calibration samples (--calib-samples/--calib-seqlen)")
+
+
+def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, sym: bool,
+                  scale_dtype: torch.dtype = torch.float16, act_order: bool = False, static_groups: bool = False,
+                  damp: float = DAMP, block: int = BLOCK, name: str | None = None) -> GptqResult:
+    """weight float [O, I], H float32 [I, I] (Hessian.H) -> GptqResult with a Plain (codes uint8 [O, I],
+    scales scale_dtype [O, I/G], zeros uint8 or None when sym, g_idx int32 [I] under act-order else None).
+
+    group_size must divide I (or be -1); qtool.quant.validate checks that before any work is done.
+    """
+    W = weight.to(device=H.device, dtype=torch.float32).clone()
+    n_out, n_in = W.shape
+    G = n_in if group_size == -1 else group_size
+    n_groups = n_in // G
+    H = H.clone()
+    H0 = H.clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+
+    static = None
+    if static_groups:
+        s, z = group_params(W.reshape(n_out, n_groups, G), bits, sym, scale_dtype)
+        static = (s.squeeze(-1), z.squeeze(-1))  # [O, n_groups] each
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W, H = W[:, perm], H[perm][:, perm]
+    U, used_damp = _inverse_cholesky(H, damp, name)
+    del H
+
+    Q = torch.zeros_like(W)
+    q_codes = torch.zeros(n_out, n_in, dtype=torch.uint8, device=W.device)
+    scales = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
+    zeros = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
+    s_col = z_col = None
+    # whole groups per block, so a group's parameters come from weights that carry every update so far
+    block = G * max(1, block // G)
+    for i1 in range(0, n_in, block):
+        i2 = min(i1 + block, n_in)
+        W1 = W[:, i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            j = i1 + i  # position in processing order
+            if static is not None:
+                g = int(perm[j]) // G if perm is not None else j // G
+                s_col, z_col = static[0][:, g], static[1][:, g]
+            elif j % G == 0:
+                g = j // G
+                s, z = group_params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype)
+                s_col, z_col = s[:, 0, 0], z[:, 0, 0]
+                scales[:, g], zeros[:, g] = s_col, z_col
+            w = W1[:, i]
+            q = codes(w.unsqueeze(-1), s_col.unsqueeze(-1), z_col.unsqueeze(-1), bits).squeeze(-1)
+            deq = (q - z_col) * s_col
+            q_codes[:, j] = q.to(torch.uint8)
+            Q[:, j] = deq
+            err = (w - deq) / U1[i, i]
+            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+
+    g_idx = None
+    if perm is not None:
+        inv = torch.argsort(perm)
+        Q, q_codes = Q[:, inv], q_codes[:, inv]
+        if static is None:
+            g_idx = (inv // G).to(torch.int32)  # column c sits at position inv[c] of the processing order
+    if static is not None:
+        scales, zeros = static
+    Wd = weight.to(device=H0.device, dtype=torch.float32)
+    dW = Wd - Q
+    num = float(torch.sum((dW @ H0) * dW))
+    den = float(torch.sum((Wd @ H0) * Wd))
+    loss = num / den if den > 0 else 0.0
+    plain = Plain(q_codes.cpu(), scales.to(scale_dtype).cpu(), None if sym else zeros.to(torch.uint8).cpu(),
+                  None if g_idx is None else g_idx.cpu().contiguous(), bits, group_size,
+                  meta={"method": "gptq"})
+    return GptqResult(plain, loss, used_damp)

@@ -1,0 +1,150 @@
+"""The transformers side of calibration and evaluation: loading a model directory offline, and matching the
+model's parameter names to the checkpoint's tensor names.
+
+transformers is an optional extra (`pip install qtool[calib]`), imported only here and only when a
+calibrated method or `qtool eval` runs. Loading is local only (`local_files_only`): no download, ever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qtool.errors import InputError, UsageError
+
+INSTALL_FIX = "install the calibration extra: pip install 'qtool[calib]' (it adds transformers)"
+
+
+def transformers():
+    try:
+        import transformers as tf
+    except ImportError:
+        raise UsageError("calibration and evaluation run the model through transformers, which is not "
+                         "installed", fix=INSTALL_FIX) from None
+    tf.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
+    return tf
+
+
+def is_causal(config: dict | None) -> bool:
+    """True for a causal LM (an architecture named ...ForCausalLM, or is_decoder), else an encoder."""
+    cfg = config or {}
+    archs = cfg.get("architectures") or []
+    return any(str(a).endswith("ForCausalLM") for a in archs) or bool(cfg.get("is_decoder"))
+
+
+def default_device(device: str | None = None) -> str:
+    import torch
+
+    if device:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: CUDA is not available here", fix="use --device cpu")
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(path: str | Path, device: str = "cpu"):
+    """(model on CPU in eval mode, tokenizer, causal) for a Hugging Face model directory.
+
+    float32 on the CPU (its fp16 matmuls are slow and lossy); the config's dtype on CUDA."""
+    import torch
+
+    tf = transformers()
+    p = Path(path)
+    if p.is_file() or not (p / "config.json").is_file():
+        raise UsageError("calibration and evaluation need a model directory with config.json and a tokenizer",
+                         path=p, fix="point at the Hugging Face model directory, not a single .safetensors file")
+    import json
+
+    cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    cfg.pop("quantization_config", None)
+    causal = is_causal(cfg)
+    config = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    dtype = torch.float32 if device == "cpu" else getattr(config, "dtype", None) or torch.float16
+    cls = tf.AutoModelForCausalLM if causal else tf.AutoModel
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a missing/broken tokenizer
+        raise InputError(f"no usable tokenizer ({type(e).__name__}: {str(e)[:120]})", path=p,
+                         fix="copy the tokenizer files of the source model into this directory") from None
+    return cls, config, dtype, tok, causal
+
+
+def build_model(path: str | Path, device: str = "cpu", weights: dict | None = None):
+    """(model, tokenizer, causal). `weights` ({model parameter name: tensor}) replaces parameters after the
+    dense weights are loaded from `path` (used by eval to put dequantized weights in)."""
+    import torch
+
+    cls, config, dtype, tok, causal = load_model(path, device)
+    if config.model_type and hasattr(config, "use_cache"):
+        config.use_cache = False
+    if weights is None:
+        model = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True)
+    else:
+        model = cls.from_config(config, dtype=dtype)
+        missing = [n for n, _ in model.named_parameters() if n not in weights]
+        tied = getattr(model, "_tied_weights_keys", None) or {}
+        missing = [n for n in missing if n not in tied]
+        if missing:
+            raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
+                             f"'{missing[0]}'", path=path, fix="check that --reference is the dense model")
+        with torch.no_grad():
+            for n, prm in model.named_parameters():
+                if n in weights:
+                    prm.copy_(weights[n].to(prm.dtype))
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
+    model.eval()
+    return model, tok, causal
+
+
+def name_map(model_names, checkpoint_names) -> dict[str, str]:
+    """{model parameter name: checkpoint tensor name}: equal names, else the unique checkpoint name that
+    equals the model name with a leading prefix added or removed (`bert.`, `model.`, ...)."""
+    ck = set(checkpoint_names)
+    by_tail: dict[str, list[str]] = {}
+    for c in ck:
+        parts = c.split(".")
+        for k in range(len(parts)):
+            by_tail.setdefault(".".join(parts[k:]), []).append(c)
+    out = {}
+    for m in model_names:
+        if m in ck:
+            out[m] = m
+            continue
+        hits = by_tail.get(m, [])
+        if len(hits) == 1:
+            out[m] = hits[0]
+            continue
+        parts = m.split(".")
+        for k in range(1, len(parts)):
+            tail = ".".join(parts[k:])
+            if tail in ck:
+                out[m] = tail
+                break
+    return out
+
+
+def tokenize(tok, text: str):
+    """int64 [T] token ids of the whole text, without special tokens."""
+    import torch
+
+    ids = tok(text, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def max_positions(model) -> int | None:
+    cfg = model.config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def specials(tok) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) the tokenizer adds around one sequence ([CLS] / [SEP] for BERT, BOS for some
+    decoders): calibration windows carry them so the model sees the activations it sees in use."""
+    marker = tok("a", add_special_tokens=False)["input_ids"]
+    full = tok("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(marker) + 1):
+        if full[k:k + len(marker)] == marker:
+            return list(full[:k]), list(full[k + len(marker):])
+    return [], []

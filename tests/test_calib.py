@@ -1,0 +1,225 @@
+"""Calibrated packs through a real transformers forward, on tiny BERT and Llama models built here (random
+weights, a word-level vocabulary, no downloads): block discovery, AWQ folding exactness, pack --method
+gptq|awq end to end, and `qtool eval` numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from qtool.quant import calib  # noqa: E402
+
+WORDS = ("the a model weight layer block group scale zero point input output token text quantized dense "
+         "error value key query order column row matrix small large first last each every one two three "
+         "four five six seven eight nine ten is are was be has have with from into over under").split()
+TEXT = "\n\n".join(" ".join(WORDS[(7 * k + 3 * j) % len(WORDS)] for j in range(12 + k % 9)) + "."
+                   for k in range(120))
+
+
+def _tokenizer(tmp_path):
+    """A word-level tokenizer over WORDS that wraps sequences in [CLS] ... [SEP], as BERT's does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {w: k for k, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "."] + WORDS)}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                              ("[SEP]", 3)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]",
+                                                cls_token="[CLS]", sep_token="[SEP]")
+
+
+def _save(model, tok, path):
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    tok = _tokenizer(d)
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():  # norms away from 1 so folding into them is visible
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    return _save(model, tok, d / "model")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bert")
+    tok = _tokenizer(d)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return _save(transformers.BertModel(cfg), tok, d / "model")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "calib.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def _model(path):
+    from qtool.quant import hf
+
+    return hf.build_model(path)
+
+
+def _samples(tok, n=4, L=32):
+    from qtool.quant import hf
+
+    s, _ = calib.token_windows(hf.tokenize(tok, TEXT), n, L, specials=hf.specials(tok))
+    return s
+
+
+def test_block_discovery_is_structural(tiny_llama, tiny_bert):
+    m, _, causal = _model(tiny_llama)
+    assert causal and calib.find_blocks(m)[0] == "model.layers"
+    m, _, causal = _model(tiny_bert)
+    assert not causal and calib.find_blocks(m)[0] == "encoder.layer"
+
+
+def _block_groups(model, tok):
+    name, blocks = calib.find_blocks(model)
+    inputs = calib.capture_block_inputs(model, blocks, _samples(tok, 2), "cpu")
+    block = blocks[0]
+    lins = {id(m): calib._Linear(f"{name}.0.{n}", m, 4, 32) for n, m in block.named_modules()
+            if isinstance(m, torch.nn.Linear)}
+    groups, producer = calib._groups(block, lins, inputs[0])
+    return block, inputs, groups, producer
+
+
+def test_awq_folds_leave_the_dense_llama_unchanged(tiny_llama):
+    model, tok, _ = _model(tiny_llama)
+    x = _samples(tok, 1)[0]
+    with torch.no_grad():
+        before = model(input_ids=x).logits
+        block, inputs, groups, producer = _block_groups(model, tok)
+        order = [lin for g in groups for lin in g]
+        names = [[lin.name.rsplit(".", 1)[-1] for lin in g] for g in groups]
+        assert names == [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+        reference = calib._run(block, inputs, "cpu")
+        targets = []
+        for g in groups:
+            cands = calib._fold_candidates(block, g, producer.get(id(g[0].mod)), order)
+            targets.append(next(t for t in cands if calib._fold_is_exact(block, t, g, inputs, reference)))
+        assert targets == ["input_layernorm", "self_attn.v_proj", "post_attention_layernorm", "mlp.up_proj"]
+        # gate_proj feeds down_proj through SiLU: not a place for scales
+        down = groups[3]
+        assert not calib._fold_is_exact(block, "mlp.gate_proj", down, inputs, reference)
+        g = torch.Generator().manual_seed(5)
+        for t, grp in zip(targets, groups):
+            calib._apply_fold(block, t, grp, torch.rand(64 if t != "mlp.up_proj" else 128, generator=g) + 0.5)
+        after = model(input_ids=x).logits
+    assert torch.allclose(after, before, rtol=1e-4, atol=1e-4)
+
+
+def test_post_norm_bert_refuses_the_fold(tiny_bert):
+    model, tok, _ = _model(tiny_bert)
+    with torch.no_grad():
+        block, inputs, groups, producer = _block_groups(model, tok)
+        order = [lin for g in groups for lin in g]
+        reference = calib._run(block, inputs, "cpu")
+        qkv = groups[0]
+        assert [lin.name.rsplit(".", 1)[-1] for lin in qkv] == ["query", "key", "value"]
+        # the block's input is also its residual: nothing inside the block produces it
+        assert calib._fold_candidates(block, qkv, producer.get(id(qkv[0].mod)), order) == []
+        # attention.output.dense reads value's output through softmax-weighted sums: value can absorb scales
+        o = groups[1]
+        cands = calib._fold_candidates(block, o, producer.get(id(o[0].mod)), order)
+        ok = [t for t in cands if calib._fold_is_exact(block, t, o, inputs, reference)]
+        assert ok == ["attention.self.value"]
+
+
+def _pack(src, out, *args):
+    from qtool.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(src), "-o", str(out), "-q", *args])
+    assert e.value.code == 0
+
+
+def _eval(q, ref, *args):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qtool", "eval", str(q), "--reference", str(ref), "--json", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_pack_gptq_act_order_llama(tiny_llama, text_file, tmp_path):
+    out = tmp_path / "gptq"
+    _pack(tiny_llama, out, "--method", "gptq", "--act-order", "--true-sequential", "--group-size", "32",
+          "--calib", str(text_file), "--calib-samples", "8", "--calib-seqlen", "32", "--eval", "--device", "cpu")
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["desc_act"] is True and cfg["quant_method"] == "gptq"
+    rep = json.loads((out / "report.json").read_text())
+    cal = rep["calibration"]
+    assert cal["samples"] == 8 and cal["true_sequential"] and cal["blocks"] == "model.layers"
+    assert len(cal["layers"]) == 14
+    assert all(lay["loss"] < lay["rtn_loss"] for lay in cal["layers"])
+    ev = rep["evaluation"]
+    assert ev["kind"] == "causal" and ev["ppl_quant"] > 0 and ev["ppl_dense"] > 0
+    assert "perplexity" in (out / "report.md").read_text()
+    from qtool.inspect import inspect_path
+
+    mods = [m for m in inspect_path(out).modules if m.format == "gptq"]
+    assert len(mods) == 14 and all(m.desc_act for m in mods)
+
+
+def test_pack_awq_llama_writes_folded_norms_consistently(tiny_llama, text_file, tmp_path):
+    out = tmp_path / "awq"
+    _pack(tiny_llama, out, "--method", "awq", "--to", "awq", "--group-size", "32", "--calib", str(text_file),
+          "--calib-samples", "8", "--calib-seqlen", "32")
+    from safetensors.torch import load_file
+
+    src = load_file(str(tiny_llama / "model.safetensors"))
+    got = load_file(str(out / "model.safetensors"))
+    norm = "model.layers.0.input_layernorm.weight"
+    assert not torch.equal(src[norm], got[norm])  # scales were folded into the norm and the norm was written
+    rep = json.loads((out / "report.json").read_text())
+    assert any("folded into input_layernorm" in n for n in rep["notes"])
+    # the checkpoint as written (folded norms + quantized scaled weights) is close to the dense model
+    ev = _eval(out, tiny_llama, "--text", str(text_file), "--seqlen", "32")
+    assert ev["ppl_quant"] == pytest.approx(ev["ppl_dense"], rel=0.05)
+    # its layers read rescaled inputs, so eval says it cannot compare them one by one
+    assert ev["layers"] == [] and "AWQ scales folded" in ev["notes"][0]
+    assert all(lay["loss"] < lay["rtn_loss"] * 1.0001 for lay in rep["calibration"]["layers"])
+
+
+def test_eval_numbers_on_tiny_bert(tiny_bert, text_file, tmp_path):
+    lo, hi = tmp_path / "b2", tmp_path / "b8"
+    _pack(tiny_bert, lo, "--bits", "2", "--group-size", "32")
+    _pack(tiny_bert, hi, "--bits", "8", "--group-size", "32")
+    e_lo, e_hi = _eval(lo, tiny_bert, "--text", str(text_file)), _eval(hi, tiny_bert, "--text", str(text_file))
+    assert e_hi["kind"] == "encoder" and e_hi["sentences"] == 64
+    assert e_hi["cos_mean"] > 0.999 and e_hi["sim_drift_max"] < 0.01
+    assert e_lo["cos_mean"] < e_hi["cos_mean"] and e_lo["cos_min"] <= e_lo["cos_mean"]
+    assert max(x["rel_error"] for x in e_hi["layers"]) < 0.01 < min(x["rel_error"] for x in e_lo["layers"])
+
+
+def test_calibration_options_need_a_calibrated_method(tiny_bert, tmp_path):
+    from qtool.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), "--act-order"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), "--method", "gptq", "--act-order", "--to", "awq"])
+    assert e.value.code == 2
+    assert not (tmp_path / "x").exists()
