@@ -65,15 +65,20 @@ def inspect_path(path: str | Path, deep: bool = False,
     deep: also read tensor data and check it (deep.py); on_progress(done, total) is called per module then.
     Raises InputError only when nothing can be read; every other problem is an anomaly in the report.
     """
+    from qtool.inspect.loadable import gguf_anomalies, hf_anomalies
+
     p = Path(path)
     if is_gguf_path(p):
         report, gset = _inspect_gguf(p)
+        report.anomalies += gguf_anomalies(gset.kv)
         if deep:
             from qtool.inspect.deep import deep_gguf
 
             deep_gguf(report, gset, on_progress)
     else:
         report, src, claims = _inspect_safetensors(p)
+        if p.is_dir():
+            report.anomalies += hf_anomalies(src.root)
         if deep:
             from qtool.inspect.deep import deep_safetensors
 

@@ -33,14 +33,14 @@ from qtool.errors import InputError
 @dataclass(frozen=True)
 class ArchRow:
     """One architecture. gguf_arch: llama.cpp's name; model_type / hf_class: what config.json says;
-    prefixes: Hugging Face tensor-name prefixes of this family (inverting the gguf name map picks the first
-    candidate with one); skip: regexes of Hugging Face tensors llama.cpp does not load (left out, and said
+    hf_names: the transformers module names of this family (a regex: the gguf package's map lists the
+    names of many families for one GGUF tensor, and inverting it picks the one this matches); skip: regexes of Hugging Face tensors llama.cpp does not load (left out, and said
     so); permute_qk: q/k rows are reordered for llama.cpp's rotary pairs; causal: decoder attention."""
 
     gguf_arch: str
     model_type: str
     hf_class: str
-    prefixes: tuple[str, ...]
+    hf_names: str
     skip: tuple[str, ...]
     permute_qk: bool
     causal: bool
@@ -48,9 +48,13 @@ class ArchRow:
 
 
 ARCHS: dict[str, ArchRow] = {
-    "bert": ArchRow("bert", "bert", "BertModel", ("embeddings.", "encoder.layer."),
+    "bert": ArchRow("bert", "bert", "BertModel",
+                    r"embeddings\.((word|position|token_type)_embeddings|LayerNorm)|encoder\.layer\.\d+\.(attention\."
+                    r"(self\.(query|key|value)|output\.(dense|LayerNorm))|intermediate\.dense|output\.(dense|LayerNorm))",
                     (r"^embeddings\.position_ids$", r"^pooler\.", r"^cls\."), False, False, "gelu"),
-    "llama": ArchRow("llama", "llama", "LlamaForCausalLM", ("model.", "lm_head."),
+    "llama": ArchRow("llama", "llama", "LlamaForCausalLM",
+                     r"lm_head|model\.(embed_tokens|norm|layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj|"
+                     r"input_layernorm|post_attention_layernorm))",
                      (r"\.rotary_emb\.inv_freq$",), True, True, "silu"),
 }
 # config.json key <-> GGUFWriter method; the GGUF key each method writes is asked of the gguf package
@@ -97,7 +101,7 @@ def skip_reason(arch: str | None, hf_name: str) -> str | None:
 
 def inverse_name_map(arch: str, n_blocks: int) -> dict[str, str]:
     """{GGUF tensor base name: Hugging Face base name} for `arch`, from the gguf package's map: of the
-    Hugging Face names it lists for one GGUF name, the first with one of the row's prefixes."""
+    Hugging Face names it lists for one GGUF name, the one the row's hf_names matches."""
     import gguf
 
     row = arch_row(arch)
@@ -105,9 +109,10 @@ def inverse_name_map(arch: str, n_blocks: int) -> dict[str, str]:
     if enum is None or row is None:
         return {}
     tmap = gguf.get_tensor_name_map(enum, n_blocks)
+    ours = re.compile(row.hf_names)
     out: dict[str, str] = {}
     for hf, (_, gg) in tmap.mapping.items():
-        if hf != gg and gg not in out and hf.startswith(row.prefixes):
+        if hf != gg and gg not in out and ours.fullmatch(hf):
             out[gg] = hf
     return out
 
