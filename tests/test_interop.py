@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from qtool.formats import dequantize, get_format
 from qtool.inspect import inspect_path
+from qtool.io.gguf_writer import name_mapper
 from qtool.io.hf_gguf import (
     ARCHS,
     PHANTOM,
@@ -23,7 +24,6 @@ from qtool.io.hf_gguf import (
     inverse_name_map,
     rotary_rows,
 )
-from qtool.io.gguf_writer import name_mapper
 from qtool.pack import PackJob, run_pack
 from qtool.repack.plan import RepackJob
 from qtool.repack.run import run_repack
