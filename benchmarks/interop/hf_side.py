@@ -10,7 +10,6 @@ import json
 import sys
 
 import torch
-
 from common import N_NEW, PROMPT, SENTENCES
 
 

@@ -9,9 +9,8 @@ import json
 import sys
 
 import numpy as np
-from llama_cpp import Llama
-
 from common import N_NEW, PROMPT, SENTENCES
+from llama_cpp import Llama
 
 
 def embed(path, out):
