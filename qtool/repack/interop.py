@@ -180,14 +180,24 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
     from collections import Counter
 
     from qtool.errors import NotRepresentable
+    from qtool.io.gguf_writer import resolve_arch
+    from qtool.io.hf_gguf import skip_reason
 
     job = plan.job
     rules = parse_tensor_types(job.tensor_type)
     by_name = {m.name: m for m in source.modules}
     gguf_src = source.container == "gguf"
+    arch = None if gguf_src else resolve_arch(source.config, None)
     dominant = Counter(m.format for m in source.modules).most_common(1)[0][0] if source.modules else None
+    # tensors llama.cpp does not load are left out (the writer names each one); the count says what is copied
+    plan.passthrough -= sum(1 for n in source.passthrough if skip_reason(arch, n))
     for mp in plan.modules:
         m = by_name[mp.module]
+        why = skip_reason(arch, f"{m.name}.weight")
+        if why:
+            mp.kind, mp.copy, mp.steps, mp.reasons = "dropped", False, [], [f"left out of the GGUF: {why}"]
+            mp.dropped = [n for n in m.layout.values()]
+            continue
         typ = type_for(rules, f"{m.name}.weight", m.layout.get("weight", ""))
         if typ is None:
             if gguf_src and m.format != dominant and not mp.copy and mp.kind != "impossible":
@@ -239,6 +249,7 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
                                        fix="pass --allow-lossy to store it anyway, or narrow the pattern")
             plan.warnings.append(f"{name}: {kind} -> {typ} (--tensor-type; {'exact' if exact else 'lossy'})")
             floats[name] = typ
+    plan.passthrough -= len(floats)
     return floats
 
 

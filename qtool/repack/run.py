@@ -568,7 +568,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             continue
         mp = plans[m.name]
         o, i = mp.shape
-        if left_out(f"{m.name}.weight"):
+        if mp.dropped and set(m.layout.values()) <= set(mp.dropped):  # left out (plan_gguf_types says why)
             continue
         out_name = mapped(f"{m.name}.weight") if not gguf_src else f"{m.name}.weight"
         own = (mp.target_meta or {}).get("gguf_type")
