@@ -32,9 +32,7 @@ _SKIP_PATTERNS = (
     # would leave a packed pooler randomly initialised; llama.cpp does not load it at all
     (re.compile(r"(^|\.)pooler(\.|$)"), "pooler"),
 )
-# block prefixes transformers' GPTQ path finds by itself; any other is written as block_name_to_quantize
-KNOWN_BLOCKS = ("transformer.h", "model.decoder.layers", "gpt_neox.layers", "model.layers")
-_BLOCK = re.compile(r"^(.+?)\.\d+\.")
+
 
 
 @dataclass(frozen=True)
@@ -438,6 +436,7 @@ def _gib(n: int) -> str:
 
 
 def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:
+    from qtool.io.qconfig import loader_keys
     from qtool.io.writer import write_json
 
     dynamic = {}
@@ -447,7 +446,8 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
         elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
             dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
     extra: dict = {"dynamic": dynamic} if dynamic else {}
-    extra.update(loader_keys(job.to, plans))
+    kept = [p.module for p in plans if p.action == "keep" and not p.reason.startswith(("embedding", "norm"))]
+    extra.update(loader_keys(job.to, [p.module for p in plans if p.action == "quantize"], kept))
     qcfg = config_for(job.to, job.bits, job.group_size, job.sym, False, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
@@ -456,18 +456,3 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
         cfg["torch_dtype"] = "float16" if job.dtype == "fp16" else "bfloat16"
     write_json(tmp / "config.json", cfg)
     write_json(tmp / "quantize_config.json", qcfg)
-
-
-def loader_keys(fmt: str, plans: list[ModulePlan]) -> dict:
-    """Keys transformers' GPTQ and AWQ paths need beyond the scheme: `block_name_to_quantize` where the
-    quantized modules lie in blocks it does not find by itself (an encoder's `encoder.layer`), and for AWQ
-    `modules_to_not_convert`: the linear modules kept dense, which it would otherwise replace."""
-    out: dict = {}
-    blocks = {m.group(1) if (m := _BLOCK.match(p.module)) else None for p in plans if p.action == "quantize"}
-    if len(blocks) == 1 and None not in blocks and next(iter(blocks)) not in KNOWN_BLOCKS:
-        out["block_name_to_quantize"] = next(iter(blocks))
-    if fmt == "awq":
-        kept = [p.module for p in plans if p.action == "keep" and not p.reason.startswith(("embedding", "norm"))]
-        if kept:
-            out["modules_to_not_convert"] = kept
-    return out

@@ -156,6 +156,9 @@ def test_bert_pack_keeps_pooler_dense_and_names_the_blocks_and_carries_pooling(t
     acfg = json.loads((tmp_path / "awq" / "config.json").read_text())["quantization_config"]
     assert acfg["modules_to_not_convert"] == ["pooler.dense"]
     assert not [a for a in inspect_path(tmp_path / "g32").anomalies if "will not load" in a.message]
+    run_repack(RepackJob(tmp_path / "g32", "gptq_v2", tmp_path / "v2"))  # a repacked config names them too
+    assert json.loads((tmp_path / "v2" / "config.json").read_text())["quantization_config"][
+        "block_name_to_quantize"] == "encoder.layer"
 
 
 def test_bert_gguf_has_what_llama_cpp_reads(tmp_path):

@@ -475,8 +475,10 @@ def gptq_family_config(target: str, conv: list[ModulePlan]) -> dict:
                     if v != b}
             dynamic[f"+:^{re.escape(m.module)}$"] = over
     bits, group, sym, desc = base
-    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False,
-                                   {"dynamic": dynamic} if dynamic else None)
+    from qtool.io.qconfig import loader_keys
+
+    extra = ({"dynamic": dynamic} if dynamic else {}) | loader_keys(target, [m.module for m in conv])
+    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False, extra or None)
 
 
 def ct_config(conv: list[ModulePlan], source) -> dict:
