@@ -8,9 +8,25 @@
 import json
 import sys
 
+import llama_cpp.llama_cpp as C
 import numpy as np
 from common import N_NEW, PROMPT, SENTENCES
 from llama_cpp import Llama
+
+# The llama-cpp-python 0.3.36 build here was compiled with AMX; its AMX weight buffers crash on this VM
+# (SIGSEGV in ggml_backend_amx_mul_mat, on any model whose weights it repacks). Weights stay in plain CPU
+# buffers, as llama.cpp's --no-extra-bufts does; the Llama class has no argument for it, so its default
+# parameters are patched.
+_defaults = C.llama_model_default_params
+
+
+def _plain_buffers():
+    p = _defaults()
+    p.use_extra_bufts = False
+    return p
+
+
+C.llama_model_default_params = _plain_buffers
 
 
 def embed(path, out):
