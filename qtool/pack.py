@@ -229,7 +229,6 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
 
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
-    from qtool.io.qconfig import quantization_config_for
     from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
     from qtool.quant import quantize
 
@@ -311,7 +310,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
             raise
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
-        _write_configs(tmp, ck, job, plans, quantization_config_for)
+        _write_configs(tmp, ck, job, plans, fmt)
         from qtool.io.writer import copy_extras
 
         report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
@@ -435,8 +434,8 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB ({n} bytes)"
 
 
-def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:
-    from qtool.io.qconfig import loader_keys
+def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], fmt) -> None:
+    from qtool.io.hf_gguf import loader_keys
     from qtool.io.writer import write_json
 
     dynamic = {}
@@ -448,7 +447,7 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
     extra: dict = {"dynamic": dynamic} if dynamic else {}
     kept = [p.module for p in plans if p.action == "keep" and not p.reason.startswith(("embedding", "norm"))]
     extra.update(loader_keys(job.to, [p.module for p in plans if p.action == "quantize"], kept))
-    qcfg = config_for(job.to, job.bits, job.group_size, job.sym, False, extra or None)
+    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, False, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:

@@ -199,10 +199,10 @@ def test_llama_round_trip_gguf_and_back_is_exact(tmp_path):
     fmt = get_format("gptq")
 
     def hf_weight(mod):
-        from qtool.formats import LayerParams
+        from qtool.scheme import QuantScheme
 
         p = fmt.unpack({s: packed[f"{mod}.{s}"] for s in ("qweight", "qzeros", "scales", "g_idx")},
-                       LayerParams(bits=4, group_size=32, sym=True))
+                       QuantScheme(bits=4, group_size=32, sym=True))
         return dequantize(p, torch.float32)
 
     q, k = hf_weight("model.layers.1.self_attn.q_proj"), hf_weight("model.layers.1.self_attn.k_proj")

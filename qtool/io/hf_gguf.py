@@ -484,3 +484,20 @@ def blocks_present(names: list[str], path=None) -> int:
             top = max(top, int(x))
     return top + 1
 
+
+# block prefixes transformers' GPTQ path finds by itself; any other is written as block_name_to_quantize
+KNOWN_BLOCKS = ("transformer.h", "model.decoder.layers", "gpt_neox.layers", "model.layers")
+_BLOCK = re.compile(r"^(.+?)\.\d+\.")
+
+
+def loader_keys(format_id: str, quantized: list[str], kept_linear: list[str] = ()) -> dict:
+    """Keys transformers' GPTQ and AWQ paths need beyond the scheme: `block_name_to_quantize` where the
+    quantized modules lie in blocks it does not find by itself (an encoder's `encoder.layer`), and for AWQ
+    `modules_to_not_convert`: the linear modules kept dense (`kept_linear`), which it would otherwise replace."""
+    out: dict = {}
+    blocks = {m.group(1) if (m := _BLOCK.match(name)) else None for name in quantized}
+    if len(blocks) == 1 and None not in blocks and next(iter(blocks)) not in KNOWN_BLOCKS:
+        out["block_name_to_quantize"] = next(iter(blocks))
+    if format_id == "awq" and kept_linear:
+        out["modules_to_not_convert"] = list(kept_linear)
+    return out

@@ -13,9 +13,7 @@ requantized (qtool.quant for integer layouts, gguf.quants for GGUF types) and th
 
 from __future__ import annotations
 
-import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +21,6 @@ from pathlib import Path
 from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
-
-HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
 
 
 class Refused(NotRepresentable):
@@ -404,7 +400,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
             if conv.rows:
                 plan.warnings.append(f"{len(conv.rows)} q/k modules: rows put back from llama.cpp's rotary pair "
                                      "order into transformers' (exact)")
-        _write_configs(tmp, source, plan, (g2h.module if g2h else None), base_cfg)
+        _write_configs(tmp, source, plan, conv.dst, (g2h.module if g2h else None), base_cfg)
         from qtool.io.writer import copy_extras
 
         subdirs = source._ck.sub_directories() if source._ck is not None else []
@@ -426,13 +422,10 @@ def _module_order(source):
     return by_first, skip
 
 
-def _majority(values):
-    return Counter(values).most_common(1)[0][0]
-
-
-def _write_configs(tmp: Path, source, plan: RepackPlan, rename=None, base: dict | None = None) -> None:
-    """config.json (the source's, or `base`) with the target's quantization_config; `rename` gives the output
-    name of a module (GGUF sources)."""
+def _write_configs(tmp: Path, source, plan: RepackPlan, dst, rename=None, base: dict | None = None) -> None:
+    """config.json (the source's, or `base`) with the target format's quantization_config (and
+    quantize_config.json, which GPTQ/AWQ loaders also read); `rename` gives a module's output name (GGUF
+    sources)."""
     from qtool.io.writer import write_json
 
     conv = [m for m in plan.modules if m.converts]
@@ -440,71 +433,17 @@ def _write_configs(tmp: Path, source, plan: RepackPlan, rename=None, base: dict 
         from qtool.repack.interop import renamed
 
         conv = renamed(conv, rename)
-    qcfg = None
-    if plan.target in HF_CONFIG_TARGETS:
-        qcfg = gptq_family_config(plan.target, conv)
-    elif plan.target == "ct":
-        qcfg = ct_config(conv, source)
-    elif plan.target == "marlin":
-        from qtool.formats import marlin
+    qcfg = dst.quantization_config([(m.module, m.target_scheme(), m.target_meta) for m in conv])
+    if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
+        from qtool.io.hf_gguf import loader_keys
 
-        metas = {m.module: m.target_meta for m in conv if m.target_meta}
-        qcfg = marlin.quantization_config(marlin.summarize(metas))
+        qcfg.update(loader_keys(plan.target, [m.module for m in conv]))
     cfg = dict(base if base is not None else source.config or {})
     if qcfg is not None:
         cfg["quantization_config"] = qcfg
     write_json(tmp / "config.json", cfg)
     if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
         write_json(tmp / "quantize_config.json", qcfg)
-
-
-def gptq_family_config(target: str, conv: list[ModulePlan]) -> dict:
-    """quantization_config for gptq/gptq_v2/gptq_p/awq: the majority scheme, GPTQModel `dynamic` overrides
-    for modules that differ."""
-    from qtool.io.qconfig import quantization_config_for
-
-    def scheme(m):
-        return (m.to_bits, m.to_group_size, bool(m.to_sym), bool(m.desc_act) and "requantize" not in m.steps)
-
-    base = _majority([scheme(m) for m in conv])
-    dynamic = {}
-    for m in conv:
-        s = scheme(m)
-        if s != base:
-            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), s, base, strict=True)
-                    if v != b}
-            dynamic[f"+:^{re.escape(m.module)}$"] = over
-    bits, group, sym, desc = base
-    from qtool.io.qconfig import loader_keys
-
-    extra = ({"dynamic": dynamic} if dynamic else {}) | loader_keys(target, [m.module for m in conv])
-    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False, extra or None)
-
-
-def ct_config(conv: list[ModulePlan], source) -> dict:
-    """compressed-tensors quantization_config: one config group per (bits, group size, sym, act-order) scheme,
-    targeting its modules by exact name."""
-    from qtool.formats.compressed_tensors import DENSE_SINCE
-
-    groups: dict[tuple, list[str]] = {}
-    for m in conv:
-        desc = bool(m.desc_act) and "requantize" not in m.steps
-        groups.setdefault((m.to_bits, m.to_group_size, bool(m.to_sym), desc), []).append(m.module)
-    config_groups = {}
-    for k, ((bits, group, sym, desc), mods) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-        config_groups[f"group_{k}"] = {
-            "targets": mods,
-            "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
-                        "group_size": None if group == -1 else group,
-                        "strategy": "channel" if group == -1 else "group",
-                        "actorder": "group" if desc else None, "dynamic": False, "observer": "minmax",
-                        "observer_kwargs": {}, "block_structure": None},
-            "input_activations": None, "output_activations": None, "format": "pack-quantized",
-        }
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
-            "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
-            "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
-            "transform_config": {}, "global_compression_ratio": None}
 
 
 # --- GGUF targets -------------------------------------------------------------------------------------------
