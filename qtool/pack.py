@@ -17,6 +17,7 @@ from pathlib import Path
 
 from qtool.errors import InputError, QtoolError, UsageError
 from qtool.io.checkpoint import Checkpoint, open_checkpoint
+from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
 
 PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq")
@@ -348,42 +349,6 @@ def module_bytes(info: TensorInfo, bits: int, fmt: str) -> int:
     """Peak bytes that packing one weight to `fmt` holds at once: the weight as read, plus its working set."""
     o, i = info.shape
     return info.nbytes + _per_weight(fmt, bits) * o * i + _BLOCK_BYTES
-
-
-def available_bytes() -> tuple[int, str]:
-    """(bytes this process can still allocate, what limits it): the smaller of the memory the system reports
-    available and the room left under the address-space limit."""
-    import resource
-
-    limits = []
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    limits.append((int(line.split()[1]) * 1024, "memory available"))
-                    break
-    except OSError:
-        pass
-    if not limits:
-        try:
-            limits.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free memory"))
-        except (ValueError, OSError, AttributeError):
-            pass
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        used = 0
-        try:
-            with open("/proc/self/status", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("VmSize:"):
-                        used = int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            pass
-        limits.append((max(soft - used, 0), "room under the address-space limit (ulimit -v)"))
-    if not limits:
-        return 1 << 62, "unknown"
-    return min(limits)
 
 
 def check_memory(ck: Checkpoint, plans, fmt: str) -> None:

@@ -137,13 +137,13 @@ def test_memory_check_refuses_before_allocating(monkeypatch):
     huge = run.BenchSettings(device=cpu, shapes=parse_shapes("65536x65536", "cpu"), batch_sizes=[1])
     need = run.estimate_bytes(huge, huge.shapes[0], 1)
     assert need > 65536 * 65536 * 32  # at least the float32 build and float64 oracle of the weight
-    monkeypatch.setattr(run, "available_bytes", lambda dev: (need - 1, "test limit"))
+    monkeypatch.setattr(run, "device_available_bytes", lambda dev: (need - 1, "test limit"))
     with pytest.raises(UsageError, match=r"--shapes 65536x65536 at --batch-sizes 1 needs about .* test limit"):
         run.check_memory(huge)
-    monkeypatch.setattr(run, "available_bytes", lambda dev: (need, "test limit"))
+    monkeypatch.setattr(run, "device_available_bytes", lambda dev: (need, "test limit"))
     run.check_memory(huge)
     # run_bench itself refuses, before it builds anything
-    monkeypatch.setattr(run, "available_bytes", lambda dev: (1 << 20, "test limit"))
+    monkeypatch.setattr(run, "device_available_bytes", lambda dev: (1 << 20, "test limit"))
     monkeypatch.setattr(run, "random_plain", lambda *a, **k: pytest.fail("built a layer"))
     with pytest.raises(UsageError, match="needs about"):
         run.run_bench(small)

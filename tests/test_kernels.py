@@ -22,8 +22,8 @@ from qtool.kernels.base import (
     dequantize_packed,
     get_kernel,
     pack_gptq_v2,
-    resolve_device,
 )
+from qtool.kernels.devices import torch_device
 from qtool.scheme import QuantScheme
 from tests.oracles.layouts import stream_decode
 
@@ -155,12 +155,12 @@ def test_registry_and_device_errors():
     assert {"torch-ref", "torch-int4-cpu", "triton-w4a16"} <= names
     with pytest.raises(UsageError, match="unknown kernel"):
         get_kernel("marlin-9000")
-    assert resolve_device("cpu") == CPU
+    assert torch_device("cpu") == CPU
     if not torch.cuda.is_available():
         from qtool.errors import DeviceError
 
         with pytest.raises(DeviceError, match="no CUDA"):
-            resolve_device("cuda:0")
+            torch_device("cuda:0")
         why = get_kernel("triton-w4a16").available(torch.device("cuda"))
         assert why is None or "cuda" in why.lower() or "compute capability" in why
 

@@ -300,11 +300,11 @@ def test_launch_structs_match_cuda_h():
     the attribute pointer and their count)."""
     import ctypes
 
-    from qtool.kernels.cuda.driver import LaunchAttribute, LaunchConfig, ex_config
+    from qtool.kernels.cuda.driver import CUlaunchConfig, LaunchAttribute, ex_config
 
     assert ctypes.sizeof(LaunchAttribute) == 72 and LaunchAttribute.value.offset == 8
-    assert ctypes.sizeof(LaunchConfig) == 56
-    assert (LaunchConfig.hStream.offset, LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    assert ctypes.sizeof(CUlaunchConfig) == 56
+    assert (CUlaunchConfig.hStream.offset, CUlaunchConfig.attrs.offset, CUlaunchConfig.numAttrs.offset) == (32, 40, 48)
     attrs = (LaunchAttribute * 2)()
     cfg = ex_config((3, 2, 1), 256, 4096, 1234, attrs, pdl=True, cluster=1)
     assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.sharedMemBytes) == (

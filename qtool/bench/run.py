@@ -13,9 +13,7 @@ activations in and outputs out.
 
 from __future__ import annotations
 
-import os
 import platform
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +27,7 @@ from qtool.bench.shapes import Shape
 from qtool.bench.timing import rotation_count, time_calls
 from qtool.errors import UsageError
 from qtool.formats.plain import dequantize
+from qtool.io.memory import available_bytes
 from qtool.kernels.base import ACT_DTYPES, PackedLayer, all_kernels, get_kernel, pack_gptq_v2
 from qtool.report.common import human_bytes
 
@@ -157,51 +156,20 @@ def estimate_bytes(s: BenchSettings, shape: Shape, m: int) -> int:
     return weights + inputs + m * shape.N * OUTPUT_BYTES_PER_ELEMENT
 
 
-def available_bytes(dev: torch.device) -> tuple[int, str]:
+def device_available_bytes(dev: torch.device) -> tuple[int, str]:
     """(bytes the sweep may use on `dev`, where that number comes from): free memory on a GPU; on the CPU
-    the kernel's MemAvailable, or this process's address-space limit when that is lower."""
+    what the host leaves this process (qtool.io.memory)."""
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free), f"free on {dev}"
-    avail, source = None, "available RAM"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-        if soft != resource.RLIM_INFINITY:
-            left = soft - _address_space_used()
-            if left < avail:
-                avail, source = max(left, 0), "left under this process's address-space limit (ulimit -v)"
-    except (OSError, ValueError):
-        pass
-    return int(avail), source
-
-
-def _address_space_used() -> int:
-    """This process's mapped address space (what RLIMIT_AS counts), from /proc/self/status; 0 if unknown."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return available_bytes()
 
 
 def check_memory(s: BenchSettings) -> None:
     """Refuse, before anything is allocated, a sweep whose largest point would not fit the device."""
     m = max(s.batch_sizes)
     need, shape = max(((estimate_bytes(s, sh, m), sh) for sh in s.shapes), key=lambda t: t[0])
-    avail, source = available_bytes(s.device)
+    avail, source = device_available_bytes(s.device)
     if need > avail:
         raise UsageError(f"--shapes {shape.name} at --batch-sizes {m} needs about {human_bytes(need)} "
                          f"({need:,} bytes) on {s.device}, more than the {human_bytes(avail)} {source}",

@@ -97,9 +97,10 @@ def bench_cmd(
     from qtool.bench.report import plot_format, render_tables, to_markdown, write_report
     from qtool.bench.run import BenchSettings, run_bench
     from qtool.bench.shapes import parse_shapes
-    from qtool.kernels.base import all_kernels, resolve_device
+    from qtool.kernels.base import all_kernels
+    from qtool.kernels.devices import torch_device
 
-    dev = resolve_device(v["device"].strip().lower() if v["device"] else None)
+    dev = torch_device(v["device"].strip().lower() if v["device"] else None)
     names = [n.strip() for item in (v["kernels"] or []) for n in item.split(",") if n.strip()]
     known = all_kernels()
     for n in names:

@@ -116,10 +116,6 @@ class _GGUFBlocks(Format):
     """Shared pack/unpack/assess over one block type; subclasses only set `spec`."""
 
     @property
-    def block_bytes(self) -> int:
-        return BLOCKS[self.spec.id][0]
-
-    @property
     def type_name(self) -> str:
         return BLOCKS[self.spec.id][2]
 

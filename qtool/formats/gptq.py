@@ -222,11 +222,10 @@ def quantizer_meta() -> dict:
 class GptqFamily(Format):
     """Shared pack/unpack of the GPTQ-style tensor set; subclasses fix the bit packer and zero convention.
 
-    `version` 1 stores z - 1 (v1), 2 stores z. `planar` selects the planar bit layout (gptq_p).
+    `version` 1 stores z - 1 (v1), 2 stores z; gptq_p overrides the bit layout hooks.
     """
 
     version: int = 2
-    planar: bool = False
 
     # --- bit layout hooks (overridden by gptq_p) -------------------------------------------------
     def _pack_codes(self, codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

@@ -41,7 +41,6 @@ class GptqPlanar(GptqFamily):
         out_multiple={b: 32 for b in PLANAR_BITS},
     )
     version = 2
-    planar = True
 
     def _pack_codes(self, codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
         return pack_planar(codes, bits, dim=dim)

@@ -124,10 +124,10 @@ def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tenso
 
 def _inspect_safetensors(p: Path):
     from qtool.errors import InputError
-    from qtool.inspect.sources import open_source
+    from qtool.inspect.sources import read_headers
     from qtool.io.qconfig import parse_quant_config
 
-    src = open_source(p)
+    src = read_headers(p)
     anomalies = list(src.anomalies)
     qc = None
     if src.quant_raw is not None:

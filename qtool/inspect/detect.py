@@ -488,7 +488,7 @@ def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
         missing = [n for n in ("scales", "qzeros") if n not in t]
         return Detected("unknown", notes=[("error", f"qweight {list(qw)} without {missing or 'a 2-D scales'}: "
                                                     "incomplete or unknown layout")])
-    sc_dt, scs = sc
+    scs = sc[1]
     if qw_dt == "I16":
         return _int16_words(t, c)
     if qw_dt != "I32":

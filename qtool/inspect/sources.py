@@ -20,8 +20,10 @@ from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, parse_entr
 
 
 @dataclass
-class Source:
-    """What could be read. `incomplete`: tensors whose data runs past the end of their file."""
+class Headers:
+    """The headers, configs and metadata of a checkpoint as inspect reads them (no tensor data; repack opens
+    its own `qtool.repack.source.Source` on top of inspect). `incomplete`: tensors whose data runs past the
+    end of their file."""
 
     path: Path
     root: Path
@@ -82,7 +84,7 @@ def _err(anoms: list[Anomaly], msg: str, tensor: str | None = None, severity: st
     anoms.append(Anomaly(severity, tensor, msg))
 
 
-def open_source(path: Path) -> Source:
+def read_headers(path: Path) -> Headers:
     p = Path(path)
     if not p.exists():
         raise InputError("no such file or directory", path=p, fix="check the path")
@@ -187,7 +189,7 @@ def open_source(path: Path) -> Source:
                         "that follow the index will not see them", severity="warning")
 
     config, quant_raw, quant_source = _configs(root, anoms)
-    return Source(path=p, root=root, files=read_files, tensors=tensors, metadata=metadata, config=config,
+    return Headers(path=p, root=root, files=read_files, tensors=tensors, metadata=metadata, config=config,
                   quant_raw=quant_raw, quant_source=quant_source, index=index, incomplete=incomplete,
                   anomalies=anoms, cut_files=cut_files)
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from qtool.errors import DeviceError, FormatError, UsageError
+from qtool.errors import FormatError, UsageError
 from qtool.formats.plain import Plain, dequantize
 from qtool.packing.bitstream import pack_stream, unpack_stream
 
@@ -301,20 +301,3 @@ def get_kernel(name: str) -> Kernel:
     if name not in _REGISTRY:
         raise UsageError(f"unknown kernel '{name}'", fix=f"choose one of: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
-
-
-def resolve_device(spec: str | torch.device | None) -> torch.device:
-    """'cpu', 'cuda', 'cuda:N' -> torch.device, raising DeviceError when it is not there."""
-    dev = torch.device(spec or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device '{spec}' requested but torch sees no CUDA device",
-                              fix="use --device cpu, or run on a machine with a CUDA GPU")
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx >= torch.cuda.device_count():
-            raise DeviceError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s)",
-                              fix=f"use --device cuda:0..cuda:{torch.cuda.device_count() - 1}")
-        dev = torch.device("cuda", idx)
-    elif dev.type != "cpu":
-        raise DeviceError(f"device '{spec}' is not supported by the kernels", fix="use --device cpu or cuda:N")
-    return dev

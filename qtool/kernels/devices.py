@@ -219,3 +219,24 @@ def live_cuda(index: int, profiles: dict[str, Device] | None = None) -> Device:
         peak_fp8_tflops=twin.peak_fp8_tflops if twin else None,
         **_software(),
     )
+
+
+def torch_device(spec: str | None) -> torch.device:  # noqa: F821 - torch loads only when a run needs it
+    """The torch device a run uses (bench, kernels): 'cpu', 'cuda', 'cuda:N' of this machine, default cuda
+    when torch sees one; DeviceError when it is not there. Planning (select) uses `resolve_device`, which
+    also takes profile names."""
+    import torch
+
+    dev = torch.device(spec or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device '{spec}' requested but torch sees no CUDA device",
+                              fix="use --device cpu, or run on a machine with a CUDA GPU")
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if idx >= torch.cuda.device_count():
+            raise DeviceError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s)",
+                              fix=f"use --device cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        dev = torch.device("cuda", idx)
+    elif dev.type != "cpu":
+        raise DeviceError(f"device '{spec}' is not supported by the kernels", fix="use --device cpu or cuda:N")
+    return dev

@@ -25,7 +25,7 @@ class LaunchAttribute(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int64 * 8)]
 
 
-class LaunchConfig(ctypes.Structure):
+class CUlaunchConfig(ctypes.Structure):
     """CUlaunchConfig (cuda.h), for cuLaunchKernelEx."""
 
     _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
@@ -35,7 +35,7 @@ class LaunchConfig(ctypes.Structure):
 
 
 def ex_config(grid: tuple[int, int, int], block: int, smem: int, stream: int, attrs: ctypes.Array,
-              pdl: bool, cluster: int) -> LaunchConfig:
+              pdl: bool, cluster: int) -> CUlaunchConfig:
     """A cuLaunchKernelEx launch with its attributes written into `attrs` (kept alive by the caller): pdl, the
     kernel may start before the previous kernel in the stream ends (programmatic stream serialization; it
     waits for it with griddepcontrol.wait, csrc/common.cuh pdl_wait); cluster > 1, thread-block clusters of that
@@ -50,7 +50,7 @@ def ex_config(grid: tuple[int, int, int], block: int, smem: int, stream: int, at
         attrs[n].value[0] = cluster | (1 << 32)  # the union's {x, y, z} unsigned ints: (cluster, 1, 1)
         attrs[n].value[1] = 1
         n += 1
-    return LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
+    return CUlaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
                         ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), n)
 
 
@@ -92,7 +92,7 @@ def _lib() -> ctypes.CDLL:
     lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
     lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
     lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
-    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(CUlaunchConfig), vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
