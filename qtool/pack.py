@@ -30,7 +30,11 @@ _SKIP_PATTERNS = (
                 r"token_type_embeddings|tok_embeddings|embed_positions|shared)(\.|$)"), "embedding"),
     (re.compile(r"(^|\.)(lm_head|output_layer|embed_out)(\.|$)"), "lm_head"),
     (re.compile(r"(norm|ln_|layernorm|LayerNorm)", re.IGNORECASE), "norm"),
+    # outside an encoder's blocks: transformers' GPTQ path quantizes only inside block_name_to_quantize and
+    # would leave a packed pooler randomly initialised; llama.cpp does not load it at all
+    (re.compile(r"(^|\.)pooler(\.|$)"), "pooler"),
 )
+
 
 
 @dataclass(frozen=True)
@@ -430,6 +434,7 @@ def _gib(n: int) -> str:
 
 
 def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], fmt) -> None:
+    from qtool.io.hf_gguf import loader_keys
     from qtool.io.writer import write_json
 
     dynamic = {}
@@ -439,7 +444,9 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
         elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
             dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
     desc_act = job.method == "gptq" and job.act_order and not job.static_groups
-    extra = {"dynamic": dynamic} if dynamic else {}
+    extra: dict = {"dynamic": dynamic} if dynamic else {}
+    kept = [p.module for p in plans if p.action == "keep" and not p.reason.startswith(("embedding", "norm"))]
+    extra.update(loader_keys(job.to, [p.module for p in plans if p.action == "quantize"], kept))
     if job.method in CALIBRATED:
         from qtool import __version__
 

@@ -398,8 +398,9 @@ def test_no_replace_fallback_without_renameat2(tmp_path, monkeypatch, directory)
 
 
 def test_force_rule(tmp_path):
-    """--force replaces an empty directory, an earlier qtool output and a GGUF file; it refuses a symlink, a
-    FIFO, a file that is not GGUF, a directory with sub-directories or without qtool's metadata."""
+    """--force replaces an empty directory, an earlier qtool output (with the sub-directories it carried over)
+    and a GGUF file; it refuses a symlink, a FIFO, a file that is not GGUF, a directory without qtool's
+    metadata (with or without sub-directories)."""
     from safetensors.torch import save_file
 
     def qtool_output(d: Path, meta: dict) -> Path:
@@ -410,13 +411,14 @@ def test_force_rule(tmp_path):
 
     ok = [tmp_path / "empty", qtool_output(tmp_path / "prior", {"qtool.version": "1"}), tmp_path / "m.gguf"]
     ok[0].mkdir()
+    (ok[1] / "1_Pooling").mkdir()
     ok[2].write_bytes(b"GGUF" + b"\0" * 20)
     bad = {"symbolic link": tmp_path / "link", "FIFO": tmp_path / "fifo", "not a GGUF": tmp_path / "notes.txt",
-           "sub-directories": tmp_path / "home", "no qtool.version": qtool_output(tmp_path / "hf", {"format": "pt"})}
+           "not a qtool output": tmp_path / "home", "no qtool.version": qtool_output(tmp_path / "hf", {"format": "pt"})}
     bad["symbolic link"].symlink_to(ok[1])
     os.mkfifo(bad["FIFO"])
     bad["not a GGUF"].write_text("notes")
-    (bad["sub-directories"] / "docs").mkdir(parents=True)
+    (bad["not a qtool output"] / "docs").mkdir(parents=True)
     for d in ok:
         gguf = d.suffix == ".gguf"
         with atomic_output(d, force=True, directory=not gguf) as tmp:
@@ -429,7 +431,7 @@ def test_force_rule(tmp_path):
         with pytest.raises(OutputError, match=f"--force replaces only.*{why}"), atomic_output(d, force=True) as tmp:
             (tmp / "new.txt").write_text("new")
     assert bad["symbolic link"].is_symlink() and stat.S_ISFIFO(os.lstat(bad["FIFO"]).st_mode)
-    assert bad["not a GGUF"].read_text() == "notes" and (bad["sub-directories"] / "docs").is_dir()
+    assert bad["not a GGUF"].read_text() == "notes" and (bad["not a qtool output"] / "docs").is_dir()
     assert not leftovers(tmp_path / "x")
 
 

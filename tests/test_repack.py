@@ -372,20 +372,26 @@ def test_gguf_fixture_to_gptq(tmp_path):
     assert {m.module: m.kind for m in r.plan.modules if m.kind != "keep"} == {
         "blk.0.attn_q": "exact", "blk.0.attn_k": "exact", "blk.0.attn_v": "exact", "blk.0.ffn_down": "exact"}
     ref = load_file(FIXTURES / "gguf-q4_0-q4_1-q8_0" / "reference.safetensors")
-    # The excluded modules are copied as raw GGUF block bytes (U8 "weight") that nothing in the output names:
-    # inspect reports them as an unknown quantized layout, so the converted ones are decoded directly here.
+    # Names are transformers' (the gguf package's map for bert, inverted). The excluded modules are copied as
+    # raw GGUF block bytes (U8 "weight") that nothing in the output names: inspect reports them as an unknown
+    # quantized layout, so the converted ones are decoded directly here.
     from qtool.inspect import inspect_path
 
+    hf = {"encoder.layer.0.attention.self.query": "blk.0.attn_q", "encoder.layer.0.attention.self.key": "blk.0.attn_k",
+          "encoder.layer.0.attention.self.value": "blk.0.attn_v", "encoder.layer.0.output.dense": "blk.0.ffn_down",
+          "encoder.layer.0.attention.output.dense": "blk.0.attn_output",
+          "encoder.layer.0.intermediate.dense": "blk.0.ffn_up"}
     r = inspect_path(tmp_path / "out")
-    assert {m.name for m in r.modules if m.format == "unknown"} == {"blk.0.attn_output", "blk.0.ffn_up"}
+    assert {hf[m.name] for m in r.modules if m.format == "unknown"} == {"blk.0.attn_output", "blk.0.ffn_up"}
     out = load_file(tmp_path / "out" / "model.safetensors")
     got = {m.name: get_format("gptq_v2").unpack({s: out[f"{m.name}.{s}"] for s in ("qweight", "qzeros", "scales",
                                                                                    "g_idx")},
                                                 QuantScheme(bits=m.bits, group_size=m.group_size))
            for m in r.modules if m.format == "gptq_v2"}
-    assert set(got) == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
+    assert {hf[n] for n in got} == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
     for mod, p in got.items():
-        assert p.group_size == 32 and raw_equal(dequantize(p, torch.float32), ref[mod + ".weight"]), mod
+        assert p.group_size == 32 and raw_equal(dequantize(p, torch.float32), ref[hf[mod] + ".weight"]), mod
+    assert "encoder.layer.0.attention.self.query.bias" in out and "blk.0.attn_q.bias" not in out
     r = run_repack(RepackJob(src, "gptq_v2", tmp_path / "lossy", allow_lossy=True))
     lossy = [m for m in r.plan.modules if m.kind == "lossy"]
     assert {m.module for m in lossy} == {"blk.0.attn_output", "blk.0.ffn_up"}
@@ -417,20 +423,58 @@ def test_old_padded_ct_source_is_read_by_version_and_written_dense(tmp_path):
         assert torch.equal(dequantize(got[n], torch.float64), dequantize(p, torch.float64))
 
 
-def test_gguf_to_gguf_carries_metadata_and_requantizes_only_q4_1(tmp_path):
+def test_gguf_to_gguf_keeps_each_tensors_type_and_tensor_type_overrides(tmp_path):
+    """The fixture mixes Q4_0 (3 modules, the file's type), Q4_1 (2) and Q8_0 (1). --to q8_0 converts the Q4_0
+    modules and keeps the others in their own type, byte for byte (GGUF files are mixed, as llama-quantize
+    leaves them); --tensor-type names the ones to store as another type, lossy here, so only with
+    --allow-lossy. Metadata records are carried."""
     src = FIXTURES / "gguf-q4_0-q4_1-q8_0" / "gguf-q4_0-q4_1-q8_0.gguf"
-    r = run_repack(RepackJob(src, "q8_0", tmp_path / "o.gguf", allow_lossy=True))
-    kinds = {m.module: m.kind for m in r.plan.modules}
-    assert kinds == {"blk.0.attn_q": "exact", "blk.0.attn_k": "exact", "blk.0.attn_v": "exact",
-                     "blk.0.attn_output": "lossy", "blk.0.ffn_up": "lossy", "blk.0.ffn_down": "exact"}
+    r = run_repack(RepackJob(src, "q8_0", tmp_path / "o.gguf"))
+    assert {m.module: m.kind for m in r.plan.modules} == dict.fromkeys(
+        ("blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.attn_output", "blk.0.ffn_up", "blk.0.ffn_down"),
+        "exact")
     reader = gguf.GGUFReader(tmp_path / "o.gguf")
+    source = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    types = {t.name: t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight")}
+    assert types == {"blk.0.attn_q.weight": "Q8_0", "blk.0.attn_k.weight": "Q8_0", "blk.0.attn_v.weight": "Q8_0",
+                     "blk.0.attn_output.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_1",
+                     "blk.0.ffn_down.weight": "Q8_0"}
+    for t in reader.tensors:
+        if types.get(t.name) == "Q4_1":
+            assert np.array_equal(np.array(t.data), np.array(source[t.name].data)), t.name
     kv = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert kv["general.license"] == "apache-2.0" and kv["general.file_type"] == 7
     ref = load_file(FIXTURES / "gguf-q4_0-q4_1-q8_0" / "reference.safetensors")
     for t in reader.tensors:
-        if t.name.endswith(".weight") and kinds[t.name[:-7]] == "exact":
+        if t.name.endswith(".weight"):
             got = torch.from_numpy(gguf.quants.dequantize(np.array(t.data), t.tensor_type).copy())
             assert raw_equal(got, ref[t.name]), t.name
+
+    with pytest.raises(Refused, match="--tensor-type Q8_0: the values change"):
+        run_repack(RepackJob(src, "q8_0", tmp_path / "x.gguf", tensor_type=("attn_output|ffn_up=Q8_0",)))
+    r = run_repack(RepackJob(src, "q8_0", tmp_path / "all8.gguf", allow_lossy=True,
+                             tensor_type=("attn_output|ffn_up=Q8_0",)))
+    kinds = {m.module: m.kind for m in r.plan.modules}
+    assert kinds["blk.0.attn_output"] == kinds["blk.0.ffn_up"] == "lossy" and kinds["blk.0.attn_q"] == "exact"
+    assert {t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "all8.gguf").tensors
+            if t.name.endswith(".weight")} == {"Q8_0"}
+
+
+def test_tensor_type_keeps_values_exactly_where_they_fit(tmp_path):
+    """--tensor-type on a float tensor: an F32 embedding whose values came from Q8_0 blocks goes back to the
+    same Q8_0 bytes (exact); F16 of arbitrary F32 values is lossy and refused without --allow-lossy."""
+    from qtool.repack.interop import encode_as, parse_tensor_types
+
+    w = torch.randn(8, 64)
+    raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    back = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).copy())
+    again, exact = encode_as(back, "Q8_0")
+    assert exact and np.array_equal(again, raw)
+    assert not encode_as(w, "F16")[1] and encode_as(w, "F32")[1]
+    with pytest.raises(UsageError, match="Q3_K is not a GGUF type qtool writes"):
+        parse_tensor_types(("x=Q3_K",))
+    with pytest.raises(UsageError, match="not REGEX=TYPE"):
+        parse_tensor_types(("Q8_0",))
 
 
 def test_streaming_buffers_are_reused_without_mixing_modules(tmp_path, monkeypatch):

@@ -93,7 +93,7 @@ def test_keep_and_drop_flags_reach_the_plan(tmp_path):
     paro_checkpoint(tmp_path / "m")
     r = invoke(tmp_path / "m", "--to", "gptq_v2", "-o", tmp_path / "o", "--drop", r"\.(rot|theta)$")
     assert r.exit_code == 0 and "1 dropped" in r.stdout
-    assert "dropped by --drop (2 tensors" in r.stdout and "q_proj.rot" in r.stdout
+    assert "dropped (2 tensors" in r.stdout and "q_proj.rot" in r.stdout
     r = invoke(tmp_path / "m", "--to", "gptq_v2", "-o", tmp_path / "k", "--keep", "rot", "--keep", "theta", "--json")
     rep = json.loads(r.stdout)
     assert rep["dropped_tensors"] == [] and rep["counts"]["exact"] == 3

@@ -36,6 +36,8 @@ EPILOG = """Examples:
   qtool repack model-gptq-g32/ --to q4_0 -o model.gguf
 
   qtool repack model.gguf --to gptq_v2 --allow-lossy --group-size 128
+
+  qtool repack model-q4_1.gguf --to q4_0 --tensor-type 'token_embd=Q8_0' -o model-q4_0.gguf
 """
 
 TARGETS = "gptq (v1), gptq_v2, gptq_p, awq, ct, marlin, q4_0, q4_1, q8_0"
@@ -66,6 +68,11 @@ def repack_cmd(
     drop: Annotated[list[str] | None, typer.Option(
         "--drop", help="Regex of tensor names to discard from converted modules whose layout does not read them "
                        "(repeatable; the plan lists each one).")] = None,
+    tensor_type: Annotated[list[str] | None, typer.Option(
+        "--tensor-type", help="GGUF targets: REGEX=TYPE stores the tensors whose source or GGUF name matches as "
+                              "that GGML type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), as llama-quantize's "
+                              "flag does; exact only where the values survive (else --allow-lossy). Without it "
+                              "a GGUF source's tensors of other types keep their own.")] = None,
     max_shard_size: MaxShardOpt = "4GB",
     force: ForceOpt = False,
     dry_run: DryRunOpt = False,
@@ -83,7 +90,8 @@ def repack_cmd(
         raise UsageError("missing --to", fix=f"choose a target layout: {TARGETS}")
     job = RepackJob(src=v["src"], to=v["to"], out=v["out"], allow_lossy=v["allow_lossy"], bits=v["bits"],
                     group_size=v["group_size"], include=tuple(v["include"] or ()), exclude=tuple(v["exclude"] or ()),
-                    keep=tuple(v["keep"] or ()), drop=tuple(v["drop"] or ()), dry_run=v["dry_run"], force=v["force"], max_shard_size=v["max_shard_size"])
+                    keep=tuple(v["keep"] or ()), drop=tuple(v["drop"] or ()), tensor_type=tuple(v["tensor_type"] or ()),
+                    dry_run=v["dry_run"], force=v["force"], max_shard_size=v["max_shard_size"])
     human = stderr_console() if v["json_"] else stdout_console()
     try:
         with progress(v["quiet"] or v["json_"]) as bar:

@@ -65,8 +65,14 @@ def inspect_path(path: str | Path, deep: bool = False,
     deep: also read tensor data and check it (deep.py); on_progress(done, total) is called per module then.
     Raises InputError only when nothing can be read; every other problem is an anomaly in the report.
     """
+    from qtool.inspect.loadable import gguf_anomalies, hf_anomalies
+
     p = Path(path)
     report, handle, claims = open_inspected(p)
+    if report.container == "gguf":
+        report.anomalies += gguf_anomalies(handle.kv)
+    elif p.is_dir():
+        report.anomalies += hf_anomalies(handle.root)
     if deep:
         if report.container == "gguf":
             from qtool.inspect.deep import deep_gguf

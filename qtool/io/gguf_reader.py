@@ -70,6 +70,12 @@ def _constants():
 
 
 _C = _constants()
+
+
+def gguf_constants():
+    """The gguf package's constants module (key names, architecture names, types), loaded without numpy."""
+    return _C
+
 _QTYPE_NAMES: dict[int, str] = {int(t): t.name for t in _C.GGMLQuantizationType}
 _QTYPE_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in _C.GGML_QUANT_SIZES.items()}
 _FILE_TYPE_NAMES: dict[int, str] = {int(t): t.name for t in _C.LlamaFileType}

@@ -136,9 +136,11 @@ def carried_kv(header) -> list[CarriedKV]:
             if not k.startswith("split.") and k != "general.alignment"]
 
 
-def _owned_kv(arch: str, name: str | None, hparams: list[tuple[str, Any]], file_type: int | None) -> dict:
-    """{key: (value type id, value)} of the keys this writer sets, named and typed by the gguf package's
-    GGUFWriter methods (a writer without a file only collects them)."""
+def _owned_kv(arch: str, name: str | None, hparams: list[tuple[str, Any]], file_type: int | None,
+              extra: dict | None = None) -> dict:
+    """{key: (value type id, value, item type id or None)} of the keys this writer sets, named and typed by the
+    gguf package's GGUFWriter methods (a writer without a file only collects them); `extra` records (from
+    qtool.io.hf_gguf.hf_metadata) follow the general keys."""
     import gguf
 
     w = gguf.GGUFWriter(None, arch)
@@ -149,7 +151,10 @@ def _owned_kv(arch: str, name: str | None, hparams: list[tuple[str, Any]], file_
     if file_type is not None:
         w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    return {k: (int(v.type), v.value) for k, v in w.kv_data[0].items()}
+    out = {k: (int(v.type), v.value, None) for k, v in w.kv_data[0].items()}
+    for k, rec in (extra or {}).items():
+        out.setdefault(k, rec)
+    return out
 
 
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -161,11 +166,30 @@ def _gstr(s: str | bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _encode_kv(key: str, vtype: int, value: Any) -> bytes:
-    """One little-endian metadata record of a scalar or string value."""
+def _encode_kv(key: str, vtype: int, value: Any, item_type: int | None = None) -> bytes:
+    """One little-endian metadata record: a scalar, a string, or an array of either (item type as given, else
+    the gguf package's choice for the first item: int32, float32, bool or string)."""
+    return _gstr(key) + _encode_value(vtype, value, item_type)
+
+
+def _encode_value(vtype: int, value: Any, item_type: int | None = None) -> bytes:
     if vtype == _STRING:
-        return _gstr(key) + struct.pack("<I", vtype) + _gstr(value)
-    return _gstr(key) + struct.pack("<I", vtype) + struct.pack("<" + _SCALAR[vtype], value)
+        return struct.pack("<I", vtype) + _gstr(value)
+    if vtype != _ARRAY:
+        return struct.pack("<I", vtype) + struct.pack("<" + _SCALAR[vtype], value)
+    import gguf
+
+    items = list(value)
+    if item_type is None:
+        item_type = int(gguf.GGUFValueType.get_type(items[0])) if items else _STRING
+    head = struct.pack("<IIQ", _ARRAY, item_type, len(items))
+    if item_type == _STRING:
+        return head + b"".join(_gstr(x) for x in items)
+    if item_type == _ARRAY:
+        raise OutputError("nested metadata arrays are not written by qtool")
+    import numpy as np
+
+    return head + np.asarray(items, dtype=np.dtype("<" + _SCALAR[item_type])).tobytes()
 
 
 class _BigToLittle:
@@ -231,7 +255,8 @@ def _copy_record(out, rec: CarriedKV, chunk: int = 8 << 20) -> None:
 
 def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Iterable,
                file_type: int | None = None, kv: list[CarriedKV] | None = None,
-               hparams: list[tuple[str, Any]] | None = None, name: str | None = None) -> None:
+               hparams: list[tuple[str, Any]] | None = None, name: str | None = None,
+               extra: dict | None = None) -> None:
     """Write `tensors` (specs, in order) whose data arrays `data` yields in the same order; GGUF v3,
     little-endian, default alignment.
 
@@ -239,6 +264,8 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
     uint8 bytes). kv: records carried from a source GGUF, copied byte for byte in their order; the keys this
     writer owns (architecture, file type, quantization version; general.name when `name` is given) take the
     place of the source's record where it has one, else come first. hparams: (GGUFWriter method, value).
+    extra: {key: (value type id, value, item type id or None)} written with the owned keys (tokenizer,
+    architecture flags: qtool.io.hf_gguf.hf_metadata).
     """
     import gguf
 
@@ -246,7 +273,7 @@ def write_gguf(path: Path, arch: str, tensors: list[GGUFTensorSpec], data: Itera
         if len(t.name.encode("utf-8")) > MAX_NAME:
             raise OutputError(f"GGUF tensor name '{t.name}' is {len(t.name)} characters; GGUF allows {MAX_NAME}",
                               path=path, fix="the architecture's name map does not cover it; --exclude it")
-    owned = _owned_kv(arch, name, hparams or [], file_type)
+    owned = _owned_kv(arch, name, hparams or [], file_type, extra)
     records: list = []
     for rec in kv or []:
         if rec.key in owned:

@@ -118,3 +118,4 @@ def _parse_ct(raw: dict, source: object) -> QuantConfig:
         sym = _bool(weights.get("symmetric"), "symmetric", source)
         desc = weights.get("actorder") not in (None, False, "static", "weight")
     return QuantConfig("compressed-tensors", fmt, bits, group, sym, desc, fmt_name or None, dict(raw))
+

@@ -386,41 +386,71 @@ def refuse_overwriting_input(src: str | Path, dest: str | Path) -> None:
 
 # --- files copied from the source directory ----------------------------------------------------------------
 def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] = ()) -> list[str]:
-    """Copy a source directory's extra files (tokenizer, generation config, ...) into the output `out`.
+    """Copy a source directory's extra files (tokenizer, generation config, ...) and its sub-directories
+    (sentence-transformers modules such as 1_Pooling/, which modules.json names) into the output `out`.
     Returns a warning for everything not copied as it is; nothing is left out silently.
 
     The rule: no link is followed out of the source directory.
-    - a regular file is copied;
+    - a regular file is copied; a sub-directory is copied with everything in it, by the same rule;
     - a symbolic link whose target resolves inside the source directory is copied as a link (the same
       link text); if that target is not part of the output the warning says so;
     - a symbolic link that leads outside the source directory (or nowhere) is not copied: it could expose
       any file the user can read (a private key, /proc/self/environ) in an output meant to be shared;
-    - anything else (FIFO, socket, device) and sub-directories are not copied."""
+    - anything else (FIFO, socket, device) is not copied."""
     base = os.path.realpath(root)
-    warnings, links = [], []
+    warnings: list[str] = []
+    links: list[tuple[Path, Path]] = []
+    _copy_entries(files, Path(root), base, out, warnings, links)
+    for d in sub_dirs:
+        _copy_dir(d, Path(root), base, out / d.name, warnings, links)
+    for p, dst in links:
+        if not dst.exists():
+            warnings.append(f"{p.relative_to(root)}: copied as a link to {os.readlink(p)}, which is not part of "
+                            "the output")
+    return warnings
+
+
+# a source sub-directory tree larger than this is not model files: it is named in a warning, not copied
+MAX_CARRIED_ENTRIES = 10_000
+
+
+def _copy_dir(d: Path, root: Path, base: str, dst: Path, warnings: list[str], links: list) -> None:
+    try:
+        entries = sorted(d.iterdir())
+    except OSError as e:
+        warnings.append(f"{d.relative_to(root)}/: sub-directory not copied: it cannot be listed ({e.strerror})")
+        return
+    if len(entries) > MAX_CARRIED_ENTRIES:
+        warnings.append(f"{d.relative_to(root)}/: sub-directory not copied: it holds over {MAX_CARRIED_ENTRIES} "
+                        "entries")
+        return
+    dst.mkdir()
+    subs = [p for p in entries if p.is_dir() and not p.is_symlink()]
+    _copy_entries([p for p in entries if p not in subs], root, base, dst, warnings, links)
+    for p in subs:
+        _copy_dir(p, root, base, dst / p.name, warnings, links)
+
+
+def _copy_entries(files: list[Path], root: Path, base: str, out: Path, warnings: list[str], links: list) -> None:
     for p in files:
+        rel = p.relative_to(root) if p.is_relative_to(root) else p.name
         try:
             if p.is_symlink():
                 target = os.readlink(p)
                 real = os.path.realpath(p)
                 if os.path.commonpath([base, real]) == base and os.path.exists(real):
                     os.symlink(target, out / p.name)
-                    links.append(p)
+                    links.append((p, out / p.name))
                 else:
-                    warnings.append(f"{p.name}: not copied: a symbolic link to {target}, outside the source "
+                    warnings.append(f"{rel}: not copied: a symbolic link to {target}, outside the source "
                                     "directory (qtool follows no link out of it; copy the file in if it is "
                                     "needed)")
             elif p.is_file():
                 shutil.copy2(p, out / p.name, follow_symlinks=False)
             else:
-                warnings.append(f"{p.name}: not copied: not a regular file")
+                warnings.append(f"{rel}: not copied: not a regular file")
         except FileNotFoundError:
-            warnings.append(f"{p.name}: not copied: it disappeared during the run")
-    for p in links:
-        if not (out / p.name).exists():
-            warnings.append(f"{p.name}: copied as a link to {os.readlink(p)}, which is not part of the output")
-    warnings += [f"{d.name}/: sub-directory not copied (only the files beside the weights are)" for d in sub_dirs]
-    return warnings
+            warnings.append(f"{rel}: not copied: it disappeared during the run")
 
 
 # --- what --force may replace -------------------------------------------------------------------------------
@@ -432,9 +462,9 @@ def replace_problem(dest: Path) -> tuple[str | None, tuple[int, int] | None]:
 
     The rule: --force replaces only what qtool could have written there
     - a regular file that is empty or a GGUF file (qtool's single-file output);
-    - a directory that is empty, or that holds no sub-directory and whose model.safetensors (or first
-      shard model-00001-of-N.safetensors) carries qtool's `qtool.version` metadata, as every pack and
-      repack output does.
+    - a directory that is empty, or whose model.safetensors (or first shard model-00001-of-N.safetensors)
+      carries qtool's `qtool.version` metadata, as every pack and repack output does (its sub-directories
+      are the source's, carried over).
     Never a symbolic link, a device, a FIFO or a socket, and never anything else."""
     try:
         st = os.lstat(dest)
@@ -463,8 +493,6 @@ def replace_problem(dest: Path) -> tuple[str | None, tuple[int, int] | None]:
                     return f"it holds over {_MAX_LISTED} entries", None
         if not entries:
             return None, ident
-        if any(e.is_dir(follow_symlinks=False) for e in entries):
-            return "it holds sub-directories, which qtool outputs never do", None
         names = {e.name: e for e in entries}
         shards = sorted(n for n in names if re.fullmatch(r"model-00001-of-\d{5}\.safetensors", n))
         first = "model.safetensors" if "model.safetensors" in names else (shards[0] if shards else None)

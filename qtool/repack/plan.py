@@ -79,6 +79,7 @@ class RepackJob:
     method: str = "rtn"
     keep: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
+    tensor_type: tuple[str, ...] = ()  # GGUF targets: REGEX=TYPE per-tensor type overrides (repack/interop.py)
 
     def validate(self) -> None:
         """Usage errors that need no file: flag values out of range."""
@@ -156,6 +157,7 @@ class RepackPlan:
     source_format: str
     container: str
     warnings: list[str] = field(default_factory=list)
+    float_types: dict[str, str] = field(default_factory=dict)  # GGUF targets: --tensor-type of dense tensors
 
     @property
     def dropped(self) -> set[str]:

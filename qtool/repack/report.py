@@ -59,7 +59,8 @@ def render(report, console, *, refused: bool = False) -> None:
     console.print(f"{len(plan.modules)} modules: {summary}; {plan.passthrough} other tensors copied byte for byte")
     lost = sorted(plan.dropped)
     if lost:
-        console.print(f"dropped by --drop ({len(lost)} tensors, written nowhere): {sanitize(', '.join(lost))}")
+        console.print(f"dropped ({len(lost)} tensors, written nowhere; the plan says why): "
+                      f"{sanitize(', '.join(lost))}")
     for w in plan.warnings:
         console.print(f"warning: {sanitize(w)}")
     if plan.job.dry_run:

@@ -13,13 +13,12 @@ requantized (qtool.quant for integer layouts, gguf.quants for GGUF types) and th
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
+from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 
@@ -72,7 +71,19 @@ def plan_repack(job: RepackJob):
     if not source.modules:
         raise UsageError("no quantized modules to convert", path=job.src,
                          fix="repack converts quantized checkpoints; use `qtool pack` for dense ones")
-    return source, make_plan(source, job)
+    plan = make_plan(source, job)
+    if plan.target in GGUF_IDS:
+        from qtool.repack.interop import plan_gguf_types
+
+        plan.float_types = plan_gguf_types(source, plan, ModuleConverter(source, plan, {}))
+    elif job.tensor_type:
+        raise UsageError("--tensor-type sets GGUF tensor types; it does not apply to --to " + plan.target,
+                         fix="drop --tensor-type, or choose a GGUF target (q4_0, q4_1, q8_0)")
+    elif source.container == "gguf":
+        from qtool.repack.interop import dense_modules_for_hf
+
+        dense_modules_for_hf(source, plan)
+    return source, plan
 
 
 def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | None = None,
@@ -116,6 +127,7 @@ class ModuleConverter:
 
         self.source, self.plan, self.fast = source, plan, fast
         self.dst = get_format(plan.target)
+        self.rows: dict = {}  # module -> output row order (GGUF -> Hugging Face q/k rows)
 
     def source_plain(self, m):
         """The module's canonical Plain (None for GGUF types readable only by dequantizing)."""
@@ -171,7 +183,7 @@ class ModuleConverter:
 
         scratch: optional reusable int32 buffer that a direct path may write its packed weight into (the
         result then views it: the caller must not reuse it before the result is written)."""
-        if mp.relayout and not mp.steps:
+        if mp.relayout and not mp.steps and m.name not in self.rows:
             fn = self.fast.get((m.format, self.dst.spec.id))
             if fn is not None:
                 kw = {"out": scratch} if scratch is not None and _takes_out(fn) else {}
@@ -189,6 +201,10 @@ class ModuleConverter:
 
     def _relayout(self, m, mp: ModulePlan, plain) -> dict:
         plain = apply_steps(plain, mp)
+        if m.name in self.rows:
+            from qtool.repack.interop import permute_plain_rows
+
+            plain = permute_plain_rows(plain, self.rows[m.name])
         if self.dst.spec.id in GGUF_IDS:
             raw, why = self.dst.encode(plain)  # the check and the bytes in one pass
             if raw is not None:
@@ -215,6 +231,8 @@ class ModuleConverter:
         from qtool.formats import dequantize
 
         w = self.source_weight(m, plain)
+        if m.name in self.rows:
+            w = w[self.rows[m.name]]
         ref = w.to(torch.float64)
         if self.dst.spec.id in GGUF_IDS:
             import gguf
@@ -315,6 +333,20 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     total = len(source.order)
     dropped = plan.dropped
     pool = ScratchPool()
+    g2h = None
+    if source.container == "gguf":
+        from qtool.repack.interop import GGUFToHF
+
+        g2h = GGUFToHF(source)
+        conv.rows = {m.name: r for m in source.modules if (r := g2h.rows(m.layout["weight"])) is not None}
+    rn = g2h.name if g2h else (lambda n: n)
+
+    def gguf_tensor(name: str):
+        t = source.get(name) if source.tensor_info(name).type_name in ("F32", "F16", "BF16") else \
+            source.gguf_bytes(name)
+        r = g2h.rows(name)
+        return t if r is None else t[r]
+
     replacing = plan.out.exists() or plan.out.is_symlink()  # then the output is fsynced before the swap
     with atomic_output(plan.out, plan.job.force) as tmp:
         # a converted module writes at most 6 tensors (marlin: qweight, scales, qzeros, g_idx, perm, shape)
@@ -329,23 +361,28 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                 if m is None:
                     if name in skip or name in dropped:
                         continue
-                    if source.container == "gguf":
-                        w.add(name, source.get(name) if source.tensor_info(name).type_name in ("F32", "F16",
-                              "BF16") else source.gguf_bytes(name))
+                    if g2h:
+                        w.add(rn(name), gguf_tensor(name))
                     else:
                         w.add_raw(name, source.tensor_info(name))
                     continue
                 mp = plans[m.name]
                 if mp.copy:
                     for full in m.layout.values():
-                        if source.container == "gguf":
-                            w.add(full, source.gguf_bytes(full))
+                        if g2h:
+                            w.add(rn(full), gguf_tensor(full))
                         else:
                             w.add_raw(full, source.tensor_info(full))
                     continue
+                if mp.kind == "keep":  # GGUF module outside the blocks: dense, exact float32
+                    wt = conv.source_weight(m, None)
+                    r = g2h.rows(m.layout["weight"])
+                    w.add(rn(m.layout["weight"]), (wt if r is None else wt[r]).contiguous())
+                    continue
                 words = conv.scratch_words(m, mp)
                 buf = pool.take(words) if words else None
-                w.add_many([(f"{m.name}.{short}" if m.name else short, t)
+                out_mod = g2h.module(m.name) if g2h else m.name
+                w.add_many([(f"{out_mod}.{short}" if out_mod else short, t)
                             for short, t in conv.convert(m, mp, scratch=buf).items()])
                 if buf is not None:
                     w.after_written(lambda b=buf: pool.give(b))
@@ -355,7 +392,15 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
             raise
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
-        _write_configs(tmp, source, plan, conv.dst)
+        base_cfg = None
+        if g2h:
+            plan.warnings.extend(g2h.write_files(tmp, []))
+            plan.warnings.extend(g2h.warnings())
+            base_cfg = getattr(g2h, "config", None)
+            if conv.rows:
+                plan.warnings.append(f"{len(conv.rows)} q/k modules: rows put back from llama.cpp's rotary pair "
+                                     "order into transformers' (exact)")
+        _write_configs(tmp, source, plan, conv.dst, (g2h.module if g2h else None), base_cfg)
         from qtool.io.writer import copy_extras
 
         subdirs = source._ck.sub_directories() if source._ck is not None else []
@@ -377,14 +422,23 @@ def _module_order(source):
     return by_first, skip
 
 
-def _write_configs(tmp: Path, source, plan: RepackPlan, dst) -> None:
-    """config.json with the target format's quantization_config (and quantize_config.json, which
-    GPTQ/AWQ loaders also read)."""
+def _write_configs(tmp: Path, source, plan: RepackPlan, dst, rename=None, base: dict | None = None) -> None:
+    """config.json (the source's, or `base`) with the target format's quantization_config (and
+    quantize_config.json, which GPTQ/AWQ loaders also read); `rename` gives a module's output name (GGUF
+    sources)."""
     from qtool.io.writer import write_json
 
     conv = [m for m in plan.modules if m.converts]
+    if rename is not None:
+        from qtool.repack.interop import renamed
+
+        conv = renamed(conv, rename)
     qcfg = dst.quantization_config([(m.module, m.target_scheme(), m.target_meta) for m in conv])
-    cfg = dict(source.config or {})
+    if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
+        from qtool.io.hf_gguf import loader_keys
+
+        qcfg.update(loader_keys(plan.target, [m.module for m in conv]))
+    cfg = dict(base if base is not None else source.config or {})
     if qcfg is not None:
         cfg["quantization_config"] = qcfg
     write_json(tmp / "config.json", cfg)
@@ -399,58 +453,81 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
 
     from qtool.formats import dequantize
     from qtool.formats.gguf_blocks import BLOCKS
-    from qtool.io.gguf_writer import (
-        GGUFTensorSpec,
-        carried_kv,
-        hparams_from_config,
-        name_mapper,
-        resolve_arch,
-        write_gguf,
-    )
+    from qtool.io.gguf_writer import GGUFTensorSpec, carried_kv, name_mapper, resolve_arch, write_gguf
+    from qtool.io.hf_gguf import blocks_present, rotary_heads, rotary_rows, skip_reason
     from qtool.io.writer import atomic_output
+    from qtool.repack.interop import encode_as, module_weight, type_nbytes
 
     gguf_src = source.container == "gguf"
     arch = resolve_arch(source.config, source.architecture if gguf_src else None)
     # GGUF names stay as they are; Hugging Face names are mapped for the blocks their tensors number (a
     # block count claimed by a file never sizes the map)
     mapped = (lambda n: n) if gguf_src else name_mapper(arch, blocks_present(source.order, source.path))
+    cfg = source.config or {}
+    n_head, n_kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     by_first, skip = _module_order(source)
     plans = {m.module: m for m in plan.modules}
     nbytes_blk, _, tname = BLOCKS[plan.target]
-    specs, jobs = [], []
+    specs, jobs, rows = [], [], []
     dropped = plan.dropped
     _ST_GGML = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I32": "I32", "I64": "I64", "I8": "I8", "I16": "I16"}
+    float_types = plan.float_types
+
+    def left_out(name: str) -> bool:
+        why = None if gguf_src else skip_reason(arch, name)
+        if why:
+            plan.warnings.append(f"{name}: left out of the GGUF: {why}")
+        return why is not None
+
+    def add(spec, job):
+        specs.append(spec)
+        jobs.append(job)
+        heads = None if gguf_src else rotary_heads(arch, spec.name, n_head, n_kv)
+        rows.append(None if heads is None else rotary_rows(spec.shape[0], heads, True, spec.name))
+
     for name in source.order:
         m = by_first.get(name)
         if m is None:
-            if name in skip or name in dropped:
+            if name in skip or name in dropped or left_out(name):
                 continue
             info = source.tensor_info(name)
-            if gguf_src:
-                specs.append(GGUFTensorSpec(name, tuple(reversed(info.shape)), info.type_name, info.nbytes))
-                jobs.append(("raw", name, None))
+            if gguf_src and name in float_types:
+                shape = tuple(reversed(info.shape))
+                add(GGUFTensorSpec(name, shape, float_types[name], type_nbytes(float_types[name], shape)),
+                    ("encode_raw", name, float_types[name]))
+            elif gguf_src:
+                add(GGUFTensorSpec(name, tuple(reversed(info.shape)), info.type_name, info.nbytes), ("raw", name, None))
+            elif name in float_types:
+                add(GGUFTensorSpec(mapped(name), tuple(info.shape), float_types[name],
+                                   type_nbytes(float_types[name], tuple(info.shape))), ("encode_raw", name,
+                                                                                     float_types[name]))
             elif info.dtype in _ST_GGML:
-                specs.append(GGUFTensorSpec(mapped(name), tuple(info.shape), _ST_GGML[info.dtype], info.nbytes))
-                jobs.append(("raw", name, None))
+                add(GGUFTensorSpec(mapped(name), tuple(info.shape), _ST_GGML[info.dtype], info.nbytes),
+                    ("raw", name, None))
             else:
                 plan.warnings.append(f"{name}: dtype {info.dtype} has no GGUF type; left out")
             continue
         mp = plans[m.name]
         o, i = mp.shape
+        if mp.dropped and set(m.layout.values()) <= set(mp.dropped):  # left out (plan_gguf_types says why)
+            continue
         out_name = mapped(f"{m.name}.weight") if not gguf_src else f"{m.name}.weight"
-        if mp.copy and gguf_src:
+        own = (mp.target_meta or {}).get("gguf_type")
+        if own:  # --tensor-type: the module in its own GGML type
+            add(GGUFTensorSpec(out_name, (o, i), own, type_nbytes(own, (o, i))), ("encode", m, own))
+        elif mp.copy and gguf_src:
             info = source.tensor_info(m.layout["weight"])
-            specs.append(GGUFTensorSpec(out_name, (o, i), info.type_name, info.nbytes))
-            jobs.append(("raw", m.layout["weight"], None))
+            add(GGUFTensorSpec(out_name, (o, i), info.type_name, info.nbytes), ("raw", m.layout["weight"], None))
         elif mp.kind == "keep":
             # GGUF cannot hold the source's integer layout: write what it decodes to, exactly, as a float tensor
             sd = {"F16": "F16", "BF16": "BF16"}.get(m.scale_dtype or "F16", "F32")
-            specs.append(GGUFTensorSpec(out_name, (o, i), sd, o * i * (4 if sd == "F32" else 2)))
-            jobs.append(("dense", m, mp))
+            add(GGUFTensorSpec(out_name, (o, i), sd, o * i * (4 if sd == "F32" else 2)), ("dense", m, mp))
             plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
         else:
-            specs.append(GGUFTensorSpec(out_name, (o, i), tname, o * (i // 32) * nbytes_blk))
-            jobs.append(("convert", m, mp))
+            add(GGUFTensorSpec(out_name, (o, i), tname, o * (i // 32) * nbytes_blk), ("convert", m, mp))
+    if any(r is not None for r in rows):
+        plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "
+                             "rotary pair order (exact; transformers reorders them back on load)")
 
     def data():
         tdt = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
@@ -459,39 +536,35 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
                 on_progress(specs[k].name, k, len(jobs))
             if kind == "raw":
                 t = source.gguf_bytes(a) if gguf_src else source.get(a)
-                yield t.contiguous().view(torch.uint8).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+                t = t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t
             elif kind == "dense":
                 w = dequantize(conv.source_plain(a), tdt[specs[k].type_name])
-                yield w.view(torch.uint8).numpy() if w.dtype == torch.bfloat16 else w.numpy()
+                t = w.view(torch.uint8) if w.dtype == torch.bfloat16 else w
+            elif kind in ("encode", "encode_raw"):
+                w = module_weight(conv, a) if kind == "encode" else source.get(a).float()
+                t = torch.from_numpy(encode_as(w, mp)[0].copy())
             else:
-                yield conv.convert(a, mp)["weight"].numpy()
+                t = conv.convert(a, mp)["weight"]
+            if rows[k] is not None:
+                t = t[rows[k]]
+            yield t.numpy()
 
     kv = carried_kv(source.gguf_header) if gguf_src else []
-    hp = [] if gguf_src else hparams_from_config(source.config, source.root)
-    name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
+    extra: dict = {}
+    if not gguf_src and arch:
+        from qtool.io.hf_gguf import hf_metadata
+
+        n_vocab = next((s.shape[0] for s in specs if s.name == "token_embd.weight"), None)
+        extra, warns = hf_metadata(arch, cfg, source.root, n_vocab)
+        plan.warnings.extend(warns)
+    elif not gguf_src:
+        plan.warnings.append("architecture unknown (config.json model_type): the GGUF has no hyperparameters or "
+                             "tokenizer, and llama.cpp will not load it")
+    name = None if gguf_src else cfg.get("_name_or_path") or Path(source.path).name
     with atomic_output(plan.out, plan.job.force, directory=False, need_bytes=sum(s.nbytes for s in specs)) as tmp:
         write_gguf(tmp, arch or "unknown", specs, data(), gguf.LlamaFileType[f"MOSTLY_{type_name(plan.target)}"], kv,
-                   [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
+                   [], name=name if isinstance(name, str) else None, extra=extra)
     report.files = [plan.out.name]
     report.bytes_out = plan.out.stat().st_size
     if on_progress:
         on_progress("", len(jobs), len(jobs))
-
-
-# gguf.get_tensor_name_map's cost grows with the block count (~3 s for 1000): the largest models have ~130
-MAX_BLOCKS = 1024
-_INDEX = re.compile(r"\.(\d+)\.")
-
-
-def blocks_present(names: list[str], path=None) -> int:
-    """1 + the largest block number the tensor names hold (0 when none); an InputError past MAX_BLOCKS."""
-    top = -1
-    for n in names:
-        for x in _INDEX.findall(n):
-            if len(x) > 6 or int(x) >= MAX_BLOCKS:
-                raise InputError(f"tensor name numbers block {x[:12]}{'...' if len(x) > 12 else ''}; qtool maps "
-                                 f"names of at most {MAX_BLOCKS} blocks to GGUF", path=path, tensor=n,
-                                 fix="rename the tensors, or convert to a Hugging Face layout instead")
-            top = max(top, int(x))
-    return top + 1
-

@@ -330,6 +330,8 @@ def test_no_link_is_followed_out_of_the_source(inputs, tmp_path):
     (src / "id_ed25519").symlink_to(secret)
     (src / "tokenizer_alias.json").symlink_to("tokenizer.json")  # inside the tree: copied as a link
     (src / "original").mkdir()
+    (src / "original" / "notes.txt").write_text("kept")
+    (src / "original" / "key").symlink_to(secret)
     dest = tmp_path / "out"
     r = run_qtool(["pack", src, "--group-size", "32", "-o", dest])
     assert r.rc == 0, r.stderr
@@ -339,8 +341,10 @@ def test_no_link_is_followed_out_of_the_source(inputs, tmp_path):
     assert (dest / "tokenizer.json").read_text() == '{"model": {}}\n'
     warnings = json.loads((dest / "report.json").read_text())["warnings"]
     assert any(w.startswith("id_ed25519: not copied: a symbolic link") for w in warnings), warnings
-    assert any(w.startswith("original/: sub-directory not copied") for w in warnings), warnings
-    assert "id_ed25519: not copied" in r.stdout and "original/" in r.stdout
+    assert (dest / "original" / "notes.txt").read_text() == "kept"  # sub-directories are carried over
+    assert not (dest / "original" / "key").exists() and not (dest / "original" / "key").is_symlink()
+    assert any(w.startswith("original/key: not copied: a symbolic link") for w in warnings), warnings
+    assert "id_ed25519: not copied" in r.stdout and "original/key" in r.stdout
 
 
 def test_error_messages_never_print_file_contents(inputs, tmp_path):

@@ -1,0 +1,503 @@
+"""What llama.cpp and transformers each expect of a model, per architecture, so a conversion between a Hugging
+Face directory and a GGUF file gives a file the other side loads.
+
+One row per architecture (ARCHS): the llama.cpp architecture, the transformers model_type and class, the
+Hugging Face name prefixes used to invert the gguf package's tensor-name map, the tensors llama.cpp's own
+converter leaves out, and whether the rotary projections' rows are in llama.cpp's order. Everything else comes
+from the gguf package: tensor names (`gguf.get_tensor_name_map`), metadata keys and their value types (the
+`GGUFWriter.add_*` methods), the vocabulary readers (`gguf.vocab.BpeVocab`, `gguf.vocab.SpecialVocab`), token
+types and pooling types.
+
+Facts from llama.cpp's convert_hf_to_gguf.py and transformers' GGUF loader:
+- BERT: tokenizer model "bert" with WordPiece tokens written in "phantom space" form (a word-initial piece gets
+  a leading U+2581, a "##" continuation loses its "##", control tokens stay as they are); `bert.attention.causal`
+  false; `bert.pooling_type` from sentence-transformers' 1_Pooling/config.json; `embeddings.position_ids`, the
+  pooler and the masked-LM head are not loaded by llama.cpp.
+- Llama: q_proj and k_proj rows are reordered from Hugging Face's half-split rotary layout to llama.cpp's
+  interleaved pairs: per head, w.reshape(n_head, 2, d/2, ...).swapaxes(1, 2) (k with the key-value head count);
+  transformers undoes it on load. `rope.dimension_count` is the head dimension.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qtool.errors import InputError
+
+
+@dataclass(frozen=True)
+class ArchRow:
+    """One architecture. gguf_arch: llama.cpp's name; model_type / hf_class: what config.json says;
+    hf_names: the transformers module names of this family (a regex: the gguf package's map lists the
+    names of many families for one GGUF tensor, and inverting it picks the one this matches); skip: regexes of Hugging Face tensors llama.cpp does not load (left out, and said
+    so); permute_qk: q/k rows are reordered for llama.cpp's rotary pairs; causal: decoder attention."""
+
+    gguf_arch: str
+    model_type: str
+    hf_class: str
+    hf_names: str
+    skip: tuple[str, ...]
+    permute_qk: bool
+    causal: bool
+    hidden_act: str
+
+
+ARCHS: dict[str, ArchRow] = {
+    "bert": ArchRow("bert", "bert", "BertModel",
+                    r"embeddings\.((word|position|token_type)_embeddings|LayerNorm)|encoder\.layer\.\d+\.(attention\."
+                    r"(self\.(query|key|value)|output\.(dense|LayerNorm))|intermediate\.dense|output\.(dense|LayerNorm))",
+                    (r"^embeddings\.position_ids$", r"^pooler\.", r"^cls\."), False, False, "gelu"),
+    "llama": ArchRow("llama", "llama", "LlamaForCausalLM",
+                     r"lm_head|model\.(embed_tokens|norm|layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj|"
+                     r"input_layernorm|post_attention_layernorm))",
+                     (r"\.rotary_emb\.inv_freq$",), True, True, "silu"),
+}
+# config.json key <-> GGUFWriter method; the GGUF key each method writes is asked of the gguf package
+HPARAMS = (("max_position_embeddings", "add_context_length"), ("hidden_size", "add_embedding_length"),
+           ("intermediate_size", "add_feed_forward_length"), ("num_hidden_layers", "add_block_count"),
+           ("num_attention_heads", "add_head_count"), ("num_key_value_heads", "add_head_count_kv"),
+           ("rms_norm_eps", "add_layer_norm_rms_eps"), ("layer_norm_eps", "add_layer_norm_eps"),
+           ("rope_theta", "add_rope_freq_base"), ("vocab_size", "add_vocab_size"),
+           ("head_dim", "add_rope_dimension_count"))
+FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})
+# what llama.cpp needs in every model file it loads (checked by `inspect`)
+REQUIRED_HPARAMS = ("add_context_length", "add_embedding_length", "add_block_count", "add_head_count")
+# sentence-transformers pooling flags -> llama.cpp pooling type names (gguf.PoolingType)
+POOLING = (("pooling_mode_mean_tokens", "MEAN"), ("pooling_mode_cls_token", "CLS"),
+           ("pooling_mode_lasttoken", "LAST"))
+PHANTOM = "\u2581"
+
+
+def arch_row(arch: str | None) -> ArchRow | None:
+    return ARCHS.get(arch or "")
+
+
+def gguf_key(arch: str, method: str) -> str:
+    """The metadata key a GGUFWriter method writes for `arch` (the gguf package names it)."""
+    import gguf
+
+    w = gguf.GGUFWriter(None, arch)
+    arg: Any = 1.0 if method in ("add_layer_norm_rms_eps", "add_layer_norm_eps", "add_rope_freq_base") else 1
+    getattr(w, method)(arg)
+    return list(w.kv_data[0])[-1]
+
+
+# --- tensor names and row order ------------------------------------------------------------------------------
+def skip_reason(arch: str | None, hf_name: str) -> str | None:
+    """Why llama.cpp's converter leaves this Hugging Face tensor out (None: it is written)."""
+    row = arch_row(arch)
+    if row is None:
+        return None
+    for rx in row.skip:
+        if re.search(rx, hf_name):
+            return f"llama.cpp's {row.gguf_arch} graph does not load it (its converter leaves it out)"
+    return None
+
+
+def inverse_name_map(arch: str, n_blocks: int) -> dict[str, str]:
+    """{GGUF tensor base name: Hugging Face base name} for `arch`, from the gguf package's map: of the
+    Hugging Face names it lists for one GGUF name, the one the row's hf_names matches."""
+    import gguf
+
+    row = arch_row(arch)
+    enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
+    if enum is None or row is None:
+        return {}
+    tmap = gguf.get_tensor_name_map(enum, n_blocks)
+    ours = re.compile(row.hf_names)
+    out: dict[str, str] = {}
+    for hf, (_, gg) in tmap.mapping.items():
+        if hf != gg and gg not in out and ours.fullmatch(hf):
+            out[gg] = hf
+    return out
+
+
+def gguf_to_hf_name(inverse: dict[str, str], name: str) -> str | None:
+    """`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight` (None when the map lacks it)."""
+    for suffix in (".weight", ".bias", ""):
+        if suffix and not name.endswith(suffix):
+            continue
+        base = name[:len(name) - len(suffix)] if suffix else name
+        if base in inverse:
+            return inverse[base] + suffix
+    return None
+
+
+def rotary_heads(arch: str | None, gguf_name: str, n_head: int | None, n_head_kv: int | None) -> int | None:
+    """The head count whose rotary row order differs between Hugging Face and llama.cpp for this tensor
+    (attn_q: n_head; attn_k: n_head_kv), or None when its rows are the same in both."""
+    row = arch_row(arch)
+    if row is None or not row.permute_qk or not n_head:
+        return None
+    base = gguf_name.rsplit(".", 1)[0]
+    if base.endswith(".attn_q"):
+        return n_head
+    if base.endswith(".attn_k"):
+        return n_head_kv or n_head
+    return None
+
+
+def rotary_rows(n_rows: int, n_head: int, to_gguf: bool, name: str = ""):
+    """int64 [n_rows]: out = w[idx] reorders the rows of a q/k projection (or its bias) from Hugging Face's
+    half-split rotary layout to llama.cpp's interleaved pairs (to_gguf) or back."""
+    import torch
+
+    if n_head <= 0 or n_rows % (2 * n_head):
+        raise InputError(f"{n_rows} rows do not split into {n_head} heads of rotary pairs", tensor=name,
+                         fix="check num_attention_heads / num_key_value_heads")
+    idx = torch.arange(n_rows).reshape(n_head, 2, n_rows // n_head // 2).swapaxes(1, 2).reshape(-1)
+    return idx if to_gguf else torch.argsort(idx)
+
+
+# --- Hugging Face -> GGUF metadata ----------------------------------------------------------------------------
+def _read_json(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read it as JSON ({e})", path=path, fix="repair or remove the file") from None
+    return d if isinstance(d, dict) else None
+
+
+def pooling_type(root: Path) -> str | None:
+    """llama.cpp pooling type name from sentence-transformers' modules.json / Pooling config, or None."""
+    modules = _read_json_list(root / "modules.json")
+    for m in modules:
+        if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling") and isinstance(m.get("path"), str):
+            cfg = _read_json(root / m["path"] / "config.json") or {}
+            for flag, name in POOLING:
+                if cfg.get(flag):
+                    return name
+    return None
+
+
+def _read_json_list(path: Path) -> list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read it as JSON ({e})", path=path, fix="repair or remove the file") from None
+    return d if isinstance(d, list) else []
+
+
+def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None) -> tuple[dict, list[str]]:
+    """({key: (value type id, value, item type id or None)}, warnings): the hyperparameters, flags and
+    tokenizer llama.cpp reads for `arch`, from config.json and the tokenizer files in `root`, keyed and typed
+    by the gguf package's GGUFWriter."""
+    import gguf
+
+    w = gguf.GGUFWriter(None, arch)
+    warnings: list[str] = []
+    row = arch_row(arch)
+    cfg = dict(config)
+    if row is not None and row.permute_qk and "head_dim" not in cfg and cfg.get("num_attention_heads"):
+        cfg["head_dim"] = cfg.get("hidden_size", 0) // cfg["num_attention_heads"]
+    if n_vocab and not cfg.get("vocab_size"):
+        cfg["vocab_size"] = n_vocab
+    for key, method in HPARAMS:
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if key in FLOAT_HPARAMS:
+            import math
+
+            if not math.isfinite(v) or abs(v) > 3.4028234663852886e38:
+                raise InputError(f"config.json {key} = {v!r} is not a finite float32, which GGUF stores it as",
+                                 path=root, fix="correct config.json")
+            getattr(w, method)(float(v))
+        else:
+            if not isinstance(v, int) or not 0 <= v < 1 << 32:
+                raise InputError(f"config.json {key} = {v!r} is not an integer in [0, 2^32), which GGUF stores "
+                                 "it as", path=root, fix="correct config.json")
+            getattr(w, method)(v)
+    if row is not None:
+        w.add_causal_attention(row.causal)
+        if row.gguf_arch == "bert":
+            w.add_token_type_count(int(cfg.get("type_vocab_size", 1)))
+    if root is not None:
+        pool = pooling_type(root)
+        if pool is not None:
+            w.add_pooling_type(gguf.PoolingType[pool])
+        with _gguf_log() as said:
+            warnings += _add_tokenizer(w, arch, root, cfg)
+        warnings += [f"tokenizer: {m}" for m in said if "No handler for special token type" not in m]
+    return {k: (int(v.type), v.value, None if v.sub_type is None else int(v.sub_type))
+            for k, v in w.kv_data[0].items()}, warnings
+
+
+@contextlib.contextmanager
+def _gguf_log():
+    """Collect what the gguf package's vocabulary readers log (they warn through `logging`), so it reaches
+    the report instead of stderr. llama.cpp has no key for a BERT cls token id (it uses bos): that notice is
+    dropped by the caller."""
+    import logging
+
+    said: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    log = logging.getLogger("gguf")
+    h, old = _Keep(logging.WARNING), log.propagate
+    log.addHandler(h)
+    log.propagate = False
+    try:
+        yield said
+    finally:
+        log.removeHandler(h)
+        log.propagate = old
+
+
+def _special_tokens(tok_json: dict | None) -> dict[str, bool]:
+    """{content: special} of tokenizer.json's added tokens."""
+    out = {}
+    for t in (tok_json or {}).get("added_tokens") or []:
+        if isinstance(t, dict) and isinstance(t.get("content"), str):
+            out[t["content"]] = bool(t.get("special"))
+    return out
+
+
+def _add_tokenizer(w, arch: str, root: Path, cfg: dict) -> list[str]:
+    import gguf
+
+    tok_json = _read_json(root / "tokenizer.json")
+    model = (tok_json or {}).get("model") or {}
+    added = _special_tokens(tok_json)
+    pre = tokenizer_pre(root)
+    if model.get("type") == "WordPiece" or (tok_json is None and (root / "vocab.txt").is_file()):
+        vocab = model.get("vocab") if isinstance(model.get("vocab"), dict) else _vocab_txt(root / "vocab.txt")
+        tokens = [None] * (max(vocab.values()) + 1 if vocab else 0)
+        for t, i in vocab.items():
+            tokens[i] = t
+        types, out = [], []
+        for i, t in enumerate(tokens):
+            if t is None:
+                t, ty = f"[PAD{i}]", gguf.TokenType.UNUSED
+            elif added.get(t):
+                ty = gguf.TokenType.CONTROL
+            elif t in added:
+                ty = gguf.TokenType.USER_DEFINED
+            else:
+                ty = gguf.TokenType.NORMAL
+            types.append(int(ty))
+            out.append(t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##") else PHANTOM + t)
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre(pre or "default")
+        w.add_token_list(out)
+        w.add_token_types(types)
+        gguf.SpecialVocab(root, n_vocab=len(out)).add_to_gguf(w, quiet=True)
+        return []
+    if model.get("type") == "BPE" or (root / "vocab.json").is_file():
+        try:
+            v = gguf.vocab.BpeVocab(root)
+        except (FileNotFoundError, ValueError) as e:
+            return [f"tokenizer not written: {e}; llama.cpp will not load the file without one"]
+        tokens, types = [], []
+        for text, _, ty in v.all_tokens():
+            s = text.decode("utf-8") if isinstance(text, bytes) else text
+            if s in added:
+                ty = gguf.TokenType.CONTROL if added[s] else gguf.TokenType.USER_DEFINED
+            tokens.append(s)
+            types.append(int(ty))
+        n = cfg.get("vocab_size")
+        for i in range(len(tokens), n if isinstance(n, int) and n > len(tokens) else len(tokens)):
+            tokens.append(f"[PAD{i}]")
+            types.append(int(gguf.TokenType.UNUSED))
+        w.add_tokenizer_model("gpt2")
+        warnings = []
+        if pre is None:
+            warnings.append("tokenizer.ggml.pre: not known for this tokenizer; written as 'default' (GPT-2's "
+                            "pre-tokenizer regex): llama.cpp may split text differently from transformers")
+        w.add_tokenizer_pre(pre or "default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        gguf.SpecialVocab(root, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+        return warnings
+    return ["tokenizer not written: no tokenizer.json (WordPiece or byte-level BPE), vocab.txt or vocab.json "
+            "beside the weights; llama.cpp will not load the file without one"]
+
+
+def _vocab_txt(path: Path) -> dict[str, int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {line.rstrip("\n"): i for i, line in enumerate(f)}
+    except FileNotFoundError:
+        return {}
+
+
+# qtool writes the GGUF pre-tokenizer name beside a tokenizer it builds from a GGUF file, so the way back
+# names it again (llama.cpp picks its pre-tokenizer regex by this name; the tokenizer files do not say it)
+PRE_FILE_KEY = "gguf_tokenizer_pre"
+
+
+def tokenizer_pre(root: Path) -> str | None:
+    cfg = _read_json(root / "tokenizer_config.json") or {}
+    v = cfg.get(PRE_FILE_KEY)
+    return v if isinstance(v, str) and v else None
+
+
+# --- GGUF -> Hugging Face -------------------------------------------------------------------------------------
+def hf_config(arch: str, kv: dict, tensor_names: list[str]) -> dict:
+    """config.json for transformers from a GGUF file's metadata (`kv`: key -> value) and its tensor names."""
+    import numpy as np
+
+    row = arch_row(arch)
+    if row is None:
+        raise InputError(f"qtool writes a transformers config for GGUF architectures {', '.join(ARCHS)}, not "
+                         f"'{arch}'", fix="convert to another GGUF type instead, or --to a GGUF target")
+    cfg: dict[str, Any] = {"architectures": [row.hf_class], "model_type": row.model_type,
+                           "hidden_act": row.hidden_act}
+    for key, method in HPARAMS:
+        v = kv.get(gguf_key(arch, method))
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            # GGUF holds float32: its shortest decimal (1e-05, not 9.999999747378752e-06) reads back the same
+            cfg[key] = float(str(np.float32(v))) if key in FLOAT_HPARAMS else int(v)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in cfg:
+        n = _count(tokens)
+        if n:
+            cfg["vocab_size"] = n
+    if row.gguf_arch == "bert":
+        cfg["type_vocab_size"] = int(kv.get("tokenizer.ggml.token_type_count", 2))
+    else:
+        cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
+        if "num_key_value_heads" not in cfg and "num_attention_heads" in cfg:
+            cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    for name, hf in (("bos", "bos"), ("eos", "eos"), ("padding", "pad"), ("unknown", "unk")):
+        v = kv.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(v, int) and not isinstance(v, bool):
+            cfg[f"{hf}_token_id"] = v
+    return cfg
+
+
+def _count(v) -> int | None:
+    if isinstance(v, list):
+        return len(v)
+    return getattr(v, "count", None)
+
+
+def hf_tokenizer_files(gguf_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """({file name: JSON object or text}, warnings): the tokenizer files transformers reads, built from a
+    GGUF file's tokenizer.* metadata (read with the gguf package's reader)."""
+    import gguf
+
+    r = gguf.GGUFReader(gguf_path)
+
+    def val(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    model = val("tokenizer.ggml.model")
+    tokens = val("tokenizer.ggml.tokens") or []
+    types = val("tokenizer.ggml.token_type") or [1] * len(tokens)
+    special = {name: val(f"tokenizer.ggml.{name}_token_id") for name in
+               ("bos", "eos", "unknown", "padding", "seperator", "cls", "mask")}
+    cfg: dict[str, Any] = {"clean_up_tokenization_spaces": False}
+    for name, hf in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"),
+                     ("padding", "pad_token"), ("seperator", "sep_token"), ("cls", "cls_token"),
+                     ("mask", "mask_token")):
+        i = special[name]
+        if isinstance(i, int) and 0 <= i < len(tokens):
+            cfg[hf] = tokens[i]
+    for flag in ("bos", "eos"):
+        v = val(f"tokenizer.ggml.add_{flag}_token")
+        if isinstance(v, bool):
+            cfg[f"add_{flag}_token"] = v
+    tmpl = val("tokenizer.chat_template")
+    if isinstance(tmpl, str):
+        cfg["chat_template"] = tmpl
+    ctx = None
+    arch = val("general.architecture")
+    if isinstance(arch, str):
+        ctx = val(f"{arch}.context_length")
+    if isinstance(ctx, int):
+        cfg["model_max_length"] = ctx
+    pre = val("tokenizer.ggml.pre")
+    if isinstance(pre, str):
+        cfg[PRE_FILE_KEY] = pre
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": ty == 3} for i, (t, ty) in enumerate(zip(tokens, types, strict=False)) if ty in (3, 4)]
+    if model == "gpt2":
+        merges = val("tokenizer.ggml.merges") or []
+        level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        pre_tok = ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, level]}
+                   if pre in DIGIT_SPLITTING_PRE else level)
+        tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+               "pre_tokenizer": pre_tok, "post_processor": level | {"trim_offsets": False},
+               "decoder": level | {"add_prefix_space": True},
+               "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                         "ignore_merges": False, "vocab": {t: i for i, t in enumerate(tokens)},
+                         "merges": list(merges)}}
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        warnings = [] if pre in DIGIT_SPLITTING_PRE or pre in ("default", "gpt2", None) else [
+            f"tokenizer.ggml.pre '{pre}': written as GPT-2's byte-level pre-tokenizer; transformers may split "
+            "text differently from llama.cpp"]
+        return {"tokenizer.json": tok, "tokenizer_config.json": cfg}, warnings
+    if model == "bert":
+        vocab = []
+        for t, ty in zip(tokens, types, strict=False):
+            vocab.append(t if ty == 3 else t[1:] if t.startswith(PHANTOM) else "##" + t)
+        cfg.update({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
+        return {"vocab.txt": "\n".join(vocab) + "\n", "tokenizer_config.json": cfg}, []
+    return {}, [f"tokenizer not written: GGUF tokenizer model '{model}' (qtool writes 'gpt2' and 'bert' ones)"]
+
+
+# GGUF pre-tokenizer names whose regex splits digits one by one (llama.cpp's llama-vocab.cpp)
+DIGIT_SPLITTING_PRE = frozenset({"smollm"})
+
+
+def write_files(out: Path, files: dict[str, Any]) -> None:
+    for name, content in files.items():
+        with open(out / name, "w", encoding="utf-8") as f:
+            if isinstance(content, str):
+                f.write(content)
+            else:
+                json.dump(content, f, indent=1, ensure_ascii=False)
+                f.write("\n")
+
+
+# gguf.get_tensor_name_map's cost grows with the block count (~3 s for 1000): the largest models have ~130
+MAX_BLOCKS = 1024
+_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def blocks_present(names: list[str], path=None) -> int:
+    """1 + the largest block number the tensor names hold (0 when none); an InputError past MAX_BLOCKS."""
+    top = -1
+    for n in names:
+        for x in _INDEX.findall(n):
+            if len(x) > 6 or int(x) >= MAX_BLOCKS:
+                raise InputError(f"tensor name numbers block {x[:12]}{'...' if len(x) > 12 else ''}; qtool maps "
+                                 f"names of at most {MAX_BLOCKS} blocks to GGUF", path=path, tensor=n,
+                                 fix="rename the tensors, or convert to a Hugging Face layout instead")
+            top = max(top, int(x))
+    return top + 1
+
+
+# block prefixes transformers' GPTQ path finds by itself; any other is written as block_name_to_quantize
+KNOWN_BLOCKS = ("transformer.h", "model.decoder.layers", "gpt_neox.layers", "model.layers")
+_BLOCK = re.compile(r"^(.+?)\.\d+\.")
+
+
+def loader_keys(format_id: str, quantized: list[str], kept_linear: list[str] = ()) -> dict:
+    """Keys transformers' GPTQ and AWQ paths need beyond the scheme: `block_name_to_quantize` where the
+    quantized modules lie in blocks it does not find by itself (an encoder's `encoder.layer`), and for AWQ
+    `modules_to_not_convert`: the linear modules kept dense (`kept_linear`), which it would otherwise replace."""
+    out: dict = {}
+    blocks = {m.group(1) if (m := _BLOCK.match(name)) else None for name in quantized}
+    if len(blocks) == 1 and None not in blocks and next(iter(blocks)) not in KNOWN_BLOCKS:
+        out["block_name_to_quantize"] = next(iter(blocks))
+    if format_id == "awq" and kept_linear:
+        out["modules_to_not_convert"] = list(kept_linear)
+    return out
