@@ -501,13 +501,13 @@ def test_x_in_registers_plan():
     from qtool.kernels.cuda.launch import XR_MAX_WARPS, xr_smem, xr_units
 
     for (nt, r, d, t, b, c), sl in built.XR.items():
-        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get(r, 16), bias=b, cluster=c)
+        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get((nt, r), 16), bias=b, cluster=c)
         st = state(8192, 28672) if c else state(8192, 8192)  # a cluster takes exactly two K groups
         name = plan(cfg, 8 * nt, st)["name"]
         assert {name.replace("{dt}", "f16"), name.replace("{dt}", "bf16")} <= ENTRY
         assert name.endswith(("_b" if b else "") + ("_c" if c else ""))
         # every built form, at its most warps, fits one CTA per SM
-        assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl, b, c) <= SMEM_MAX - 1024
+        assert xr_smem(XR_MAX_WARPS.get((nt, r), 16), r, d, nt, t, sl, b, c) <= SMEM_MAX - 1024
     cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
     gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
     assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2

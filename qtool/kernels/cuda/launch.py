@@ -56,7 +56,7 @@ X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough 
 WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/mma.cuh mma_xs XS)
 XR_CLUSTER_SLOTS = 4  # csrc/xr.cuh xr_small S2: rank 1's sums of a unit waiting in rank 0
-XR_MAX_WARPS = {8: 8}  # blocks per warp -> most warps a CTA (r 8: 128 registers of x, 255 a thread)
+XR_MAX_WARPS = {(1, 8): 8, (2, 8): 8, (4, 4): 8}  # (nt, r) -> most warps a CTA (64-128 registers of x, 255 a thread)
 
 
 def kernels(cc: tuple[int, int]) -> frozenset[str]:
@@ -373,7 +373,7 @@ def _xr_plan(cfg: Config, m: int, st, n16: int, kb: int, post: bool) -> dict:
     depth = ring_depth(XR, True, depth=cfg.depth)
     shape = (cfg.nt, cfg.r, depth, cfg.t)
     if (not post or m > 8 * cfg.nt or (*shape, cfg.bias, False) not in built.XR
-            or cfg.warps > XR_MAX_WARPS.get(cfg.r, 16)):
+            or cfg.warps > XR_MAX_WARPS.get((cfg.nt, cfg.r), 16)):
         raise ValueError(f"no x-in-registers kernel for M {m}, nt {cfg.nt}, {cfg.r} blocks per warp, ring depth "
                          f"{depth}, {cfg.t} tiles per unit, {cfg.warps} warps{', biased' if cfg.bias else ''}"
                          f"{'' if post else ' and groups not found by a shift'}")
