@@ -17,7 +17,7 @@ import torch
 
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
-from qtool.formats.gptq import check_divisible, infer_group_size
+from qtool.formats.gptq import infer_group_size
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing.bitstream import pack_stream, unpack_stream
 
@@ -54,19 +54,18 @@ def unpack_awq_cols(words: torch.Tensor, n: int) -> torch.Tensor:
 class AwqGemm(Format):
     spec = FormatSpec(
         id="awq",
+        aliases=("awq_gemm",),
         bits=(4,),
         tensors=("qweight", "qzeros", "scales"),
         required=("qweight", "qzeros", "scales"),
         summary="AWQ GEMM 4-bit (true z): qweight int32 [I, O/8] packed along O with nibble interleave "
                 "[0,2,4,6,1,3,5,7], qzeros [I/G, O/8], scales [I/G, O], no g_idx",
         act_order=False,
-        extra={"zero_convention": "v2", "interleave": AWQ_ORDER, "in_multiple": {4: 1},
-               "out_multiple": {4: 8}, "version": "gemm"},
+        out_multiple={4: 8},
     )
 
     def check(self, plain: Plain) -> list[str]:
         why = super().check(plain)
-        why += check_divisible(plain, self.spec.bits, 1, 8, "awq")
         why += plain.check_ranges()
         return why
 

@@ -11,6 +11,7 @@ stored exactly (empty list = it can).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -22,17 +23,19 @@ from qtool.formats.plain import Plain
 
 @dataclass(frozen=True)
 class FormatSpec:
-    """One row of the format table.
+    """One row of the format table: what `check()`, the registry and the documentation read.
 
     id:          stable identifier used on the command line and in metadata ("gptq", "gptq_v2", ...)
+    aliases:     other spellings that name this format (repack targets, inspect's type names); one table
     bits:        bit widths the layout can hold
+    tensors:     short tensor names the layout writes (optional ones included); repack carries others aside
+    required:    short tensor names every module of the layout holds
+    summary:     one line on the packed shapes, for documentation
     group_sizes: allowed group sizes; None = any positive size dividing in_features, plus -1
     sym / asym:  whether symmetric / asymmetric zeros can be stored
     act_order:   whether an arbitrary g_idx can be stored
-    tensors:     short tensor names the layout writes (optional ones included)
-    required:    short tensor names whose presence identifies the layout
-    in_multiple / out_multiple: divisibility the layout itself needs on I / O (per bits, see check)
-    summary:     one line for --help and README tables
+    in_multiple / out_multiple: bits -> the multiple of in_features / out_features the packing needs
+                 (a word holds whole runs of codes); a width not listed needs none
     """
 
     id: str
@@ -40,12 +43,13 @@ class FormatSpec:
     tensors: tuple[str, ...]
     required: tuple[str, ...]
     summary: str
+    aliases: tuple[str, ...] = ()
     group_sizes: tuple[int, ...] | None = None
     sym: bool = True
     asym: bool = True
     act_order: bool = False
-    retired: bool = False
-    extra: dict = field(default_factory=dict)
+    in_multiple: Mapping[int, int] = field(default_factory=dict)
+    out_multiple: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class Format:
         raise NotImplementedError
 
     def check(self, plain: Plain) -> list[str]:
-        """Reasons this Plain cannot be stored exactly; [] when it can. Shared rules from the spec row."""
+        """Reasons this Plain cannot be stored exactly; [] when it can: the spec row's rules, in its order."""
         s = self.spec
         why = []
         if plain.bits not in s.bits:
@@ -91,6 +95,13 @@ class Format:
             why.append(f"{s.id} has no g_idx: act-order (desc_act) cannot be stored")
         if not s.asym and not plain.sym:
             why.append(f"{s.id} is symmetric-only but the zero points vary")
+        m_in, m_out = s.in_multiple.get(plain.bits, 1), s.out_multiple.get(plain.bits, 1)
+        if plain.in_features % m_in:
+            why.append(f"{s.id} {plain.bits}-bit packs in_features in runs of {m_in}, but in_features is "
+                       f"{plain.in_features}")
+        if plain.out_features % m_out:
+            why.append(f"{s.id} {plain.bits}-bit packs zeros along out_features in runs of {m_out}, but "
+                       f"out_features is {plain.out_features}")
         return why
 
     def require(self, plain: Plain) -> None:
@@ -103,20 +114,36 @@ class Format:
 # Python runs a package's __init__ before any of its modules, so the registry is complete whenever code
 # outside the package can reach this module.
 _REGISTRY: dict[str, Format] = {}
+# Every spelling of every format (id and the row's aliases, normalized by _key) -> its id.
+_IDS: dict[str, str] = {}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
 
 
 def register(cls: type[Format]) -> type[Format]:
-    """Class decorator: one instance per format id."""
-    _REGISTRY[cls.spec.id] = cls()
+    """Class decorator: one instance per format id; its row's aliases name it too."""
+    spec = cls.spec
+    _REGISTRY[spec.id] = cls()
+    for name in (spec.id, *spec.aliases):
+        if _IDS.setdefault(_key(name), spec.id) != spec.id:
+            raise RuntimeError(f"format alias '{name}' of {spec.id} already names {_IDS[_key(name)]}")
     return cls
 
 
+def format_id(name: str) -> str | None:
+    """The format id a name spells (its id or one of its row's aliases, any case, '-' for '_'); None when
+    no format has that name."""
+    return _IDS.get(_key(name))
+
+
 def get_format(name: str) -> Format:
-    key = name.lower().replace("-", "_")
-    if key not in _REGISTRY:
+    fid = format_id(name)
+    if fid is None:
         known = ", ".join(sorted(_REGISTRY))
         raise UsageError(f"unknown format '{name}'", fix=f"choose one of: {known}")
-    return _REGISTRY[key]
+    return _REGISTRY[fid]
 
 
 def all_formats() -> dict[str, Format]:

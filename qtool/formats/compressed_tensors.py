@@ -100,6 +100,7 @@ def unpack_codes(words: torch.Tensor, bits: int, n: int, dim: int, packing: str 
 class CompressedTensors(Format):
     spec = FormatSpec(
         id="ct",
+        aliases=("compressed-tensors",),
         bits=(2, 3, 4, 5, 6, 7, 8),
         tensors=("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape"),
         required=("weight_packed", "weight_scale"),
@@ -107,7 +108,6 @@ class CompressedTensors(Format):
         sym=True,
         asym=True,
         act_order=True,
-        extra={"packings": PACKINGS},
     )
 
     def check(self, plain: Plain) -> list[str]:

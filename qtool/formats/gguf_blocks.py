@@ -37,6 +37,12 @@ BLOCKS: dict[str, tuple[int, int, str]] = {
 }
 # q - z range each type stores without changing d
 _RANGE = {"gguf_q4_0": (-8, 7), "gguf_q8_0": (-128, 127)}
+GGUF_IDS = tuple(BLOCKS)
+
+
+def type_name(fmt_id: str) -> str:
+    """The GGUF type name of a block format ("gguf_q4_0" -> "Q4_0")."""
+    return BLOCKS[fmt_id][2]
 
 
 @dataclass(frozen=True)
@@ -252,17 +258,20 @@ def q4_1_zeros(d: torch.Tensor, m: torch.Tensor, v: torch.Tensor
 
 @register
 class GGUFQ4_0(_GGUFBlocks):
-    spec = FormatSpec(id="gguf_q4_0", bits=(2, 3, 4, 5, 6, 7, 8), tensors=("weight",), required=("weight",),
+    spec = FormatSpec(id="gguf_q4_0", aliases=("q4_0", "gguf:Q4_0"), bits=(2, 3, 4, 5, 6, 7, 8), tensors=("weight",),
+                      required=("weight",),
                       summary="GGUF Q4_0 blocks: fp16 d + 32 nibbles, d*(q-8)", act_order=True)
 
 
 @register
 class GGUFQ4_1(_GGUFBlocks):
-    spec = FormatSpec(id="gguf_q4_1", bits=(2, 3, 4), tensors=("weight",), required=("weight",),
+    spec = FormatSpec(id="gguf_q4_1", aliases=("q4_1", "gguf:Q4_1"), bits=(2, 3, 4), tensors=("weight",),
+                      required=("weight",),
                       summary="GGUF Q4_1 blocks: fp16 d, fp16 m + 32 nibbles, d*q+m", act_order=True)
 
 
 @register
 class GGUFQ8_0(_GGUFBlocks):
-    spec = FormatSpec(id="gguf_q8_0", bits=(2, 3, 4, 5, 6, 7, 8), tensors=("weight",), required=("weight",),
+    spec = FormatSpec(id="gguf_q8_0", aliases=("q8_0", "gguf:Q8_0"), bits=(2, 3, 4, 5, 6, 7, 8), tensors=("weight",),
+                      required=("weight",),
                       summary="GGUF Q8_0 blocks: fp16 d + 32 int8, d*x", act_order=True)

@@ -61,6 +61,9 @@ def pack_multiple(bits: int) -> int:
     return 32 // bits if 32 % bits == 0 else 32
 
 
+GPTQ_MULTIPLES = {b: pack_multiple(b) for b in GPTQ_BITS}
+
+
 def _resolve_convention(convention: str | None, bits: int, version: int) -> str:
     if version == 2:
         return V2
@@ -191,19 +194,6 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
     return g.to(torch.int32).contiguous()
 
 
-def check_divisible(plain: Plain, bits_ok: tuple[int, ...], in_mult: int, out_mult: int, fmt: str,
-                    in_axis: str = "in_features", out_axis: str = "out_features") -> list[str]:
-    why = []
-    if plain.bits in bits_ok:
-        if plain.in_features % in_mult:
-            why.append(f"{fmt} {plain.bits}-bit packs {in_axis} in runs of {in_mult}, but in_features is "
-                       f"{plain.in_features}")
-        if plain.out_features % out_mult:
-            why.append(f"{fmt} {plain.bits}-bit packs zeros along out_features in runs of {out_mult}, but "
-                       f"out_features is {plain.out_features}")
-    return why
-
-
 class GptqFamily(Format):
     """Shared pack/unpack of the GPTQ-style tensor set; subclasses fix the bit packer and zero convention.
 
@@ -220,14 +210,9 @@ class GptqFamily(Format):
     def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
         return unpack_stream(words, bits, n, dim=dim)
 
-    def _multiple(self, bits: int) -> int:
-        return pack_multiple(bits)
-
     # --- check / pack ------------------------------------------------------------------------------
     def check(self, plain: Plain) -> list[str]:
         why = super().check(plain)
-        m = self._multiple(plain.bits) if plain.bits in self.spec.bits else 1
-        why += check_divisible(plain, self.spec.bits, m, m, self.spec.id)
         if plain.g_idx is not None:
             expected = 1 if plain.group_size == -1 else -(-plain.in_features // plain.group_size)
             if plain.n_groups != expected:
@@ -320,16 +305,15 @@ class GptqFamily(Format):
 class GptqV1(GptqFamily):
     spec = FormatSpec(
         id="gptq",
+        aliases=("gptq_v1",),
         bits=GPTQ_BITS,
         tensors=("qweight", "qzeros", "scales", "g_idx"),
         required=("qweight", "qzeros", "scales"),
         summary="GPTQ v1 (stores z-1): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,
-        extra={"zero_convention": "v1", "read_conventions": ("word", "field"), "default_read": "word",
-               "in_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "out_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "checkpoint_format": "gptq"},
+        in_multiple=GPTQ_MULTIPLES,
+        out_multiple=GPTQ_MULTIPLES,
     )
     version = 1
 
@@ -344,9 +328,7 @@ class GptqV2(GptqFamily):
         summary="GPTQ v2 (stores true z): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,
-        extra={"zero_convention": "v2",
-               "in_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "out_multiple": {b: pack_multiple(b) for b in GPTQ_BITS},
-               "checkpoint_format": "gptq_v2"},
+        in_multiple=GPTQ_MULTIPLES,
+        out_multiple=GPTQ_MULTIPLES,
     )
     version = 2

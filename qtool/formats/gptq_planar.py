@@ -35,8 +35,9 @@ class GptqPlanar(GptqFamily):
         summary="GPTQ planar (true z): b words per 32 codes split into bit planes (low plane first), "
                 "qweight int32 [I*b/32, O], qzeros [ceil(I/G), O*b/32], I and O multiples of 32",
         act_order=True,
-        extra={"zero_convention": "v2", "in_multiple": {b: 32 for b in PLANAR_BITS},
-               "out_multiple": {b: 32 for b in PLANAR_BITS}, "checkpoint_format": "gptq_p"},
+        # No plane field straddles a word, so every width needs whole runs of 32 codes on both packed axes.
+        in_multiple={b: 32 for b in PLANAR_BITS},
+        out_multiple={b: 32 for b in PLANAR_BITS},
     )
     version = 2
     planar = True
@@ -46,9 +47,6 @@ class GptqPlanar(GptqFamily):
 
     def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
         return unpack_planar(words, bits, n, dim=dim)
-
-    def _multiple(self, bits: int) -> int:
-        return 32
 
     def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: LayerParams):
         return unpack_planar(qzeros, bits, out_features, dim=1), V2

@@ -39,15 +39,13 @@ from dataclasses import dataclass
 import torch
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.base import Format, FormatSpec, LayerParams, expect, get_format, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing import marlin_perm as mp
 
 MARLIN_BITS = (4, 8)
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
 CONTRACT_VERSION = "1"
-# Formats whose Plain a Marlin module can name as its source; unknown ids are recorded as given.
-SOURCES = ("gptq", "gptq_v2", "awq")
 SOURCE_KEY = "marlin.source"
 PERM_KEY = "marlin.perm"
 
@@ -134,8 +132,6 @@ class Marlin(Format):
                 "fragment-permuted, scales [nG, N] permuted, act-order perm [K], zero-padded shape [2]",
         group_sizes=MARLIN_GROUP_SIZES,
         act_order=True,
-        extra={"tile_padding": "marlin", "in_multiple": {4: 16, 8: 16}, "out_multiple": {4: 64, 8: 64},
-               "sources": SOURCES, "contract_version": CONTRACT_VERSION},
     )
 
     def check(self, plain: Plain) -> list[str]:
@@ -517,8 +513,6 @@ def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "m
     apply (zero points, act-order, shapes GPTQ cannot pack) — the caller then composes.
     out: optional reusable int32 buffer, as in from_gptq (used when no padding is to be cut off).
     """
-    from qtool.formats.gptq import pack_multiple
-
     if src != "marlin" or dst not in ("gptq", "gptq_v2") or any(t in tensors for t in ("qzeros", "perm", "g_idx")):
         return None
     try:
@@ -526,8 +520,8 @@ def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "m
     except FormatError:
         return None
     bits, n, k = lay.bits, lay.n, lay.k
-    m = pack_multiple(bits)
-    if k % m or n % m or (lay.group_size != -1 and k % lay.group_size):
+    row = get_format(dst).spec
+    if k % row.in_multiple.get(bits, 1) or n % row.out_multiple.get(bits, 1) or (lay.group_size != -1 and k % lay.group_size):
         return None
     shape = (lay.k_pad * bits // 32, lay.n_pad)
     target = None

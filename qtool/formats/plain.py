@@ -78,7 +78,8 @@ class Plain:
 
     def trivial_g_idx(self) -> torch.Tensor:
         """int32 [I]: i // G."""
-        return (torch.arange(self.in_features, dtype=torch.int32) // self.effective_group_size).to(torch.int32)
+        i = torch.arange(self.in_features, dtype=torch.int32, device=self.qweight.device)
+        return (i // self.effective_group_size).to(torch.int32)
 
     def group_index(self) -> torch.Tensor:
         """int64 [I]: the group of each input channel, trivial map materialised."""
@@ -89,7 +90,8 @@ class Plain:
         """uint8 [O, n_groups]: the zeros, with the symmetric midpoint materialised."""
         if self.zeros is not None:
             return self.zeros
-        return torch.full((self.out_features, self.n_groups), 1 << (self.bits - 1), dtype=torch.uint8)
+        return torch.full((self.out_features, self.n_groups), 1 << (self.bits - 1), dtype=torch.uint8,
+                          device=self.scales.device)
 
     def with_(self, **changes) -> Plain:
         return replace(self, **changes)

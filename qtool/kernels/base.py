@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 import torch
 
 from qtool.errors import DeviceError, FormatError, UsageError
-from qtool.formats.plain import Plain
+from qtool.formats.plain import Plain, dequantize
+from qtool.packing.bitstream import pack_stream, unpack_stream
 
 # Implementation modules, imported on first use of the registry.
 KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton",
@@ -132,6 +133,15 @@ class PackedLayer:
             g_idx = None if torch.equal(g_idx.to(torch.int64), trivial) else g_idx.to(torch.int32).contiguous()
         return cls(qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), g_idx, bits, group_size, k, n)
 
+    def to_plain(self) -> Plain:
+        """The layer's canonical form on its device: codes uint8 [N, K], scales [N, n_groups], zeros uint8
+        [N, n_groups] (the midpoints stored as they are), g_idx."""
+        b = self.bits
+        codes = unpack_stream(self.qweight, b, self.in_features, dim=0)
+        zeros = unpack_stream(self.qzeros, b, self.qzeros.shape[1] * 32 // b, dim=1)[:, : self.out_features]
+        return Plain(codes.t().contiguous(), self.scales.t().contiguous(), zeros.t().contiguous(), self.g_idx,
+                     b, self.group_size)
+
     @classmethod
     def from_plain(cls, plain: Plain) -> PackedLayer:
         """Pack a Plain [N, K] of any bits 2..8, on its device (pack_gptq_v2). Where the `gptq_v2` format
@@ -165,30 +175,13 @@ def _pad_to_run(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return torch.cat([codes, codes.new_zeros(shape)], dim)
 
 
-def _pack_along(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """uint8 codes -> int32 words along `dim`; runs on any device.
-
-    Same little-endian stream as qtool.packing.bitstream.pack_stream. For bits dividing 32 without its int64
-    staging, so that 70B-sized layers pack on the GPU in milliseconds; other widths go through pack_stream
-    on the CPU.
-    """
+def _pack(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """The formats' continuous stream (pack_stream) on the codes' device. Widths dividing 32 pack in place
+    on any device (a 70B-sized layer in milliseconds on a GPU); straddling widths expand every code to its
+    bits in int64, which would take gigabytes of GPU memory on large layers, so they pack on the CPU."""
     if 32 % bits:
-        from qtool.packing.bitstream import pack_stream
-
         return pack_stream(codes.cpu(), bits, dim=dim).to(codes.device)
-    pf = 32 // bits
-    c = codes.movedim(dim, -1)
-    n = c.shape[-1]
-    if n % pf:
-        raise FormatError(f"{bits}-bit packing: packed dimension {n} is not a multiple of {pf}",
-                          fix=f"pad the dimension to a multiple of {pf}")
-    c = c.reshape(*c.shape[:-1], n // pf, pf).to(torch.int64)
-    words = torch.zeros(c.shape[:-1], dtype=torch.int64, device=c.device)
-    for j in range(pf):
-        words |= c[..., j] << (bits * j)
-    # int64 staging, then the explicit two's-complement view: int32 shifts into the sign bit overflow.
-    words = torch.where(words >= (1 << 31), words - (1 << 32), words).to(torch.int32)
-    return words.movedim(-1, dim).contiguous()
+    return pack_stream(codes, bits, dim=dim)
 
 
 def pack_gptq_v2(plain: Plain) -> PackedLayer:
@@ -200,59 +193,22 @@ def pack_gptq_v2(plain: Plain) -> PackedLayer:
     if plain.in_features % run:
         raise FormatError(f"{b}-bit packing: K={plain.in_features} is not a multiple of {run}",
                           fix=f"K must be a multiple of {run} for {b}-bit codes")
-    qweight = _pack_along(plain.qweight.t(), b, dim=0)
-    zeros = plain.zeros if plain.zeros is not None else torch.full(
-        plain.scales.shape, 1 << (b - 1), dtype=torch.uint8, device=plain.scales.device)
-    qzeros = _pack_along(_pad_to_run(zeros.t(), b, dim=1), b, dim=1)
-    g_idx = None
-    if plain.g_idx is not None:
-        eff = plain.effective_group_size
-        trivial = torch.arange(plain.in_features, device=plain.g_idx.device, dtype=torch.int64) // eff
-        if not torch.equal(plain.g_idx.to(torch.int64), trivial):  # Plain.desc_act compares on the CPU
-            g_idx = plain.g_idx.to(torch.int32).contiguous()
+    qweight = _pack(plain.qweight.t(), b, dim=0)
+    qzeros = _pack(_pad_to_run(plain.zeros_or_midpoint().t(), b, dim=1), b, dim=1)
+    g_idx = plain.g_idx.to(torch.int32).contiguous() if plain.desc_act else None
     return PackedLayer(qweight, qzeros, plain.scales.t().contiguous(), g_idx, b, plain.group_size,
                        plain.in_features, plain.out_features)
 
 
-def _unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 words [R*bits, C] (R runs of 32 codes along dim 0, bits not dividing 32) -> int32 codes
-    [R*32, C], on the words' device. Code j of a run starts at stream bit j*bits: word j*bits // 32, shift
-    j*bits % 32, continued in the next word when it straddles; each word is paired with its successor in
-    int64 so one shift reads either case."""
-    dev = words.device
-    runs = words.shape[0] // bits
-    w = words.to(torch.int64).reshape(runs, bits, -1) & 0xFFFFFFFF
-    nxt = torch.cat([w[:, 1:], torch.zeros_like(w[:, :1])], 1)
-    pairs = w | (nxt << 32)  # [R, bits, C]: 64 stream bits from each word on
-    start = torch.arange(32, device=dev, dtype=torch.int64) * bits
-    codes = (pairs.index_select(1, start // 32) >> (start % 32)[None, :, None]) & ((1 << bits) - 1)
-    return codes.reshape(runs * 32, -1).to(torch.int32)
-
-
-def _unpack_along_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 words [rows, C] -> int32 codes [rows*32/bits, C] (the continuous stream along dim 0)."""
-    if 32 % bits:
-        return _unpack_rows(words, bits)
-    pf = 32 // bits
-    shifts = torch.arange(pf, device=words.device, dtype=torch.int32) * bits
-    codes = (words.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [rows, pf, C]
-    return codes.reshape(words.shape[0] * pf, -1)
-
-
 def unpack_gptq(layer: PackedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     """On the layer's device: codes int32 [K, N] and zeros int32 [n_groups, N] (bits 2..8)."""
-    codes = _unpack_along_rows(layer.qweight, layer.bits)
-    zeros = _unpack_along_rows(layer.qzeros.t(), layer.bits).t()[:, : layer.out_features]
-    return codes, zeros.contiguous()
+    plain = layer.to_plain()
+    return plain.qweight.t().to(torch.int32).contiguous(), plain.zeros.t().to(torch.int32).contiguous()
 
 
 def dequantize_packed(layer: PackedLayer, dtype: torch.dtype) -> torch.Tensor:
-    """W^T [K, N] in `dtype` = s[g(k), n] * (q[k, n] - z[g(k), n]), exact in fp32 then rounded once."""
-    codes, zeros = unpack_gptq(layer)
-    g = layer.group_index()
-    s = layer.scales.to(torch.float32).index_select(0, g)
-    z = zeros.index_select(0, g)
-    return ((codes - z).to(torch.float32) * s).to(dtype)
+    """W^T [K, N] in `dtype`: the formats' dequantize of the layer's Plain, transposed."""
+    return dequantize(layer.to_plain(), dtype).t()
 
 
 class Kernel:

@@ -59,22 +59,31 @@ def _pack_last(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _unpack_last(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Widths dividing 32 (a field never straddles a word), along the last dim."""
     lead = words.shape[:-1]
-    w = to_uint32(words)
-    if 32 % bits == 0:
-        pf = 32 // bits
-        if words.shape[-1] * pf < n:
-            raise FormatError(f"{words.shape[-1]} words hold {words.shape[-1] * pf} {bits}-bit codes, need {n}")
-        shifts = torch.arange(pf, dtype=torch.int64) * bits
-        c = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-        return c.reshape(*lead, -1)[..., :n].to(torch.uint8)
+    pf = 32 // bits
+    if words.shape[-1] * pf < n:
+        raise FormatError(f"{words.shape[-1]} words hold {words.shape[-1] * pf} {bits}-bit codes, need {n}")
+    shifts = torch.arange(pf, dtype=torch.int64) * bits
+    c = (to_uint32(words).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return c.reshape(*lead, -1)[..., :n].to(torch.uint8)
+
+
+def _unpack_runs(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """int32 words [runs*bits, C] (bits not dividing 32) -> uint8 codes [n = runs*32, C], on the words'
+    device. Code j of a run starts at stream bit j*bits: word j*bits // 32, shift j*bits % 32, continued in
+    the next word when it straddles; each word is paired with its successor in int64, so one shift reads
+    either case (memory: a few int64 copies of the words, not one per bit)."""
     _check_len(n, 32, f"{bits}-bit unpacking")
-    if words.shape[-1] * 32 != n * bits:
-        raise FormatError(f"{words.shape[-1]} words hold {words.shape[-1] * 32 // bits} {bits}-bit codes, need {n}")
-    bit = (w.unsqueeze(-1) >> torch.arange(32, dtype=torch.int64)) & 1  # [..., words, 32]
-    stream = bit.reshape(*lead, n // 32, 32, bits)
-    c = (stream << torch.arange(bits, dtype=torch.int64)).sum(-1)
-    return c.reshape(*lead, n).to(torch.uint8)
+    if words.shape[0] * 32 != n * bits:
+        raise FormatError(f"{words.shape[0]} words hold {words.shape[0] * 32 // bits} {bits}-bit codes, need {n}")
+    runs = n // 32
+    w = to_uint32(words).reshape(runs, bits, -1)
+    nxt = torch.cat([w[:, 1:], torch.zeros_like(w[:, :1])], 1)
+    pairs = w | (nxt << 32)  # [runs, bits, C]: 64 stream bits from each word on
+    start = torch.arange(32, device=words.device, dtype=torch.int64) * bits
+    codes = (pairs.index_select(1, start // 32) >> (start % 32)[None, :, None]) & ((1 << bits) - 1)
+    return codes.reshape(n, -1).to(torch.uint8)
 
 
 def _pack_dim(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -115,8 +124,9 @@ def unpack_stream(words: torch.Tensor, bits: int, n: int, dim: int = -1) -> torc
     """int32 words -> uint8 codes, the first n along `dim` (inverse of pack_stream)."""
     if 32 % bits == 0:
         return _unpack_dim(words, bits, n, dim)
-    w = words.movedim(dim, -1)
-    return _unpack_last(w, bits, n).movedim(-1, dim).contiguous()
+    w = words.movedim(dim, 0)
+    codes = _unpack_runs(w.reshape(w.shape[0], -1), bits, n)
+    return codes.reshape(n, *w.shape[1:]).movedim(0, dim).contiguous()
 
 
 def pack_planar(codes: torch.Tensor, bits: int, dim: int = -1) -> torch.Tensor:

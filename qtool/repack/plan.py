@@ -43,23 +43,21 @@ from pathlib import Path
 import torch
 
 from qtool.errors import UsageError
-from qtool.formats.base import Format
+from qtool.formats.base import Format, format_id
+from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
 
 KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
 # a regex flag longer than this is refused: patterns are matched against every tensor name of the checkpoint
 MAX_REGEX = 1000
-GGUF_TARGETS = ("gguf_q4_0", "gguf_q4_1", "gguf_q8_0")
-TARGET_ALIASES = {"q4_0": "gguf_q4_0", "q4_1": "gguf_q4_1", "q8_0": "gguf_q8_0", "compressed-tensors": "ct",
-                  "compressed_tensors": "ct", "gptq_v1": "gptq", "awq_gemm": "awq"}
 # per-module counts inside reasons, blanked so identical reasons group together in a refusal
 _COUNTS = re.compile(r"\b[0-9]+ (groups|weights|of [0-9]+ blocks)")
 _ST_FLOATS = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 
 
 def target_id(name: str) -> str:
-    key = name.strip().lower().replace("-", "_")
-    return TARGET_ALIASES.get(key, TARGET_ALIASES.get(name.strip().lower(), key))
+    """The format id --to names (an id or an alias from the format rows), else the name as given."""
+    return format_id(name) or name.strip().lower().replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -262,7 +260,7 @@ def default_out(src: Path, target: str) -> Path:
         stem = src.name
     short = target.removeprefix("gguf_")
     base = src.parent / f"{stem}-{short}"
-    return base.with_name(base.name + ".gguf") if target in GGUF_TARGETS else base
+    return base.with_name(base.name + ".gguf") if target in GGUF_IDS else base
 
 
 def make_plan(source, job: RepackJob) -> RepackPlan:
@@ -271,7 +269,7 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
 
     target = target_id(job.to)
     dst = get_format(target)
-    if target in GGUF_TARGETS and (job.bits is not None or job.group_size is not None):
+    if target in GGUF_IDS and (job.bits is not None or job.group_size is not None):
         raise UsageError(f"--bits/--group-size do not apply to {target}: GGUF blocks fix them (32 inputs per "
                          "block, the type's own code width)", fix="drop --bits/--group-size")
     if job.bits is not None and job.bits not in dst.spec.bits:
@@ -306,7 +304,7 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
                 warnings.append(f"{flag} '{r.pattern}' names no tensor that a converted module's layout leaves "
                                 "unread; it changed nothing")
     kept = [m for m in plans if m.kind == "keep"]
-    if kept and target not in GGUF_TARGETS:
+    if kept and target not in GGUF_IDS:
         layouts = ", ".join(sorted({m.src_format for m in kept}))
         warnings.append(f"{len(kept)} module(s) kept in their source layout ({layouts}); the {target} config "
                         "written does not describe them")
@@ -365,11 +363,11 @@ def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict)
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
     facts_known = None not in (m.bits, m.group_size, m.sym, m.desc_act, m.shape)
-    if facts_known and target in GGUF_TARGETS and m.format != "gguf_q4_1" and job.bits is None \
+    if facts_known and target in GGUF_IDS and m.format != "gguf_q4_1" and job.bits is None \
             and job.group_size is None and _gguf_exact_by_header(m, target):
         mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
         return
-    needs_data = (target in GGUF_TARGETS or m.format == "gguf_q4_1" or not facts_known
+    needs_data = (target in GGUF_IDS or m.format == "gguf_q4_1" or not facts_known
                   or (target == "gptq" and m.sym is not True))
     if not needs_data:
         _decide_from_header(source, m, mp, dst, job, tb, tg)
@@ -455,7 +453,7 @@ def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, kn
         return
     mp.bits, mp.group_size, mp.sym, mp.desc_act = plain.bits, plain.group_size, plain.sym, plain.desc_act
     mp.shape = [plain.out_features, plain.in_features]
-    if dst.spec.id in GGUF_TARGETS:
+    if dst.spec.id in GGUF_IDS:
         a = dst.assess(plain)
         mp.to_bits, mp.to_group_size, mp.to_sym = plain.bits, plain.group_size, plain.sym
         if a.kind == "impossible":
@@ -502,7 +500,7 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
     spec = dst.spec
     mp.steps = ["requantize"]
     o, i = mp.shape or (None, None)
-    if spec.id in GGUF_TARGETS:
+    if spec.id in GGUF_IDS:
         mp.to_bits = {"gguf_q8_0": 8}.get(spec.id, 4)
         mp.to_group_size, mp.to_sym = 32, spec.id != "gguf_q4_1"
         if i is not None and i % 32:

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
-from qtool.repack.plan import GGUF_TARGETS, ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+from qtool.formats.gguf_blocks import GGUF_IDS, type_name
+from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 
-GGUF_TYPE = {"gguf_q4_0": "Q4_0", "gguf_q4_1": "Q4_1", "gguf_q8_0": "Q8_0"}
-GGUF_FILE_TYPE = {"gguf_q4_0": 2, "gguf_q4_1": 3, "gguf_q8_0": 7}  # LlamaFileType.MOSTLY_*
 HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
 
 
@@ -100,7 +99,7 @@ def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | No
     conv = ModuleConverter(source, plan, fast_paths() if use_fast_paths else {})
     source.prefetch()
     try:
-        if plan.target in GGUF_TARGETS:
+        if plan.target in GGUF_IDS:
             _write_gguf(source, plan, conv, report, on_progress)
         else:
             _write_hf(source, plan, conv, report, on_progress)
@@ -145,7 +144,7 @@ class ModuleConverter:
         if plain is not None:
             return dequantize(plain, torch.float32)
         raw = self.source.load(m)["weight"]
-        if m.format in GGUF_TYPE:
+        if m.format in GGUF_IDS:
             from qtool.formats.gguf_blocks import dequantize_blocks
 
             return dequantize_blocks(raw, m.format)
@@ -193,7 +192,7 @@ class ModuleConverter:
 
     def _relayout(self, m, mp: ModulePlan, plain) -> dict:
         plain = apply_steps(plain, mp)
-        if self.dst.spec.id in GGUF_TARGETS:
+        if self.dst.spec.id in GGUF_IDS:
             raw, why = self.dst.encode(plain)  # the check and the bytes in one pass
             if raw is not None:
                 return {"weight": raw}
@@ -220,12 +219,12 @@ class ModuleConverter:
 
         w = self.source_weight(m, plain)
         ref = w.to(torch.float64)
-        if self.dst.spec.id in GGUF_TARGETS:
+        if self.dst.spec.id in GGUF_IDS:
             import gguf
 
             from qtool.formats.gguf_blocks import dequantize_blocks
 
-            qt = gguf.GGMLQuantizationType[GGUF_TYPE[self.dst.spec.id]]
+            qt = gguf.GGMLQuantizationType[type_name(self.dst.spec.id)]
             raw = torch.from_numpy(gguf.quants.quantize(w.numpy(), qt).copy())
             got = dequantize_blocks(raw, self.dst.spec.id).to(torch.float64)
             out = {"weight": raw}
@@ -456,6 +455,7 @@ def ct_config(conv: list[ModulePlan], source) -> dict:
 
 # --- GGUF targets -------------------------------------------------------------------------------------------
 def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
+    import gguf
     import torch
 
     from qtool.formats import dequantize
@@ -531,7 +531,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     hp = [] if gguf_src else hparams_from_config(source.config, source.root)
     name = None if gguf_src else (source.config or {}).get("_name_or_path") or Path(source.path).name
     with atomic_output(plan.out, plan.job.force, directory=False, need_bytes=sum(s.nbytes for s in specs)) as tmp:
-        write_gguf(tmp, arch or "unknown", specs, data(), GGUF_FILE_TYPE[plan.target], kv,
+        write_gguf(tmp, arch or "unknown", specs, data(), gguf.LlamaFileType[f"MOSTLY_{type_name(plan.target)}"], kv,
                    [(mth, v) for mth, v in hp if arch], name=name if isinstance(name, str) else None)
     report.files = [plan.out.name]
     report.bytes_out = plan.out.stat().st_size

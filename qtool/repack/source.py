@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from qtool.errors import InputError
-from qtool.formats.base import LayerParams
+from qtool.formats.base import LayerParams, format_id
 from qtool.io.config_regex import WorkBudget, compile_config_regex
 
-# inspect's "gguf:<TYPE>" -> qtool format ids that hold those blocks exactly
-GGUF_FORMATS = {"gguf:Q4_0": "gguf_q4_0", "gguf:Q4_1": "gguf_q4_1", "gguf:Q8_0": "gguf_q8_0"}
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
 # Short names a source format reads besides its spec's `tensors`: legacy Marlin's B/s, and its `workspace`
@@ -325,10 +323,11 @@ def _open_gguf(p: Path, report, errors) -> Source:
             continue
         pre = f"{mr.name}." if mr.name else ""
         weight = pre + "weight"
-        fmt = GGUF_FORMATS.get(mr.format, mr.format)
+        # inspect names every GGUF type "gguf:<TYPE>"; those a block format holds exactly are its aliases
+        exact_src = format_id(mr.format) is not None
+        fmt = format_id(mr.format) or mr.format
         others = [n for n in mr.tensor_names if n[len(pre):] in NOT_LAYOUT]
         unread = [n for n in mr.tensor_names if n != weight and n not in others]
-        exact_src = fmt in GGUF_FORMATS.values()
         modules.append(SourceModule(
             name=mr.name, format=fmt, layout={"weight": weight}, others=others,
             params=LayerParams(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
