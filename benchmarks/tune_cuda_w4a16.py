@@ -397,8 +397,23 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
 
 # --curve: the families that can take each range of M, by name (None: launch.choose()); each a function of
 # (m, state) giving a Config, or None where the family does not take that M
+XR_ROWS_M16 = ("x in registers, two-tile units", "x in registers", "x streamed, small layer", "x streamed")
+
+
+def before_curve(m: int, st) -> Config | None:
+    """The launch ROWS gave before the x-in-registers and x-streaming rows took M <= 8 (where stream-K does not)
+    and the four-tile x-in-registers row M 17-32: the split-K mma kernel; None where the choice is unchanged."""
+    row = launch.choose_row(m, st).name
+    if m <= 8 and row in XR_ROWS_M16:
+        return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
+    if row == "x in registers, four batch tiles":
+        return Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0)
+    return None
+
+
 CURVE_FAMILIES = {
     "default": lambda m, st: None,
+    "before": before_curve,
     "as M=16": lambda m, st: launch.choose(16, st) if m <= 16 else None,
     "xr nt1 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
                                    if m <= 8 else None),
