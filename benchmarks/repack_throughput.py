@@ -114,10 +114,10 @@ def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
     """
     import torch
 
-    from qtool.formats import LayerParams
     from qtool.formats import marlin as M
     from qtool.io.safetensors_header import read_header
     from qtool.io.writer import ShardedWriter, atomic_output, parse_size
+    from qtool.scheme import QuantScheme
 
     index = json.loads((src / "model.safetensors.index.json").read_text())
     infos = {}
@@ -126,7 +126,7 @@ def emulate(src: Path, out: Path, max_shard: str = "4GB") -> None:
     # Read-only maps become tensors that nothing here writes to.
     warnings.filterwarnings("ignore", message="The given buffer is not writable")
     dtypes = {"I32": torch.int32, "F16": torch.float16}
-    params = LayerParams(bits=BITS, group_size=GROUP)
+    params = QuantScheme(bits=BITS, group_size=GROUP)
     fds: dict = {}
     page = mmap.ALLOCATIONGRANULARITY
     populate = getattr(mmap, "MAP_POPULATE", 0)
@@ -322,12 +322,13 @@ def verify_sample(src: Path, out: Path) -> str:
     """Decode one converted module both ways and compare with the source Plain (exactness, not timing)."""
     import torch
 
-    from qtool.formats import LayerParams, get_format
+    from qtool.formats import get_format
     from qtool.io.checkpoint import open_checkpoint
+    from qtool.scheme import QuantScheme
 
     s_ck, o_ck = open_checkpoint(src), open_checkpoint(out)
     pre = "model.layers.0.mlp.down_proj"
-    params = LayerParams(bits=BITS, group_size=GROUP)
+    params = QuantScheme(bits=BITS, group_size=GROUP)
     a = get_format("gptq").unpack(s_ck.module_tensors(pre), params)
     b = get_format("marlin").unpack(o_ck.module_tensors(pre), params)
     back = get_format("gptq").pack(b)

@@ -225,7 +225,6 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
 
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
-    from qtool.io.qconfig import quantization_config_for
     from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
     from qtool.quant import quantize
 
@@ -307,7 +306,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
             raise
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
-        _write_configs(tmp, ck, job, plans, quantization_config_for)
+        _write_configs(tmp, ck, job, plans, fmt)
         from qtool.io.writer import copy_extras
 
         report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
@@ -431,7 +430,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB ({n} bytes)"
 
 
-def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], config_for) -> None:
+def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePlan], fmt) -> None:
     from qtool.io.writer import write_json
 
     dynamic = {}
@@ -440,7 +439,7 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
             dynamic[f"-:^{re.escape(p.module)}$"] = {}
         elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
             dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
-    qcfg = config_for(job.to, job.bits, job.group_size, job.sym, False, {"dynamic": dynamic} if dynamic else None)
+    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, False, {"dynamic": dynamic} if dynamic else None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:

@@ -14,8 +14,9 @@ import torch
 from safetensors import safe_open
 
 from qtool.errors import NotRepresentable
-from qtool.formats import LayerParams, dequantize, get_format
+from qtool.formats import dequantize, get_format
 from qtool.formats.gptq import META_KEY, encode_qzeros, zero_convention_evidence
+from qtool.scheme import QuantScheme
 from tests.conftest import FIXTURES
 
 GPTQMODEL = sorted(p.name for p in FIXTURES.glob("gptqmodel-*")) if FIXTURES.is_dir() else []
@@ -39,8 +40,8 @@ def load(folder: str):
     return qc, fid, mods, ref
 
 
-def params(qc: dict, **kw) -> LayerParams:
-    return LayerParams(bits=qc["bits"], group_size=qc["group_size"], sym=qc.get("sym"),
+def params(qc: dict, **kw) -> QuantScheme:
+    return QuantScheme(bits=qc["bits"], group_size=qc["group_size"], sym=qc.get("sym"),
                        desc_act=qc.get("desc_act"), **kw)
 
 

@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
+from qtool.scheme import QuantScheme
 
 AWQ = get_format("awq")
 V2 = get_format("gptq_v2")
@@ -55,7 +56,7 @@ def test_hand_group_interleave():
     assert qw[5] == [0x00900000]
     assert all(qw[r] == [0] for r in range(16) if r not in (0, 5))
     assert words(t["qzeros"]) == [[0xFDB9ECA8]]  # zeros 8..15 interleaved, true zeros (no -1)
-    w = dequantize(AWQ.unpack(t, LayerParams(bits=4, group_size=16)))
+    w = dequantize(AWQ.unpack(t, QuantScheme(bits=4, group_size=16)))
     assert w[3, 5].item() == 0.5 * (9 - 11) and w[7, 0].item() == 0.5 * (7 - 15) and w[0, 0].item() == -4.0
 
 
@@ -95,8 +96,8 @@ def test_awq_gptq_v2_relation(O, I, G, sym, seed):
     assert torch.equal(a["qzeros"], from_nibbles(zeros_go.reshape(-1, O // 8, 8)[..., ORDER]))
     assert torch.equal(a["scales"], g["scales"])
     # And the two unpack to the same Plain: conversion is exact both ways.
-    pa = AWQ.unpack(a, LayerParams(bits=4, group_size=G))
-    pg = V2.unpack(g, LayerParams(bits=4, group_size=G))
+    pa = AWQ.unpack(a, QuantScheme(bits=4, group_size=G))
+    pg = V2.unpack(g, QuantScheme(bits=4, group_size=G))
     assert pa.equal(pg) and pa.equal(p)
     assert all(torch.equal(V2.pack(pa)[k], g[k]) for k in g)
 
@@ -108,7 +109,7 @@ def test_roundtrip_bytes(O, ng, seed):
     b = {"qweight": torch.randint(-2**31, 2**31, (I, O // 8), generator=gen, dtype=torch.int64).to(torch.int32),
          "qzeros": torch.randint(-2**31, 2**31, (ng, O // 8), generator=gen, dtype=torch.int64).to(torch.int32),
          "scales": torch.rand(ng, O, generator=gen).to(torch.float16)}
-    out = AWQ.pack(AWQ.unpack(b, LayerParams()))
+    out = AWQ.pack(AWQ.unpack(b, QuantScheme()))
     assert set(out) == set(b) and all(torch.equal(out[k], b[k]) for k in b)
 
 
@@ -127,6 +128,6 @@ def test_act_order_and_bits_refused():
     p4 = p3.with_(bits=4)
     assert AWQ.check(p4) == ["awq 4-bit packs zeros along out_features in runs of 8, but out_features is 12"]
     with pytest.raises(FormatError, match="4-bit"):
-        AWQ.unpack(AWQ.pack(p), LayerParams(bits=8))
+        AWQ.unpack(AWQ.pack(p), QuantScheme(bits=8))
     with pytest.raises(FormatError, match="qweight"):
-        AWQ.unpack(dict(AWQ.pack(p), scales=torch.ones(2, 24, dtype=torch.float16)), LayerParams())
+        AWQ.unpack(dict(AWQ.pack(p), scales=torch.ones(2, 24, dtype=torch.float16)), QuantScheme())

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from qtool.errors import FormatError
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
 from qtool.formats.compressed_tensors import pack_codes, packed_words, packing_for_version, unpack_codes
+from qtool.scheme import QuantScheme
 from tests.conftest import FIXTURES
 
 CT = get_format("ct")
@@ -66,7 +67,7 @@ def test_fixture_decodes_bit_exactly_and_repacks_to_identical_bytes(name, sym, s
     assert len(mods) == 6
     zero_ends = set()
     for prefix, tensors in mods.items():
-        plain = CT.unpack(tensors, LayerParams(bits=4, group_size=128, sym=sym, extra={"version": "0.18.0"}))
+        plain = CT.unpack(tensors, QuantScheme(bits=4, group_size=128, sym=sym, extra={"version": "0.18.0"}))
         w = dequantize(plain)
         assert w.dtype == scale_dtype
         assert raw_equal(w, ref[prefix + ".weight"]), prefix
@@ -129,7 +130,7 @@ def test_round_trip_both_ways(seed, bits, o, i, group, sym, act, packing, dt):
     assert packed["weight_packed"].shape == (o, packed_words(i, bits, packing))
     assert ("weight_zero_point" in packed) == (not p.sym)
     assert ("weight_g_idx" in packed) == p.desc_act
-    back = CT.unpack(packed, LayerParams(bits=bits, group_size=group, extra={"packing": packing}))
+    back = CT.unpack(packed, QuantScheme(bits=bits, group_size=group, extra={"packing": packing}))
     assert back.equal(p)
     again = CT.pack(back)  # the packing read is remembered in meta
     assert set(again) == set(packed) and all(torch.equal(again[k], packed[k]) for k in packed)
@@ -146,22 +147,22 @@ def test_wrong_word_count_names_the_tensor_and_the_fix():
     p = random_plain(3, 8, 64, 3, 32, sym=True)
     packed = CT.pack(p, packing="dense")
     with pytest.raises(FormatError, match="weight_packed.*padded packing need 7"):
-        CT.unpack(packed, LayerParams(bits=3, extra={"version": "0.17.0"}))
+        CT.unpack(packed, QuantScheme(bits=3, extra={"version": "0.17.0"}))
 
 
 def test_missing_zero_point_under_an_asymmetric_config_is_an_error():
     p = random_plain(4, 8, 64, 4, 32, sym=True)
     with pytest.raises(FormatError, match="weight_zero_point"):
-        CT.unpack(CT.pack(p), LayerParams(bits=4, sym=False))
+        CT.unpack(CT.pack(p), QuantScheme(bits=4, sym=False))
 
 
 def test_unpacked_signed_int8_zero_points_are_read():
     p = random_plain(5, 8, 64, 4, 32, sym=False)
     packed = CT.pack(p)
     packed["weight_zero_point"] = (p.zeros.to(torch.int16) - 8).to(torch.int8)
-    assert CT.unpack(packed, LayerParams(bits=4)).equal(p)
+    assert CT.unpack(packed, QuantScheme(bits=4)).equal(p)
 
 
 def test_bits_inferred_from_words_when_the_config_is_silent():
     p = random_plain(6, 8, 96, 6, 32, sym=True)
-    assert CT.unpack(CT.pack(p), LayerParams()).equal(p)
+    assert CT.unpack(CT.pack(p), QuantScheme()).equal(p)

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from qtool.errors import NotRepresentable
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
 from qtool.formats.gguf_blocks import BLOCKS, dequantize_blocks
+from qtool.scheme import QuantScheme
 from tests.conftest import FIXTURES
 from tests.test_formats_ct import random_plain, raw_equal
 
@@ -51,7 +52,7 @@ def test_fixture_q4_0_and_q8_0_are_exact_plains_and_repack_to_the_same_bytes(fix
         if fid == "gguf_q4_1":
             continue
         fmt = get_format(fid)
-        p = fmt.unpack({"weight": raw}, LayerParams())
+        p = fmt.unpack({"weight": raw}, QuantScheme())
         assert (p.bits, p.group_size, p.sym, p.scales.dtype) == (4 if fid == "gguf_q4_0" else 8, 32, True,
                                                                  torch.float16)
         assert raw_equal(dequantize(p, torch.float32), ref), name
@@ -63,7 +64,7 @@ def test_fixture_q4_1_min_offsets_are_not_integer_zero_points(fixture_tensors):
     q41 = [(n, raw) for n, f, raw, _ in fixture_tensors if f == "gguf_q4_1"]
     for _name, raw in q41:
         with pytest.raises(NotRepresentable, match=r"Q4_1 offset m is not -d\*z .* blocks.*--allow-lossy"):
-            Q4_1.unpack({"weight": raw}, LayerParams())
+            Q4_1.unpack({"weight": raw}, QuantScheme())
 
 
 # --- golden bytes -----------------------------------------------------------------------------------
@@ -93,11 +94,11 @@ def test_gptq_sym_4bit_to_q4_0_decodes_to_exactly_qtools_dequantization(seed, o,
     group = group if group == -1 or i % group == 0 else 32
     p = random_plain(seed, o, i, 4, group, sym=True)
     gptq = get_format("gptq_v2")
-    p = gptq.unpack(gptq.pack(p), LayerParams(bits=4, group_size=group))
+    p = gptq.unpack(gptq.pack(p), QuantScheme(bits=4, group_size=group))
     raw = Q4_0.pack(p)["weight"]
     assert raw.shape == (o, i // 32 * 18)
     assert raw_equal(gguf_decode(raw, "gguf_q4_0"), dequantize(p, torch.float32))
-    back = Q4_0.unpack({"weight": raw}, LayerParams())
+    back = Q4_0.unpack({"weight": raw}, QuantScheme())
     assert torch.equal(dequantize(back, torch.float64), dequantize(p, torch.float64))
     assert torch.equal(Q4_0.pack(back)["weight"], raw)
 
@@ -134,7 +135,7 @@ def test_q4_1_with_integral_offsets_is_exact_both_ways():
     p = p.with_(scales=torch.full_like(p.scales, 2.0**-6))  # powers of two: -d*z is an fp16 value
     assert Q4_1.assess(p).kind == "exact"
     raw = Q4_1.pack(p)["weight"]
-    back = Q4_1.unpack({"weight": raw}, LayerParams())
+    back = Q4_1.unpack({"weight": raw}, QuantScheme())
     assert back.equal(p)
     assert raw_equal(gguf_decode(raw, "gguf_q4_1"), dequantize(p, torch.float32))
 
@@ -142,7 +143,7 @@ def test_q4_1_with_integral_offsets_is_exact_both_ways():
 def test_q4_1_constant_block_with_zero_scale_is_exact():
     raw = torch.zeros((1, 20), dtype=torch.uint8)
     raw[0, 2:4] = torch.tensor([1.5], dtype=torch.float16).view(torch.uint8)  # d = 0, m = 1.5
-    p = Q4_1.unpack({"weight": raw}, LayerParams())
+    p = Q4_1.unpack({"weight": raw}, QuantScheme())
     assert torch.equal(dequantize(p, torch.float32), gguf_decode(raw, "gguf_q4_1"))
 
 
@@ -154,7 +155,7 @@ def test_random_blocks_round_trip_byte_for_byte(seed, fid):
     d = (torch.rand((3, 2), generator=g) - 0.5).to(torch.float16).view(torch.uint8)  # finite d (and -0.0)
     raw.view(3, 2, nbytes)[..., 0:2] = d.view(3, 2, 2)
     fmt = get_format(fid)
-    assert torch.equal(fmt.pack(fmt.unpack({"weight": raw}, LayerParams()))["weight"], raw)
+    assert torch.equal(fmt.pack(fmt.unpack({"weight": raw}, QuantScheme()))["weight"], raw)
 
 
 # --- refusals ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
 from qtool.formats.gptq import (
     META_KEY,
     decode_qzeros,
@@ -25,6 +25,7 @@ from qtool.formats.gptq import (
     v1_word_constant,
     zero_convention_evidence,
 )
+from qtool.scheme import QuantScheme
 
 V1 = get_format("gptq")
 V2 = get_format("gptq_v2")
@@ -101,7 +102,7 @@ def test_hand_group_4bit_v2():
     assert t["scales"].tolist() == [[0.5, 0.25, 1.0, 2.0, 0.125, 1.5, 3.0, 0.75]]
     assert t["g_idx"].tolist() == [0] * 8
     # Decode by hand: column 1 row 2 = 0.25 * (10 - 1); column 7 row 0 = 0.75 * (15 - 15); column 0 row 7 = 0.5*7.
-    w = dequantize(V2.unpack(t, LayerParams(bits=4, group_size=8)))
+    w = dequantize(V2.unpack(t, QuantScheme(bits=4, group_size=8)))
     assert w[1, 2].item() == 2.25 and w[7, 0].item() == 0.0 and w[0, 7].item() == 3.5
     assert w[4, 7].item() == 0.125 * (1 - 4)
 
@@ -111,7 +112,7 @@ def test_hand_group_4bit_v1():
     t = V1.pack(p)
     assert words(t["qweight"]) == [HAND_QWEIGHT]
     assert words(t["qzeros"]) == [[0xE6543210]]  # z - 1 per nibble
-    back = V1.unpack({k: v.clone() for k, v in t.items()}, LayerParams(bits=4, group_size=8))
+    back = V1.unpack({k: v.clone() for k, v in t.items()}, QuantScheme(bits=4, group_size=8))
     assert back.equal(p) and back.zeros[:, 0].tolist() == [1, 2, 3, 4, 5, 6, 7, 15]
 
 
@@ -129,7 +130,7 @@ def test_hand_group_3bit_straddle_codes_10_and_21():
     # Symmetric zeros 4 = 0b100 repeat every 3 bits across the three words of the run.
     assert words(t["qzeros"]) == [[0x24924924, 0x49249249, 0x92492492]]
     assert words(V1.pack(p)["qzeros"]) == [[0xDB6DB6DB, 0xB6DB6DB6, 0x6DB6DB6D]]  # v1 stores 3 = 0b011
-    back = V2.unpack(t, LayerParams(bits=3, group_size=-1))
+    back = V2.unpack(t, QuantScheme(bits=3, group_size=-1))
     assert back.qweight[0, 10].item() == 7 and back.qweight[1, 21].item() == 5 and back.equal(p)
 
 
@@ -190,7 +191,7 @@ def test_roundtrip_plain_v2(bits, shape, G, sym, act, seed, sdt):
     t = V2.pack(p)
     assert t["qweight"].dtype == torch.int32 and t["qweight"].shape == (shape[1] * bits // 32, shape[0])
     assert t["scales"].dtype == sdt
-    back = V2.unpack(t, LayerParams(bits=bits, group_size=G))
+    back = V2.unpack(t, QuantScheme(bits=bits, group_size=G))
     assert back.equal(p)
     assert torch.equal(dequantize(back).view(torch.int16 if sdt != torch.float32 else torch.int32),
                        dequantize(p).view(torch.int16 if sdt != torch.float32 else torch.int32))
@@ -204,7 +205,7 @@ def test_roundtrip_plain_v2(bits, shape, G, sym, act, seed, sdt):
 def test_roundtrip_plain_v1(bits, shape, G, sym, act, seed, conv):
     p = random_plain(seed, bits, *shape, G, sym, act, no_zero0=True)
     t = V1.pack(p)
-    back = V1.unpack(t, LayerParams(bits=bits, group_size=G, convention=conv))
+    back = V1.unpack(t, QuantScheme(bits=bits, group_size=G, convention=conv))
     assert back.equal(p)
     assert back.meta[META_KEY] == ("v1-field" if bits == 3 else f"v1-{conv}")
     assert all(torch.equal(V1.pack(back)[k], t[k]) for k in t)
@@ -220,10 +221,10 @@ def test_roundtrip_bytes_v2(bits, O, I, ng, seed):
     scales = torch.randn(ng, O, generator=gen).to(torch.float16)
     g_idx = (torch.arange(I) // (I // ng)).to(torch.int32)
     b = {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
-    out = V2.pack(V2.unpack(b, LayerParams(bits=bits, group_size=I // ng)))
+    out = V2.pack(V2.unpack(b, QuantScheme(bits=bits, group_size=I // ng)))
     assert all(torch.equal(out[k], b[k]) for k in b)
     # bits and group_size inferred from shapes give the same Plain.
-    assert V2.unpack(b, LayerParams()).equal(V2.unpack(b, LayerParams(bits=bits, group_size=I // ng)))
+    assert V2.unpack(b, QuantScheme()).equal(V2.unpack(b, QuantScheme(bits=bits, group_size=I // ng)))
 
 
 @given(bits=st.sampled_from([2, 4, 8]), seed=st.integers(0, 2**31 - 1))
@@ -237,7 +238,7 @@ def test_roundtrip_bytes_v1_word(bits, seed):
     b = {"qweight": torch.randint(-2**31, 2**31, (I * bits // 32, O), generator=gen, dtype=torch.int64).to(torch.int32),
          "qzeros": qzeros, "scales": torch.rand(2, O, generator=gen).to(torch.float16),
          "g_idx": (torch.arange(I) // 32).to(torch.int32)}
-    out = V1.pack(V1.unpack(b, LayerParams(bits=bits, group_size=32)))
+    out = V1.pack(V1.unpack(b, QuantScheme(bits=bits, group_size=32)))
     assert all(torch.equal(out[k], b[k]) for k in b)
 
 
@@ -245,7 +246,7 @@ def test_act_order_g_idx_kept():
     p = random_plain(3, 4, 32, 64, 16, False, True)
     t = V2.pack(p)
     assert torch.equal(t["g_idx"], p.g_idx)
-    back = V2.unpack(t, LayerParams(bits=4, group_size=16))
+    back = V2.unpack(t, QuantScheme(bits=4, group_size=16))
     assert back.desc_act and torch.equal(back.g_idx, p.g_idx)
 
 
@@ -259,7 +260,7 @@ def test_zeros_0_and_max(bits):
     q = torch.full((O, 32), top, dtype=torch.uint8)
     p = Plain(q, torch.ones(O, 1, dtype=torch.float16), z, None, bits, -1)
     # v2 stores both ends exactly.
-    back = V2.unpack(V2.pack(p), LayerParams(bits=bits, group_size=-1))
+    back = V2.unpack(V2.pack(p), QuantScheme(bits=bits, group_size=-1))
     assert back.zeros[:, 0].tolist() == [0, top] * (O // 2)
     # v1 refuses the zero of 0, names gptq_v2, and check() gives the same reason.
     with pytest.raises(NotRepresentable, match="gptq_v2"):
@@ -271,7 +272,7 @@ def test_zeros_0_and_max(bits):
     t = V1.pack(pmax)
     fields = decode_qzeros(t["qzeros"], bits, O, "v2")  # raw stored fields
     assert fields.unique().tolist() == [top - 1]
-    assert V1.unpack(t, LayerParams(bits=bits, group_size=-1)).equal(pmax)
+    assert V1.unpack(t, QuantScheme(bits=bits, group_size=-1)).equal(pmax)
 
 
 def test_word_borrow_readme_example():
@@ -304,7 +305,7 @@ def test_word_constants():
 def test_unknown_convention_is_usage_error():
     p = random_plain(0, 4, 32, 32, -1, True, False)
     with pytest.raises(UsageError, match="word"):
-        V1.unpack(V1.pack(p), LayerParams(bits=4, group_size=-1, convention="bogus"))
+        V1.unpack(V1.pack(p), QuantScheme(bits=4, group_size=-1, convention="bogus"))
 
 
 def test_evidence_sym_v2_labelled_v1():
@@ -346,19 +347,19 @@ def test_unpack_rejects_bad_shapes():
     t = V2.pack(random_plain(0, 4, 32, 64, 32, False, False))
     bad = dict(t, qzeros=t["qzeros"][:, :3].contiguous())
     with pytest.raises(FormatError, match="qzeros"):
-        V2.unpack(bad, LayerParams(bits=4, group_size=32))
+        V2.unpack(bad, QuantScheme(bits=4, group_size=32))
     with pytest.raises(FormatError, match="missing tensor 'scales'"):
-        V2.unpack({k: v for k, v in t.items() if k != "scales"}, LayerParams())
+        V2.unpack({k: v for k, v in t.items() if k != "scales"}, QuantScheme())
     with pytest.raises(FormatError, match="g_idx values"):
-        V2.unpack(dict(t, g_idx=t["g_idx"] + 5), LayerParams(bits=4, group_size=32))
+        V2.unpack(dict(t, g_idx=t["g_idx"] + 5), QuantScheme(bits=4, group_size=32))
     with pytest.raises(FormatError, match="int32"):
-        V2.unpack(dict(t, qweight=t["qweight"].to(torch.int64)), LayerParams())
+        V2.unpack(dict(t, qweight=t["qweight"].to(torch.int64)), QuantScheme())
     with pytest.raises(FormatError, match="8-bit"):
-        V2.unpack(t, LayerParams(bits=8, group_size=32))
+        V2.unpack(t, QuantScheme(bits=8, group_size=32))
 
 
 def test_unpack_rejects_group_size_mismatch():
     t = V2.pack(random_plain(0, 4, 32, 128, 32, False, True))
     with pytest.raises(FormatError, match="4 scale rows do not match in_features 128 with group_size 64"):
-        V2.unpack(t, LayerParams(bits=4, group_size=64))
-    assert V2.unpack(t, LayerParams(bits=4)).group_size == 32  # inferred: 128 rows / 4 groups
+        V2.unpack(t, QuantScheme(bits=4, group_size=64))
+    assert V2.unpack(t, QuantScheme(bits=4)).group_size == 32  # inferred: 128 rows / 4 groups

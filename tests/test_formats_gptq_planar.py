@@ -19,8 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
 from qtool.packing.bitstream import pack_stream
+from qtool.scheme import QuantScheme
 
 P = get_format("gptq_p")
 V2 = get_format("gptq_v2")
@@ -64,7 +65,7 @@ def test_hand_run_3bit_planar_codes_10_and_21():
     assert words(t["qzeros"]) == [[0x00000000, 0x00000000, 0xFFFFFFFF]]
     # The continuous stream puts the same codes elsewhere (FORMATS.md: 3-bit planar != continuous).
     assert [r[0] for r in words(V2.pack(p)["qweight"])] == [0xC0000000, 0x00000001, 0x00000000]
-    back = P.unpack(t, LayerParams(bits=3, group_size=-1))
+    back = P.unpack(t, QuantScheme(bits=3, group_size=-1))
     assert back.equal(p) and back.qweight[0, 10].item() == 7 and back.qweight[1, 21].item() == 5
 
 
@@ -77,7 +78,7 @@ def test_hand_run_5bit_planar():
     assert [r[0] for r in words(t["qweight"])] == [0x76543210, 0xFEDCBA98, 0x76543210, 0xFEDCBA98, 0xFFFF0000]
     assert [r[1] for r in words(t["qweight"])] == [0xFFFFFFFF] * 5
     assert words(t["qzeros"]) == [[0xFFFFFFFF] * 5]
-    w = dequantize(P.unpack(t, LayerParams(bits=5, group_size=-1)))
+    w = dequantize(P.unpack(t, QuantScheme(bits=5, group_size=-1)))
     assert w[0, :3].tolist() == [-31.0, -30.0, -29.0]
 
 
@@ -127,7 +128,7 @@ def test_roundtrip_plain(bits, shape, G, sym, act, seed):
     p = random_plain(seed, bits, O, I, G, sym, act)
     t = P.pack(p)
     assert t["qweight"].shape == (I * bits // 32, O) and t["qzeros"].shape[1] == O * bits // 32
-    back = P.unpack(t, LayerParams(bits=bits, group_size=G))
+    back = P.unpack(t, QuantScheme(bits=bits, group_size=G))
     assert back.equal(p) and back.meta["gptq_zero_convention"] == "v2"
     assert all(torch.equal(P.pack(back)[k], t[k]) for k in t)
 
@@ -140,7 +141,7 @@ def test_roundtrip_bytes(bits, seed):
          "qzeros": torch.randint(-2**31, 2**31, (ng, O * bits // 32), generator=gen, dtype=torch.int64).to(torch.int32),
          "scales": torch.rand(ng, O, generator=gen).to(torch.bfloat16),
          "g_idx": (torch.arange(I) // 32).to(torch.int32)}
-    out = P.pack(P.unpack(b, LayerParams()))  # bits and group_size inferred from shapes
+    out = P.pack(P.unpack(b, QuantScheme()))  # bits and group_size inferred from shapes
     assert all(torch.equal(out[k], b[k]) for k in b)
 
 
@@ -154,4 +155,4 @@ def test_check_needs_multiples_of_32():
     with pytest.raises(FormatError):
         # 3 words of 4-bit codes = 24 input rows: not a whole planar run.
         P.unpack({"qweight": torch.zeros(3, 32, dtype=torch.int32), "qzeros": torch.zeros(1, 4, dtype=torch.int32),
-                  "scales": torch.ones(1, 32, dtype=torch.float16)}, LayerParams(bits=4))
+                  "scales": torch.ones(1, 32, dtype=torch.float16)}, QuantScheme(bits=4))

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats import LayerParams, Plain, dequantize, get_format
+from qtool.formats import Plain, dequantize, get_format
 from qtool.formats import marlin as M
 from qtool.io.qconfig import parse_quant_config
 from qtool.packing import marlin_perm as mp
 from qtool.packing.bitstream import pack_stream, unpack_stream
+from qtool.scheme import QuantScheme
 from tests.conftest import fixture_path
 
 MARLIN = get_format("marlin")
@@ -180,7 +181,7 @@ def _digest(tensors: dict) -> str:
 def test_golden_bytes(name, plain):
     packed = MARLIN.pack(plain)
     assert _digest(packed) == GOLDEN[name]
-    assert MARLIN.unpack(packed, LayerParams(group_size=plain.group_size)).equal(plain)
+    assert MARLIN.unpack(packed, QuantScheme(group_size=plain.group_size)).equal(plain)
 
 
 # --- round trips -------------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def test_round_trip(plain):
     p = M.plan(plain)
     assert packed["qweight"].shape == (p.k_pad // 16, p.n_pad * 16 * plain.bits // 32)
     assert (p.n_pad % 64 == 0 and p.k_pad % 128 == 0) or (p.n_pad % 128 == 0 and p.k_pad % 64 == 0)
-    back = MARLIN.unpack(packed, LayerParams(group_size=plain.group_size))
+    back = MARLIN.unpack(packed, QuantScheme(group_size=plain.group_size))
     assert back.equal(plain)
     assert back.meta["marlin.source"] == plain.meta["format"]
     assert _same(MARLIN.pack(back), packed)  # pack(unpack(b)) == b
@@ -215,7 +216,7 @@ def test_padding_decodes_to_zero_and_is_cropped():
     assert packed["shape"].tolist() == [70, 96]
     assert packed["qweight"].shape == (8, 256) and packed["scales"].shape == (4, 128)
     whole = {k: v for k, v in packed.items() if k != "shape"}  # read as if the padded module were real
-    big = MARLIN.unpack(whole, LayerParams(group_size=32))
+    big = MARLIN.unpack(whole, QuantScheme(group_size=32))
     w = dequantize(big, torch.float32)
     assert w.shape == (128, 128)
     assert torch.equal(w[:70, :96], dequantize(plain, torch.float32))
@@ -225,7 +226,7 @@ def test_padding_decodes_to_zero_and_is_cropped():
 def test_channelwise_padding_rows_decode_to_zero():
     plain = _plain(64, 40, 4, -1, asym=True, seed=6)  # one group: padded rows share the real scale
     packed = MARLIN.pack(plain)
-    big = MARLIN.unpack({k: v for k, v in packed.items() if k != "shape"}, LayerParams())
+    big = MARLIN.unpack({k: v for k, v in packed.items() if k != "shape"}, QuantScheme())
     w = dequantize(big, torch.float32)
     assert torch.equal(w[:64, :40], dequantize(plain, torch.float32)) and not w[:, 40:].any()
 
@@ -248,7 +249,7 @@ def test_foreign_perm_kept_on_repack():
     perm = torch.argsort(g * 1000 - torch.arange(128))  # sorted by group, reversed inside each group
     packed = MARLIN.pack(plain.with_(meta={"format": "gptq", "marlin.perm": perm}))
     assert torch.equal(packed["perm"].to(torch.int64), perm)
-    back = MARLIN.unpack(packed, LayerParams(group_size=32))
+    back = MARLIN.unpack(packed, QuantScheme(group_size=32))
     assert back.equal(plain) and _same(MARLIN.pack(back), packed)
 
 
@@ -256,7 +257,7 @@ def test_legacy_b_s_names():
     plain = _plain(64, 256, 4, 128, seed=9)
     packed = MARLIN.pack(plain)
     legacy = {"B": packed["qweight"], "s": packed["scales"]}
-    assert MARLIN.unpack(legacy, LayerParams(bits=4, group_size=128)).equal(plain)
+    assert MARLIN.unpack(legacy, QuantScheme(bits=4, group_size=128)).equal(plain)
 
 
 @pytest.mark.parametrize("plain,needle", [
@@ -275,7 +276,7 @@ def test_single_group_of_any_size_is_channelwise():
     assert MARLIN.check(plain) == []
     packed = MARLIN.pack(plain)
     assert torch.equal(packed["scales"], mp.permute_scales(plain.scales.t(), channelwise=True))
-    assert MARLIN.unpack(packed, LayerParams(group_size=256)).equal(plain)
+    assert MARLIN.unpack(packed, QuantScheme(group_size=256)).equal(plain)
 
 
 # --- foreign fixtures ----------------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def _modules(path):
 def test_gptq_fixture_codes_through_marlin():
     path = fixture_path("gptqmodel-gptq-v1-4bit-g128-sym")
     ref = load_file(path / "reference.safetensors")
-    params = LayerParams(bits=4, group_size=128)
+    params = QuantScheme(bits=4, group_size=128)
     for mod, t in _modules(path).items():
         k, n = t["qweight"].shape[0] * 8, t["qweight"].shape[1]
         codes = unpack_stream(t["qweight"], 4, k, dim=0)  # [K, N]
@@ -307,7 +308,7 @@ def test_gptq_fixture_codes_through_marlin():
         composed = MARLIN.pack(get_format("gptq").unpack(t, params))
         assert _same(composed, packed)
         assert _same(M.from_gptq(t, params, "gptq"), packed)
-        gptq_back = get_format("gptq").pack(MARLIN.unpack(packed, LayerParams(bits=4, group_size=128,
+        gptq_back = get_format("gptq").pack(MARLIN.unpack(packed, QuantScheme(bits=4, group_size=128,
                                                                               extra={"marlin.source": "gptq"})))
         for name in ("qweight", "qzeros", "scales", "g_idx"):
             assert torch.equal(gptq_back[name], t[name]), (mod, name)
@@ -318,7 +319,7 @@ def test_awq_fixture_zeros_round_trip():
     path = fixture_path("gptqmodel-awq-gemm-4bit-g128")
     ref = load_file(path / "reference.safetensors")
     awq = get_format("awq")
-    params = LayerParams(bits=4, group_size=128)
+    params = QuantScheme(bits=4, group_size=128)
     seen_zero = False
     for mod, t in _modules(path).items():
         plain = awq.unpack(t, params)
@@ -342,7 +343,7 @@ def test_awq_fixture_zeros_round_trip():
 def test_fast_paths_equal_composition(src, bits, n, k, g):
     plain = _plain(n, k, bits, g, seed=bits * n + k, meta={})
     tensors = get_format(src).pack(plain)
-    params = LayerParams(bits=bits, group_size=g)
+    params = QuantScheme(bits=bits, group_size=g)
     composed = MARLIN.pack(get_format(src).unpack(tensors, params))
     assert _same(M.FAST_PATHS[(src, "marlin")](tensors, params, src, "marlin"), composed)
     for dst in ("gptq", "gptq_v2"):
@@ -354,7 +355,7 @@ def test_fast_paths_equal_composition(src, bits, n, k, g):
 def test_from_gptq_writes_into_a_reused_buffer():
     plain = _plain(64, 256, 4, 128, seed=11, meta={})
     tensors = get_format("gptq").pack(plain)
-    params = LayerParams(bits=4, group_size=128)
+    params = QuantScheme(bits=4, group_size=128)
     buf = torch.full((tensors["qweight"].numel() + 100,), -1, dtype=torch.int32)
     into = M.from_gptq(tensors, params, "gptq", out=buf)
     assert _same(into, M.from_gptq(tensors, params, "gptq"))
@@ -364,7 +365,7 @@ def test_from_gptq_writes_into_a_reused_buffer():
 
 
 def test_fast_paths_decline_what_they_cannot_do():
-    params = LayerParams(bits=4, group_size=32)
+    params = QuantScheme(bits=4, group_size=32)
     asym = get_format("gptq_v2").pack(_plain(64, 128, 4, 32, asym=True))
     assert M.from_gptq(asym, params, "gptq_v2") is None
     act = get_format("gptq").pack(_plain(64, 128, 4, 32, act=True))

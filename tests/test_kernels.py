@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from qtool.bench.layers import random_plain
 from qtool.errors import FormatError, UsageError
 from qtool.formats import get_format
-from qtool.formats.base import LayerParams
 from qtool.formats.plain import dequantize
 from qtool.kernels.base import (
     PackedLayer,
@@ -25,6 +24,7 @@ from qtool.kernels.base import (
     pack_gptq_v2,
     resolve_device,
 )
+from qtool.scheme import QuantScheme
 from tests.oracles.layouts import stream_decode
 
 ERR_FACTOR = 4.0
@@ -234,7 +234,7 @@ def test_gptq_writers_and_torch_ref_agree_on_straddling_widths(bits):
         ref = get_format("gptq_v2").pack(plain)
         assert torch.equal(layer.qweight, ref["qweight"]) and torch.equal(layer.qzeros, ref["qzeros"])
     # a gptq_p (planar) pack of the same Plain, unpacked by its format, runs through torch-ref unchanged
-    p2 = get_format("gptq_p").unpack(get_format("gptq_p").pack(plain), LayerParams(bits=bits, group_size=32))
+    p2 = get_format("gptq_p").unpack(get_format("gptq_p").pack(plain), QuantScheme(bits=bits, group_size=32))
     assert torch.equal(dequantize_packed(PackedLayer.from_plain(p2), torch.float32),
                        dequantize_packed(layer, torch.float32))
 

@@ -17,19 +17,19 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from qtool.errors import InputError, NotRepresentable, OutputError, UsageError
-from qtool.formats import LayerParams, Plain, dequantize, get_format
-from qtool.io.qconfig import quantization_config_for
+from qtool.formats import Plain, dequantize, get_format
 from qtool.repack.plan import RepackJob, can_regroup, regroup, widen
 from qtool.repack.run import Refused, fast_paths, run_repack
 from qtool.repack.source import open_source
+from qtool.scheme import QuantScheme
 from tests.conftest import FIXTURES
 from tests.test_formats_ct import random_plain, raw_equal
 
 HF_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "ct", "marlin")
 
 
-def params(p: Plain) -> LayerParams:
-    return LayerParams(bits=p.bits, group_size=p.group_size)
+def params(p: Plain) -> QuantScheme:
+    return QuantScheme(bits=p.bits, group_size=p.group_size)
 
 
 def decode_all(path) -> dict[str, Plain]:
@@ -139,7 +139,7 @@ def test_every_fast_path_equals_the_composition(shape):
             if fs.check(p):
                 continue
             tensors = fs.pack(p)
-            lp = LayerParams(bits=bits, group_size=p.group_size)
+            lp = QuantScheme(bits=bits, group_size=p.group_size)
             direct = fn(tensors, lp, src, dst)
             composed = fd.pack(fs.unpack(tensors, lp))
             assert direct is not None, (src, dst, bits, shape)
@@ -150,7 +150,7 @@ def test_every_fast_path_equals_the_composition(shape):
 
 def test_fast_path_declines_asymmetric_and_act_order():
     p = random_plain(5, 128, 256, 4, 64, sym=False)
-    lp = LayerParams(bits=4, group_size=64)
+    lp = QuantScheme(bits=4, group_size=64)
     for (src, dst), fn in fast_paths().items():
         if get_format(src).check(p):
             continue
@@ -182,7 +182,7 @@ def make_checkpoint(root: Path, fmt="gptq_v2", bits=4, group=128, sym=True, seed
     t["model.layers.0.self_attn.o_proj.bias"] = torch.randn(256, generator=g).half()
     save_file(t, root / "model.safetensors", metadata={"format": "pt"})
     cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 256,
-           "quantization_config": quantization_config_for(fmt, bits, group, sym, False)}
+           "quantization_config": get_format(fmt).config_for(bits, group, sym, False)}
     (root / "config.json").write_text(json.dumps(cfg))
     (root / "tokenizer.json").write_text("{}")
     return plains
@@ -381,7 +381,7 @@ def test_gguf_fixture_to_gptq(tmp_path):
     out = load_file(tmp_path / "out" / "model.safetensors")
     got = {m.name: get_format("gptq_v2").unpack({s: out[f"{m.name}.{s}"] for s in ("qweight", "qzeros", "scales",
                                                                                    "g_idx")},
-                                                LayerParams(bits=m.bits, group_size=m.group_size))
+                                                QuantScheme(bits=m.bits, group_size=m.group_size))
            for m in r.modules if m.format == "gptq_v2"}
     assert set(got) == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
     for mod, p in got.items():
@@ -393,8 +393,6 @@ def test_gguf_fixture_to_gptq(tmp_path):
 
 
 def test_old_padded_ct_source_is_read_by_version_and_written_dense(tmp_path):
-    from qtool.repack.run import ct_config
-
     root = tmp_path / "old"
     root.mkdir()
     plains, t = {}, {}
@@ -405,10 +403,9 @@ def test_old_padded_ct_source_is_read_by_version_and_written_dense(tmp_path):
     save_file(t, root / "model.safetensors")
     words = t["model.layers.0.self_attn.q_proj.weight_packed"].shape[1]
     assert words == -(-256 // 10)  # 10 codes per word, not the dense ceil(256*3/32) = 24
-    from qtool.repack.plan import ModulePlan
+    from qtool.scheme import QuantScheme
 
-    q = ct_config([ModulePlan(n, "ct", "ct", None, 3, 64, False, False, to_bits=3, to_group_size=64, to_sym=False)
-                   for n in MODULES], None)
+    q = get_format("ct").quantization_config([(n, QuantScheme("ct", 3, 64, False, False), None) for n in MODULES])
     q["version"] = "0.17.1"
     (root / "config.json").write_text(json.dumps({"quantization_config": q}))
     assert all(decode_all(root)[n].equal(p) for n, p in plains.items())

@@ -14,7 +14,7 @@ from qtool.errors import DeviceError, UsageError
 from qtool.kernels.decls import load_engine
 from qtool.kernels.devices import Device, profile, resolve_device
 from qtool.kernels.select import LayerQuant, marlin_padded_nk, select_kernel
-from qtool.select.plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
+from qtool.select.plan import DEFAULT_SCHEME, layer_groups, model_groups, path_groups, plan_select
 from tests.conftest import fixture_path
 
 H100, H200, A100, B200 = (profile(n) for n in ("h100", "h200", "a100", "b200"))
@@ -35,7 +35,7 @@ def cand(sel, name):
 # --- the seed's worked example (002: Llama-3-70B GPTQ 4-bit g128, no act-order, TP=2, H100) -------------
 
 def test_llama3_70b_tp2_h100_down_proj_gets_machete_under_vllm():
-    rep = plan_select(model_groups("llama-3-70b", QuantSpec()), H100, "vllm", tp=2)
+    rep = plan_select(model_groups("llama-3-70b", DEFAULT_SCHEME), H100, "vllm", tp=2)
     down = next(r.selection for r in rep.layers if r.name.endswith("mlp.down_proj"))
     assert (down.layer.in_features, down.layer.out_features) == (28672, 8192)
     assert (down.in_features_per_partition, down.out_features_per_partition) == (14336, 8192)
@@ -78,7 +78,7 @@ def test_runtime_refusal_never_masks_the_shape_refusal():
 
 def test_group_straddling_tp_shards_is_fatal_for_marlin():
     # Qwen2.5-72B down_proj at TP=8: K_part = 29568 / 8 = 3696 = 28.875 groups of 128.
-    rep = plan_select(model_groups("qwen2.5-72b", QuantSpec()), H100, "vllm", tp=8)
+    rep = plan_select(model_groups("qwen2.5-72b", DEFAULT_SCHEME), H100, "vllm", tp=8)
     down = next(r.selection for r in rep.layers if r.name.endswith("down_proj"))
     assert down.in_features_per_partition == 3696
     assert any("groups straddle TP shards: K_part 3696 % group_size 128 = 112" in n for n in down.notes)
@@ -259,7 +259,7 @@ def test_disable_and_act_order():
 
 def test_unknown_disable_and_device_are_usage_errors():
     with pytest.raises(UsageError, match="did you mean 'MacheteLinearKernel'"):
-        plan_select(layer_groups(["4096,4096"], QuantSpec()), H100, "vllm", disabled=["MacheteLinearKernal"])
+        plan_select(layer_groups(["4096,4096"], DEFAULT_SCHEME), H100, "vllm", disabled=["MacheteLinearKernal"])
     with pytest.raises(DeviceError, match="did you mean 'h100'"):
         resolve_device("h10")
 

@@ -74,7 +74,8 @@ def select_cmd(
     from qtool.errors import UsageError
     from qtool.kernels.devices import resolve_device
     from qtool.report.select import render
-    from qtool.select.plan import QuantSpec, layer_groups, model_groups, path_groups, plan_select
+    from qtool.scheme import QuantScheme
+    from qtool.select.plan import layer_groups, model_groups, path_groups, plan_select
 
     check_range("--bits", v["bits"], *BITS_RANGE)
     check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
@@ -85,7 +86,7 @@ def select_cmd(
                          fix="e.g. qtool select model-gptq/ --device h100, or --model llama-3-8b, "
                              "or --layer 4096,14336")
     dev = resolve_device(v["device"])
-    q = QuantSpec(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
+    q = QuantScheme(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
                   desc_act=v["desc_act"])
     notes: list[str] = []
     if v["path"] is not None:

@@ -4,10 +4,10 @@ Each module in this package is one layout (FORMATS.md). Add a new one by writing
 to the import list below.
 """
 
-from qtool.formats.base import Format, FormatSpec, LayerParams, all_formats, get_format, register
+from qtool.formats.base import Format, FormatSpec, all_formats, get_format, register
 from qtool.formats.plain import Plain, dequantize
 
-__all__ = ["Format", "FormatSpec", "LayerParams", "Plain", "all_formats", "dequantize", "get_format",
+__all__ = ["Format", "FormatSpec", "Plain", "all_formats", "dequantize", "get_format",
            "register"]
 
 # Registration: importing each layout module registers it (kept at the bottom: they import base/plain).

@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
-from qtool.formats.gptq import infer_group_size
+from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.gptq import gptqmodel_config, infer_group_size, quantizer_meta
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing.bitstream import pack_stream, unpack_stream
+from qtool.scheme import QuantScheme
 
 # Nibble slot i of a word holds column 8c + AWQ_ORDER[i]; AWQ_INVERSE maps a column back to its slot.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -81,7 +82,16 @@ class AwqGemm(Format):
             "scales": plain.scales.t().contiguous(),
         }
 
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None) -> dict:
+        """The AutoAWQ-style `quantization_config` (GEMM version; no act-order to declare); `extra` last."""
+        cfg = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": not sym,
+               "version": "gemm", "format": "gemm", "desc_act": False, "sym": sym, "meta": quantizer_meta()}
+        return cfg | (extra or {})
+
+    def quantization_config(self, modules) -> dict:
+        return gptqmodel_config(self, modules)
+
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """{"qweight", "qzeros", "scales"} -> Plain (4-bit, true zeros, trivial g_idx)."""
         qweight = expect(tensors, "qweight", "awq", dtype=torch.int32, dims=2)
         qzeros = expect(tensors, "qzeros", "awq", dtype=torch.int32, dims=2)

@@ -2,7 +2,7 @@
 
     pack(Plain) -> dict[str, Tensor]          the tensors of ONE linear module, short names
                                               ("qweight", "qzeros", "scales", "g_idx", ...)
-    unpack(dict[str, Tensor], LayerParams) -> Plain
+    unpack(dict[str, Tensor], QuantScheme) -> Plain
 
 Formats do no file I/O and know nothing of kernels or devices. Module prefixes ("model.layers.0.mlp.up_proj.")
 are added and stripped by the I/O layer. `check(plain)` says, before anything is written, why a Plain cannot be
@@ -11,7 +11,7 @@ stored exactly (empty list = it can).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,6 +19,7 @@ import torch
 
 from qtool.errors import FormatError, UsageError
 from qtool.formats.plain import Plain
+from qtool.scheme import QuantScheme
 
 
 @dataclass(frozen=True)
@@ -52,24 +53,6 @@ class FormatSpec:
     out_multiple: Mapping[int, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class LayerParams:
-    """What a reader knows about one module beyond its tensors (from config or metadata).
-
-    bits / group_size may be None when the format can infer them from shapes.
-    sym: the config's claim, used only where the layout cannot tell (e.g. compressed-tensors without zeros).
-    convention: format-specific reading convention, e.g. GPTQ v1 "word" (GPTQModel whole-word add,
-    the default) or "field" (per-field z - 1).
-    """
-
-    bits: int | None = None
-    group_size: int | None = None
-    sym: bool | None = None
-    desc_act: bool | None = None
-    convention: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
 class Format:
     """Subclass per layout; set `spec`; implement `pack`, `unpack`; override `check` for extra limits."""
 
@@ -78,7 +61,7 @@ class Format:
     def pack(self, plain: Plain) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:  # pragma: no cover
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:  # pragma: no cover
         raise NotImplementedError
 
     def check(self, plain: Plain) -> list[str]:
@@ -103,6 +86,12 @@ class Format:
             why.append(f"{s.id} {plain.bits}-bit packs zeros along out_features in runs of {m_out}, but "
                        f"out_features is {plain.out_features}")
         return why
+
+    def quantization_config(self, modules: Sequence[tuple[str, QuantScheme, dict | None]]) -> dict | None:
+        """config.json `quantization_config` the engines read for a checkpoint of this layout, from its
+        converted modules: (module name, scheme written, the module's `module_meta` or None). A pure dict
+        (io writes it); None when the layout's container carries no such config (GGUF)."""
+        return None
 
     def require(self, plain: Plain) -> None:
         why = self.check(plain)

@@ -9,7 +9,7 @@ Tensors of one module (short names):
     weight_g_idx       int32 [I]  group of each input channel; only for actorder "group"
     weight_shape       int64 [2]  (O, I)
 
-Two packings of the word stream exist (LayerParams.extra "packing", or the config's "version"):
+Two packings of the word stream exist (QuantScheme.extra "packing", or the config's "version"):
 - "dense" (compressed-tensors >= 0.18): the continuous little-endian bit stream of FORMATS.md; a run of
   32 codes becomes b words, codes may straddle words (3/5/6/7-bit), the last run is zero-padded and only
   ceil(n*b/32) words are kept;
@@ -24,9 +24,10 @@ import re
 import torch
 
 from qtool.errors import FormatError
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import Plain
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
+from qtool.scheme import QuantScheme
 
 DENSE_SINCE = (0, 18)
 PACKINGS = ("dense", "padded")
@@ -133,7 +134,7 @@ class CompressedTensors(Format):
         out["weight_shape"] = torch.tensor([plain.out_features, plain.in_features], dtype=torch.int64)
         return out
 
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         packed = expect(tensors, "weight_packed", "ct", dtype=torch.int32, dims=2)
         scales = expect(tensors, "weight_scale", "ct", dims=2)
         o = packed.shape[0]
@@ -171,6 +172,28 @@ class CompressedTensors(Format):
         if params.extra.get("version"):
             meta["ct_version"] = str(params.extra["version"])
         return Plain(qweight, scales, zeros, g_idx, bits, group_size, meta)
+
+    def quantization_config(self, modules) -> dict:
+        """One config group per (bits, group size, sym, act-order) scheme, targeting its modules by exact
+        name, largest group first."""
+        groups: dict[tuple, list[str]] = {}
+        for name, s, _meta in modules:
+            groups.setdefault((s.bits, s.group_size, bool(s.sym), bool(s.desc_act)), []).append(name)
+        config_groups = {}
+        for k, ((bits, group, sym, desc), mods) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+            config_groups[f"group_{k}"] = {
+                "targets": mods,
+                "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
+                            "group_size": None if group == -1 else group,
+                            "strategy": "channel" if group == -1 else "group",
+                            "actorder": "group" if desc else None, "dynamic": False, "observer": "minmax",
+                            "observer_kwargs": {}, "block_structure": None},
+                "input_activations": None, "output_activations": None, "format": "pack-quantized",
+            }
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
+                "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
+                "transform_config": {}, "global_compression_ratio": None}
 
     # --- helpers -------------------------------------------------------------------------------------
     @staticmethod
@@ -222,7 +245,7 @@ def _uniform_word(bits: int, field: int) -> int:
     return w - (1 << 32) if w >= 1 << 31 else w
 
 
-def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, dst: str = "ct"
+def from_gptq(tensors: dict[str, torch.Tensor], params: QuantScheme, src: str, dst: str = "ct"
               ) -> dict[str, torch.Tensor] | None:
     """gptq / gptq_v2 -> ct (dense) for symmetric weights without act-order; None when it does not apply."""
     if src not in ("gptq", "gptq_v2") or dst != "ct":
@@ -255,7 +278,7 @@ def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, d
     }
 
 
-def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "ct", dst: str = "gptq_v2"
+def to_gptq(tensors: dict[str, torch.Tensor], params: QuantScheme, src: str = "ct", dst: str = "gptq_v2"
             ) -> dict[str, torch.Tensor] | None:
     """ct -> gptq / gptq_v2 for symmetric weights without act-order, b in {2, 4, 8}; None otherwise."""
     if src != "ct" or dst not in ("gptq", "gptq_v2"):

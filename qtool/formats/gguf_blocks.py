@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import Plain, dequantize
+from qtool.scheme import QuantScheme
 
 QK = 32
 # id -> (bytes per block, ggml type number, GGUF type name)
@@ -219,7 +220,7 @@ class _GGUFBlocks(Format):
         return Assessment("exact" if err == 0.0 else "near-exact", err)
 
     # --- blocks -> Plain ---------------------------------------------------------------------------
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams | None = None) -> Plain:
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme | None = None) -> Plain:
         raw = expect(tensors, "weight", self.type_name)
         d, m, v = decode_blocks(raw, self.spec.id)
         o, nb = d.shape

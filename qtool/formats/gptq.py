@@ -27,14 +27,17 @@ Zero-point conventions (the part that bites):
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
+from qtool.scheme import QuantScheme
 
 GPTQ_BITS = (2, 3, 4, 8)
 
@@ -194,6 +197,28 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
     return g.to(torch.int32).contiguous()
 
 
+def gptqmodel_config(fmt: Format, modules) -> dict:
+    """The majority scheme of `modules` as the base config, GPTQModel `dynamic` overrides ("+:^name$")
+    for modules that differ (the GPTQ family and AWQ share this shape)."""
+    def key(s: QuantScheme):
+        return (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))
+
+    base = Counter(key(s) for _n, s, _m in modules).most_common(1)[0][0]
+    dynamic = {}
+    for name, s, _meta in modules:
+        if key(s) != base:
+            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), key(s), base, strict=True)
+                    if v != b}
+            dynamic[f"+:^{re.escape(name)}$"] = over
+    return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None)
+
+
+def quantizer_meta() -> dict:
+    from qtool import __version__
+
+    return {"quantizer": [f"qtool:{__version__}"]}
+
+
 class GptqFamily(Format):
     """Shared pack/unpack of the GPTQ-style tensor set; subclasses fix the bit packer and zero convention.
 
@@ -248,12 +273,23 @@ class GptqFamily(Format):
             "g_idx": plain.group_index().to(torch.int32).contiguous(),
         }
 
+    # --- config ------------------------------------------------------------------------------------
+    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None) -> dict:
+        """The `quantization_config` transformers, GPTQModel and vLLM read; `extra` merged last."""
+        cfg = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
+               "checkpoint_format": self.spec.id, "format": self.spec.id, "pack_dtype": "int32", "lm_head": False,
+               "meta": quantizer_meta()}
+        return cfg | (extra or {})
+
+    def quantization_config(self, modules) -> dict:
+        return gptqmodel_config(self, modules)
+
     # --- unpack ------------------------------------------------------------------------------------
-    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: LayerParams):
+    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
         conv = _resolve_convention(params.convention, bits, self.version)
         return decode_qzeros(qzeros, bits, out_features, conv), conv
 
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """{"qweight", "qzeros", "scales"[, "g_idx"]} -> Plain; bits and group_size inferred from shapes
         when params leave them None. Records the zero convention read in meta["gptq_zero_convention"]."""
         fid = self.spec.id

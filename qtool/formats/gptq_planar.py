@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from qtool.formats.base import FormatSpec, LayerParams, register
+from qtool.formats.base import FormatSpec, register
 from qtool.formats.gptq import V2, GptqFamily
 from qtool.packing.bitstream import pack_planar, unpack_planar
+from qtool.scheme import QuantScheme
 
 PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)
 
@@ -48,7 +49,7 @@ class GptqPlanar(GptqFamily):
     def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
         return unpack_planar(words, bits, n, dim=dim)
 
-    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: LayerParams):
+    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
         return unpack_planar(qzeros, bits, out_features, dim=1), V2
 
 

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 import torch
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, LayerParams, expect, get_format, register
+from qtool.formats.base import Format, FormatSpec, expect, get_format, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.packing import marlin_perm as mp
+from qtool.scheme import QuantScheme
 
 MARLIN_BITS = (4, 8)
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
@@ -188,8 +189,11 @@ class Marlin(Format):
         out["shape"] = torch.tensor([p.n, p.k], dtype=torch.int64)
         return out
 
+    def quantization_config(self, modules) -> dict:
+        return quantization_config(summarize({name: meta for name, _s, meta in modules if meta}))
+
     # --- unpack ----------------------------------------------------------------------------------------
-    def unpack(self, tensors: dict[str, torch.Tensor], params: LayerParams) -> Plain:
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """Marlin tensors (qtool names, or legacy B/s) -> the exact original Plain, padding cropped.
 
         meta: "format" = "marlin", "marlin.source" (params.extra["marlin.source"], else "awq" when qzeros are
@@ -249,7 +253,7 @@ class Marlin(Format):
 # --- helpers ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Layout:
-    """Shapes of one stored Marlin module, read from its tensors and LayerParams (no data decoded)."""
+    """Shapes of one stored Marlin module, read from its tensors and QuantScheme (no data decoded)."""
 
     B: torch.Tensor
     scales: torch.Tensor
@@ -268,7 +272,7 @@ class Layout:
         return self.n_groups_pad == 1
 
 
-def read_layout(tensors: dict[str, torch.Tensor], params: LayerParams) -> Layout:
+def read_layout(tensors: dict[str, torch.Tensor], params: QuantScheme) -> Layout:
     """Validate shapes and dtypes; bits and group_size come from params or are inferred from shapes."""
     b_name = "B" if "B" in tensors and "qweight" not in tensors else "qweight"
     s_name = "s" if "s" in tensors and "scales" not in tensors else "scales"
@@ -410,8 +414,8 @@ def quantization_config(plain_meta: dict) -> dict:
     return cfg
 
 
-def params_from_contract(metadata: dict[str, str] | None, config: dict | None = None) -> LayerParams:
-    """LayerParams for `Marlin.unpack` from a checkpoint's safetensors metadata (or its config's "qtool"
+def params_from_contract(metadata: dict[str, str] | None, config: dict | None = None) -> QuantScheme:
+    """QuantScheme for `Marlin.unpack` from a checkpoint's safetensors metadata (or its config's "qtool"
     entry): bits, group_size, act-order and the source format (extra["marlin.source"])."""
     md = dict(metadata or {})
     q = (config or {}).get("qtool") if isinstance(config, dict) else None
@@ -430,7 +434,7 @@ def params_from_contract(metadata: dict[str, str] | None, config: dict | None = 
     if md.get("qtool.marlin.source"):
         extra[SOURCE_KEY] = str(md["qtool.marlin.source"])
     act = md.get("qtool.marlin.act_order")
-    return LayerParams(bits=get_int("qtool.marlin.bits"), group_size=get_int("qtool.marlin.group_size"),
+    return QuantScheme(bits=get_int("qtool.marlin.bits"), group_size=get_int("qtool.marlin.group_size"),
                        desc_act=None if act is None else str(act).lower() == "true", extra=extra)
 
 
@@ -449,7 +453,7 @@ def _sym_word(bits: int, stored: int) -> int:
     return w - (1 << 32) if w >= 1 << 31 else w
 
 
-def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, dst: str = "marlin", *,
+def from_gptq(tensors: dict[str, torch.Tensor], params: QuantScheme, src: str, dst: str = "marlin", *,
               out: torch.Tensor | None = None) -> dict[str, torch.Tensor] | None:
     """gptq / gptq_v2 -> marlin for symmetric weights without act-order, moving packed bytes only.
 
@@ -505,7 +509,7 @@ def from_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str, d
     return res
 
 
-def to_gptq(tensors: dict[str, torch.Tensor], params: LayerParams, src: str = "marlin", dst: str = "gptq", *,
+def to_gptq(tensors: dict[str, torch.Tensor], params: QuantScheme, src: str = "marlin", dst: str = "gptq", *,
             out: torch.Tensor | None = None) -> dict[str, torch.Tensor] | None:
     """marlin -> gptq / gptq_v2 for symmetric weights without act-order, moving packed bytes only.
 

@@ -113,18 +113,18 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
 
 
 def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
-    from qtool.formats.base import LayerParams
+    from qtool.scheme import QuantScheme
 
     if fmt == "marlin" and src is not None:
         from qtool.formats.marlin import params_from_contract
 
         p = params_from_contract(src.metadata, src.quant_raw)
-        return LayerParams(bits=p.bits or m.bits, group_size=p.group_size if p.group_size is not None else
+        return QuantScheme(bits=p.bits or m.bits, group_size=p.group_size if p.group_size is not None else
                            m.group_size, desc_act=p.desc_act, extra=p.extra)
     extra: dict[str, Any] = {}
     if claims is not None and claims.ct_version:
         extra["version"] = claims.ct_version
-    return LayerParams(bits=m.bits, group_size=m.group_size, sym=m.sym if fmt.startswith("ct") else None,
+    return QuantScheme(bits=m.bits, group_size=m.group_size, sym=m.sym if fmt.startswith("ct") else None,
                        desc_act=m.desc_act, extra=extra)
 
 

@@ -1,4 +1,4 @@
-"""Quantization configs: reading every synonym the ecosystem writes, and writing the keys each reader wants.
+"""Quantization configs: reading every synonym the ecosystem writes (each format module writes its own).
 
 Readers (FORMATS.md): `config.json["quantization_config"]` and/or `quantize_config.json`; keys `quant_method`,
 `bits` (w_bit, wbits), `group_size` (q_group_size), `desc_act`, `sym` (zero_point = not sym),
@@ -118,25 +118,3 @@ def _parse_ct(raw: dict, source: object) -> QuantConfig:
         sym = _bool(weights.get("symmetric"), "symmetric", source)
         desc = weights.get("actorder") not in (None, False, "static", "weight")
     return QuantConfig("compressed-tensors", fmt, bits, group, sym, desc, fmt_name or None, dict(raw))
-
-
-def quantization_config_for(format_id: str, bits: int, group_size: int, sym: bool, desc_act: bool,
-                            extra: dict | None = None) -> dict:
-    """The `quantization_config` dict that transformers, GPTQModel and vLLM read for a qtool-written
-    GPTQ-family or AWQ checkpoint. `extra` is merged last (e.g. qtool's own `meta`)."""
-    if format_id in ("gptq", "gptq_v2", "gptq_p"):
-        cfg = {
-            "quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
-            "checkpoint_format": format_id, "format": format_id, "pack_dtype": "int32", "lm_head": False,
-        }
-    elif format_id == "awq":
-        cfg = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": not sym,
-               "version": "gemm", "format": "gemm", "desc_act": False, "sym": sym}
-    else:
-        raise InputError(f"no GPTQ/AWQ-style config for format '{format_id}'")
-    from qtool import __version__
-
-    cfg["meta"] = {"quantizer": [f"qtool:{__version__}"]}
-    if extra:
-        cfg.update(extra)
-    return cfg

@@ -46,6 +46,7 @@ from qtool.errors import UsageError
 from qtool.formats.base import Format, format_id
 from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
+from qtool.scheme import QuantScheme
 
 KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
 # a regex flag longer than this is refused: patterns are matched against every tensor name of the checkpoint
@@ -133,6 +134,11 @@ class ModulePlan:
     def relayout(self) -> bool:
         """Converted without requantizing (the layout's values move exactly, or with fp16 rounding only)."""
         return self.kind in ("exact", "near-exact") or (self.kind == "dropped" and "requantize" not in self.steps)
+
+    def target_scheme(self) -> QuantScheme:
+        """What is written for this module (act-order survives unless the module is requantized)."""
+        return QuantScheme(self.dst_format, self.to_bits, self.to_group_size, self.to_sym,
+                           bool(self.desc_act) and "requantize" not in self.steps)
 
     def to_dict(self) -> dict:
         d = asdict(self)

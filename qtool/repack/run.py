@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +22,6 @@ from pathlib import Path
 from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
-
-HF_CONFIG_TARGETS = ("gptq", "gptq_v2", "gptq_p", "awq")
 
 
 class Refused(NotRepresentable):
@@ -358,7 +355,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
             raise
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
-        _write_configs(tmp, source, plan)
+        _write_configs(tmp, source, plan, conv.dst)
         from qtool.io.writer import copy_extras
 
         subdirs = source._ck.sub_directories() if source._ck is not None else []
@@ -380,77 +377,19 @@ def _module_order(source):
     return by_first, skip
 
 
-def _majority(values):
-    return Counter(values).most_common(1)[0][0]
-
-
-def _write_configs(tmp: Path, source, plan: RepackPlan) -> None:
+def _write_configs(tmp: Path, source, plan: RepackPlan, dst) -> None:
+    """config.json with the target format's quantization_config (and quantize_config.json, which
+    GPTQ/AWQ loaders also read)."""
     from qtool.io.writer import write_json
 
     conv = [m for m in plan.modules if m.converts]
-    qcfg = None
-    if plan.target in HF_CONFIG_TARGETS:
-        qcfg = gptq_family_config(plan.target, conv)
-    elif plan.target == "ct":
-        qcfg = ct_config(conv, source)
-    elif plan.target == "marlin":
-        from qtool.formats import marlin
-
-        metas = {m.module: m.target_meta for m in conv if m.target_meta}
-        qcfg = marlin.quantization_config(marlin.summarize(metas))
+    qcfg = dst.quantization_config([(m.module, m.target_scheme(), m.target_meta) for m in conv])
     cfg = dict(source.config or {})
     if qcfg is not None:
         cfg["quantization_config"] = qcfg
     write_json(tmp / "config.json", cfg)
     if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
         write_json(tmp / "quantize_config.json", qcfg)
-
-
-def gptq_family_config(target: str, conv: list[ModulePlan]) -> dict:
-    """quantization_config for gptq/gptq_v2/gptq_p/awq: the majority scheme, GPTQModel `dynamic` overrides
-    for modules that differ."""
-    from qtool.io.qconfig import quantization_config_for
-
-    def scheme(m):
-        return (m.to_bits, m.to_group_size, bool(m.to_sym), bool(m.desc_act) and "requantize" not in m.steps)
-
-    base = _majority([scheme(m) for m in conv])
-    dynamic = {}
-    for m in conv:
-        s = scheme(m)
-        if s != base:
-            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), s, base, strict=True)
-                    if v != b}
-            dynamic[f"+:^{re.escape(m.module)}$"] = over
-    bits, group, sym, desc = base
-    return quantization_config_for(target, bits, group, sym, desc if target != "awq" else False,
-                                   {"dynamic": dynamic} if dynamic else None)
-
-
-def ct_config(conv: list[ModulePlan], source) -> dict:
-    """compressed-tensors quantization_config: one config group per (bits, group size, sym, act-order) scheme,
-    targeting its modules by exact name."""
-    from qtool.formats.compressed_tensors import DENSE_SINCE
-
-    groups: dict[tuple, list[str]] = {}
-    for m in conv:
-        desc = bool(m.desc_act) and "requantize" not in m.steps
-        groups.setdefault((m.to_bits, m.to_group_size, bool(m.to_sym), desc), []).append(m.module)
-    config_groups = {}
-    for k, ((bits, group, sym, desc), mods) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-        config_groups[f"group_{k}"] = {
-            "targets": mods,
-            "weights": {"num_bits": bits, "type": "int", "symmetric": sym,
-                        "group_size": None if group == -1 else group,
-                        "strategy": "channel" if group == -1 else "group",
-                        "actorder": "group" if desc else None, "dynamic": False, "observer": "minmax",
-                        "observer_kwargs": {}, "block_structure": None},
-            "input_activations": None, "output_activations": None, "format": "pack-quantized",
-        }
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
-            "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
-            "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
-            "transform_config": {}, "global_compression_ratio": None}
 
 
 # --- GGUF targets -------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The source side of a repack: which modules are quantized in what layout, and reading their tensors.
 
 Detection is `qtool.inspect.inspect_path` (header-only: format, bits, group size, sym, desc_act, shape per
-module); this module adds what a conversion needs on top: the LayerParams each reader wants, the tensors that
+module); this module adds what a conversion needs on top: the QuantScheme each reader wants, the tensors that
 belong to the layout versus those copied as they are (bias), and tensor data one module at a time.
 
 Two containers:
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from qtool.errors import InputError
-from qtool.formats.base import LayerParams, format_id
+from qtool.formats.base import format_id
 from qtool.io.config_regex import WorkBudget, compile_config_regex
+from qtool.scheme import QuantScheme
 
 # A module's tensors that are not part of any packed layout: copied as they are.
 NOT_LAYOUT = frozenset({"bias"})
@@ -49,7 +50,7 @@ class SourceModule:
     format: str
     layout: dict[str, str]
     others: list[str]
-    params: LayerParams
+    params: QuantScheme
     bits: int | None
     group_size: int | None
     sym: bool | None
@@ -270,7 +271,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
         sdt = _scale_dtype(ck, layout)
         modules.append(SourceModule(
             name=mr.name, format=mr.format, layout=layout, others=others,
-            params=LayerParams(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
+            params=QuantScheme(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
             bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, in_features=mr.in_features,
             out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
     order = list(ck.tensors)
@@ -330,7 +331,7 @@ def _open_gguf(p: Path, report, errors) -> Source:
         unread = [n for n in mr.tensor_names if n != weight and n not in others]
         modules.append(SourceModule(
             name=mr.name, format=fmt, layout={"weight": weight}, others=others,
-            params=LayerParams(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
+            params=QuantScheme(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
                                sym=mr.sym, desc_act=False, extra={"gguf_type": by_name[weight].type_name}),
             bits=mr.bits, group_size=mr.group_size, sym=mr.sym, desc_act=False, in_features=mr.in_features,
             out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16", extra=unread))

@@ -32,6 +32,7 @@ from qtool.kernels.devices import Device
 from qtool.kernels.select import LayerQuant, select_kernel
 from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
+from qtool.scheme import QuantScheme
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
           "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
@@ -69,15 +70,8 @@ class LayerGroup:
     layer: LayerQuant
 
 
-@dataclass(frozen=True)
-class QuantSpec:
-    """The quantization asked for with --model / --layer (a checkpoint carries its own)."""
-
-    format: str = "gptq"
-    bits: int = 4
-    group_size: int = 128
-    sym: bool = True
-    desc_act: bool = False
+# The quantization --model / --layer ask about when no flag says otherwise (a checkpoint carries its own).
+DEFAULT_SCHEME = QuantScheme(format="gptq", bits=4, group_size=128, sym=True, desc_act=False)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -126,7 +120,7 @@ def dtype_name(flag: str | None, default: str = "float16") -> str:
         raise UsageError(f"unknown --dtype {flag!r}", fix="use fp16, bf16 or fp32") from None
 
 
-def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
+def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
                  config_dir: Path | None = None) -> list[LayerGroup]:
     """One group per linear layer of one decoder block, counted over all blocks."""
     data = load_models(config_dir)
@@ -154,7 +148,7 @@ def model_groups(model: str, q: QuantSpec, dtype: str | None = None,
     return out
 
 
-def layer_groups(specs: Iterable[str], q: QuantSpec, dtype: str | None = None) -> list[LayerGroup]:
+def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None) -> list[LayerGroup]:
     """`--layer K,N[,row|col]` -> one group each (default column-parallel)."""
     out = []
     for i, spec in enumerate(specs):
