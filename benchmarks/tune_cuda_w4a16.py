@@ -88,8 +88,13 @@ def forced_configs(m: int, st) -> list[Config]:
             cs += [Config(kind=launch.XR, nt=2, r=8, t=t, warps=8, depth=d, ctas_per_sm=c, pdl=pdl, bias=b,
                           cluster=True)
                    for t, d, c, pdl, b in ((2, 2, 1.0, None, True), (1, 3, 0.05, False, False), (2, 2, 0.03, True, False))]
-        if m <= 8:  # and one batch tile
+        if m <= 8:  # and one batch tile: r 4 (16 warps) and r 8 (8 warps), CTAs crossing K groups, warps past K
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
+            cs += [Config(kind=launch.XR, nt=1, r=8, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
+                   for w, c, pdl in ((8, 1.0, True), (3, 0.4, False))]
+    if st.gshift_blk >= 0 and 8 < m <= 32:  # x in registers, four batch tiles (M 17-32; also 9-16)
+        cs += [Config(kind=launch.XR, nt=4, r=4, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
+               for w, c, pdl in ((8, 1.0, True), (3, 0.4, False), (8, 2.0, None))]
     return cs
 
 
@@ -112,7 +117,7 @@ def check() -> int:
             st = kern.prepare(layer)
             w64 = dequantize(plain, torch.float64)
             w16 = dequantize(plain, dt)
-            for m in (1, 5, 16, 33, 100, 256):
+            for m in (1, 5, 16, 24, 33, 100, 256):
                 x = torch.randn(m, k, device=dev).to(dt)
                 ref = x.double() @ w64.t()
                 base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
@@ -390,6 +395,130 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
         out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
 
 
+# --curve: the families that can take each range of M, by name (None: launch.choose()); each a function of
+# (m, state) giving a Config, or None where the family does not take that M
+XR_ROWS_M16 = ("x in registers, two-tile units", "x in registers", "x streamed, small layer", "x streamed")
+
+
+def before_curve(m: int, st) -> Config | None:
+    """The launch ROWS gave before the x-in-registers and x-streaming rows took M <= 8 (where stream-K does not)
+    and the four-tile x-in-registers row M 17-32: the split-K mma kernel; None where the choice is unchanged."""
+    row = launch.choose_row(m, st).name
+    if m <= 8 and row in XR_ROWS_M16:
+        return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
+    if row == "x in registers, four batch tiles":
+        return Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0)
+    return None
+
+
+CURVE_FAMILIES = {
+    "default": lambda m, st: None,
+    "before": before_curve,
+    "as M=16": lambda m, st: launch.choose(16, st) if m <= 16 else None,
+    "xr nt1 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+                                   if m <= 8 else None),
+    "xr nt1 r4 w16": lambda m, st: (Config(kind=launch.XR, nt=1, r=4, warps=16, depth=4, ctas_per_sm=1.0, pdl=True)
+                                    if m <= 8 else None),
+    "xr nt2 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+                                   if m <= 16 else None),
+    "xr nt4 r4 w8": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+                                   if 8 < m <= 32 else None),
+    "xr nt4 r4 w8 2/sm": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=2.0, pdl=True)
+                                        if 8 < m <= 32 else None),
+    "mma nt4": lambda m, st: Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0) if 8 < m <= 64 else None,
+    "wgmma bn64": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=8)
+                                 if 16 < m <= 64 else None),
+    "wgmma bn128": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
+                                  if 32 < m <= 128 else None),
+}
+
+
+def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None,
+          families: list[str] | None = None) -> int:
+    """Every family of CURVE_FAMILIES over the models' distinct shapes (weighted by how often each occurs in a
+    layer) and batch sizes: each launch checked against the float64 oracle (output poisoned), then timed as
+    `qtool bench --graphs` does. Prints, per model and M, each family's layer sum and the best family per shape."""
+    from qtool.bench.shapes import parse_shapes
+
+    kern = get_kernel("cuda-w4a16")
+    dev = torch.device("cuda")
+    fams = {k: v for k, v in CURVE_FAMILIES.items() if not families or k in families or k == "default"}
+    rows, bad = [], 0
+    for model in models.split(","):
+        counts: dict[tuple[int, int], int] = {}
+        for sh in parse_shapes(model, "cuda"):
+            counts[(sh.K, sh.N)] = counts.get((sh.K, sh.N), 0) + 1
+        for (k, n), mult in counts.items():
+            layer, states, w16s = rotated_layer(kern, k, n, dtype, dev, max(batch_sizes), seed=k + n)
+            plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=k + n)
+            w64 = dequantize(plain, torch.float64)
+            del plain
+            for m in batch_sizes:
+                xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(len(states), len(w16s)))]
+                ref = xs[0].double() @ w64.t()
+                base = float((F.linear(xs[0], w16s[0]).double() - ref).norm() / ref.norm())
+                td = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev, graphs=True)
+                rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family="dense", us=td.median_s * 1e6))
+                for fam, make in fams.items():
+                    cfg = make(m, states[0])
+                    if fam != "default" and cfg is None:
+                        continue
+                    try:
+                        launch.plan(cfg or launch.choose(m, states[0]), m, states[0])
+                    except ValueError:
+                        continue
+                    for s in states:
+                        s.override = cfg
+                    label = (cfg or states[0].config(m)).label()
+                    out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+                    y = kern.forward(xs[0], states[0], out=out)
+                    err = float((y.double() - ref).norm() / ref.norm()) if torch.isfinite(y).all() else float("inf")
+                    ok = err <= ERR_FACTOR * base
+                    if not ok:
+                        bad += 1
+                        print(f"FAIL {model} {k}x{n} M={m} {fam} ({label}): err {err:.3g} vs base {base:.3g}",
+                              flush=True)
+                        rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
+                                         base_err=base, us=None))
+                        continue
+                    tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs, states)], dev,
+                                    graphs=True)
+                    rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
+                                     base_err=base, us=tq.median_s * 1e6))
+                    print(f"row {model} {k}x{n} M={m} {fam}: {tq.median_s * 1e6:.1f} us (dense "
+                          f"{td.median_s * 1e6:.1f}) {label}", flush=True)
+                for s in states:
+                    s.override = None
+                del xs
+            del states, w16s, layer, w64
+            torch.cuda.empty_cache()
+    for model in models.split(","):
+        print(f"== {model} {dtype}: layer x dense per family (a family missing a shape takes the default there)")
+        for m in batch_sizes:
+            rs = [r for r in rows if r["model"] == model and r["M"] == m]
+            shapes = sorted({(r["K"], r["N"], r["mult"]) for r in rs})
+            dense = {(r["K"], r["N"]): r["us"] for r in rs if r["family"] == "dense"}
+            tdense = sum(dense[(k, n)] * c for k, n, c in shapes)
+            line = []
+            best_t = 0.0
+            for fam in fams:
+                t = 0.0
+                for k, n, c in shapes:
+                    own = [r["us"] for r in rs if (r["K"], r["N"]) == (k, n) and r["family"] == fam and r["us"]]
+                    dflt = [r["us"] for r in rs if (r["K"], r["N"]) == (k, n) and r["family"] == "default" and r["us"]]
+                    t += c * (own or dflt or [float("inf")])[0]
+                line.append(f"{fam}={tdense / t:.2f}")
+            for k, n, c in shapes:
+                cand = [r for r in rs if (r["K"], r["N"]) == (k, n) and r["family"] != "dense" and r["us"]]
+                best = min(cand, key=lambda r: r["us"])
+                best_t += c * best["us"]
+                line.append(f"| {k}x{n}: {best['family']} {best['us']:.1f}/{dense[(k, n)]:.1f}")
+            print(f"M={m:>3} best {tdense / best_t:.2f} " + " ".join(line), flush=True)
+    if out_json:
+        out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -407,6 +536,9 @@ def main() -> int:
                     help="time K 8192 x N 7168-57344 for the M = 16 shapes and fit time against N")
     ap.add_argument("--only", choices=[MMA, SK, XS, launch.XR, WGMMA],
                     help="of the candidates, time only this kind's (with the default and its variants; --tune)")
+    ap.add_argument("--curve", metavar="MODELS",
+                    help="time every CURVE_FAMILIES launch over these models' shapes (comma-separated) and M")
+    ap.add_argument("--families", nargs="+", help="of CURVE_FAMILIES, only these (--curve)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
@@ -414,6 +546,9 @@ def main() -> int:
     rc = (check() | chain_check()) if a.check else 0
     if a.scaling:
         scaling({"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
+    if a.curve:
+        rc |= curve(a.curve, a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json,
+                    a.families)
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json,
              not a.defaults_above_8, a.variants_only, a.only, a.variants)

@@ -173,6 +173,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4_b
   qt::xr_small<false, 2, 8, 2, 4, 2, 2, true, false>(a);
 }
 
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt1_r8_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 1, 8, 3, 4, 2, 1, false, false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt4_r4_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 4, 4, 3, 4, 2, 1, false, false>(a);
+}
+
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn1_post(QT_ARGS) {
   const qt::Args a = QT_PACK;
   qt::mma_small<1, true, true, 6, 1>(a);
@@ -321,6 +331,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d3_b(QT_A
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4_b(QT_ARGS) {
   const qt::Args a = QT_PACK;
   qt::xr_small<true, 2, 8, 2, 4, 2, 2, true, false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt1_r8_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<true, 1, 8, 3, 4, 2, 1, false, false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt4_r4_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<true, 4, 4, 3, 4, 2, 1, false, false>(a);
 }
 
 // sm_90a only: wgmma, and the x-in-registers kernels whose two K groups meet in a

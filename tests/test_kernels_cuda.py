@@ -55,8 +55,8 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             if cfg.kind == XR:  # K groups of warps x r blocks; never more CTAs than (K group, t tiles) units
                 kb = -(-k // 64)
                 kgroups = -(-kb // (cfg.warps * cfg.r))
-                assert 8 < m <= 16 and cc == (9, 0) and p["splits"] == kgroups
-                assert p["grid"][0] <= kgroups * -(-n // (16 * cfg.t)) and p["rows"] == 16
+                assert m <= 32 and cc == (9, 0) and p["splits"] == kgroups
+                assert p["grid"][0] <= kgroups * -(-n // (16 * cfg.t)) and p["rows"] == 8 * cfg.nt >= m
                 continue
             gx, splits, gz = p["grid"]
             kb = -(-k // 64)
@@ -93,8 +93,20 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert choose(1, state(8192, 8192)).tpc == 4 and choose(1, state(8192, 28672)).tpc == 0
     assert choose(1, state(8192, 28672)).trigger == "start"
     assert plan(choose(1, state(28672, 8192)), 1, state(28672, 8192))["grid"] == (128, 1, 1)
-    assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == MMA  # x 65.6 KB
-    assert not launch.sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == MMA  # x 229 KB
+    # where x is too long for stream-K (70B at M >= 4), and on layers of one K group of 8 x 8 blocks (K 3072-4096:
+    # Llama-3-8B, Qwen2.5-7B) at any M <= 8: one batch tile of x in registers, 8 warps of 8 blocks
+    assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == XR  # x 65.6 KB
+    assert not launch.sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == XR  # x 229 KB
+    one = choose(4, state(28672, 8192))
+    assert (one.nt, one.r, one.warps, one.depth, one.t, one.bias, one.cluster) == (1, 8, 8, 3, 1, False, False)
+    assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
+    assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
+    # M 17-32: four batch tiles of x in registers (4 blocks a warp) where K holds a K group of 8 x 4 blocks
+    for m, (k, n) in ((17, (8192, 1024)), (32, (28672, 8192)), (24, (2048, 768))):
+        four = choose(m, state(k, n))
+        assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
+        assert plan(four, m, state(k, n))["rows"] == 32
+    assert choose(32, state(768, 2048)).kind == MMA and choose(33, state(8192, 8192)).kind == WGMMA
     # M = 9-16, groups of >= 128, on the H200: x in registers on layers of >= 4 units (K group x tile) per SM
     # (q/o, gate/up, down), 8 warps of 8 blocks, units of two tiles with >= 8 such units per SM (gate/up, down);
     # x streamed, 3 CTAs of 8 warps per SM, on k/v (128 units)
@@ -112,7 +124,6 @@ def test_small_m_takes_stream_k_where_x_fits():
         wide = choose(16, state(k, 65536))
         assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
         assert plan(wide, 16, state(k, 65536))["cluster"] == (2 if cl else 1)
-    assert choose(8, state(8192, 28672)).kind != XR and choose(17, state(8192, 1024)).kind == MMA
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
@@ -128,7 +139,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     with pytest.raises(ValueError, match="x-streaming"):
         plan(Config(kind=XS, nt=2, tn=1), 16, state(8192, 1024, post=False))
     assert choose(1, state(8192, 8192, post=False)).kind == MMA  # groups not found by a shift: no stream-K
-    assert choose(1, state(8256, 1024)).kind == MMA  # 129 blocks: not whole units of two
+    assert choose(1, state(8256, 1024)).kind == XR  # 129 blocks: not whole units of two, x in registers instead
     p = plan(Config(kind=SK, warps=8, ctas_per_sm=4.0, min_blocks=8), 1, state(8192, 1024))
     assert p["grid"] == (128, 1, 1) and p["block"] == 256  # 64 x 128 blocks: 8 per warp, not 4 CTAs per SM
     assert p["name"] == "qt_sk_{dt}_u2_d4"
@@ -501,13 +512,13 @@ def test_x_in_registers_plan():
     from qtool.kernels.cuda.launch import XR_MAX_WARPS, xr_smem, xr_units
 
     for (nt, r, d, t, b, c), sl in built.XR.items():
-        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get(r, 16), bias=b, cluster=c)
+        cfg = Config(kind=XR, nt=nt, r=r, t=t, depth=d, warps=XR_MAX_WARPS.get((nt, r), 16), bias=b, cluster=c)
         st = state(8192, 28672) if c else state(8192, 8192)  # a cluster takes exactly two K groups
         name = plan(cfg, 8 * nt, st)["name"]
         assert {name.replace("{dt}", "f16"), name.replace("{dt}", "bf16")} <= ENTRY
         assert name.endswith(("_b" if b else "") + ("_c" if c else ""))
         # every built form, at its most warps, fits one CTA per SM
-        assert xr_smem(XR_MAX_WARPS.get(r, 16), r, d, nt, t, sl, b, c) <= SMEM_MAX - 1024
+        assert xr_smem(XR_MAX_WARPS.get((nt, r), 16), r, d, nt, t, sl, b, c) <= SMEM_MAX - 1024
     cfg = Config(kind=XR, nt=2, r=4, warps=16, depth=3, ctas_per_sm=1.0)
     gate = plan(cfg, 16, state(8192, 28672))  # 128 blocks: 2 K groups of 64, 1792 tiles
     assert gate["grid"] == (132, 1, 1) and gate["block"] == 512 and gate["splits"] == 2
@@ -609,12 +620,15 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 ROW_POINTS = {
     "wgmma bn64": (64, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
-    "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
+    "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
+    "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
     "stream-K whole tiles": (1, 28672, 8192, (9, 0), 7), "stream-K 1/SM": (1, 8192, 28672, (8, 0), 7),
-    "mma M <= 8": (4, 28672, 8192, (9, 0), 7), "x in registers, two-tile units": (16, 8192, 28672, (9, 0), 7),
+    "x in registers, two-tile units": (16, 8192, 28672, (9, 0), 7),
     "x in registers": (16, 8192, 8192, (9, 0), 30), "x streamed, small layer": (9, 8192, 1024, (9, 0), 6),
-    "x streamed": (16, 8192, 8192, (8, 0), 7), "mma M <= 16, small layer": (16, 8192, 1024, (9, 0), -1),
-    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "mma": (256, 8192, 8192, (8, 0), 7),
+    "x streamed": (16, 8192, 8192, (8, 0), 7), "mma M <= 8": (4, 28672, 8192, (9, 0), -1),
+    "mma M <= 16, small layer": (16, 8192, 1024, (9, 0), -1),
+    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "x in registers, four batch tiles": (32, 8192, 8192, (9, 0), 7),
+    "mma": (256, 8192, 8192, (8, 0), 7),
 }
 
 

@@ -106,15 +106,30 @@ def render_tables(report: BenchReport, console) -> None:
                   _f(r.speedup_vs_dense, ".2f"))
     console.print(t)
     s = Table(title="All shapes together (one decoder layer's projections)")
-    for col in ("kernel", "M", "total us", "x dense", "% copy BW", "min x dense", "M* measured"):
-        s.add_column(col, justify="left" if col == "kernel" else "right")
+    anchor = report.summary.get("anchor")
+    cols = ["kernel", "M", "total us", "x dense", "% copy BW", "min x dense", "M* measured"]
+    if anchor:
+        cols += [f"{anchor['kernel']} x dense", f"/ {anchor['kernel']}"]
+    for col in cols:
+        s.add_column(sanitize(col), justify="left" if col == "kernel" else "right")
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            s.add_row(sanitize(kname), m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
-                      f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}",
-                      _f(mstar, ".0f"))
+            cells = [sanitize(kname), m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
+                     f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}", _f(mstar, ".0f")]
+            if anchor:
+                cells += [_f(e.get("anchor_x_dense"), ".2f"), _f(e.get("vs_anchor"), ".2f")]
+            s.add_row(*cells)
     console.print(s)
+    for line in flag_lines(report):
+        console.print(f"[yellow]flag[/]: {sanitize(line)}")
+
+
+def flag_lines(report: BenchReport) -> list[str]:
+    """One line per flag: the layer sums first, then the shapes."""
+    flags = sorted(report.summary.get("flags", []), key=lambda f: (f["scope"] != "layer", f["kernel"], f["M"]))
+    return [f"{f['kernel']} M={f['M']} {'layer sum' if f['scope'] == 'layer' else f['scope']}: {f['why']}"
+            for f in flags]
 
 
 def to_markdown(report: BenchReport) -> str:
@@ -131,14 +146,20 @@ def to_markdown(report: BenchReport) -> str:
         lines.append(f"| {e_(r.shape)} | {r.K}x{r.N} | {r.M} | {e_(r.kernel)} | {e_(r.path)} | {_f(r.rel_err, '.2g')} | "
                      f"{_f(r.median_us, '.1f')} | {_f(r.tflops, '.2f')} | {_f(r.gbs, '.0f')} | "
                      f"{_f(r.bw_fraction and 100 * r.bw_fraction, '.0f')} | {_f(r.speedup_vs_dense, '.2f')} |")
+    anchor = report.summary.get("anchor")
+    extra = f" {e_(anchor['kernel'])} x dense | / {e_(anchor['kernel'])} |" if anchor else ""
     lines += ["", "| kernel | M | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
-              "min x dense | M* measured |", "|---|---:|---:|---:|---:|---:|---:|"]
+              f"min x dense | M* measured |{extra}", "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if anchor else "")]
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
+            tail = f" {_f(e.get('anchor_x_dense'), '.2f')} | {_f(e.get('vs_anchor'), '.2f')} |" if anchor else ""
             lines.append(f"| {e_(kname)} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
                          f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
-                         f"{_f(mstar, '.0f')} |")
+                         f"{_f(mstar, '.0f')} |{tail}")
+    flags = flag_lines(report)
+    if flags:
+        lines += ["", "Flags:", ""] + [f"- {e_(f)}" for f in flags]
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +190,22 @@ def plot(report: BenchReport, path: Path, fmt: str = "png") -> None:
             tq += t_dense / sp
         ideal.append(td / tq)
     ax.plot(grid, ideal, linestyle="--", color="gray", label="roofline (measured BW, matmul peak)")
+    anchor = report.summary.get("anchor")
+    if anchor:  # the reference kernel's layer sums, at the M where the anchor file has every shape
+        pts = {}
+        for per_m in report.summary.get("per_m", {}).values():
+            for m, e in per_m.items():
+                if e.get("anchor_x_dense") is not None:
+                    pts[int(m)] = e["anchor_x_dense"]
+        if pts:
+            ms_a = sorted(pts)
+            ax.plot(ms_a, [pts[m] for m in ms_a], marker="s", linestyle=":", color="black",
+                    label=f"{anchor['kernel']} (anchor)")
+    for f in report.summary.get("flags", []):  # flagged layer sums: a red ring
+        if f["scope"] == "layer":
+            e = report.summary["per_m"][f["kernel"]][str(f["M"])]
+            ax.plot([f["M"]], [e["total_speedup_vs_dense"]], marker="o", markersize=11, markerfacecolor="none",
+                    markeredgecolor="red", linestyle="none")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axvline(r["m_star_theory"], color="gray", linestyle=":", label=f"M* theory {r['m_star_theory']:.0f}")
     ax.set_xscale("log", base=2)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from qtool.bench import roofline
+from qtool.bench.anchor import Anchor, apply_anchor
 from qtool.bench.layers import random_plain
 from qtool.bench.shapes import Shape
 from qtool.bench.timing import rotation_count, time_calls
@@ -49,12 +50,14 @@ class BenchSettings:
     act_order: bool = False
     seed: int = 0
     max_seconds: float = 1.0  # per timed point
+    anchor: Anchor | None = None  # a reference kernel's speedups over fp16 (--anchor)
 
     def to_dict(self) -> dict:
         return {"device": str(self.device), "shapes": [s.to_dict() for s in self.shapes],
                 "batch_sizes": self.batch_sizes, "kernels": self.kernels, "bits": self.bits,
                 "group_size": self.group_size, "dtype": self.dtype, "graphs": self.graphs,
-                "act_order": self.act_order, "seed": self.seed}
+                "act_order": self.act_order, "seed": self.seed,
+                "anchor": self.anchor.path if self.anchor else None}
 
 
 @dataclass
@@ -79,6 +82,8 @@ class Row:
     bytes: int | None = None
     rotation: int | None = None
     graphs: bool | None = None
+    anchor_x_dense: float | None = None  # the anchor kernel's speedup over fp16 at this K x N and M
+    vs_anchor: float | None = None  # speedup_vs_dense / anchor_x_dense
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -284,6 +289,7 @@ def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> Be
             "ideal_speedup_m1": 16.0 / be}
     report = BenchReport(s, info, roof, kern_info, rows)
     report.summary = summarize(report)
+    apply_anchor(report, s.anchor, DENSE)
     return report
 
 

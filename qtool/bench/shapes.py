@@ -25,6 +25,12 @@ BUILTIN_MODELS = {
 # Kernels index K and N with 32-bit integers.
 MAX_DIM = 2**31 - 1
 
+# The batch sizes `qtool bench` sweeps by default: on a GPU the whole decode-to-prefill curve (batches of 3, 5,
+# 12 or 40 are what serving traffic gives; a dispatch tuned at a few points can be weak between them), on the CPU
+# three points.
+GPU_BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CPU_BATCH_SIZES = (1, 16, 256)
+
 # Small enough that the CPU bench (and its test) finishes in seconds, awkward enough to exercise masks.
 CPU_DEFAULT = "512x384,1024x256"
 
@@ -78,7 +84,28 @@ def _width(expr, sizes: dict[str, int], name: str) -> int:
                      f"{', '.join(sizes)}", fix="fix the layer table or give --shapes KxN")
 
 
-def _layers_of(name: str, row: dict) -> list[Shape]:
+# How tensor parallelism splits each projection of the built-in layer list: column layers split N, row layers K.
+BUILTIN_PARALLEL = {"q_proj": "column", "k_proj": "column", "v_proj": "column", "o_proj": "row",
+                    "gate_proj": "column", "up_proj": "column", "down_proj": "row"}
+MAX_TP = 64
+
+
+def _shard(shapes: list[tuple[Shape, str]], tp: int, name: str) -> list[Shape]:
+    """One GPU's shard of each layer under tp-way tensor parallelism: column layers' N / tp, row layers' K / tp
+    (replicated layers whole)."""
+    if tp == 1:
+        return [s for s, _ in shapes]
+    out = []
+    for s, par in shapes:
+        k, n = (s.K // tp, s.N) if par == "row" else (s.K, s.N // tp) if par == "column" else (s.K, s.N)
+        if (par == "row" and s.K % tp) or (par == "column" and s.N % tp):
+            raise UsageError(f"--shapes {name}@tp{tp}: {s.name} ({s.K}x{s.N}) does not split {tp} ways",
+                             fix="use a tensor-parallel degree that divides the layer's width")
+        out.append(Shape(f"{s.name}/tp{tp}", k, n))
+    return out
+
+
+def _layers_of(name: str, row: dict, tp: int = 1) -> list[Shape]:
     try:
         h = int(row["hidden_size"])
         inter = int(row["intermediate_size"])
@@ -95,17 +122,20 @@ def _layers_of(name: str, row: dict) -> list[Shape]:
             if not isinstance(item, dict) or "name" not in item:
                 continue
             short = str(item["name"]).rsplit(".", 1)[-1] if "proj" in str(item["name"]) else str(item["name"])
-            out.append(Shape(short, _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name)))
+            out.append((Shape(short, _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name)),
+                        str(item.get("parallel", "column"))))
         if out:
-            return out
-    return [Shape("q_proj", h, heads * hd), Shape("k_proj", h, kv * hd), Shape("v_proj", h, kv * hd),
+            return _shard(out, tp, name)
+    base = [Shape("q_proj", h, heads * hd), Shape("k_proj", h, kv * hd), Shape("v_proj", h, kv * hd),
             Shape("o_proj", heads * hd, h), Shape("gate_proj", h, inter), Shape("up_proj", h, inter),
             Shape("down_proj", inter, h)]
+    return _shard([(s, BUILTIN_PARALLEL[s.name]) for s in base], tp, name)
 
 
 def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
-    """'llama-3-70b', 'llama-3-8b,4096x4096', '4096x1024,8192x8192' -> shapes; None -> a default for the
-    device (Llama-3-8B on a GPU, two small layers on the CPU)."""
+    """'llama-3-70b', 'llama-3-8b,4096x4096', '4096x1024,8192x8192', 'llama-3-70b@tp4' (one GPU's shard under
+    4-way tensor parallelism) -> shapes; None -> a default for the device (Llama-3-8B on a GPU, two small layers
+    on the CPU)."""
     if not spec:
         spec = "llama-3-8b" if device_type == "cuda" else CPU_DEFAULT
     table = _model_table()
@@ -121,9 +151,16 @@ def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
             out.append(Shape(f"{k}x{n}", k, n))
         elif part.lower() in table:
             out += _layers_of(part.lower(), table[part.lower()])
+        elif (t := re.fullmatch(r"(.+)@tp(\d{1,3})", part.lower())) and t.group(1) in table:
+            tp = int(t.group(2))
+            if not 1 <= tp <= MAX_TP:
+                raise UsageError(f"--shapes {part[:40]}: tensor-parallel degree {tp} is out of range",
+                                 fix=f"use @tp1 to @tp{MAX_TP}, e.g. llama-3-70b@tp2")
+            out += _layers_of(t.group(1), table[t.group(1)], tp)
         else:
             raise UsageError(f"--shapes: unknown model or shape '{part}'",
-                             fix=f"use KxN (e.g. 4096x14336) or one of: {', '.join(sorted(table))}")
+                             fix=f"use KxN (e.g. 4096x14336), MODEL or MODEL@tpN with a model of: "
+                                 f"{', '.join(sorted(table))}")
     if not out:
         raise UsageError("--shapes is empty", fix="give a model name or KxN list")
     return out

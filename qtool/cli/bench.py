@@ -35,6 +35,8 @@ EPILOG = """Examples:
   qtool bench --device cuda:0 --shapes llama-3-70b --batch-sizes 1 16 256 --graphs --json bench.json --plot bench.png
 
   qtool bench --shapes 4096x14336,14336x4096 --kernels triton-w4a16 --dtype bf16 --json -
+
+  qtool bench --device cuda:0 --shapes llama-3-70b@tp2 --graphs --anchor benchmarks/anchors/marlin-orig-h200.csv
 """
 
 
@@ -45,10 +47,11 @@ def bench_cmd(
     ctx: typer.Context,
     batch_sizes: Annotated[list[int] | None, typer.Option(
         "--batch-sizes", help="Batch sizes M (several after one flag: --batch-sizes 1 16 256).",
-        show_default="1 16 256")] = None,
+        show_default="1 2 3 4 6 8 12 16 24 32 48 64 96 128 192 256 on a GPU, 1 16 256 on the CPU")] = None,
     shapes: Annotated[str | None, typer.Option(
-        "--shapes", help="llama-3-8b | llama-3-70b | KxN list, comma-separated (default: llama-3-8b on a GPU, "
-                         "two small layers on the CPU).", show_default=False)] = None,
+        "--shapes", help="Models of configs/models.yaml (llama-3-70b, qwen2.5-32b, ...), MODEL@tpN (one GPU's "
+                         "shard under N-way tensor parallelism) or KxN, comma-separated (default: llama-3-8b on a "
+                         "GPU, two small layers on the CPU).", show_default=False)] = None,
     kernels: Annotated[list[str] | None, typer.Option(
         "--kernels", help="Kernel ids, repeatable or comma-separated (default: all that run here).",
         show_default=False)] = None,
@@ -66,6 +69,10 @@ def bench_cmd(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as Markdown.",
                                                   metavar="FILE.md", show_default=False)] = None,
     seconds: Annotated[float, typer.Option("--seconds", help="Time budget per timed point.")] = 1.0,
+    anchor: Annotated[Path | None, typer.Option(
+        "--anchor", help="A reference kernel's figures (CSV: K,N,M,fp16_us,<kernel>_us, as benchmarks/anchors/"
+                         "marlin-orig-h200.csv): print each kernel's speedup as a ratio to the reference's and "
+                         "flag every M below it.", metavar="FILE.csv", show_default=False)] = None,
     config: ConfigOpt = None,
     json_: Annotated[str | None, typer.Option("--json", help="Write the JSON report to FILE ('-' = stdout).",
                                               metavar="FILE", show_default=False)] = None,
@@ -82,8 +89,7 @@ def bench_cmd(
     check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
     if v["dtype"] not in ("fp16", "bf16"):
         raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
-    ms = list(v["batch_sizes"] or [1, 16, 256])
-    for m in ms:
+    for m in v["batch_sizes"] or []:
         check_range("--batch-sizes", m, 1, INT32_MAX)
     check_range("--seconds", v["seconds"], 1e-3, MAX_SECONDS)
     reports = [(flag, Path(v[key])) for flag, key in (("--json", "json_"), ("--markdown", "markdown"),
@@ -93,14 +99,19 @@ def bench_cmd(
     for flag, path in reports:
         check_report_path(flag, path)
 
+    from qtool.bench.anchor import load_anchor
+
+    anchor_table = load_anchor(Path(v["anchor"])) if v["anchor"] else None
+
     from qtool.bench.report import plot as write_plot
     from qtool.bench.report import plot_format, render_tables, to_markdown, write_report
     from qtool.bench.run import BenchSettings, run_bench
-    from qtool.bench.shapes import parse_shapes
+    from qtool.bench.shapes import CPU_BATCH_SIZES, GPU_BATCH_SIZES, parse_shapes
     from qtool.kernels.base import all_kernels
     from qtool.kernels.devices import torch_device
 
     dev = torch_device(v["device"].strip().lower() if v["device"] else None)
+    ms = list(v["batch_sizes"] or (GPU_BATCH_SIZES if dev.type == "cuda" else CPU_BATCH_SIZES))
     names = [n.strip() for item in (v["kernels"] or []) for n in item.split(",") if n.strip()]
     known = all_kernels()
     for n in names:
@@ -108,7 +119,8 @@ def bench_cmd(
             raise UsageError(f"--kernels: unknown kernel '{n}'", fix=f"choose from: {', '.join(sorted(known))}")
     settings = BenchSettings(device=dev, shapes=parse_shapes(v["shapes"], dev.type), batch_sizes=sorted(set(ms)),
                              kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
-                             graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"])
+                             graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"],
+                             anchor=anchor_table)
     to_stdout = v["json_"] == "-"
     with progress(v["quiet"] or to_stdout) as bar:
         task = bar.add_task("bench", total=len(settings.shapes) * len(settings.batch_sizes))

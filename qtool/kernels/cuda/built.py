@@ -34,6 +34,7 @@ XS = frozenset({
 # xr_small: (batch tiles, blocks per warp, ring depth, tiles per unit, biased, cluster of 2) -> partial slots
 XR = {
     (1, 4, 4, 1, False, False): 4,
+    (1, 8, 3, 1, False, False): 4,
     (2, 2, 4, 1, False, False): 4,
     (2, 4, 3, 1, False, False): 4,
     (2, 4, 4, 1, False, False): 4,
@@ -44,6 +45,7 @@ XR = {
     (2, 8, 3, 1, False, False): 4,
     (2, 8, 3, 1, False, True): 4,
     (2, 8, 3, 1, True, False): 4,
+    (4, 4, 3, 1, False, False): 4,
 }
 # wg_large (sm_90a): (batch columns, consumer warpgroups, x-tile stages, x by the tensor memory accelerator)
 WG = frozenset({
@@ -94,6 +96,7 @@ NAMES = frozenset({
     'qt_sk_z_f16_u2_d4',
     'qt_sk_z_f16_u2_d6',
     'qt_xr_bf16_nt1_r4_d4',
+    'qt_xr_bf16_nt1_r8_d3',
     'qt_xr_bf16_nt2_r2_d4',
     'qt_xr_bf16_nt2_r4_d3',
     'qt_xr_bf16_nt2_r4_d4',
@@ -101,7 +104,9 @@ NAMES = frozenset({
     'qt_xr_bf16_nt2_r8_d2_t2_s4_b',
     'qt_xr_bf16_nt2_r8_d3',
     'qt_xr_bf16_nt2_r8_d3_b',
+    'qt_xr_bf16_nt4_r4_d3',
     'qt_xr_f16_nt1_r4_d4',
+    'qt_xr_f16_nt1_r8_d3',
     'qt_xr_f16_nt2_r2_d4',
     'qt_xr_f16_nt2_r4_d3',
     'qt_xr_f16_nt2_r4_d4',
@@ -109,6 +114,7 @@ NAMES = frozenset({
     'qt_xr_f16_nt2_r8_d2_t2_s4_b',
     'qt_xr_f16_nt2_r8_d3',
     'qt_xr_f16_nt2_r8_d3_b',
+    'qt_xr_f16_nt4_r4_d3',
     'qt_xs_bf16_nt2_tn1_d12_x4',
     'qt_xs_bf16_nt2_tn1_d6_x2',
     'qt_xs_bf16_nt2_tn2_d12_x4',

@@ -1,0 +1,124 @@
+"""A reference kernel's figures (`--anchor FILE.csv`) set beside a bench report, and the flags a sweep raises.
+
+The anchor file is a CSV with the columns model, shape, count_in_layer, K, N, M, fp16_us, <kernel>_us and
+<kernel>_x_fp16 (benchmarks/anchors/marlin-orig-h200.csv: the original Marlin kernel against fp16 cuBLAS on an
+H200). Only K, N, M, fp16_us and the kernel's time are read (each row is one call's time): a bench shape takes
+the mean of the anchor's rows of the same K x N and M (several models or projections can share a shape), so the
+anchor speedup of a shape is mean(fp16_us) / mean(kernel_us), and of the bench's layer, the sums of those means
+over its shapes, each counted once per occurrence, as the bench sums its own times. Absolute times drift between runs and machines; ratios carry over.
+
+Flags: every (kernel, M) whose layer sum is below dense, or below the anchor's speedup at that M.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from qtool.errors import InputError, UsageError
+
+REQUIRED = ("K", "N", "M", "fp16_us")
+MAX_BYTES = 16 << 20  # a figures table, not a data set
+
+
+@dataclass(frozen=True)
+class Anchor:
+    name: str  # the reference kernel, from the <name>_us column
+    path: str
+    times: dict[tuple[int, int, int], tuple[float, float]]  # (K, N, M) -> (mean fp16_us, mean kernel_us)
+
+    def speedup(self, k: int, n: int, m: int) -> float | None:
+        t = self.times.get((k, n, m))
+        return t[0] / t[1] if t else None
+
+
+def load_anchor(path: Path) -> Anchor:
+    """Read an anchor CSV; any problem is a one-line error naming the file, the line and the fix."""
+    fix = "give a CSV with columns K,N,M,fp16_us and one <kernel>_us column (as benchmarks/anchors/*.csv)"
+    if not path.is_file():
+        raise UsageError(f"--anchor {path}: no such file", fix=fix)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise InputError(f"anchor file is {size:,} bytes, more than a figures table ({MAX_BYTES:,})",
+                             path=path, fix=fix)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("anchor file is not UTF-8 text", path=path, fix=fix) from None
+    except OSError as e:
+        raise InputError(f"cannot read the anchor file ({e.strerror or type(e).__name__})", path=path,
+                         fix=fix) from None
+    reader = csv.DictReader(text.splitlines())
+    cols = reader.fieldnames or []
+    missing = [c for c in REQUIRED if c not in cols]
+    kernel_cols = [c for c in cols if c.endswith("_us") and c != "fp16_us"]
+    if missing or len(kernel_cols) != 1:
+        what = f"lacks column(s) {', '.join(missing)}" if missing else (
+            f"has {len(kernel_cols)} kernel time columns (<kernel>_us besides fp16_us), not one")
+        raise InputError(f"anchor file {what}", path=path, fix=fix)
+    kcol = kernel_cols[0]
+    sums: dict[tuple[int, int, int], tuple[float, float, int]] = {}
+    for line, row in enumerate(reader, start=2):
+        try:
+            k, n, m = int(row["K"]), int(row["N"]), int(row["M"])
+            fp16, kern = float(row["fp16_us"]), float(row[kcol])
+        except (TypeError, ValueError):
+            raise InputError(f"anchor file line {line}: K, N, M must be integers and fp16_us, {kcol} numbers",
+                             path=path, fix=fix) from None
+        if min(k, n, m) <= 0 or not (math.isfinite(fp16) and math.isfinite(kern)) or fp16 <= 0 or kern <= 0:
+            raise InputError(f"anchor file line {line}: sizes and times must be positive and finite",
+                             path=path, fix=fix)
+        a, b, c = sums.get((k, n, m), (0.0, 0.0, 0))
+        sums[(k, n, m)] = (a + fp16, b + kern, c + 1)
+    times = {key: (a / c, b / c) for key, (a, b, c) in sums.items()}
+    if not times:
+        raise InputError("anchor file has no rows", path=path, fix=fix)
+    return Anchor(kcol[: -len("_us")], str(path), times)
+
+
+def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
+    """Add the anchor's speedups to the report's rows and per-M layer sums, and the flags (always: below dense;
+    with an anchor: below it). A layer sum is compared with the anchor only where the anchor has every shape.
+    `dense`: the kernel id of the dense baseline's rows."""
+    DENSE = dense  # noqa: N806 - the baseline's id, as run.py names it
+
+    summary = report.summary
+    rows = [r for r in report.rows if r.kernel != DENSE and r.status == "ok" and r.median_us]
+    if anchor is not None:
+        for r in rows:
+            a = anchor.speedup(r.K, r.N, r.M)
+            if a is not None and r.speedup_vs_dense is not None:
+                r.anchor_x_dense = a
+                r.vs_anchor = r.speedup_vs_dense / a
+        summary["anchor"] = {"kernel": anchor.name, "file": Path(anchor.path).name}
+    dense = {(r.shape, r.M): r for r in report.rows if r.kernel == DENSE}
+    flags = []
+    for kname, per_m in summary.get("per_m", {}).items():
+        if kname == DENSE:
+            continue
+        for m, e in per_m.items():
+            ok = [r for r in rows if r.kernel == kname and r.M == int(m)]
+            if anchor is not None and ok and all(anchor.speedup(r.K, r.N, r.M) is not None for r in ok):
+                fp16 = sum(anchor.times[(r.K, r.N, r.M)][0] for r in ok)
+                kern = sum(anchor.times[(r.K, r.N, r.M)][1] for r in ok)
+                e["anchor_x_dense"] = fp16 / kern
+                e["vs_anchor"] = e["total_speedup_vs_dense"] / e["anchor_x_dense"]
+            below = []
+            if e["total_speedup_vs_dense"] < 1.0:
+                below.append(f"below dense ({e['total_speedup_vs_dense']:.2f}x)")
+            if e.get("vs_anchor") is not None and e["vs_anchor"] < 1.0:
+                below.append(f"below {anchor.name} ({e['total_speedup_vs_dense']:.2f}x against "
+                             f"{e['anchor_x_dense']:.2f}x, ratio {e['vs_anchor']:.2f})")
+            if below:
+                flags.append({"kernel": kname, "M": int(m), "scope": "layer", "why": "; ".join(below)})
+    for r in rows:
+        below = []
+        if r.speedup_vs_dense is not None and r.speedup_vs_dense < 1.0 and (r.shape, r.M) in dense:
+            below.append(f"below dense ({r.speedup_vs_dense:.2f}x)")
+        if r.vs_anchor is not None and r.vs_anchor < 1.0:
+            below.append(f"below {anchor.name} ({r.speedup_vs_dense:.2f}x against {r.anchor_x_dense:.2f}x)")
+        if below:
+            flags.append({"kernel": r.kernel, "M": r.M, "scope": r.shape, "why": "; ".join(below)})
+    summary["flags"] = flags

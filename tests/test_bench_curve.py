@@ -1,0 +1,195 @@
+"""`qtool bench` over the curve: the default M sweep, the model shapes (Qwen, MoE experts, tensor-parallel
+shards), `--anchor` (the reference kernel's ratios) and the flags below dense or below the anchor."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from qtool.bench.anchor import apply_anchor, load_anchor
+from qtool.bench.run import DENSE, BenchReport, BenchSettings, Row, summarize
+from qtool.bench.shapes import CPU_BATCH_SIZES, GPU_BATCH_SIZES, Shape, parse_shapes
+from qtool.errors import InputError, UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+MARLIN = REPO / "benchmarks" / "anchors" / "marlin-orig-h200.csv"
+FAST = ["--device", "cpu", "--shapes", "256x96,192x128", "--group-size", "64", "--batch-sizes", "1", "3",
+        "--seconds", "0.02", "--kernels", "torch-ref"]
+
+
+@pytest.fixture
+def run_cli(capsys):
+    from qtool.cli.main import main
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            main(["bench", *args])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        cap = capsys.readouterr()
+        return code, cap.out, cap.err
+
+    return run
+
+
+def kn(spec: str) -> list[tuple[str, int, int]]:
+    return [(s.name, s.K, s.N) for s in parse_shapes(spec, "cuda")]
+
+
+def test_default_sweep_is_the_issue_curve():
+    assert GPU_BATCH_SIZES == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert CPU_BATCH_SIZES == (1, 16, 256)
+
+
+def test_model_shapes_qwen_moe_and_tp_shards():
+    # Qwen2.5: hidden 3584 / 5120, MLP 18944 / 27648, GQA (4 / 8 KV heads of 128)
+    assert kn("qwen2.5-7b") == [("q_proj", 3584, 3584), ("k_proj", 3584, 512), ("v_proj", 3584, 512),
+                                ("o_proj", 3584, 3584), ("gate_proj", 3584, 18944), ("up_proj", 3584, 18944),
+                                ("down_proj", 18944, 3584)]
+    assert kn("qwen2.5-32b") == [("q_proj", 5120, 5120), ("k_proj", 5120, 1024), ("v_proj", 5120, 1024),
+                                 ("o_proj", 5120, 5120), ("gate_proj", 5120, 27648), ("up_proj", 5120, 27648),
+                                 ("down_proj", 27648, 5120)]
+    # one routed expert of Qwen3-30B-A3B: the small-N layers that dominate MoE decoding
+    assert kn("qwen3-30b-a3b-expert") == [("gate_proj", 2048, 768), ("up_proj", 2048, 768),
+                                          ("down_proj", 768, 2048)]
+    # tensor-parallel shards: column layers split N, row layers split K
+    assert kn("llama-3-70b@tp2") == [("q_proj/tp2", 8192, 4096), ("k_proj/tp2", 8192, 512),
+                                     ("v_proj/tp2", 8192, 512), ("o_proj/tp2", 4096, 8192),
+                                     ("gate_proj/tp2", 8192, 14336), ("up_proj/tp2", 8192, 14336),
+                                     ("down_proj/tp2", 14336, 8192)]
+    tp4 = kn("llama-3-70b@tp4")
+    assert tp4[1] == ("k_proj/tp4", 8192, 256) and tp4[3] == ("o_proj/tp4", 2048, 8192)
+    assert tp4[-1] == ("down_proj/tp4", 7168, 8192)
+    assert kn("llama-3-8b@tp1") == kn("llama-3-8b")
+    with pytest.raises(UsageError, match="does not split 3 ways"):
+        parse_shapes("llama-3-70b@tp3", "cuda")
+    with pytest.raises(UsageError, match="out of range"):
+        parse_shapes("llama-3-70b@tp0", "cuda")
+    with pytest.raises(UsageError, match="unknown model or shape"):
+        parse_shapes("llama-9@tp2", "cuda")
+
+
+def test_anchor_file_matches_its_own_layer_figures():
+    """The repo copy of the Marlin anchor gives back the layer figures its README states (70B: 2.07 at M = 1,
+    1.37 at 32, 0.57 at 256), summed over the bench's own shape list."""
+    a = load_anchor(MARLIN)
+    assert a.name == "marlin_orig"
+    assert a.speedup(28672, 8192, 1) == pytest.approx(130.5 / 49.7)
+    assert a.speedup(8192, 28672, 1) == pytest.approx((125.1 + 125.8) / (54.9 + 51.2))  # gate and up: the mean
+    assert a.speedup(8192, 28672, 3) is None  # 70B has no M = 3
+
+    def layer(model: str, m: int) -> float:
+        shapes = parse_shapes(model, "cuda")
+        return sum(a.times[(s.K, s.N, m)][0] for s in shapes) / sum(a.times[(s.K, s.N, m)][1] for s in shapes)
+
+    assert layer("llama-3-70b", 1) == pytest.approx(2.07, abs=0.006)
+    assert layer("llama-3-70b", 32) == pytest.approx(1.37, abs=0.006)
+    assert layer("llama-3-70b", 256) == pytest.approx(0.57, abs=0.006)
+    assert layer("qwen2.5-32b", 16) == pytest.approx(1.63, abs=0.006)
+    assert layer("qwen3-30b-a3b-expert", 1) == pytest.approx(0.39, abs=0.006)
+
+
+def fake_report() -> BenchReport:
+    """Two shapes at M = 1 and 32; the kernel 2x dense at M = 1, 0.8x at M = 32."""
+    s = BenchSettings(device=torch.device("cpu"), shapes=[Shape("a", 512, 256), Shape("b", 256, 512)],
+                      batch_sizes=[1, 32])
+    report = BenchReport(s, {}, {"bandwidth": 1e12}, {})
+    for sh in s.shapes:
+        for m, ratio in ((1, 2.0), (32, 0.8)):
+            report.rows.append(Row(sh.name, sh.K, sh.N, m, DENSE, "ok", median_us=10.0, bytes=1000,
+                                   speedup_vs_dense=1.0, bw_fraction=0.1))
+            report.rows.append(Row(sh.name, sh.K, sh.N, m, "k", "ok", median_us=10.0 / ratio, bytes=500,
+                                   speedup_vs_dense=ratio, bw_fraction=0.1))
+    report.summary = summarize(report)
+    return report
+
+
+def test_flags_below_dense_and_below_anchor(tmp_path):
+    csv = tmp_path / "ref.csv"
+    csv.write_text("model,shape,count_in_layer,K,N,M,fp16_us,ref_us,ref_x_fp16\n"
+                   "x,a,1,512,256,1,10.0,4.0,2.5\nx,b,1,256,512,1,10.0,4.0,2.5\n"
+                   "x,a,1,512,256,32,10.0,20.0,0.5\n", encoding="utf-8")  # b has no M = 32
+    report = fake_report()
+    apply_anchor(report, load_anchor(csv))
+    e1 = report.summary["per_m"]["k"]["1"]
+    assert e1["anchor_x_dense"] == pytest.approx(2.5) and e1["vs_anchor"] == pytest.approx(0.8)
+    assert "anchor_x_dense" not in report.summary["per_m"]["k"]["32"]  # the anchor lacks shape b there
+    row = next(r for r in report.rows if r.kernel == "k" and r.M == 32 and r.shape == "a")
+    assert row.vs_anchor == pytest.approx(0.8 / 0.5)
+    flags = {(f["M"], f["scope"]): f["why"] for f in report.summary["flags"]}
+    assert "below ref (2.00x against 2.50x" in flags[(1, "layer")]
+    assert flags[(32, "layer")].startswith("below dense (0.80x)")
+    assert set(flags) == {(1, "layer"), (32, "layer"), (1, "a"), (1, "b"), (32, "a"), (32, "b")}
+    # without an anchor only the dense flags, and no anchor keys
+    plain = fake_report()
+    apply_anchor(plain, None)
+    assert {(f["M"], f["scope"]) for f in plain.summary["flags"]} == {(32, "layer"), (32, "a"), (32, "b")}
+    assert "anchor" not in plain.summary
+
+
+@pytest.mark.parametrize("text, why", [
+    ("K,N,M,fp16_us\n1,2,3,4\n", "kernel time columns"),
+    ("K,N,fp16_us,ref_us\n1,2,3,4\n", r"lacks column\(s\) M"),
+    ("K,N,M,fp16_us,ref_us\n1,2,x,4,5\n", "line 2: K, N, M must be integers"),
+    ("K,N,M,fp16_us,ref_us\n1,2,3,4,0\n", "line 2: sizes and times must be positive"),
+    ("K,N,M,fp16_us,ref_us\n1,2,3,nan,1\n", "positive and finite"),
+    ("K,N,M,fp16_us,ref_us\n", "no rows"),
+])
+def test_anchor_file_errors(tmp_path, text, why):
+    p = tmp_path / "bad.csv"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=why):
+        load_anchor(p)
+    p.write_bytes(b"K,N\xff\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_anchor(p)
+    with pytest.raises(UsageError, match="no such file"):
+        load_anchor(tmp_path / "missing.csv")
+
+
+def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
+    csv = tmp_path / "ref.csv"
+    # a reference 1000x faster than dense at M = 1: every kernel is flagged below it there
+    csv.write_text("K,N,M,fp16_us,fast_us\n256,96,1,1000,1\n192,128,1,1000,1\n", encoding="utf-8")
+    out = tmp_path / "b.json"
+    md = tmp_path / "b.md"
+    code, stdout, err = run_cli(*FAST, "--anchor", str(csv), "--json", str(out), "--markdown", str(md))
+    assert code == 0, err[-2000:]
+    assert "fast x dense" in stdout and "/ fast" in stdout
+    assert re.search(r"flag: torch-ref M=1 layer sum: [^\n]*below fast \(", stdout)
+    d = json.loads(out.read_text())
+    assert d["settings"]["anchor"] == str(csv)
+    e = d["summary"]["per_m"]["torch-ref"]["1"]
+    assert e["anchor_x_dense"] == pytest.approx(1000.0) and e["vs_anchor"] < 1
+    assert "vs_anchor" not in d["summary"]["per_m"]["torch-ref"]["3"]
+    assert any(f["M"] == 1 and f["scope"] == "layer" for f in d["summary"]["flags"])
+    assert "Flags:" in md.read_text() and "/ fast" in md.read_text()
+    # a bad anchor is refused before the sweep: one line, exit 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("K,N,M\n", encoding="utf-8")
+    code, stdout, err = run_cli(*FAST, "--anchor", str(bad))
+    assert code == 2 and "Traceback" not in err and "lacks column(s) fp16_us" in err
+
+
+def test_gpu_default_sweep(monkeypatch, run_cli):
+    """On a GPU with no --batch-sizes, the sweep is the whole curve (run_bench replaced: no GPU here)."""
+    import qtool.bench.run as run_mod
+    import qtool.kernels.base as base
+
+    seen = {}
+
+    def fake_run(settings, step=None):
+        seen["ms"] = settings.batch_sizes
+        raise UsageError("stop here", fix="-")
+
+    monkeypatch.setattr(base, "resolve_device", lambda _name: torch.device("cuda", 0))
+    monkeypatch.setattr(run_mod, "run_bench", fake_run)
+    code, _out, err = run_cli("--shapes", "256x96")
+    assert code == 2 and "stop here" in err
+    assert seen["ms"] == list(GPU_BATCH_SIZES)
