@@ -180,7 +180,7 @@ def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
 def test_gpu_default_sweep(monkeypatch, run_cli):
     """On a GPU with no --batch-sizes, the sweep is the whole curve (run_bench replaced: no GPU here)."""
     import qtool.bench.run as run_mod
-    import qtool.kernels.base as base
+    import qtool.kernels.devices as devices
 
     seen = {}
 
@@ -188,7 +188,7 @@ def test_gpu_default_sweep(monkeypatch, run_cli):
         seen["ms"] = settings.batch_sizes
         raise UsageError("stop here", fix="-")
 
-    monkeypatch.setattr(base, "resolve_device", lambda _name: torch.device("cuda", 0))
+    monkeypatch.setattr(devices, "torch_device", lambda _name: torch.device("cuda", 0))
     monkeypatch.setattr(run_mod, "run_bench", fake_run)
     code, _out, err = run_cli("--shapes", "256x96")
     assert code == 2 and "stop here" in err

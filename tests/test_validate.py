@@ -326,7 +326,8 @@ NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.gpu
 @NEEDS_CUDA
 def test_kernels_check_runs_the_gpu_kernels(packed):
-    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--batch-sizes", "1", "16", "256")
+    rep, code = run_json(packed[1], "--checks", "kernels", "--device", "cuda", "--batch-sizes", "1",
+                         "--batch-sizes", "16", "--batch-sizes", "256")
     assert code == 0, fails(rep)
     assert rep["device"].startswith("cuda")
     ran = {c["numbers"]["kernel"] for c in rep["checks"] if c["status"] == "pass"}

@@ -10,8 +10,8 @@ Why the buckets look the way they do (seed 002, "crossover" and the M-bucketed d
 - Past M = 64 the dequantize-into-a-temporary + cuBLAS path is taken and reported as such
   ("dequant(ptx ...)+cublas"). The temporary lives for one call.
 
-TABLE comes from benchmarks/tune_w4a16.py sweeps on an H200, 2026-11-29 (benchmarks/results: tune-h200.json,
-tune-m1-h200.json, tune-v2-h200.json; bench.md).
+TABLE comes from benchmarks/tune_w4a16.py sweeps on an H200, 2026-11-29 (benchmarks/results/tune-triton-h200.json,
+keys tune, tune-m1, tune-v2; bench.md).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ TABLE: tuple[Bucket, ...] = (
     Bucket(1, LaunchConfig(mode=3, block_m=1, block_n=512, block_k=64, num_warps=4, num_stages=1, pair=True),
            programs_per_sm=6.0),
     # M <= 16: mode 4, the weight as the wgmma register operand (W^T x^T, N = 16), PTX dequant per word,
-    # narrow 64-column tiles, split-K to ~8 programs per SM (tune-v2-h200.json: 1.36x over the 70B layer
+    # narrow 64-column tiles, split-K to ~8 programs per SM (tune-triton-h200.json, tune-v2: 1.36x over the 70B layer
     # against 1.02x for the mode 2 launch it replaces)
     Bucket(16, LaunchConfig(mode=4, block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, swap=True),
            programs_per_sm=8.0),
