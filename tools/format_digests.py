@@ -56,7 +56,8 @@ def _qtool(argv: list[str]) -> int:
     return 0
 
 
-# What names the run rather than the result: the temporary folder in the reports' paths, and the wall time
+# What names the run rather than the result: the temporary folder in the reports' paths (the model's copy
+# and the outputs live there), and the wall time
 # in qtool_repack.json. Everything else in a report, and every other file, is compared byte for byte.
 REPORTS = {"report.json", "report.md", "qtool_repack.json"}
 VOLATILE = {"seconds"}
@@ -78,7 +79,7 @@ def _digest(path: Path, work: Path) -> dict[str, str]:
         data = p.read_bytes()
         if p.name in REPORTS:
             data = data.replace(str(work).encode(), b"<WORK>")
-            data = re.sub(rb"(?m)^- output: .*$", b"- output: <WORK>", data)  # Markdown-escaped there
+            data = re.sub(rb"(?m)^- (source|output): .*$", rb"- \1: <WORK>", data)  # Markdown-escaped there
             if p.suffix == ".json":
                 data = json.dumps(_stable(json.loads(data)), sort_keys=True).encode()
         out[str(p.relative_to(base))] = hashlib.sha256(data).hexdigest()
