@@ -353,3 +353,17 @@ def test_job_spec_keys_are_the_flags(packed, tmp_path):
     spec.write_text("checks: [integrity, hashes]\nbatch-sizes: [1, 3]\n")
     rep, code = run_json(packed[1], "--config", spec)
     assert code == 0 and {c["name"] for c in rep["checks"]} == {"integrity", "hashes"}
+
+
+def test_kernel_with_no_batch_size_run_does_not_pass():
+    """Nothing compared is not a pass (and no NaN 'worst error' reaches the report)."""
+    from qtool.validate import kernelcheck
+    from tests.test_formats_gptq import random_plain
+
+    plain = random_plain(0, 4, 64, 128, 32, True, False)
+    run, _ = kernelcheck.eligible(plain, torch.device("cpu"), ("torch-ref",))
+    kernel, layer = run[0]
+    status, detail, _ = kernelcheck.run_kernel(kernel, layer, plain, torch.device("cpu"), ())
+    assert status == "fail" and "no batch size ran" in detail
+    status, detail, numbers = kernelcheck.run_kernel(kernel, layer, plain, torch.device("cpu"), (1, 3))
+    assert status == "pass" and numbers["worst_err"] <= numbers["worst_bound"], detail

@@ -133,8 +133,9 @@ def run_kernel(kernel, layer, plain: Plain, device: torch.device, batch_sizes: t
     if late:
         problems.append(f"the state keeps a dense copy of the weight after a forward ({', '.join(late)}; it grew "
                         f"by {after - before} bytes)")
+    if not worst:  # no M ran: nothing was compared, so nothing can pass
+        problems.append("no batch size ran")
     if problems:
         return "fail", f"{kernel.id}: " + "; ".join(problems), numbers
-    w = worst or {"err": float("nan"), "m": 0, "bound": float("nan")}
-    return "pass", (f"{kernel.id}: worst error {w['err']:.3g} at M={w['m']} (bound {w['bound']:.3g}); repeatable; "
-                    f"no dense weight kept"), numbers
+    return "pass", (f"{kernel.id}: worst error {worst['err']:.3g} at M={worst['m']} (bound {worst['bound']:.3g}); "
+                    "repeatable; no dense weight kept"), numbers
