@@ -428,14 +428,14 @@ DEVI void xr_small(const Args& p) {
       last = atomicAdd(p.cnt + ctile, 1) == G - 1;
       if (last) p.cnt[ctile] = 0;  // every other K group of these tiles has arrived: safe to re-arm
     }
-    unsigned todo = __ballot_sync(0xffffffffu, last);
-    if (todo) {
+    unsigned pending = __ballot_sync(0xffffffffu, last);
+    if (pending) {
       __syncwarp();      // the counting lanes' observations ...
       __threadfence();   // ... before every lane's reads of the other K groups' partials
     }
-    while (todo) {
-      const int src = __ffs(todo) - 1;
-      todo &= todo - 1;
+    while (pending) {
+      const int src = __ffs(pending) - 1;
+      pending &= pending - 1;
       const int tu = __shfl_sync(0xffffffffu, ctile, src);
       if constexpr (T >= 2) {
         // Two-tile units: the T tiles x G K groups of partials loaded KC K groups at a time, every load of a batch
