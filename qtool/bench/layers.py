@@ -48,3 +48,26 @@ def random_plain(n: int, k: int, *, bits: int = 4, group_size: int = 128, dtype:
     keep_g = g_idx.to(torch.int32) if (act_order or explicit) else None
     keep_z = None if (sym and not explicit) else zeros
     return Plain(codes, scale, keep_z, keep_g, bits, group_size)
+
+
+def random_scaled(n: int, k: int, *, strategy: str = "tensor", dtype: torch.dtype = torch.bfloat16,
+                  device: str | torch.device = "cpu", seed: int = 0, block: int = 128):
+    """A ScaledPlain of E4M3 codes for W[n, k] ~ N(0, 1): absmax fp32 scales per tensor, per output channel
+    or per `block` x `block` tile (ragged edge tiles allowed), built on `device` (qtool.quant.scaled does the
+    same on the host, in bounded chunks, for real checkpoints; a 70B layer would take it seconds per shape).
+    """
+    from qtool.formats.scaled import ScaledPlain
+
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    w = torch.randn((n, k), generator=gen, device=dev, dtype=torch.float32)
+    bo, bi = {"tensor": (n, k), "channel": (1, k), "block": (block, block)}[strategy]
+    nr, nc = -(-n // bo), -(-k // bi)
+    a = torch.nn.functional.pad(w.abs(), (0, nc * bi - k, 0, nr * bo - n)).view(nr, bo, nc, bi).amax(dim=(1, 3))
+    scales = (a.clamp_min(1e-12) / 448.0).to(torch.float32)
+    s_full = scales.repeat_interleave(bo, 0)[:n].repeat_interleave(bi, 1)[:, :k]
+    codes = (w / s_full).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
+    del w, s_full
+    blk = {"tensor": (-1, -1), "channel": (1, -1), "block": (block, block)}[strategy]
+    return ScaledPlain(codes, "e4m3", scales, "fp32", blk, compute="float32",
+                       out_dtype={torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32"))

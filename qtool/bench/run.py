@@ -7,8 +7,13 @@ Per (shape, M):
   every output element written (outputs are poisoned with NaN before the call);
 - a kernel that fails is reported (error, reason) and not timed;
 - the dense baseline and each passing kernel are timed with rotating weight copies (timing.py).
-Bytes counted per call: packed weight (qweight + qzeros + scales [+ g_idx]) or dense weight, plus
-activations in and outputs out.
+Bytes counted per call: packed weight (qweight + qzeros + scales [+ g_idx]; FP8 codes + scales) or dense
+weight, plus activations in and outputs out.
+
+The layers are random: integer codes in GPTQ v2 words (format "gptq", --bits/--group-size), or E4M3 codes with
+fp32 absmax scales per tensor, channel or 128x128 block (format "fp8", --strategy). A kernel's error bound
+is its own `error_factor(dtype)` times the dense baseline's error: 4 for the W4A16 kernels, derived from the
+E4M3 activation rounding for the W8A8 ones (qtool/kernels/scaled_mm.py).
 """
 
 from __future__ import annotations
@@ -23,16 +28,25 @@ import torch.nn.functional as F
 
 from qtool.bench import roofline
 from qtool.bench.anchor import Anchor, apply_anchor
-from qtool.bench.layers import random_plain
+from qtool.bench.layers import random_plain, random_scaled
 from qtool.bench.shapes import Shape
 from qtool.bench.timing import rotation_count, time_calls
 from qtool.errors import UsageError
-from qtool.formats.plain import dequantize
 from qtool.io.memory import available_bytes
-from qtool.kernels.base import ACT_DTYPES, PackedLayer, all_kernels, get_kernel, pack_gptq_v2
+from qtool.kernels.base import (
+    ACT_DTYPES,
+    PackedLayer,
+    ScaledLayer,
+    all_kernels,
+    dequantize_canonical,
+    get_kernel,
+    pack_gptq_v2,
+)
 from qtool.report.common import human_bytes
 
-ERR_FACTOR = 4.0
+ERR_FACTOR = 4.0  # the default k (base.Kernel.err_factor); kernels may declare their own per dtype
+FORMATS = ("gptq", "fp8")
+STRATEGIES = ("tensor", "channel", "block")
 ERR_FLOOR = 1e-6  # relative error below which any two implementations agree (fp32 kernels on the CPU)
 DENSE = "dense"
 
@@ -51,13 +65,21 @@ class BenchSettings:
     seed: int = 0
     max_seconds: float = 1.0  # per timed point
     anchor: Anchor | None = None  # a reference kernel's speedups over fp16 (--anchor)
+    format: str = "gptq"  # gptq: integer codes in GPTQ v2 words; fp8: E4M3 codes (ScaledPlain)
+    strategy: str = "tensor"  # fp8 weight scales: tensor | channel | block (128x128)
+
+    @property
+    def weight_group(self) -> int:
+        """Group size the byte and roofline arithmetic uses (FP8 scales are per tensor/channel/block)."""
+        return -1 if self.format == "fp8" else self.group_size
 
     def to_dict(self) -> dict:
         return {"device": str(self.device), "shapes": [s.to_dict() for s in self.shapes],
                 "batch_sizes": self.batch_sizes, "kernels": self.kernels, "bits": self.bits,
                 "group_size": self.group_size, "dtype": self.dtype, "graphs": self.graphs,
                 "act_order": self.act_order, "seed": self.seed,
-                "anchor": self.anchor.path if self.anchor else None}
+                "anchor": self.anchor.path if self.anchor else None, "format": self.format,
+                "strategy": self.strategy if self.format == "fp8" else None}
 
 
 @dataclass
@@ -150,7 +172,7 @@ def estimate_bytes(s: BenchSettings, shape: Shape, m: int) -> int:
     """Peak bytes the sweep holds on its device for one shape at batch size m (an upper estimate)."""
     nk = shape.N * shape.K
     cap = 64 if s.device.type == "cuda" else 4
-    groups = shape.N * -(-shape.K // (shape.K if s.group_size == -1 else s.group_size))
+    groups = shape.N * -(-shape.K // (shape.K if s.weight_group == -1 else s.weight_group))
     packed = nk * s.bits // 8 + 3 * groups  # codes, 16-bit scales, 8-bit zeros
     n_copies = rotation_count(s.device, packed + m * shape.K * 2, cap=cap)
     dense_copies = rotation_count(s.device, nk * 2, cap=cap)
@@ -209,11 +231,16 @@ def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> Be
 
     rows: list[Row] = []
     for shape in s.shapes:
-        plain = random_plain(shape.N, shape.K, bits=s.bits, group_size=s.group_size, dtype=dtype,
-                             act_order=s.act_order, device=dev, seed=s.seed + shape.K * 7 + shape.N)
-        layer = PackedLayer.from_plain(plain) if dev.type == "cpu" else pack_gptq_v2(plain)
-        w64 = dequantize(plain, torch.float64)  # [N, K] oracle weight
-        w16 = dequantize(plain, dtype)  # what a 16-bit model holds
+        seed = s.seed + shape.K * 7 + shape.N
+        if s.format == "fp8":
+            plain = random_scaled(shape.N, shape.K, strategy=s.strategy, dtype=dtype, device=dev, seed=seed)
+            layer = ScaledLayer(plain)
+        else:
+            plain = random_plain(shape.N, shape.K, bits=s.bits, group_size=s.group_size, dtype=dtype,
+                                 act_order=s.act_order, device=dev, seed=seed)
+            layer = PackedLayer.from_plain(plain) if dev.type == "cpu" else pack_gptq_v2(plain)
+        w64 = dequantize_canonical(plain, torch.float64)  # [N, K] oracle weight
+        w16 = dequantize_canonical(plain, dtype)  # what a 16-bit model holds
         del plain
         per_copy = layer.nbytes() + max(s.batch_sizes) * shape.K * 2
         n_copies = rotation_count(dev, per_copy, cap=64 if dev.type == "cuda" else 4)
@@ -264,9 +291,10 @@ def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> Be
                     rows.append(row)
                     continue
                 row.rel_err = err
-                if not err <= max(ERR_FACTOR * base_err, ERR_FLOOR):
+                factor = k.error_factor(dtype)
+                if not err <= max(factor * base_err, ERR_FLOOR):
                     row.status = "failed"
-                    row.reason = (f"relative error {err:.3g} vs float64 oracle exceeds {ERR_FACTOR:g} x the "
+                    row.reason = (f"relative error {err:.3g} vs float64 oracle exceeds {factor:g} x the "
                                   f"dense {s.dtype} baseline's {base_err:.3g}")
                     rows.append(row)
                     continue
@@ -283,7 +311,7 @@ def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> Be
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    be = roofline.b_eff(s.bits, s.group_size, s.shapes[0].K)
+    be = roofline.b_eff(s.bits, s.weight_group, s.shapes[0].K)
     roof = {"formula": "M* = P * b_eff / (16 * BW)", "b_eff": be, "peak_flops": peak, "bandwidth": bw,
             "m_star_theory": roofline.m_star(peak, bw, be), "dense_ridge_theory": roofline.dense_ridge(peak, bw),
             "ideal_speedup_m1": 16.0 / be}

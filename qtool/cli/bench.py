@@ -1,4 +1,4 @@
-"""`qtool bench`: time the W4A16 kernels against dense and the roofline, across batch sizes."""
+"""`qtool bench`: time the W4A16 and FP8 kernels against dense and the roofline, across batch sizes."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from qtool.report.text import sanitize
 
 # Code widths the kernels' packed layers read (GPTQ words hold a whole number of codes).
 BITS = (2, 3, 4, 5, 6, 7, 8)
+# Random layer formats (bench/run.py FORMATS) and the FP8 weight-scale strategies.
+FORMATS = ("gptq", "fp8")
+STRATEGIES = ("tensor", "channel", "block")
 DEVICE = re.compile(r"cpu|cuda(:\d{1,4})?")
 MAX_SECONDS = 3600.0
 
@@ -37,6 +40,10 @@ EPILOG = """Examples:
   qtool bench --shapes 4096x14336,14336x4096 --kernels triton-w4a16 --dtype bf16 --json -
 
   qtool bench --device cuda:0 --shapes llama-3-70b@tp2 --graphs --anchor benchmarks/anchors/marlin-orig-h200.csv
+
+  qtool bench --device cuda:0 --bits 8 --format fp8 --dtype bf16 --shapes llama-3-70b --batch-sizes 1 16 64 256 1024 --graphs
+
+  qtool bench --device cuda:0 --bits 8 --format fp8 --strategy block --dtype bf16 --shapes llama-3-70b --graphs
 """
 
 
@@ -58,6 +65,11 @@ def bench_cmd(
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda[:N] (default: cuda if present).",
                                                show_default=False)] = None,
     bits: Annotated[int, typer.Option("--bits", help="Bits per weight of the random test layers.")] = 4,
+    format_: Annotated[str, typer.Option(
+        "--format", help="Random test layers: gptq (integer codes in GPTQ v2 words) or fp8 (E4M3 codes, fp32 "
+                         "absmax scales; needs --bits 8).")] = "gptq",
+    strategy: Annotated[str, typer.Option(
+        "--strategy", help="FP8 weight scales: tensor, channel or block (128x128).")] = "tensor",
     group_size: Annotated[int, typer.Option("--group-size", help="Group size along K; -1 = one group.")] = 128,
     dtype: Annotated[str, typer.Option("--dtype", help="Activation and scale dtype: fp16 or bf16.")] = "fp16",
     act_order: Annotated[bool, typer.Option("--act-order", help="Random act-order g_idx in the test layers.")]
@@ -86,6 +98,10 @@ def bench_cmd(
     if v["device"] is not None and not DEVICE.fullmatch(v["device"].strip().lower()):
         raise UsageError(f"--device {v['device']!r} is not a device bench runs on", fix="use cpu, cuda or cuda:N")
     check_choice("--bits", v["bits"], BITS)
+    check_choice("--format", v["format_"], FORMATS)
+    check_choice("--strategy", v["strategy"], STRATEGIES)
+    if v["format_"] == "fp8" and v["bits"] != 8:
+        raise UsageError(f"--format fp8 holds 8-bit codes, not --bits {v['bits']}", fix="use --bits 8 --format fp8")
     check_range("--group-size", v["group_size"], 1, INT32_MAX, also=(-1,))
     if v["dtype"] not in ("fp16", "bf16"):
         raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
@@ -120,7 +136,7 @@ def bench_cmd(
     settings = BenchSettings(device=dev, shapes=parse_shapes(v["shapes"], dev.type), batch_sizes=sorted(set(ms)),
                              kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
                              graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"],
-                             anchor=anchor_table)
+                             anchor=anchor_table, format=v["format_"], strategy=v["strategy"])
     to_stdout = v["json_"] == "-"
     with progress(v["quiet"] or to_stdout) as bar:
         task = bar.add_task("bench", total=len(settings.shapes) * len(settings.batch_sizes))

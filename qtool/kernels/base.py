@@ -1,4 +1,8 @@
-"""The kernel interface: `forward(x[M, K], layer) -> y[M, N]` over one packed GPTQ-v2 linear layer.
+"""The kernel interface: `forward(x[M, K], layer) -> y[M, N]` over one quantized linear layer.
+
+A layer is a `PackedLayer` (the GPTQ v2 words every integer format converts to exactly) or a `ScaledLayer`
+(the float/int8 canonical form `ScaledPlain`: FP8, INT8 W8A8, NVFP4, MX codes in their element type);
+`layer_for(plain)` builds the one its canonical form calls for.
 
 A kernel is a class with an id (a stable string), a `check` that says why it cannot run a layer on a
 device (empty list = it can), a one-time `prepare` (what an engine does at load time: move tensors, or
@@ -22,12 +26,14 @@ from typing import Any, ClassVar
 import torch
 
 from qtool.errors import FormatError, UsageError
+from qtool.formats import scaled as _scaled
 from qtool.formats.plain import Plain, dequantize
+from qtool.formats.scaled import ScaledPlain
 from qtool.packing.bitstream import pack_stream, unpack_stream
 
 # Implementation modules, imported on first use of the registry.
 KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton",
-                  "qtool.kernels.cuda")
+                  "qtool.kernels.cuda", "qtool.kernels.scaled_mm")
 
 ACT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -211,28 +217,130 @@ def dequantize_packed(layer: PackedLayer, dtype: torch.dtype) -> torch.Tensor:
     return dequantize(layer.to_plain(), dtype).t()
 
 
+# Bits per code of each ScaledPlain element type (E2M1 codes are 4-bit; the rest are one byte).
+ELEMENT_BITS = {"e4m3": 8, "e5m2": 8, "int8": 8, "e2m1": 4}
+
+
+@dataclass(frozen=True, eq=False)
+class ScaledLayer:
+    """One linear layer y[M, N] = x[M, K] @ W[N, K]^T in the float/int8 canonical form (formats/scaled.py).
+
+    plain: the ScaledPlain, its tensors on the layer's device: codes [N, K] in the element's storage dtype,
+    scales on the (bo, bi) block grid, optional global scale and int8 zeros. Kernels read these tensors as
+    they are; nothing is repacked, so the bytes a kernel streams are the checkpoint's.
+    """
+
+    plain: ScaledPlain
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def K(self) -> int:  # noqa: N802
+        return self.plain.in_features
+
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.plain.out_features
+
+    in_features = K
+    out_features = N
+
+    @property
+    def element(self) -> str:
+        return self.plain.element
+
+    @property
+    def bits(self) -> int:
+        return ELEMENT_BITS[self.plain.element]
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self.plain.scales
+
+    @property
+    def strategy(self) -> str:
+        return self.plain.strategy
+
+    @property
+    def device(self) -> torch.device:
+        return self.plain.codes.device
+
+    def _tensors(self) -> list[torch.Tensor]:
+        p = self.plain
+        return [t for t in (p.codes, p.scales, p.global_scale, p.zeros) if t is not None]
+
+    def nbytes(self) -> int:
+        """Bytes a kernel must stream for the weight: codes + scales (+ global scale, zeros)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def _map(self, fn) -> ScaledLayer:
+        p = self.plain
+        opt = (lambda t: None if t is None else fn(t))  # noqa: E731
+        return replace(self, plain=p.with_(codes=fn(p.codes), scales=fn(p.scales),
+                                           global_scale=opt(p.global_scale), zeros=opt(p.zeros)))
+
+    def to(self, device: str | torch.device) -> ScaledLayer:
+        return self._map(lambda t: t.to(device))
+
+    def clone(self) -> ScaledLayer:
+        return self._map(lambda t: t.clone())
+
+    def to_plain(self) -> ScaledPlain:
+        return self.plain
+
+
+Layer = PackedLayer | ScaledLayer
+
+
+def layer_for(plain: Plain | ScaledPlain) -> Layer:
+    """The kernel layer of a canonical form: ScaledLayer for a ScaledPlain, the GPTQ v2 words for a Plain."""
+    if isinstance(plain, ScaledPlain):
+        return ScaledLayer(plain)
+    return PackedLayer.from_plain(plain)
+
+
+def dequantize_canonical(plain: Plain | ScaledPlain, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype` by the canonical form's own dequantize (float64: the exact oracle)."""
+    if isinstance(plain, ScaledPlain):
+        return _scaled.dequantize(plain, dtype)
+    return dequantize(plain, dtype)
+
+
+def dequantize_layer(layer: Layer, dtype: torch.dtype) -> torch.Tensor:
+    """W^T [K, N] in `dtype` for either kind of layer."""
+    if isinstance(layer, ScaledLayer):
+        return _scaled.dequantize(layer.plain, dtype).t()
+    return dequantize_packed(layer, dtype)
+
+
 class Kernel:
     """Subclass per kernel; set the class attributes; implement `prepare` and `forward`.
 
     id:       stable identifier ("torch-ref", "torch-int4-cpu", "triton-w4a16")
     summary:  one line for --help, tables and the README
     devices:  device types it runs on ("cpu", "cuda")
-    bits:     code widths it reads
+    bits:     code widths it reads in GPTQ v2 words (PackedLayer); () = none
+    elements: ScalePlain code element types it reads (ScaledLayer: "e4m3", "int8", "e2m1", ...); () = none
     dtypes:   activation dtypes
     scale_dtypes: scale dtypes it reads (empty: any)
     min_capability: lowest CUDA compute capability it runs on, or None
     err_factor: k in the accuracy contract: the relative error against the dequantize -> float64 oracle may
-              be at most k times the same-precision torch baseline's (`qtool validate`, the kernel tests)
+              be at most k times the same-precision torch baseline's (`qtool validate`, `bench`, the kernel
+              tests); `error_factor(dtype)` is what they read, for kernels whose k depends on the dtype
     """
 
     id: ClassVar[str]
     summary: ClassVar[str]
     devices: ClassVar[tuple[str, ...]]
     bits: ClassVar[tuple[int, ...]]
+    elements: ClassVar[tuple[str, ...]] = ()
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
     scale_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
     min_capability: ClassVar[tuple[int, int] | None] = None
     err_factor: ClassVar[float] = 4.0
+
+    def error_factor(self, dtype: torch.dtype) -> float:
+        """k for `dtype` activations (the same for every dtype unless a kernel says otherwise)."""
+        return float(self.err_factor)
 
     def available(self, device: torch.device) -> str | None:
         """Why this kernel cannot run at all on `device` (missing op, library, GPU), or None."""
@@ -247,18 +355,24 @@ class Kernel:
                 return f"{self.id} needs compute capability >= {want}, device has {cc[0]}.{cc[1]}"
         return None
 
-    def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
+    def check(self, layer: Layer, dtype: torch.dtype, device: torch.device) -> list[str]:
         """Every reason this kernel refuses `layer` with `dtype` activations on `device`; [] = it runs."""
         why = []
         na = self.available(device)
         if na:
             why.append(na)
-        if layer.bits not in self.bits:
+        if isinstance(layer, ScaledLayer):
+            if layer.element not in self.elements:
+                reads = "/".join(self.elements) + " codes" if self.elements else "integer GPTQ v2 words only"
+                why.append(f"{self.id} reads {reads}, not {layer.element} codes")
+        elif not self.bits:
+            why.append(f"{self.id} reads {'/'.join(self.elements)} codes, not {layer.bits}-bit integer GPTQ words")
+        elif layer.bits not in self.bits:
             why.append(f"{self.id} reads {'/'.join(map(str, self.bits))}-bit codes, not {layer.bits}-bit")
         if dtype not in self.dtypes:
             names = "/".join(k for k, v in ACT_DTYPES.items() if v in self.dtypes)
             why.append(f"{self.id} takes {names} activations, not {dtype}")
-        if self.scale_dtypes and layer.scales.dtype not in self.scale_dtypes:
+        if self.scale_dtypes and isinstance(layer, PackedLayer) and layer.scales.dtype not in self.scale_dtypes:
             why.append(f"{self.id}: scales dtype {layer.scales.dtype} is not "
                        + "/".join(k for k, v in ACT_DTYPES.items() if v in self.scale_dtypes))
         return why

@@ -170,7 +170,7 @@ def _software() -> dict:
     import torch
 
     ops = frozenset(n for n in ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu",
-                                "_weight_int8pack_mm", "_weight_int4pack_mm")
+                                "_weight_int8pack_mm", "_weight_int4pack_mm", "_scaled_mm", "_scaled_mm_v2")
                     if hasattr(torch.ops.aten, n))
     return {"torch_version": torch.__version__.split("+")[0], "torch_ops": ops,
             "os": sys.platform, "packages": installed_packages()}

@@ -72,6 +72,8 @@ class TorchInt4Cpu(Kernel):
 
     def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
         why = super().check(layer, dtype, device)
+        if not isinstance(layer, PackedLayer):  # the base check has refused it: nothing below applies
+            return why
         g = layer.effective_group_size
         if _op_group(g) is None:
             why.append(f"{self.id} needs a group size that is a multiple of 32, got {g}")

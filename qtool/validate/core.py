@@ -432,18 +432,17 @@ class _Run:
     def _kernels(self, m, plain) -> None:
         from qtool.validate import kernelcheck
 
-        key = (plain.out_features, plain.in_features, plain.bits, plain.group_size, plain.sym, plain.desc_act,
-               plain.scales.dtype)
+        key = kernelcheck.layer_key(plain)
         if key in self.kernel_keys:
             return
         self.kernel_keys.add(key)
-        shape = f"[{plain.out_features}, {plain.in_features}] {plain.bits}-bit g{plain.group_size}"
+        shape = kernelcheck.describe_layer(plain)
         try:
             run, refused = kernelcheck.eligible(plain, self.device, self.opt.kernels)
         except Exception as e:  # noqa: BLE001 - a layer no kernel layout holds is a finding
             from qtool.errors import QtoolError
 
-            self.add("kernels", m.name, "fail", f"{shape}: cannot build the GPTQ v2 kernel layer: "
+            self.add("kernels", m.name, "fail", f"{shape}: cannot build the kernel layer: "
                                                 f"{e.problem if isinstance(e, QtoolError) else e}")
             return
         for kid, why in refused:

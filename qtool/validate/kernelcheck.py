@@ -3,11 +3,15 @@
 Per kernel and M, against the oracle y* = x · dequantize(plain, float64)ᵀ:
     err  = ‖y − y*‖ / ‖y*‖                   the kernel
     base = ‖F.linear(x, Ŵ_dtype) − y*‖ / ‖y*‖  the same-precision torch baseline (fp32 accumulate)
-passes when err ≤ k · base (k: the kernel's declared `err_factor`; base floored at an eighth of the dtype's
+passes when err ≤ k · base (k: the kernel's declared `error_factor(dtype)`; base floored at an eighth of the dtype's
 unit roundoff, so a baseline that happens to be exact does not demand an exact kernel), the output is finite, and a
 second forward gives the same bits. The kernel's state (what `prepare` built, what a loaded engine keeps) is
 measured before and after the forwards (bytes in the numbers), and searched for a floating-point tensor of
-the weight's shape: a dense copy, which a packed kernel must never keep.
+the weight's shape in a 16- or 32-bit dtype: a dense copy, which a packed kernel must never keep (FP8 codes
+of that shape are the quantized weight itself).
+
+The layer is either canonical form: a `Plain` (integer codes, run as GPTQ v2 words) or a `ScaledPlain`
+(FP8/INT8/FP4 codes, run as they are stored).
 """
 
 from __future__ import annotations
@@ -17,14 +21,39 @@ from typing import Any
 
 import torch
 
-from qtool.formats.plain import Plain, dequantize
+from qtool.formats.plain import Plain
+from qtool.formats.scaled import ScaledPlain
 
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def act_dtype(plain: Plain) -> torch.dtype:
-    """The activations an engine feeds this layer: its scales' dtype when that is 16-bit, else fp16."""
+def act_dtype(plain: Plain | ScaledPlain) -> torch.dtype:
+    """The activations an engine feeds this layer: a ScaledPlain's model dtype; a Plain's scales' dtype when
+    that is 16-bit; else fp16."""
+    if isinstance(plain, ScaledPlain):
+        dt = getattr(torch, plain.out_dtype)
+        return dt if dt in DTYPES else torch.bfloat16
     return plain.scales.dtype if plain.scales.dtype in DTYPES else torch.float16
+
+
+def layer_key(plain: Plain | ScaledPlain) -> tuple:
+    """What decides how kernels treat a layer: layers with equal keys are checked once."""
+    if isinstance(plain, ScaledPlain):
+        return (plain.out_features, plain.in_features, plain.element, plain.scale_type, plain.block_shape,
+                plain.global_scale is not None, plain.zeros is not None, plain.out_dtype)
+    return (plain.out_features, plain.in_features, plain.bits, plain.group_size, plain.sym, plain.desc_act,
+            plain.scales.dtype)
+
+
+def describe_layer(plain: Plain | ScaledPlain) -> str:
+    """"[N, K] 4-bit g128" or "[N, K] e4m3 block 128x128 fp32 scales"."""
+    if isinstance(plain, ScaledPlain):
+        bo, bi = plain.block_shape
+        how = f"block {bo}x{bi}" if plain.strategy == "block" else plain.strategy
+        if plain.strategy == "group":
+            how = f"group {bi}"
+        return f"[{plain.out_features}, {plain.in_features}] {plain.element} {how} {plain.scale_type} scales"
+    return f"[{plain.out_features}, {plain.in_features}] {plain.bits}-bit g{plain.group_size}"
 
 
 def _walk(obj: Any, seen: set, depth: int = 0):
@@ -59,15 +88,15 @@ def dense_copies(state: Any, n: int, k: int) -> list[str]:
     the weight. Workspaces (split-K partial sums, per-M buffers) have other shapes and are not counted."""
     want = sorted((n, k))
     return [f"{t.dtype} {list(t.shape)}" for t in _walk(state, set())
-            if t.is_floating_point() and t.dim() == 2 and sorted(t.shape) == want]
+            if t.is_floating_point() and t.element_size() >= 2 and t.dim() == 2 and sorted(t.shape) == want]
 
 
-def eligible(plain: Plain, device: torch.device, only: tuple[str, ...] | None = None):
+def eligible(plain: Plain | ScaledPlain, device: torch.device, only: tuple[str, ...] | None = None):
     """([(kernel, layer on device)], [(kernel id, why not)]) for the registered kernels."""
-    from qtool.kernels.base import PackedLayer, all_kernels
+    from qtool.kernels.base import all_kernels, layer_for
 
     dtype = act_dtype(plain)
-    layer = PackedLayer.from_plain(plain)
+    layer = layer_for(plain)
     on_dev = None
     run, refused = [], []
     for kid, k in sorted(all_kernels().items()):
@@ -85,16 +114,18 @@ def eligible(plain: Plain, device: torch.device, only: tuple[str, ...] | None = 
     return run, refused
 
 
-def run_kernel(kernel, layer, plain: Plain, device: torch.device, batch_sizes: tuple[int, ...],
+def run_kernel(kernel, layer, plain: Plain | ScaledPlain, device: torch.device, batch_sizes: tuple[int, ...],
                seed: int = 0) -> tuple[str, str, dict]:
     """(status, detail, numbers) for one kernel on one layer."""
     import torch.nn.functional as F
 
+    from qtool.kernels.base import dequantize_canonical
+
     dtype = act_dtype(plain)
-    factor = float(kernel.err_factor)
+    factor = float(kernel.error_factor(dtype))
     floor = torch.finfo(dtype).eps / 16  # an eighth of the unit roundoff
-    w64 = dequantize(plain, torch.float64).to(device)
-    wd = dequantize(plain, dtype).to(device).float()
+    w64 = dequantize_canonical(plain, torch.float64).to(device)
+    wd = dequantize_canonical(plain, dtype).to(device).float()
     dense_bytes = plain.out_features * plain.in_features * torch.empty((), dtype=dtype).element_size()
     state = kernel.prepare(layer)
     before = state_bytes(state)

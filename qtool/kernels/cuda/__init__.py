@@ -125,6 +125,8 @@ class CudaW4A16(Kernel):
 
     def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
         why = super().check(layer, dtype, device)
+        if not isinstance(layer, PackedLayer):  # the base check has refused it: nothing below applies
+            return why
         k, eff = layer.in_features, layer.effective_group_size
         if k % 8:
             why.append(f"cuda-w4a16 reads x in 16-byte pieces: K={k} is not a multiple of 8")

@@ -68,6 +68,8 @@ class TritonW4A16(Kernel):
 
     def check(self, layer: PackedLayer, dtype: torch.dtype, device: torch.device) -> list[str]:
         why = super().check(layer, dtype, device)
+        if not isinstance(layer, PackedLayer):  # the base check has refused it: nothing below applies
+            return why
         if layer.in_features % 8:
             why.append(f"triton-w4a16 reads whole int32 words: K={layer.in_features} is not a multiple of 8")
         if layer.out_features % 8:
