@@ -23,7 +23,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, group, stride_xm, stride
                       E4M3: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr, PER_TENSOR: tl.constexpr):
     row = tl.program_id(0)
     g = tl.program_id(1)
-    live = row < M
+    n_read = tl.where(row < M, group, 0)  # a padded row reads nothing: zeros
     x_row = x_ptr + row.to(tl.int64) * stride_xm + g * group
     q_row = q_ptr + row.to(tl.int64) * stride_qm + g * group
     if PER_TENSOR:
@@ -32,14 +32,14 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, M, group, stride_xm, stride
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, group, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            v = tl.load(x_row + offs, mask=(offs < group) & live, other=0.0).to(tl.float32)
+            v = tl.load(x_row + offs, mask=offs < n_read, other=0.0).to(tl.float32)
             acc = tl.maximum(acc, tl.abs(v))
         amax = tl.max(acc, axis=0)
     scale = tl.math.div_rn(tl.maximum(amax, FLOOR), E4M3)
     tl.store(s_ptr + row * stride_sm + g * stride_sg, scale)
     for start in range(0, group, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        v = tl.load(x_row + offs, mask=(offs < group) & live, other=0.0).to(tl.float32)
+        v = tl.load(x_row + offs, mask=offs < n_read, other=0.0).to(tl.float32)
         y = tl.math.div_rn(v, tl.full([BLOCK], 0.0, tl.float32) + scale)
         y = tl.minimum(tl.maximum(y, -E4M3), E4M3)
         tl.store(q_row + offs, y.to(tl.float8e4nv), mask=offs < group)
