@@ -148,3 +148,27 @@ def test_memory_check_refuses_before_allocating(monkeypatch):
     with pytest.raises(UsageError, match="needs about"):
         run.run_bench(small)
 
+
+
+def test_cpu_bench_fp8_layers(run_cli):
+    """--bits 8 --format fp8: E4M3 layers; the FP8 kernels, asked for by name, are refused on the CPU with the
+    reason; torch-ref runs them within its bound; bytes are the codes and scales."""
+    for strategy, n_scales in (("tensor", lambda k, n: 1), ("block", lambda k, n: -(-k // 128) * -(-n // 128))):
+        r = run_cli("--device", "cpu", "--bits", "8", "--format", "fp8", "--strategy", strategy, "--shapes",
+                    "256x160", "--batch-sizes", "1", "4", "--seconds", "0.01", "--kernels",
+                    "torch-ref,scaled-mm-fp8,scaled-mm-fp8-block", "--json", "-")
+        d = json.loads(r.stdout)
+        assert d["settings"]["format"] == "fp8" and d["settings"]["strategy"] == strategy
+        assert d["roofline"]["b_eff"] == pytest.approx(8 + 16 / 256)
+        ref = [x for x in d["results"] if x["kernel"] == "torch-ref"]
+        assert len(ref) == 2 and all(x["status"] == "ok" for x in ref)
+        for x in ref:
+            assert x["rel_err"] <= 4 * x["baseline_rel_err"]
+            assert x["bytes"] == 256 * 160 + 4 * n_scales(256, 160) + 2 * x["M"] * (256 + 160)
+        for kid in ("scaled-mm-fp8", "scaled-mm-fp8-block"):
+            rows = [x for x in d["results"] if x["kernel"] == kid]
+            assert rows and all(x["status"] == "refused" and "runs on cuda, not cpu" in x["reason"] for x in rows)
+    r = run_cli("--device", "cpu", "--bits", "4", "--format", "fp8", check=False)
+    assert r.returncode == 2 and "--bits 8 --format fp8" in r.stderr
+    r = run_cli("--device", "cpu", "--bits", "8", "--format", "fp8", "--strategy", "rows", check=False)
+    assert r.returncode == 2 and "--strategy" in r.stderr

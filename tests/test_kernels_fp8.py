@@ -1,0 +1,269 @@
+"""Kernels over the float/int8 canonical form on the CPU: torch-ref for every ScaledPlain scheme, the FP8
+scaled-matmul kernels' declarations, refusals, error bound and arithmetic (GPU runs: test_kernels_fp8_gpu.py).
+
+torch's CPU `_scaled_mm` runs the tensor-wise and row-wise recipes, so the kernels' forward math (scales in
+the GEMM's layouts, activations quantized per token or per tensor) is checked here against the oracle too;
+the block-wise recipe is CUDA-only, so its operands are checked by an emulation of what cuBLAS computes from
+them. The kernels themselves are declared for CUDA only: on the CPU they refuse, with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qtool.bench.layers import random_scaled
+from qtool.formats.scaled import E2M1_VALUES, ScaledPlain, dequantize
+from qtool.kernels.base import PackedLayer, ScaledLayer, get_kernel, layer_for
+from qtool.kernels.decls import load_engine
+from qtool.kernels.devices import profile
+from qtool.kernels.scaled_mm import (
+    E4M3_MAX,
+    MIN_AMAX,
+    act_quant_torch,
+    block_weight_scales,
+    quantize_activations,
+)
+from qtool.kernels.select import LayerQuant, select_kernel
+from qtool.quant.scaled import quantize_scaled
+from qtool.validate import kernelcheck
+
+CPU = torch.device("cpu")
+FP8_KERNELS = ("scaled-mm-fp8", "scaled-mm-fp8-tensor", "scaled-mm-fp8-block")
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _nvfp4(n: int, k: int, seed: int = 0) -> ScaledPlain:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(n, k // 16, generator=g) * 4 + 0.25).to(torch.float8_e4m3fn)
+    return ScaledPlain(codes, "e2m1", scales, "e4m3", (1, 16), global_scale=torch.tensor([3.0]),
+                       global_op="div", out_dtype="bfloat16")
+
+
+def _mxfp4(n: int, k: int, seed: int = 0) -> ScaledPlain:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.randint(120, 131, (n, k // 32), generator=g, dtype=torch.uint8)
+    return ScaledPlain(codes, "e2m1", scales, "e8m0", (1, 32), out_dtype="bfloat16")
+
+
+def _int8_asym(n: int, k: int) -> ScaledPlain:
+    p = quantize_scaled(torch.randn(n, k), "int8", block=(1, -1), scale_type="bf16", compute="bfloat16",
+                        out_dtype="bfloat16")
+    zeros = torch.randint(-3, 4, tuple(p.scales.shape), dtype=torch.int8)
+    return p.with_(zeros=zeros)
+
+
+SCHEMES = {
+    "fp8-tensor": lambda: quantize_scaled(torch.randn(96, 160), "e4m3", block=(-1, -1)),
+    "fp8-channel-bf16": lambda: quantize_scaled(torch.randn(96, 160), "e4m3", block=(1, -1), scale_type="bf16",
+                                                compute="bfloat16"),
+    "fp8-block-ragged": lambda: quantize_scaled(torch.randn(200, 300), "e4m3", block=(128, 128)),
+    "e5m2-channel": lambda: quantize_scaled(torch.randn(64, 96), "e5m2", block=(1, -1)),
+    "int8-channel": lambda: quantize_scaled(torch.randn(96, 160), "int8", block=(1, -1)),
+    "int8-asym": lambda: _int8_asym(48, 128),
+    "nvfp4": lambda: _nvfp4(64, 128),
+    "mxfp4": lambda: _mxfp4(64, 128),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_torch_ref_runs_every_scaled_scheme_against_the_oracle(scheme):
+    plain = SCHEMES[scheme]()
+    layer = layer_for(plain)
+    assert isinstance(layer, ScaledLayer) and layer.K == plain.in_features and layer.N == plain.out_features
+    ref_k = get_kernel("torch-ref")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert ref_k.check(layer, dtype, CPU) == []
+        x = torch.randn(7, plain.in_features).to(dtype)
+        y64 = x.double() @ dequantize(plain, torch.float64).t()
+        base = _rel(F.linear(x.float(), dequantize(plain, dtype).float()).to(dtype), y64)
+        out = torch.full((7, plain.out_features), float("nan"), dtype=dtype)
+        y = ref_k.forward(x, ref_k.prepare(layer), out=out)
+        assert torch.isfinite(out).all()
+        assert _rel(y, y64) <= ref_k.error_factor(dtype) * max(base, torch.finfo(dtype).eps / 16)
+
+
+@pytest.mark.parametrize("scheme", ["fp8-tensor", "nvfp4", "int8-asym"])
+def test_validate_kernel_check_runs_scaled_layers(scheme):
+    plain = SCHEMES[scheme]()
+    run, refused = kernelcheck.eligible(plain, CPU)
+    assert [k.id for k, _ in run] == ["torch-ref"]
+    why = dict(refused)
+    for kid in FP8_KERNELS:
+        assert "runs on cuda, not cpu" in why[kid]
+    assert "integer GPTQ v2 words only" in why["torch-int4-cpu"]
+    status, detail, numbers = kernelcheck.run_kernel(run[0][0], run[0][1], plain, CPU, (1, 5))
+    assert status == "pass", detail
+    assert "no dense weight kept" in detail and numbers["worst_err"] <= numbers["worst_bound"]
+    assert kernelcheck.describe_layer(plain).startswith(f"[{plain.out_features}, {plain.in_features}]")
+
+
+def test_validate_kernel_check_fails_a_wrong_scaled_kernel(monkeypatch):
+    plain = SCHEMES["fp8-channel-bf16"]()
+    kern = get_kernel("torch-ref")
+    layer = layer_for(plain)
+    real = kern.forward
+    monkeypatch.setattr(type(kern), "forward", lambda self, x, st, out=None: real(x, st, out) * 1.01)
+    status, detail, _ = kernelcheck.run_kernel(kern, layer, plain, CPU, (1, 4))
+    assert status == "fail" and "error" in detail
+
+
+def test_fp8_codes_are_not_a_dense_copy_but_16_bit_weights_are():
+    plain = SCHEMES["fp8-tensor"]()
+    assert kernelcheck.dense_copies(layer_for(plain), plain.out_features, plain.in_features) == []
+    dense = {"w": dequantize(plain, torch.bfloat16)}
+    assert kernelcheck.dense_copies(dense, plain.out_features, plain.in_features)
+
+
+# --- the FP8 kernels: declarations and refusals -------------------------------------------------------
+
+def test_fp8_kernels_refuse_what_they_cannot_run_with_the_reason():
+    cuda = torch.device("cuda")
+    tensor = ScaledLayer(random_scaled(64, 200, strategy="tensor"))
+    why = get_kernel("scaled-mm-fp8").check(tensor, torch.bfloat16, cuda)
+    assert any("K=200 is not a multiple of 16" in w for w in why)
+    channel = ScaledLayer(random_scaled(100, 256, strategy="channel"))
+    why = get_kernel("scaled-mm-fp8-tensor").check(channel, torch.bfloat16, cuda)
+    assert any("reads tensor weight scales, not channel scales" in w for w in why)
+    assert any("N=100 is not a multiple of 16" in w for w in why)
+    block = ScaledLayer(random_scaled(256, 200, strategy="block"))
+    why = get_kernel("scaled-mm-fp8-block").check(block, torch.bfloat16, cuda)
+    assert any("K=200 is not a multiple of 128" in w for w in why)
+    why = get_kernel("scaled-mm-fp8").check(block, torch.bfloat16, cuda)
+    assert any("not 128x128 block scales" in w for w in why)
+    for plain, text in ((SCHEMES["nvfp4"](), "not e2m1 codes"), (SCHEMES["int8-asym"](), "not int8 codes")):
+        assert any(text in w for w in get_kernel("scaled-mm-fp8").check(layer_for(plain), torch.bfloat16, cuda))
+    gptq = PackedLayer.from_tensors({"qweight": torch.zeros(4, 16, dtype=torch.int32),
+                                     "qzeros": torch.zeros(1, 2, dtype=torch.int32),
+                                     "scales": torch.ones(1, 16, dtype=torch.float16)}, 4, -1)
+    assert any("not 4-bit integer GPTQ words" in w
+               for w in get_kernel("scaled-mm-fp8").check(gptq, torch.float16, cuda))
+    assert any("not e4m3 codes" in w for w in get_kernel("triton-w4a16").check(tensor, torch.float16, cuda))
+    for kid in FP8_KERNELS:
+        assert "runs on cuda, not cpu" in get_kernel(kid).available(CPU)
+
+
+def test_fp8_error_bound_is_derived_from_the_unit_roundoffs():
+    k = get_kernel("scaled-mm-fp8")
+    # 2 * u(e4m3) / u(dtype): 2 * 2^-4 / 2^-8 and 2 * 2^-4 / 2^-11
+    assert k.error_factor(torch.bfloat16) == 32.0 and k.error_factor(torch.float16) == 256.0
+    assert get_kernel("torch-ref").error_factor(torch.bfloat16) == 4.0
+
+
+def test_fp8_declarations_and_select():
+    q = load_engine("qtool")
+    row, blk = q.kernel("scaled-mm-fp8"), q.kernel("scaled-mm-fp8-block")
+    assert row.min_cc == (8, 9) and row.scales == ("tensor", "channel") and row.k_part_multiple == 16
+    assert blk.exact_cc == ((9, 0),) and blk.blocks == ((128, 128),) and blk.k_part_multiple == 128
+    for fmt in ("fp8", "ct_fp8", "ct_int8", "nvfp4", "mxfp4"):
+        assert fmt in q.kernel("torch-ref").formats
+
+    def fp8(scale, K=8192, N=1024, **kw):
+        return LayerQuant("l", K, N, "fp8", 8, -1, act_dtype="bfloat16", scale=scale, **kw)
+
+    h100, a100, l40s, b200 = (profile(n) for n in ("h100", "a100", "l40s", "b200"))
+    assert select_kernel(fp8("tensor"), h100, "qtool").chosen == "scaled-mm-fp8"
+    assert select_kernel(fp8("channel"), l40s, "qtool").chosen == "scaled-mm-fp8"
+    sel = select_kernel(fp8("block", block=(128, 128)), h100, "qtool")
+    assert sel.chosen == "scaled-mm-fp8-block"
+    sel = select_kernel(fp8("block", block=(128, 128)), b200, "qtool")
+    assert sel.chosen == "torch-ref"
+    assert "CC 10.0 != 9.0" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8-block")
+    sel = select_kernel(fp8("tensor"), a100, "qtool")
+    assert sel.chosen == "torch-ref"
+    assert "CC 8.0 < 8.9" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8")
+    sel = select_kernel(fp8("tensor", N=1000), h100, "qtool")
+    assert sel.chosen == "torch-ref"
+    assert "N 1000 % 16 != 0" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8")
+
+
+# --- the arithmetic: activation quantization and the GEMM operands ------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_act_quant_per_token_reconstructs_within_e4m3_rounding(dtype):
+    x = (torch.randn(6, 256) * torch.logspace(-2, 2, 256)).to(dtype)
+    x[3] = 0
+    q, s = quantize_activations(x, "token")
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 1) and s.dtype == torch.float32
+    assert torch.equal(s[:, 0], x.float().abs().amax(1).clamp_min(MIN_AMAX) / E4M3_MAX)
+    assert float(q.float().abs().max()) == E4M3_MAX
+    xr = q.float() * s
+    assert torch.equal(xr[3], torch.zeros(256))
+    rows = [r for r in range(6) if r != 3]
+    err = (xr[rows] - x[rows].float()).abs()
+    # half a step of E4M3 (3 mantissa bits) of each value, or half the smallest subnormal step 2^-9 * scale
+    bound = torch.maximum(x[rows].float().abs() * 2.0 ** -4, s[rows] * 2.0 ** -10)
+    assert bool((err <= bound * (1 + 1e-6)).all())
+
+
+def test_act_quant_tensor_and_group_layouts():
+    x = torch.randn(5, 384, dtype=torch.bfloat16)
+    q, s = quantize_activations(x, "tensor")
+    assert s.shape == () and torch.equal(s, x.float().abs().max() / E4M3_MAX)  # fp32 division, as the kernel
+    q, s = quantize_activations(x, "group", pad_rows=4)
+    assert q.shape == (8, 384) and s.shape == (8, 3) and s.stride() == (1, 8)  # outer-dim-major, M padded
+    assert torch.equal(q[5:].float(), torch.zeros(3, 384))
+    g = x.float().view(5, 3, 128).abs().amax(-1) / E4M3_MAX
+    assert torch.equal(s[:5], g)
+    out_q = torch.empty(5, 384, dtype=torch.float8_e4m3fn)
+    out_s = torch.empty(5, 1)
+    act_quant_torch(x, out_q, out_s, 384)
+    assert torch.equal(out_q.view(torch.uint8), quantize_activations(x, "token")[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("kid,strategy", [("scaled-mm-fp8", "tensor"), ("scaled-mm-fp8", "channel"),
+                                          ("scaled-mm-fp8-tensor", "tensor")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_forward_math_on_cpu_scaled_mm(kid, strategy, dtype):
+    """The tensor-/row-wise forwards through torch's CPU _scaled_mm: within k of the baseline, poisoned output
+    fully written, and the error ratio near the derivation's u8 / (sqrt 2 u16) (the bound is not vacuous)."""
+    kern = get_kernel(kid)
+    plain = random_scaled(80, 272, strategy=strategy, dtype=dtype, seed=3)
+    st = kern.prepare(ScaledLayer(plain))
+    assert st.w_t.data_ptr() == plain.codes.data_ptr()
+    ratios = []
+    for m in (1, 3, 33):
+        x = torch.randn(m, 272).to(dtype)
+        y64 = x.double() @ dequantize(plain, torch.float64).t()
+        base = _rel(F.linear(x, dequantize(plain, dtype)), y64)
+        out = torch.full((m, 80), float("nan"), dtype=dtype)
+        y = kern.forward(x, st, out=out)
+        assert y.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
+        err = _rel(out, y64)
+        assert err <= kern.error_factor(dtype) * base, (m, err, base)
+        ratios.append(err / base)
+    assert max(ratios) >= kern.error_factor(dtype) / 16  # within 16x of the bound: the bound means something
+
+
+def test_block_operands_emulated_match_the_oracle():
+    """What cuBLAS's 1x128 x 128x128 GEMM computes from the operands the block kernel passes, emulated in
+    float64: y[m, n] = sum over k-blocks of sa[m, kb] * sb[kb, nb] * (q_x[m, kblock] . q_w[n, kblock])."""
+    kern = get_kernel("scaled-mm-fp8-block")
+    plain = random_scaled(256, 1280, strategy="block", dtype=torch.bfloat16, seed=5)  # K/128 = 10 -> padded 12
+    st = kern.prepare(ScaledLayer(plain))
+    assert st.scale_b.shape == (12, 2) and st.scale_b.stride() == (1, 12)
+    assert torch.equal(block_weight_scales(plain.scales)[:10], plain.scales.t())
+    x = torch.randn(3, 1280).to(torch.bfloat16)
+    q, sa = quantize_activations(x, "group", pad_rows=4)
+    qx = q.double().view(4, 10, 128)
+    qw = st.w_t.t().double().view(256, 10, 128)
+    partial = torch.einsum("mkc,nkc->mnk", qx, qw)  # [M, N, K blocks]
+    sw = st.scale_b[:10].double().repeat_interleave(128, 1)  # [K blocks, N]
+    y = (partial * sa.double().unsqueeze(1) * sw.t().unsqueeze(0)).sum(-1)[:3]
+    y64 = x.double() @ dequantize(plain, torch.float64).t()
+    base = _rel(F.linear(x, dequantize(plain, torch.bfloat16)), y64)
+    assert _rel(y, y64) <= kern.error_factor(torch.bfloat16) * base
+
+
+def test_e2m1_values_table_is_what_torch_ref_reads():
+    plain = _mxfp4(32, 64)
+    w = dequantize(plain, torch.float64)
+    s = 2.0 ** (plain.scales.double() - 127)
+    expect = torch.tensor(E2M1_VALUES, dtype=torch.float64)[plain.codes.long()] * s.repeat_interleave(32, 1)
+    assert torch.equal(w, expect)
