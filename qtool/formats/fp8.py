@@ -43,6 +43,11 @@ def read_activation(t: dict[str, torch.Tensor], dynamic: bool | None) -> dict:
     return {"act_dynamic": False, "input_scale": s.reshape(())}
 
 
+def _model_dtype(params: QuantScheme) -> str:
+    d = params.extra.get("model_dtype") if params.extra else None
+    return d if d in ("bfloat16", "float16", "float32") else "bfloat16"
+
+
 @register
 class Fp8(ScaledFormat):
     spec = FormatSpec(
@@ -97,7 +102,7 @@ class Fp8(ScaledFormat):
                 **read_activation(tensors, None if dyn is None else dyn != "static")}
         try:
             return ScaledPlain(w, "e4m3", grid, "fp32", block, compute="float32",
-                               out_dtype=params.extra.get("model_dtype", "bfloat16"), meta=meta)
+                               out_dtype=_model_dtype(params), meta=meta)
         except FormatError as e:
             raise FormatError(f"fp8: {e.problem}", tensor=name,
                               fix="check weight_block_size in the config against the scale shape") from None
