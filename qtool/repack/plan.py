@@ -301,7 +301,7 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
             mp.kind = "impossible"
             mp.reasons.append(f"qtool cannot read '{m.format}' modules")
         elif is_scaled(dst) or is_scaled(known.get(m.format)):
-            decide_scaled(source, m, mp, dst, job, known)
+            decide_scaled(source, m, mp, dst, job, known, _lossy_target)
         else:
             _decide(source, m, mp, dst, job, known)
         _resolve_unread(m, mp, keep, drop)

@@ -19,10 +19,10 @@ def is_scaled(fmt) -> bool:
     return getattr(fmt, "canonical", None) == "scaled"
 
 
-def decide(source, m, mp, dst, job, known: dict) -> None:
-    """Fill the ModulePlan `mp` of source module `m` for target `dst` (see the module docstring)."""
+def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
+    """Fill the ModulePlan `mp` of source module `m` for target `dst` (see the module docstring);
+    `lossy_target` is the planner's choice of requantization parameters for integer targets."""
     from qtool.formats.scaled_format import module_meta
-    from qtool.repack.plan import _lossy_target
 
     src = known.get(m.format)
     if is_scaled(dst) and job.group_size is not None:
@@ -64,7 +64,7 @@ def decide(source, m, mp, dst, job, known: dict) -> None:
     else:
         mp.kind = "lossy"
         mp.reasons = [f"{dst.spec.id} stores integer codes; {m.format} stores {plain.element} codes"]
-        _lossy_target(m, mp, dst, job)
+        lossy_target(m, mp, dst, job)
         return
     mp.steps = ["requantize"]
     mp.to_bits, mp.to_sym = 8, True
