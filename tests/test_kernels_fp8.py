@@ -267,3 +267,15 @@ def test_e2m1_values_table_is_what_torch_ref_reads():
     s = 2.0 ** (plain.scales.double() - 127)
     expect = torch.tensor(E2M1_VALUES, dtype=torch.float64)[plain.codes.long()] * s.repeat_interleave(32, 1)
     assert torch.equal(w, expect)
+
+
+def test_validate_runs_torch_ref_on_compressed_tensors_fp8_and_int8(fixtures_dir):
+    """`qtool validate --checks kernels` decodes the compressed-tensors fixtures to ScaledPlain and runs the
+    kernels that take them on the CPU (torch-ref), against the float64 oracle."""
+    from qtool.validate.core import ValidateOptions, validate_path
+
+    for name in ("compressed-tensors-fp8", "compressed-tensors-int8"):
+        rep = validate_path(fixtures_dir / "ct-float" / name, ValidateOptions(checks=("kernels",), device="cpu"))
+        runs = [c for c in rep.checks if c.name == "kernels" and c.status == "pass"]
+        assert runs and all("torch-ref" in c.detail for c in runs), [c.detail for c in rep.checks]
+        assert not [c for c in rep.checks if c.status == "fail"]
