@@ -4,7 +4,7 @@
                                      [--batch-sizes 1 16 256] [--kernels triton-w4a16,cuda-w4a16]
 
 For each model and dtype: `qtool bench --device cuda:0 --shapes MODEL --dtype DTYPE --batch-sizes ... --graphs
---kernels ...`, writing bench-MODEL-DTYPE-cuda.{json,md,png} to DIR (default benchmarks/results, the files the
+--kernels ...`, writing bench-MODEL-DTYPE-cuda.{json,png} to DIR (default benchmarks/results, the files the
 page cites). The dense cuBLAS baseline and the copy bandwidth are measured in the same run.
 """
 
@@ -25,7 +25,7 @@ def commands(out: Path, models: list[str], dtypes: list[str], batch_sizes: list[
             stem = out / f"bench-{model}-{dtype}-cuda"
             cmds.append([sys.executable, "-m", "qtool", "bench", "--device", "cuda:0", "--shapes", model,
                          "--dtype", dtype, "--batch-sizes", *batch_sizes, "--graphs", "--kernels", kernels,
-                         "--json", f"{stem}.json", "--markdown", f"{stem}.md", "--plot", f"{stem}.png"])
+                         "--json", f"{stem}.json", "--plot", f"{stem}.png"])
     return cmds
 
 
