@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from qtool.formats.detection import Claims, ct_scheme_for
 from qtool.inspect.detect import (
-    Claims,
     collapse_layers,
-    ct_scheme_for,
     detect_gguf,
     detect_module,
     group_modules,

@@ -13,32 +13,31 @@ Plain, packed along the other axis with the interleave, so AWQ <-> GPTQ v2 is ex
 
 from __future__ import annotations
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.gptq import gptqmodel_config, infer_group_size, quantizer_meta
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, unpack_stream
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 # Nibble slot i of a word holds column 8c + AWQ_ORDER[i]; AWQ_INVERSE maps a column back to its slot.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
-_ORDER = torch.tensor(AWQ_ORDER)
-_INVERSE = torch.tensor(AWQ_INVERSE)
 
 
 def interleave_columns(codes: torch.Tensor) -> torch.Tensor:
     """uint8 [..., N] natural column order -> slot order (slot 8c + i holds column 8c + AWQ_ORDER[i])."""
     n = codes.shape[-1]
-    return codes.reshape(*codes.shape[:-1], n // 8, 8)[..., _ORDER].reshape(codes.shape)
+    return codes.reshape(*codes.shape[:-1], n // 8, 8)[..., torch.tensor(AWQ_ORDER)].reshape(codes.shape)
 
 
 def deinterleave_columns(slots: torch.Tensor) -> torch.Tensor:
     """Inverse of interleave_columns."""
     n = slots.shape[-1]
-    return slots.reshape(*slots.shape[:-1], n // 8, 8)[..., _INVERSE].reshape(slots.shape)
+    return slots.reshape(*slots.shape[:-1], n // 8, 8)[..., torch.tensor(AWQ_INVERSE)].reshape(slots.shape)
 
 
 def pack_awq_cols(codes: torch.Tensor) -> torch.Tensor:

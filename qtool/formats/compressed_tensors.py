@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from qtool.errors import FormatError
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 DENSE_SINCE = (0, 18)
 PACKINGS = ("dense", "padded")

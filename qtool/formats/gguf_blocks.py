@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import Plain, dequantize
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 QK = 32
 # id -> (bytes per block, ggml type number, GGUF type name)
@@ -102,13 +103,13 @@ def decode_blocks(raw: torch.Tensor, fmt_id: str) -> tuple[torch.Tensor, torch.T
     return d, None, _bytes_to_nibbles(blk[..., 2:]).to(torch.int16) - 8
 
 
-def dequantize_blocks(raw: torch.Tensor, fmt_id: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Raw rows -> W [O, I] as llama.cpp computes it (fp32 d*v (+ m)), then cast to `dtype`."""
+def dequantize_blocks(raw: torch.Tensor, fmt_id: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Raw rows -> W [O, I] as llama.cpp computes it (fp32 d*v (+ m)), then cast to `dtype` (float32 when None)."""
     d, m, v = decode_blocks(raw, fmt_id)
     w = d.to(torch.float32).unsqueeze(-1) * v.to(torch.float32)
     if m is not None:
         w = w + m.to(torch.float32).unsqueeze(-1)
-    return w.reshape(w.shape[0], -1).to(dtype)
+    return w.reshape(w.shape[0], -1).to(dtype or torch.float32)
 
 
 # --- the formats -----------------------------------------------------------------------------------

@@ -31,13 +31,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 GPTQ_BITS = (2, 3, 4, 8)
 

@@ -16,12 +16,13 @@ dimensions (I and O) must be multiples of 32 for every b.
 
 from __future__ import annotations
 
-import torch
-
 from qtool.formats.base import FormatSpec, register
 from qtool.formats.gptq import V2, GptqFamily
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_planar, unpack_planar
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)
 

@@ -36,13 +36,14 @@ import json
 import math
 from dataclasses import dataclass
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, get_format, register
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing import marlin_perm as mp
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 MARLIN_BITS = (4, 8)
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qtool.formats.detection import SIDECARS, Claims, Detected
 from qtool.inspect.detect import (
-    SIDECARS,
-    Claims,
-    Detected,
     claims_from,
     config_claims,
     detect_gguf,

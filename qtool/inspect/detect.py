@@ -26,17 +26,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-from qtool.io.config_regex import BoundedRegex, WorkBudget, compile_config_regex
-
-Sig = tuple[str, tuple[int, ...]]          # (safetensors dtype name, shape)
-
-FLOAT_DTYPES = {"F16": 16, "BF16": 16, "F32": 32, "F64": 64}
-FP8_DTYPES = {"F8_E4M3", "F8_E5M2"}
-GPTQ_FAMILY = ("gptq", "gptq_v2", "gptq_p")
-AWQ_FAMILY = ("awq", "awq_gemv", "awq_gemv_fast")
+from qtool.formats.detection import (
+    AWQ_FAMILY,
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    GPTQ_FAMILY,
+    INT_DTYPES,
+    SIDECARS,
+    Claims,
+    Detected,
+    Sig,
+    bits_note,
+    config_regex,
+    ct_scheme_for,
+    exact_div,
+    group_from,
+    unclaimed,
+)
 
 # bitsandbytes hangs its 4-bit state off "<module>.weight.<...>": those names belong to <module>.
 _BNB_SUFFIX = re.compile(r"^(?P<mod>.+)\.(?P<short>weight\.(?:absmax|quant_map|nested_absmax|nested_quant_map"
@@ -70,39 +78,6 @@ def collapse_layers(name: str) -> str:
 
 
 # --- claims -------------------------------------------------------------------------------------------
-
-@dataclass
-class Claims:
-    """What the config and file metadata say. Every field may be None (silent).
-
-    format:  qtool format id implied by the config ("gptq", "gptq_v2", "awq", "ct", ...)
-    source:  where the claim came from, for messages ("config.json", "quantize_config.json", ...)
-    ct_groups: compressed-tensors config_groups as [(targets, weights dict, format)], ct_ignore: ignore list
-    block_size: fp8 weight_block_size [rows, cols]
-    """
-
-    format: str | None = None
-    quant_method: str | None = None
-    bits: int | None = None
-    group_size: int | None = None
-    sym: bool | None = None
-    desc_act: bool | None = None
-    checkpoint_format: str | None = None
-    source: str = "config"
-    ct_groups: list[tuple[list[str], dict, str | None]] = field(default_factory=list)
-    ct_ignore: list[str] = field(default_factory=list)
-    ct_version: str | None = None
-    block_size: tuple[int, int] | None = None
-    bnb_blocksize: int | None = None
-    marlin_padding: dict[str, list[int]] = field(default_factory=dict)   # module -> [N, K, Np, Kp]
-    raw: dict = field(default_factory=dict)
-    path: str | None = None            # the file the claims were read from, for errors
-    regexes: dict[str, BoundedRegex] = field(default_factory=dict, repr=False, compare=False)
-    regex_budget: WorkBudget = field(default_factory=WorkBudget, repr=False, compare=False)
-
-    @property
-    def quantized(self) -> bool:
-        return self.format is not None or self.quant_method is not None
 
 
 def config_claims(qc: Any, raw: dict | None, source: str, path: object = None) -> Claims | None:
@@ -219,82 +194,7 @@ def claims_from(config: Claims | None, meta: Claims | None) -> Claims | None:
     return config
 
 
-def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None, bool]:
-    """The compressed-tensors config group that targets `module`: (weights, group format, ignored).
-
-    Targets are class names ("Linear": any linear module, since headers carry no classes), `re:` regexes
-    (matched against the module name) or literal names/suffixes. `ignore` works the same way.
-    """
-    def hit(pat: str) -> bool:
-        if pat.startswith("re:"):
-            return config_regex(claims, pat[3:], "compressed-tensors targets/ignore").match(module)
-        if pat[:1].isupper() and "." not in pat:  # a class name
-            return pat.endswith("Linear")
-        return module == pat or module.endswith("." + pat)
-
-    ignored = any(hit(p) for p in claims.ct_ignore if not (p[:1].isupper() and "." not in p))
-    for targets, weights, fmt in claims.ct_groups:
-        if any(hit(t) for t in targets):
-            return weights, fmt, ignored
-    return None, None, ignored
-
-
-def config_regex(c: Claims, pattern: str, key: str) -> BoundedRegex:
-    """A regex from the config, compiled once per Claims into qtool's bounded matcher (never `re`: a
-    hostile pattern would backtrack for ever); InputError naming the file and key when it is refused."""
-    rx = c.regexes.get(pattern)
-    if rx is None:
-        rx = c.regexes[pattern] = compile_config_regex(pattern, path=c.path or c.source, key=key,
-                                                       budget=c.regex_budget)
-    return rx
-
-
 # --- detection ----------------------------------------------------------------------------------------
-
-@dataclass
-class Detected:
-    """One module's detected layout. bits/group_size/... are None when the header cannot tell.
-
-    n_weights: logical weight count (I*O) used for bits-per-weight; notes: (severity, message) with the
-    module name left out so identical findings across modules can be merged.
-    """
-
-    format: str
-    bits: int | None = None
-    group_size: int | None = None
-    sym: bool | None = None
-    desc_act: bool | None = None
-    in_features: int | None = None
-    out_features: int | None = None
-    n_weights: int | None = None
-    detail: str | None = None
-    notes: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def quantized(self) -> bool:
-        return self.format != "dense"
-
-
-def _div(a: int, b: int) -> int | None:
-    return a // b if b and a % b == 0 else None
-
-
-def _group_from(in_features: int | None, n_groups: int, claimed: int | None) -> tuple[int | None, str | None]:
-    """(group_size, problem) from I and the number of group rows; the claim wins when it is consistent."""
-    if in_features is None:
-        return claimed, None
-    if claimed is not None:
-        eff = in_features if claimed == -1 else claimed
-        if eff > 0 and -(-in_features // eff) == n_groups:
-            return claimed, None
-    if n_groups == 1:
-        g = -1
-    else:
-        g = _div(in_features, n_groups) or (-(-in_features // n_groups) if n_groups > 0 else None)
-    if claimed is not None:
-        return g, f"config says group_size {claimed} but the tensors hold {n_groups} groups over {in_features} " \
-                  f"inputs (group_size {g})"
-    return g, None
 
 
 def _calc_zeros_width(in_features: int, group_size: int, pack_num: int = 8) -> int:
@@ -332,16 +232,6 @@ def module_claims(c: Claims, module: str) -> Claims:
         if hit:
             return c
     return c
-
-
-INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
-# Names other layouts give their codes or quantization state. Any of them in a module that no detector
-# below claims makes the module an unknown quantized layout (an error), never a dense one.
-SIDECARS = frozenset({
-    "qweight", "qzeros", "scales", "zeros", "scaled_zeros", "g_idx", "absmax", "quant_map", "nested_absmax",
-    "nested_quant_map", "biases", "SCB", "B", "s", "s_channel", "s_group", "trellis", "suh", "svh", "su", "sv",
-    "mcg", "mul1", "q_weight", "q_scale", "q_scale_max", "q_groups", "q_perm", "q_invperm", "weight_packed",
-    "weight_scale", "weight_zero_point", "weight_scale_inv", "weight_global_scale", "weight_g_idx"})
 
 
 def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
@@ -383,27 +273,6 @@ def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
     return unclaimed(t)
 
 
-def unclaimed(t: dict[str, Sig]) -> Detected | None:
-    """What is left after every detector: None for a module with nothing quantized-looking (norms, biases,
-    float weights of other ranks), else "unknown" with an error naming the tensors no detector reads."""
-    ints = sorted(k for k, (dt, _shape) in t.items() if dt in INT_DTYPES and "weight" in k.lower())
-    side = sorted(set(t) & SIDECARS)
-    if not ints and not side:
-        return None
-    seen = ", ".join(f"{k} {t[k][0]} {list(t[k][1])}" for k in sorted(set(ints) | set(side)))
-    if ints:
-        why = "integer weight tensors"
-    elif "weight" in t:
-        why = "a float weight beside quantization sidecars"
-    else:
-        why = "quantization sidecars without a packed weight qtool knows"
-    return Detected("unknown", detail="unknown quantized layout",
-                    notes=[("error", f"unknown quantized layout: {why} ({seen}) that no qtool detector reads; "
-                                     "its format, bits and shape are unknown, so nothing about it is checked; "
-                                     "fix: add the quantization config that names the format, or convert the "
-                                     "checkpoint with the tool that wrote it")])
-
-
 def _qqq(t: dict[str, Sig], c: Claims) -> Detected:
     """QQQ (vLLM `qqq`): B int32 [K/16, N*16/8] in Marlin tile order, s_channel F32 [1, N], s_group F16
     [K/g, N] (empty [0] for per-channel), workspace; 4-bit codes, int8 activations. qtool reads it header-only."""
@@ -417,10 +286,10 @@ def _qqq(t: dict[str, Sig], c: Claims) -> Detected:
     k = b[0] * 16
     group: int | None = -1
     if sg is not None and len(sg[1]) == 2 and sg[1][0] > 0:
-        group = _div(k, sg[1][0])
+        group = exact_div(k, sg[1][0])
     notes = [] if c.format in (None, "qqq") else [("error", f"config says {c.format} but the tensors are QQQ "
                                                             "(B, s_channel, s_group)")]
-    notes += _bits_note(c, 4)
+    notes += bits_note(c, 4)
     return Detected("qqq", 4, group, True, False, k, n, k * n, detail="QQQ (w4a8, Marlin tiles)", notes=notes)
 
 
@@ -461,7 +330,7 @@ def _mlx(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     group = over.get("group_size") if isinstance(over, dict) else c.group_size
     fits = [(b, g) for b in _MLX_BITS for g in _MLX_GROUPS if (words * 32) % b == 0 and words * 32 // b == ng * g]
     if isinstance(bits, int) and isinstance(group, int) and not isinstance(bits, bool):
-        i = _div(words * 32, bits) if bits > 0 else None
+        i = exact_div(words * 32, bits) if bits > 0 else None
         if i is None or group <= 0 or i != ng * group:
             notes.append(("error", f"config says {bits}-bit, group {group} but weight [{o}, {words}] with {ng} "
                                    f"groups does not hold that"))
@@ -509,22 +378,16 @@ def _qweight(t: dict[str, Sig], c: Claims) -> Detected:
                                                 f"scales {list(scs)} match no GPTQ/AWQ layout")])
 
 
-def _bits_note(c: Claims, bits: int | None) -> list[tuple[str, str]]:
-    if c.bits is not None and bits is not None and c.bits != bits:
-        return [("error", f"config says {c.bits}-bit but the tensor shapes give {bits}-bit")]
-    return []
-
-
 def _gptq(t: dict[str, Sig], c: Claims) -> Detected:
     qw = t["qweight"][1]
     n_groups, out = t["scales"][1]
     qz = t["qzeros"][1]
     notes: list[tuple[str, str]] = []
-    bits = _div(qz[1] * 32, out)
+    bits = exact_div(qz[1] * 32, out)
     if bits is None or bits not in (2, 3, 4, 5, 6, 7, 8):
         return Detected("unknown", notes=[("error", f"qzeros {list(qz)} does not hold whole zero points for "
                                                     f"{out} outputs")])
-    in_f = _div(qw[0] * 32, bits)
+    in_f = exact_div(qw[0] * 32, bits)
     if in_f is None:
         notes.append(("error", f"qweight has {qw[0]} rows: not a whole number of {bits}-bit codes"))
     g_idx = t.get("g_idx")
@@ -546,10 +409,10 @@ def _gptq(t: dict[str, Sig], c: Claims) -> Detected:
     if fmt in ("gptq", "gptq_v2") and bits not in (2, 3, 4, 8):
         notes.append(("error", f"{bits}-bit codes have no continuous GPTQ layout (2, 3, 4, 8); "
                                "fix: checkpoint_format: gptq_p if the file is planar"))
-    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    group, gnote = group_from(in_f, n_groups, c.group_size)
     if gnote:
         notes.append(("error", gnote))
-    notes += _bits_note(c, bits)
+    notes += bits_note(c, bits)
     d = Detected(fmt, bits, group, c.sym, c.desc_act, in_f, out, (in_f or 0) * out or None,
                  detail=f"qweight [{qw[0]}, {qw[1]}]", notes=notes)
     return d
@@ -558,7 +421,7 @@ def _gptq(t: dict[str, Sig], c: Claims) -> Detected:
 def _awq_gemm(t: dict[str, Sig], c: Claims) -> Detected:
     qw = t["qweight"][1]
     n_groups, out = t["scales"][1]
-    bits = _div(qw[1] * 32, out)
+    bits = exact_div(qw[1] * 32, out)
     notes: list[tuple[str, str]] = []
     if bits != 4:
         notes.append(("warning", f"AWQ GEMM with {bits}-bit codes: the classic interleaved layout is 4-bit only"))
@@ -570,10 +433,10 @@ def _awq_gemm(t: dict[str, Sig], c: Claims) -> Detected:
         notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMM layout"))
     if "g_idx" in t:
         notes.append(("warning", "AWQ GEMM has no g_idx, but this module carries one"))
-    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    group, gnote = group_from(in_f, n_groups, c.group_size)
     if gnote:
         notes.append(("error", gnote))
-    notes += _bits_note(c, bits)
+    notes += bits_note(c, bits)
     sym = c.sym if c.sym is not None else False
     return Detected("awq", bits, group, sym, False, in_f, out, in_f * out, detail="AWQ gemm", notes=notes)
 
@@ -589,7 +452,7 @@ def _awq_gemv(t: dict[str, Sig], c: Claims) -> Detected:
         group = fits[0] if fits else None
     notes = [] if c.format in (None, "awq_gemv") else [("error", f"config says {c.format} but the tensors have the "
                                                                 "AWQ GEMV layout")]
-    notes += _bits_note(c, 4)
+    notes += bits_note(c, 4)
     return Detected("awq_gemv", 4, group, c.sym if c.sym is not None else False, False, in_f, out, in_f * out,
                     detail="AWQ gemv", notes=notes)
 
@@ -616,8 +479,8 @@ def _gptq_int16(t: dict[str, Sig], c: Claims) -> Detected:
     n_groups, out = t["scales"][1]
     qz = t["qzeros"][1]
     notes: list[tuple[str, str]] = []
-    bits = _div(qz[1] * 16, out) if len(qz) == 2 else None
-    in_f = _div(qw[0] * 16, bits) if bits else None
+    bits = exact_div(qz[1] * 16, out) if len(qz) == 2 else None
+    in_f = exact_div(qw[0] * 16, bits) if bits else None
     if bits not in (2, 4, 8) or in_f is None or qw[1] != out or qz[0] != n_groups:
         return Detected("unknown", notes=[("error", f"int16 qweight {list(qw)}, qzeros {list(qz)}, scales "
                                                     f"{[n_groups, out]} match no GPTQ layout in 16-bit words")])
@@ -629,10 +492,10 @@ def _gptq_int16(t: dict[str, Sig], c: Claims) -> Detected:
     g_idx = t.get("g_idx")
     if g_idx is not None and g_idx[1] != (in_f,):
         notes.append(("error", f"g_idx shape {list(g_idx[1])} != [{in_f}] (in_features from qweight)"))
-    group, gnote = _group_from(in_f, n_groups, c.group_size)
+    group, gnote = group_from(in_f, n_groups, c.group_size)
     if gnote:
         notes.append(("error", gnote))
-    notes += _bits_note(c, bits)
+    notes += bits_note(c, bits)
     notes.append(("warning", "GPTQ packed in int16 words (GPTQModel pack_dtype int16): described from the "
                              "header only; qtool decodes, repacks and runs int32-word GPTQ"))
     fmt = c.format if c.format in GPTQ_FAMILY else "gptq"
@@ -655,7 +518,7 @@ def _awq_gemv_fast(t: dict[str, Sig], c: Claims, zname: str | None = "qzeros") -
     if c.format not in (None, "awq_gemv_fast"):
         notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMV_FAST layout "
                                "(int16 qweight)"))
-    notes += _bits_note(c, 4)
+    notes += bits_note(c, 4)
     if zname is None:
         notes.append(("error", "AWQ GEMV_FAST qweight and scales without zeros (qzeros or scaled_zeros)"))
     detail = "LLM-AWQ (TinyChat) gemv_fast, scaled_zeros" if zname == "scaled_zeros" else "AWQ gemv_fast"
@@ -671,7 +534,7 @@ def _marlin(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     b = t[bname][1]
     n_groups, n = t[sname][1] if len(t[sname][1]) == 2 else (1, t[sname][1][0])
     k = b[0] * 16
-    bits = _div(b[1] * 32, n * 16)
+    bits = exact_div(b[1] * 32, n * 16)
     notes: list[tuple[str, str]] = []
     if bits not in (4, 8):
         notes.append(("error", f"Marlin {bname} {list(b)} with {n} outputs gives {bits}-bit codes (4 or 8 expected)"))
@@ -682,10 +545,10 @@ def _marlin(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     k_pad = k
     if pad and pad[2:] == [n, k]:
         n, k = pad[0], pad[1]
-    group, gnote = _group_from(k_pad, n_groups, c.group_size)
+    group, gnote = group_from(k_pad, n_groups, c.group_size)
     if gnote:
         notes.append(("error", gnote))
-    notes += _bits_note(c, bits)
+    notes += bits_note(c, bits)
     legacy = bname == "B"
     sym = "qzeros" not in t
     desc = "perm" in t or "g_idx" in t
@@ -709,7 +572,7 @@ def _ct_packed(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     if wp_dt == "U8" or "weight_global_scale" in t:
         i = wp[1] * 2
         n_groups = sc[1][1] if len(sc[1]) == 2 else 1
-        group = _div(i, n_groups) if n_groups > 1 else -1
+        group = exact_div(i, n_groups) if n_groups > 1 else -1
         if c.format not in (None, "ct_nvfp4"):
             notes.append(("error", f"config says {c.format} but the tensors are NVFP4 (uint8 weight_packed + "
                                    "weight_global_scale)"))
@@ -746,13 +609,13 @@ def _ct_packed(name: str, t: dict[str, Sig], c: Claims) -> Detected:
                     if _ct_words(i, bits, packing) == wp[1]]
             in_f = cand[-1] if cand else None
         else:
-            in_f = _div(wp[1] * 32, bits) if packing == "dense" else wp[1] * (32 // bits)
+            in_f = exact_div(wp[1] * 32, bits) if packing == "dense" else wp[1] * (32 // bits)
         if in_f is None:
             notes.append(("error", f"weight_packed {list(wp)} cannot hold {bits}-bit codes in {n_groups} groups of "
                                    f"{cgroup}"))
     else:
         notes.append(("warning", "pack-quantized without num_bits in the config: bits unknown from the header"))
-    group, gnote = _group_from(in_f, n_groups, cgroup)
+    group, gnote = group_from(in_f, n_groups, cgroup)
     if gnote:
         notes.append(("error", gnote))
     sym = "weight_zero_point" not in t
@@ -850,7 +713,7 @@ def _bnb4(t: dict[str, Sig], c: Claims, state_shape: tuple[int, int] | None = No
         numel = 1
         for d in ab[1]:
             numel *= d
-        group = _div(n, numel)
+        group = exact_div(n, numel)
     notes = []
     o = i = None
     if state_shape is not None:
@@ -859,7 +722,7 @@ def _bnb4(t: dict[str, Sig], c: Claims, state_shape: tuple[int, int] | None = No
             notes.append(("error", f"quant state says shape [{o}, {i}] but the weight holds {n} codes"))
     elif "bias" in t and len(t["bias"][1]) == 1 and n:
         o = t["bias"][1][0]
-        i = _div(n, o)
+        i = exact_div(n, o)
         o = o if i else None
     if o is None:
         notes.append(("warning", "bitsandbytes 4-bit module without a readable quant state or bias: in/out "
@@ -868,7 +731,7 @@ def _bnb4(t: dict[str, Sig], c: Claims, state_shape: tuple[int, int] | None = No
         n = o * i
     if c.format not in (None, "bnb"):
         notes.append(("error", f"config says {c.format} but the tensors are bitsandbytes 4-bit"))
-    notes += _bits_note(c, 4)
+    notes += bits_note(c, 4)
     return Detected("bnb", 4, group, True, False, i, o, n, detail=f"bitsandbytes {kind}", notes=notes)
 
 
