@@ -22,13 +22,14 @@ compressed-tensors' bf16 decompress gives: ScaledPlain compute "float32".
 
 from __future__ import annotations
 
-import torch
-
 from qtool.errors import FormatError
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.scaled import ScaledPlain
+from qtool.lazy import lazy_module
 from qtool.packing.minifloat import e2m1_decode, e8m0_decode, pack_nibbles, unpack_nibbles
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 GROUP = 32
 DEFAULT_OUT = "bfloat16"
@@ -188,7 +189,8 @@ class GptOssMxfp4(_Mx):
         return {"quant_method": "mxfp4", "modules_to_not_convert": []}
 
 
-def decode_blocks(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def decode_blocks(blocks: torch.Tensor, scales: torch.Tensor,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """gpt-oss `_blocks` uint8 [..., G, 16] and `_scales` uint8 [..., G] -> values [..., G * 32] in `dtype`
     (rows in their stored order: gpt-oss's [E, O, I]; transformers transposes to [E, I, O] when loading).
     Formed in fp32 (exact) and rounded once."""
@@ -197,7 +199,7 @@ def decode_blocks(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
                           f"([..., G, 16] with [..., G])")
     v = e2m1_decode(unpack_nibbles(blocks))                      # [..., G, 32]
     v = v * e8m0_decode(scales.view(torch.uint8)).unsqueeze(-1)
-    return v.reshape(*scales.shape[:-1], -1).to(dtype)
+    return v.reshape(*scales.shape[:-1], -1).to(dtype or torch.float32)
 
 
 __all__ = ["GROUP", "CtMxfp4", "CtMxfp8", "GptOssMxfp4", "decode_blocks"]

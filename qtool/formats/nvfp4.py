@@ -24,13 +24,14 @@ and the plan says so (lossy).
 
 from __future__ import annotations
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.scaled import ScaledPlain
+from qtool.lazy import lazy_module
 from qtool.packing.minifloat import pack_nibbles, unpack_nibbles
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 GROUP = 16
 # weight dtype of the model a config names nothing else for: what compressed-tensors' decompress returns

@@ -19,7 +19,9 @@ NVFP4 as compressed-tensors 0.20 and ModelOpt write it):
 
 from __future__ import annotations
 
-import torch
+from qtool.lazy import lazy_module
+
+torch = lazy_module("torch")
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -49,8 +51,10 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     return code | (torch.signbit(x).to(torch.uint8) << 3)
 
 
-def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 E2M1 codes 0..15 -> their values in `dtype` (every E2M1 value is exact in fp16/bf16/fp32)."""
+def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """uint8 E2M1 codes 0..15 -> their values in `dtype` (default fp32; every E2M1 value is exact in
+    fp16/bf16/fp32)."""
+    dtype = dtype or torch.float32
     lut = torch.tensor(E2M1_VALUES, dtype=dtype, device=codes.device)
     return lut[(codes & 0x0F).to(torch.int64)]
 
@@ -68,10 +72,11 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
 
 
-def e8m0_decode(e: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def e8m0_decode(e: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """uint8 biased exponents -> 2^(e - 127) in `dtype` (fp32/fp64: every value exact; 2^-127 is an fp32
     subnormal); 0xFF -> NaN. Built from the exponent bits, so it does not depend on the torch version's
     float8_e8m0fnu support."""
+    dtype = dtype or torch.float32
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"E8M0 decodes exactly to float32/float64, not {dtype}")
     e32 = e.to(torch.int32)
@@ -112,9 +117,10 @@ def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
     return x32.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def e4m3_decode(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def e4m3_decode(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """float8_e4m3fn (or its raw uint8 bytes) -> `dtype`. Every E4M3 value (3 mantissa bits, 2^-9..448) is
-    exact in fp16, bf16 and fp32."""
+    exact in fp16, bf16 and fp32 (default fp32)."""
+    dtype = dtype or torch.float32
     if x.dtype == torch.uint8:
         x = x.view(torch.float8_e4m3fn)
     return x.to(dtype)
