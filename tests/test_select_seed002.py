@@ -355,7 +355,7 @@ def test_compressed_tensors_int8_and_nvfp4_checkpoints_through_inspect(tmp_path)
                "model.layers.0.mlp.down_proj.weight_scale": torch.zeros(O, K // 16, dtype=torch.float8_e4m3fn),
                "model.layers.0.mlp.down_proj.weight_global_scale": torch.ones(1)}, str(fp4 / "model.safetensors"))
     groups, _ = path_groups(fp4, "bf16")
-    assert [(g.layer.format, g.layer.group_size) for g in groups] == [("ct_nvfp4", 16)]
+    assert [(g.layer.format, g.layer.group_size) for g in groups] == [("nvfp4", 16)]
     rep = plan_select(groups, H100, "vllm")
     assert rep.layers[0].selection.chosen == "MarlinNvFp4LinearKernel"
     assert plan_select(groups, B200, "vllm").layers[0].selection.chosen == "FlashInferCutlassNvFp4LinearKernel"

@@ -23,7 +23,8 @@ compressed-tensors' bf16 decompress gives: ScaledPlain compute "float32".
 from __future__ import annotations
 
 from qtool.errors import FormatError
-from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, format_id, register
+from qtool.formats.detection import Claims, Detected
 from qtool.formats.scaled import ScaledPlain
 from qtool.lazy import lazy_module
 from qtool.packing.minifloat import e2m1_decode, e8m0_decode, pack_nibbles, unpack_nibbles
@@ -51,8 +52,38 @@ def _scales(t: dict, name: str, fid: str, o: int, i: int) -> torch.Tensor:
     return s
 
 
+_E8M0_SIGS = ("U8", "F8_E8M0")
+
+
 class _Mx(Format):
     element: str
+
+    def _detect(self, wname: str, t, claims: Claims, i_per: int) -> Detected:
+        """MX facts of a module whose code tensor `wname` holds i_per inputs per element of its last dim."""
+        fid = self.spec.id
+        _wdt, ws = t[wname]
+        sdt, ss = t["weight_scale"]
+        notes: list[tuple[str, str]] = []
+        if len(ws) != 2:
+            return Detected("unknown", notes=[("error", f"{fid}: '{wname}' {list(ws)} is not 2-D")])
+        o, i = ws[0], ws[1] * i_per
+        group = None
+        if len(ss) == 2 and ss[0] == o and ss[1]:
+            group = -(-i // ss[1])
+            if ss[1] * GROUP != i:
+                notes.append(("error", f"{fid}: weight_scale {list(ss)} does not hold one E8M0 scale per {GROUP} "
+                                       f"of {i} inputs"))
+        else:
+            notes.append(("error", f"{fid}: weight_scale {list(ss)} does not match [{o}, {i // GROUP}]"))
+        claimed = format_id(claims.format) if claims.format else None
+        if claimed not in (None, fid):
+            notes.append(("error", f"config says {claims.format} but the tensors are {fid} ({wname} + E8M0 "
+                                   f"weight_scale {sdt} per {GROUP})"))
+        bits = 4 if self.element == "e2m1" else 8
+        if claims.bits not in (None, bits):
+            notes.append(("error", f"config says {claims.bits}-bit but {fid} codes are {bits}-bit"))
+        return Detected(fid, bits, group, True, False, i, o, i * o,
+                        detail=f"OCP MX ({self.element.upper()}, E8M0 scale per {GROUP})", notes=notes)
 
     def check(self, plain) -> list[str]:
         fid = self.spec.id
@@ -111,6 +142,12 @@ class CtMxfp4(_Mx):
     )
     element = "e2m1"
 
+    def detect(self, module: str, t, claims: Claims) -> Detected | None:
+        wp, sc = t.get("weight_packed"), t.get("weight_scale")
+        if wp is None or wp[0] != "U8" or sc is None or sc[0] not in _E8M0_SIGS or "weight_global_scale" in t:
+            return None
+        return self._detect("weight_packed", t, claims, 2)
+
     def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
         p = self.require(plain)
         return {"weight_packed": pack_nibbles(p.codes).contiguous(), "weight_scale": p.scales.contiguous()}
@@ -139,6 +176,14 @@ class CtMxfp8(_Mx):
     )
     element = "e4m3"
 
+    def detect(self, module: str, t, claims: Claims) -> Detected | None:
+        """An E4M3 weight whose weight_scale is E8M0 bytes: read as linear values (FP8's rule) every scale
+        would be off by 2^(127 - byte) and positive-only garbage."""
+        w, sc = t.get("weight"), t.get("weight_scale")
+        if w is None or w[0] != "F8_E4M3" or sc is None or sc[0] not in _E8M0_SIGS:
+            return None
+        return self._detect("weight", t, claims, 1)
+
     def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
         p = self.require(plain)
         return {"weight": p.codes.contiguous(), "weight_scale": p.scales.contiguous()}
@@ -166,6 +211,41 @@ class GptOssMxfp4(_Mx):
         asym=False,
     )
     element = "e2m1"
+
+    def detect(self, module: str, t, claims: Claims) -> Detected | None:
+        """Every `<name>_blocks` U8 [..., G, 16] paired with `<name>_scales` U8 [..., G] (gpt-oss names its
+        expert projections `gate_up_proj` / `down_proj` under one `experts` module; `<name>_bias` may sit
+        beside them)."""
+        names = sorted(k[: -len("_blocks")] for k in t if k.endswith("_blocks"))
+        if not names:
+            return None
+        notes: list[tuple[str, str]] = []
+        total, parts, first = 0, [], None
+        for n in names:
+            bdt, bs = t[f"{n}_blocks"]
+            sc = t.get(f"{n}_scales")
+            if bdt != "U8" or len(bs) < 3 or bs[-1] != GROUP // 2:
+                return None
+            if sc is None or sc[0] not in _E8M0_SIGS or tuple(sc[1]) != tuple(bs[:-1]):
+                notes.append(("error", f"gpt-oss {n}_blocks {list(bs)} without a matching {n}_scales "
+                                       f"{list(bs[:-1])} (E8M0 U8)"))
+                continue
+            lead, o, i = bs[:-3], bs[-3], bs[-2] * GROUP
+            e = 1
+            for d in lead:
+                e *= d
+            total += e * o * i
+            parts.append(f"{n} {'x'.join(map(str, lead)) + ' experts of ' if lead else ''}[{o}, {i}]")
+            first = first or (o, i)
+        if claims.quant_method not in (None, "mxfp4"):
+            notes.append(("error", f"config says {claims.quant_method} but the tensors are gpt-oss MXFP4 "
+                                   "(_blocks / _scales)"))
+        if any(len(t[f"{n}_blocks"][1]) > 3 for n in names):
+            notes.append(("info", "3-D MoE expert stacks: inspect decodes them; pack/repack convert 2-D linear "
+                                  "weights only"))
+        o, i = first or (None, None)
+        return Detected(self.spec.id, 4, GROUP, True, False, i, o, total or None,
+                        detail="gpt-oss MXFP4: " + "; ".join(parts), notes=notes)
 
     def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
         p = self.require(plain)

@@ -25,7 +25,8 @@ and the plan says so (lossy).
 from __future__ import annotations
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.base import Format, FormatSpec, expect, format_id, register
+from qtool.formats.detection import Claims, Detected
 from qtool.formats.scaled import ScaledPlain
 from qtool.lazy import lazy_module
 from qtool.packing.minifloat import pack_nibbles, unpack_nibbles
@@ -83,6 +84,44 @@ class _Nvfp4(Format):
     """Shared checks: E2M1 codes, E4M3 scales over (1, 16), one fp32 global scale."""
 
     op: str  # the global scale's direction in this layout: "div" or "mul"
+    weight_name: str
+    global_name: str
+
+    def _detect(self, t, claims: Claims) -> Detected:
+        """The NVFP4 facts of a module whose packed weight is `weight_name` (the caller has matched it)."""
+        fid = self.spec.id
+        wdt, ws = t[self.weight_name]
+        notes: list[tuple[str, str]] = []
+        if len(ws) != 2:
+            return Detected("unknown", notes=[("error", f"{fid}: '{self.weight_name}' {list(ws)} is not 2-D")])
+        o, i = ws[0], ws[1] * 2
+        sc = t.get("weight_scale")
+        group = None
+        if sc is None:
+            notes.append(("error", f"{fid}: no weight_scale beside the packed E2M1 weight"))
+        else:
+            if sc[0] != "F8_E4M3":
+                notes.append(("error", f"{fid}: weight_scale is {sc[0]}, NVFP4 block scales are F8_E4M3"))
+            if len(sc[1]) == 2 and sc[1][0] == o and sc[1][1]:
+                group = -(-i // sc[1][1])
+                if sc[1][1] * GROUP != i:
+                    notes.append(("error", f"{fid}: weight_scale {list(sc[1])} does not hold one scale per {GROUP} "
+                                           f"of {i} inputs"))
+            else:
+                notes.append(("error", f"{fid}: weight_scale {list(sc[1])} does not match [{o}, {i // GROUP}]"))
+        g = t.get(self.global_name)
+        if g is None:
+            notes.append(("error", f"{fid}: no {self.global_name} (the per-tensor fp32 global scale)"))
+        elif g[0] != "F32" or _numel(g[1]) != 1:
+            notes.append(("error", f"{fid}: {self.global_name} is {g[0]} {list(g[1])}, expected one F32 value"))
+        claimed = format_id(claims.format) if claims.format else None
+        if claimed not in (None, fid):
+            notes.append(("error", f"config says {claims.format} but the tensors are {fid} ({self.weight_name} U8 "
+                                   f"+ E4M3 weight_scale + {self.global_name})"))
+        if claims.bits not in (None, 4):
+            notes.append(("error", f"config says {claims.bits}-bit but NVFP4 codes are 4-bit"))
+        return Detected(fid, 4, group, True, False, i, o, i * o, detail="NVFP4 (E2M1, E4M3 per 16, fp32 global)",
+                        notes=notes)
 
     def check(self, plain) -> list[str]:
         if not isinstance(plain, ScaledPlain):
@@ -146,6 +185,17 @@ class CtNvfp4(_Nvfp4):
         asym=False,
     )
     op = "div"
+    weight_name = "weight_packed"
+    global_name = "weight_global_scale"
+
+    def detect(self, module: str, t, claims: Claims) -> Detected | None:
+        """weight_packed U8 with an E4M3 weight_scale or a weight_global_scale (MXFP4's scale is U8 E8M0)."""
+        wp, sc = t.get("weight_packed"), t.get("weight_scale")
+        if wp is None or wp[0] != "U8":
+            return None
+        if "weight_global_scale" not in t and (sc is None or sc[0] != "F8_E4M3"):
+            return None
+        return self._detect(t, claims)
 
     def pack(self, plain: ScaledPlain, *, lossy: bool = False) -> dict[str, torch.Tensor]:
         p = self.adapt(plain, lossy)
@@ -196,6 +246,18 @@ class ModelOptNvfp4(_Nvfp4):
         asym=False,
     )
     op = "mul"
+    weight_name = "weight"
+    global_name = "weight_scale_2"
+
+    def detect(self, module: str, t, claims: Claims) -> Detected | None:
+        """weight U8 [O, I/2] beside an E4M3 weight_scale (or a weight_scale_2): ModelOpt's NVFP4. A U8 weight
+        is never dense."""
+        w, sc = t.get("weight"), t.get("weight_scale")
+        if w is None or w[0] != "U8":
+            return None
+        if "weight_scale_2" not in t and (sc is None or sc[0] != "F8_E4M3"):
+            return None
+        return self._detect(t, claims)
 
     def pack(self, plain: ScaledPlain, *, lossy: bool = False) -> dict[str, torch.Tensor]:
         p = self.adapt(plain, lossy)
@@ -218,6 +280,13 @@ class ModelOptNvfp4(_Nvfp4):
         keys hf_quant_config.json's `quantization` holds); modules not listed are excluded by name."""
         return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": GROUP,
                 "kv_cache_quant_algo": None, "exclude_modules": []}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def convert_lossy_note(plain: ScaledPlain, target: str) -> str | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qtool.formats.detection import Claims
+from qtool.inspect.microfloat import MICRO_FLOAT, deep_micro
 from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
@@ -168,12 +169,8 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
         check_scales(t[sname], m.name, sname, notes)
         m.stats = _check_weight(_dequant_fp8(t), m.name, notes)
         return None
-    if fmt == "ct_nvfp4":
-        check_scales(t[sname], m.name, sname, notes)
-        if "weight_global_scale" in t:
-            check_scales(t["weight_global_scale"], m.name, "weight_global_scale", notes)
-        m.stats = _check_weight(_dequant_nvfp4(t), m.name, notes)
-        return None
+    if fmt in MICRO_FLOAT:
+        return deep_micro(m, t, notes, stats)
     try:
         f = get_format(fmt)
     except Exception:  # noqa: BLE001 - the registry says which formats exist
@@ -275,22 +272,6 @@ def _dequant_fp8(t: dict):
     w = t["weight"].float()
     s = t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"]
     return w * _expand_scale(s, *w.shape)
-
-
-# E2M1 values of the 4-bit code (bit 3 is the sign).
-_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def _dequant_nvfp4(t: dict):
-    """weight_packed uint8 [O, I/2] (element 2i low nibble), weight_scale E4M3 [O, I/16], global scale."""
-    import torch
-
-    p = t["weight_packed"].to(torch.int64)
-    codes = torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1)
-    w = torch.tensor(_FP4, dtype=torch.float32)[codes]
-    s = _expand_scale(t["weight_scale"], *w.shape)
-    g = t["weight_global_scale"].float().reshape(-1)[0]
-    return w * s / g
 
 
 # --- GGUF ----------------------------------------------------------------------------------------------

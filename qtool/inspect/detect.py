@@ -14,7 +14,9 @@ Rules (FORMATS.md; I = in_features, O = out_features, b = bits, pf = 32/b, nG = 
                              so in safetensors metadata `qtool.format: marlin`; legacy files have B/s
     ct (pack-quantized)      weight_packed I32 [O, ceil(I*b/32)], weight_scale [O, nG],
                              weight_zero_point (asym), weight_g_idx (act-order), weight_shape I64 [2]
-    ct_nvfp4                 weight_packed U8 [O, I/2], weight_scale F8_E4M3 [O, I/16], weight_global_scale
+    nvfp4, modelopt_nvfp4,   the formats in SELF_DETECTING answer for themselves (Format.detect, in their
+    mxfp4, mxfp8,            modules): NVFP4 U8 pairs + E4M3 per 16 + fp32 global (compressed-tensors and
+    gptoss_mxfp4             ModelOpt names), MX E2M1/E4M3 + E8M0 per 32, gpt-oss `_blocks`/`_scales`
     ct_fp8 / fp8             weight F8_E4M3 + weight_scale (ct, vLLM fp8) or weight_scale_inv (HF block fp8)
     bnb                      weight U8 + weight.absmax / weight.quant_state.bitsandbytes__nf4|fp4 (4-bit),
                              weight I8 + SCB (LLM.int8)
@@ -28,6 +30,7 @@ import json
 import re
 from typing import Any
 
+from qtool.formats.base import get_format
 from qtool.formats.detection import (
     AWQ_FAMILY,
     FLOAT_DTYPES,
@@ -47,6 +50,10 @@ from qtool.formats.detection import (
 )
 
 # bitsandbytes hangs its 4-bit state off "<module>.weight.<...>": those names belong to <module>.
+# Formats whose own `detect` inspect asks, in this order, before the detectors below (the micro-float
+# layouts: an E4M3 weight with E8M0 scales is MXFP8, not FP8; a U8 weight with E4M3 scales is ModelOpt NVFP4).
+SELF_DETECTING = ("nvfp4", "modelopt_nvfp4", "mxfp4", "mxfp8", "gptoss_mxfp4")
+
 _BNB_SUFFIX = re.compile(r"^(?P<mod>.+)\.(?P<short>weight\.(?:absmax|quant_map|nested_absmax|nested_quant_map"
                          r"|quant_state\..+))$")
 
@@ -252,6 +259,10 @@ def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
         return _exl3(t, c)
     if "qweight" in s:
         return _qweight(t, c)
+    for fid in SELF_DETECTING:
+        d = get_format(fid).detect(name, t, c)
+        if d is not None:
+            return d
     if "weight_packed" in s:
         return _ct_packed(name, t, c)
     w = t.get("weight")
@@ -399,7 +410,7 @@ def _gptq(t: dict[str, Sig], c: Claims) -> Detected:
     elif c.format in AWQ_FAMILY:
         notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout (qweight packed "
                                f"along inputs, [I*b/32, O]); fix: quant_method: gptq"))
-    elif c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+    elif c.format in ("ct", "ct_fp8", "nvfp4", "mxfp4", "mxfp8", "fp8", "bnb", "marlin"):
         notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout"))
     elif c.format is None:
         pass  # the file-level "no config" finding covers it
@@ -487,7 +498,7 @@ def _gptq_int16(t: dict[str, Sig], c: Claims) -> Detected:
     pack = c.raw.get("pack_dtype") if isinstance(c.raw, dict) else None
     if pack is not None and str(pack) != "int16":
         notes.append(("error", f"config says pack_dtype {pack} but qweight and qzeros are int16 words"))
-    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "nvfp4", "mxfp4", "mxfp8", "fp8", "bnb", "marlin"):
         notes.append(("error", f"config says {c.format} but the tensors are GPTQ in int16 words"))
     g_idx = t.get("g_idx")
     if g_idx is not None and g_idx[1] != (in_f,):
@@ -569,16 +580,6 @@ def _ct_packed(name: str, t: dict[str, Sig], c: Claims) -> Detected:
     if sc is None or len(wp) != 2:
         return Detected("unknown", notes=[("error", "weight_packed without a 2-D weight_scale")])
     o = wp[0]
-    if wp_dt == "U8" or "weight_global_scale" in t:
-        i = wp[1] * 2
-        n_groups = sc[1][1] if len(sc[1]) == 2 else 1
-        group = exact_div(i, n_groups) if n_groups > 1 else -1
-        if c.format not in (None, "ct_nvfp4"):
-            notes.append(("error", f"config says {c.format} but the tensors are NVFP4 (uint8 weight_packed + "
-                                   "weight_global_scale)"))
-        if group != 16:
-            notes.append(("warning", f"NVFP4 scales cover {group} inputs (16 expected)"))
-        return Detected("ct_nvfp4", 4, group, True, False, i, o, i * o, detail="nvfp4", notes=notes)
     if wp_dt != "I32":
         return Detected("unknown", notes=[("error", f"weight_packed is {wp_dt}; pack-quantized uses int32")])
     cbits = cgroup = csym = None
