@@ -23,9 +23,10 @@ compressed-tensors' bf16 decompress gives: ScaledPlain compute "float32".
 from __future__ import annotations
 
 from qtool.errors import FormatError
-from qtool.formats.base import Format, FormatSpec, expect, format_id, register
+from qtool.formats.base import FormatSpec, expect, format_id, register
 from qtool.formats.detection import Claims, Detected
 from qtool.formats.scaled import ScaledPlain
+from qtool.formats.scaled_format import ScaledFormat
 from qtool.lazy import lazy_module
 from qtool.packing.minifloat import e2m1_decode, e8m0_decode, pack_nibbles, unpack_nibbles
 from qtool.scheme import QuantScheme
@@ -55,8 +56,12 @@ def _scales(t: dict, name: str, fid: str, o: int, i: int) -> torch.Tensor:
 _E8M0_SIGS = ("U8", "F8_E8M0")
 
 
-class _Mx(Format):
+class _Mx(ScaledFormat):
     element: str
+    strategies = ("group",)
+    scale_types = ("e8m0",)
+    compute = "fp32"
+    default_block = (1, GROUP)
 
     def _detect(self, wname: str, t, claims: Claims, i_per: int) -> Detected:
         """MX facts of a module whose code tensor `wname` holds i_per inputs per element of its last dim."""
@@ -103,13 +108,11 @@ class _Mx(Format):
             why.append(f"{fid} needs in_features to be a multiple of {GROUP}, not {plain.in_features}")
         return why
 
-    def require(self, plain: ScaledPlain) -> ScaledPlain:
+    def adapt(self, plain: ScaledPlain) -> tuple[ScaledPlain | None, list[str]]:
+        """(plain, []) when this layout stores it exactly, else (None, why). The compute dtype may change
+        freely: a code times a power of two is exact in fp32 and in the model dtype alike."""
         why = self.check(plain)
-        if why:
-            from qtool.errors import NotRepresentable
-
-            raise NotRepresentable(f"cannot store this weight as {self.spec.id}: " + "; ".join(why))
-        return plain.with_(compute="float32")
+        return (None, why) if why else (plain.with_(compute="float32"), [])
 
     def _plain(self, codes: torch.Tensor, scales: torch.Tensor, params: QuantScheme | None) -> ScaledPlain:
         return ScaledPlain(codes, self.element, scales, "e8m0", (1, GROUP), "float32", _out_dtype(params),
@@ -141,6 +144,7 @@ class CtMxfp4(_Mx):
         asym=False,
     )
     element = "e2m1"
+    elements = ("e2m1",)
 
     def detect(self, module: str, t, claims: Claims) -> Detected | None:
         wp, sc = t.get("weight_packed"), t.get("weight_scale")
@@ -158,7 +162,7 @@ class CtMxfp4(_Mx):
         o, i = packed.shape[0], packed.shape[1] * 2
         return self._plain(unpack_nibbles(packed), _scales(tensors, "weight_scale", fid, o, i), params)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         return self._ct_config([n for n, _s, _m in modules], 4, "mxfp4-pack-quantized")
 
 
@@ -175,6 +179,7 @@ class CtMxfp8(_Mx):
         asym=False,
     )
     element = "e4m3"
+    elements = ("e4m3",)
 
     def detect(self, module: str, t, claims: Claims) -> Detected | None:
         """An E4M3 weight whose weight_scale is E8M0 bytes: read as linear values (FP8's rule) every scale
@@ -194,7 +199,7 @@ class CtMxfp8(_Mx):
         o, i = w.shape
         return self._plain(w, _scales(tensors, "weight_scale", fid, o, i), params)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         return self._ct_config([n for n, _s, _m in modules], 8, "mxfp8-quantized")
 
 
@@ -211,6 +216,7 @@ class GptOssMxfp4(_Mx):
         asym=False,
     )
     element = "e2m1"
+    elements = ("e2m1",)
 
     def detect(self, module: str, t, claims: Claims) -> Detected | None:
         """Every `<name>_blocks` U8 [..., G, 16] paired with `<name>_scales` U8 [..., G] (gpt-oss names its
@@ -264,7 +270,7 @@ class GptOssMxfp4(_Mx):
         codes = unpack_nibbles(blocks.reshape(o, g * GROUP // 2))
         return self._plain(codes, _scales(tensors, "weight_scales", fid, o, g * GROUP), params)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         """transformers' Mxfp4Config as gpt-oss's config.json carries it."""
         return {"quant_method": "mxfp4", "modules_to_not_convert": []}
 

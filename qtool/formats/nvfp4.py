@@ -25,9 +25,10 @@ and the plan says so (lossy).
 from __future__ import annotations
 
 from qtool.errors import FormatError, NotRepresentable
-from qtool.formats.base import Format, FormatSpec, expect, format_id, register
+from qtool.formats.base import FormatSpec, expect, format_id, register
 from qtool.formats.detection import Claims, Detected
 from qtool.formats.scaled import ScaledPlain
+from qtool.formats.scaled_format import ScaledFormat
 from qtool.lazy import lazy_module
 from qtool.packing.minifloat import pack_nibbles, unpack_nibbles
 from qtool.scheme import QuantScheme
@@ -80,8 +81,14 @@ def _out_dtype(params: QuantScheme | None) -> str:
     return d if d in ("bfloat16", "float16", "float32") else DEFAULT_OUT
 
 
-class _Nvfp4(Format):
+class _Nvfp4(ScaledFormat):
     """Shared checks: E2M1 codes, E4M3 scales over (1, 16), one fp32 global scale."""
+
+    elements = ("e2m1",)
+    strategies = ("group",)
+    scale_types = ("e4m3",)
+    compute = "fp32"
+    default_block = (1, GROUP)
 
     op: str  # the global scale's direction in this layout: "div" or "mul"
     weight_name: str
@@ -147,14 +154,22 @@ class _Nvfp4(Format):
             why.append(f"{self.spec.id} forms the product in float32, not {plain.compute}")
         return why
 
-    def adapt(self, plain: ScaledPlain, lossy: bool = False) -> ScaledPlain:
-        """plain with its global scale pointing this layout's way; NotRepresentable unless exact or `lossy`
-        (then the reciprocal is taken as compressed-tensors' ModelOpt converter takes it)."""
+    def adapt(self, plain: ScaledPlain) -> tuple[ScaledPlain | None, list[str]]:
+        """(plain with its global scale pointing this layout's way, []) when that is exact, else (None, why)."""
+        why = self.check(plain)
+        return (None, why) if why else (self._turn(plain), [])
+
+    def require(self, plain: ScaledPlain, lossy: bool = False) -> ScaledPlain:
+        """plain in this layout's convention; NotRepresentable unless exact, or `lossy` and only the global
+        scale's reciprocal is inexact (then it is taken as compressed-tensors' ModelOpt converter takes it)."""
         why = self.check(plain)
         inverse_only = bool(why) and all("reciprocal" in w for w in why)
         if why and not (lossy and inverse_only):
             raise NotRepresentable(f"cannot store this weight as {self.spec.id}: " + "; ".join(why),
                                    fix="repack with --allow-lossy to take the reciprocal" if inverse_only else None)
+        return self._turn(plain)
+
+    def _turn(self, plain: ScaledPlain) -> ScaledPlain:
         if plain.global_op == self.op:
             return plain
         meta = dict(plain.meta)
@@ -198,7 +213,7 @@ class CtNvfp4(_Nvfp4):
         return self._detect(t, claims)
 
     def pack(self, plain: ScaledPlain, *, lossy: bool = False) -> dict[str, torch.Tensor]:
-        p = self.adapt(plain, lossy)
+        p = self.require(plain, lossy)
         out = {"weight_packed": pack_nibbles(p.codes).contiguous(), "weight_scale": p.scales.contiguous(),
                "weight_global_scale": p.global_scale.reshape(1).contiguous()}
         if p.meta.get("input_scale") is not None:
@@ -213,7 +228,7 @@ class CtNvfp4(_Nvfp4):
         gi = _global(tensors, "input_global_scale", fid) if "input_global_scale" in tensors else None
         return self._plain(codes, scale, g, "div", gi, params, fid)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         """compressed-tensors' NVFP4A16 preset (NVFP4 with static activation global scales when every module
         carries one: the NVFP4 preset's activations)."""
         names = [name for name, _s, _m in modules]
@@ -260,7 +275,7 @@ class ModelOptNvfp4(_Nvfp4):
         return self._detect(t, claims)
 
     def pack(self, plain: ScaledPlain, *, lossy: bool = False) -> dict[str, torch.Tensor]:
-        p = self.adapt(plain, lossy)
+        p = self.require(plain, lossy)
         out = {"weight": pack_nibbles(p.codes).contiguous(), "weight_scale": p.scales.contiguous(),
                "weight_scale_2": p.global_scale.reshape(1).contiguous()}
         if p.meta.get("input_scale") is not None:
@@ -275,7 +290,7 @@ class ModelOptNvfp4(_Nvfp4):
         gi = _global(tensors, "input_scale", fid) if "input_scale" in tensors else None
         return self._plain(codes, scale, g, "mul", gi, params, fid)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         """config.json `quantization_config` as transformers and vLLM read ModelOpt checkpoints (the same
         keys hf_quant_config.json's `quantization` holds); modules not listed are excluded by name."""
         return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": GROUP,
