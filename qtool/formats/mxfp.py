@@ -119,7 +119,7 @@ class _Mx(ScaledFormat):
                            meta={"format": self.spec.id})
 
     @staticmethod
-    def _ct_config(names: list[str], bits: int, fmt: str) -> dict:
+    def _ct_config(names: list[str], bits: int, fmt: str, dense: list[str] | None) -> dict:
         weights = {"num_bits": bits, "type": "float", "symmetric": True, "group_size": GROUP, "strategy": "group",
                    "dynamic": False, "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
                    "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}
@@ -127,7 +127,7 @@ class _Mx(ScaledFormat):
                 "quantization_status": "compressed",
                 "config_groups": {"group_0": {"targets": names, "weights": weights, "input_activations": None,
                                               "output_activations": None, "format": fmt}},
-                "ignore": [], "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
+                "ignore": list(dense or []), "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
                 "global_compression_ratio": None}
 
 
@@ -163,7 +163,7 @@ class CtMxfp4(_Mx):
         return self._plain(unpack_nibbles(packed), _scales(tensors, "weight_scale", fid, o, i), params)
 
     def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
-        return self._ct_config([n for n, _s, _m in modules], 4, "mxfp4-pack-quantized")
+        return self._ct_config([n for n, _s, _m in modules], 4, "mxfp4-pack-quantized", dense)
 
 
 @register
@@ -200,7 +200,7 @@ class CtMxfp8(_Mx):
         return self._plain(w, _scales(tensors, "weight_scale", fid, o, i), params)
 
     def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
-        return self._ct_config([n for n, _s, _m in modules], 8, "mxfp8-quantized")
+        return self._ct_config([n for n, _s, _m in modules], 8, "mxfp8-quantized", dense)
 
 
 @register
@@ -272,7 +272,7 @@ class GptOssMxfp4(_Mx):
 
     def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
         """transformers' Mxfp4Config as gpt-oss's config.json carries it."""
-        return {"quant_method": "mxfp4", "modules_to_not_convert": []}
+        return {"quant_method": "mxfp4", "modules_to_not_convert": list(dense or [])}
 
 
 def decode_blocks(blocks: torch.Tensor, scales: torch.Tensor,

@@ -243,7 +243,7 @@ class CtNvfp4(_Nvfp4):
                 "quantization_status": "compressed",
                 "config_groups": {"group_0": {"targets": names, "weights": weights, "input_activations": acts,
                                               "output_activations": None, "format": "nvfp4-pack-quantized"}},
-                "ignore": [], "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
+                "ignore": list(dense or []), "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
                 "global_compression_ratio": None}
 
 
@@ -291,10 +291,10 @@ class ModelOptNvfp4(_Nvfp4):
         return self._plain(codes, scale, g, "mul", gi, params, fid)
 
     def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
-        """config.json `quantization_config` as transformers and vLLM read ModelOpt checkpoints (the same
-        keys hf_quant_config.json's `quantization` holds); modules not listed are excluded by name."""
-        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": GROUP,
-                "kv_cache_quant_algo": None, "exclude_modules": []}
+        """config.json `quantization_config` in the flat form vLLM's ModelOptQuantConfigBase.from_config reads
+        (quant_algo, group_size, `ignore` for the modules left dense; vllm-main modelopt.py)."""
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": GROUP, "kv_cache_scheme": None,
+                "ignore": list(dense or [])}
 
 
 def _numel(shape) -> int:

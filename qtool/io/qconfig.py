@@ -90,7 +90,8 @@ def parse_quant_config(raw: dict | None, source: object = None) -> QuantConfig |
     elif method == "fp8":
         fmt, bits = "fp8", bits or 8
     elif method == "modelopt":
-        algo = str(raw.get("quant_algo") or "").upper()
+        nested = raw.get("quantization") if isinstance(raw.get("quantization"), dict) else {}
+        algo = str(raw.get("quant_algo") or nested.get("quant_algo") or "").upper()
         fmt = {"NVFP4": "modelopt_nvfp4"}.get(algo)
         bits = bits or (4 if fmt else None)
     elif method == "mxfp4":  # transformers' Mxfp4Config (gpt-oss)

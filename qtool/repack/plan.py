@@ -236,7 +236,9 @@ def widen(p: Plain, to_bits: int) -> Plain:
 
 
 def apply_steps(p: Plain, m: ModulePlan) -> Plain:
-    """The exact transformations the plan chose, in order (widen, then regroup)."""
+    """The exact transformations the plan chose, in order (widen, then regroup). A ScaledPlain has none."""
+    if not isinstance(p, Plain):
+        return p
     if m.to_bits is not None and m.to_bits > p.bits:
         p = widen(p, m.to_bits)
     if m.to_group_size is not None and m.to_group_size != p.group_size and can_regroup(
@@ -356,12 +358,17 @@ def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pat
 
 
 def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:
+    from qtool.repack import scaled
+
     target = dst.spec.id
     if m.format.startswith("gguf:"):
         mp.kind = "lossy"
         mp.reasons.append(f"GGUF {m.format[5:]} is read only by dequantizing; integer layouts need "
                           "requantization")
         _lossy_target(m, mp, dst, job)
+        return
+    if m.format != target and (scaled.is_scaled(known[m.format]) or scaled.is_scaled(dst)):
+        scaled.decide(source, m, mp, dst, job)
         return
     tb = job.bits if job.bits is not None else m.bits
     tg = job.group_size if job.group_size is not None else m.group_size

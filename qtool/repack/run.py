@@ -229,7 +229,10 @@ class ModuleConverter:
         import torch
 
         from qtool.formats import dequantize
+        from qtool.repack import scaled
 
+        if scaled.is_scaled(self.dst):
+            return scaled.requantize(self, m, mp, plain)
         w = self.source_weight(m, plain)
         if m.name in self.rows:
             w = w[self.rows[m.name]]
