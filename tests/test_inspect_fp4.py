@@ -21,7 +21,7 @@ MOD = "model.layers.0.mlp.down_proj"
                                         ("modelopt-nvfp4", "modelopt_nvfp4"), ("gptoss-mxfp4", "gptoss_mxfp4")])
 def test_fixtures_named_and_decoded(folder, fid):
     r = inspect_path(FP4 / folder, deep=True)
-    assert {m.format for m in r.modules} == {fid}
+    assert {m.scheme.format for m in r.modules} == {fid}
     assert not _sev(r, "error"), _sev(r, "error")
     ref = load_file(str(FP4 / folder / "reference.safetensors"))
     for m in r.modules:
@@ -47,7 +47,7 @@ def test_mxfp8_is_not_read_as_fp8(tmp_path):
                                    if "output.dense" in k})
     r = inspect_path(root, deep=True)
     m = next(m for m in r.modules if m.name == MOD)
-    assert (m.format, m.bits, m.group_size) == ("mxfp8", 8, 32)
+    assert (m.scheme.format, m.scheme.bits, m.scheme.group_size) == ("mxfp8", 8, 32)
     ref = load_file(str(FP4 / "ct-mxfp8" / "reference.safetensors"))["encoder.layer.0.output.dense.weight"]
     assert m.stats["absmax"] == pytest.approx(float(ref.float().abs().max()), rel=1e-6)
 

@@ -33,6 +33,7 @@ class Claims:
     source:  where the claim came from, for messages ("config.json", "quantize_config.json", ...)
     ct_groups: compressed-tensors config_groups as [(targets, weights dict, format)], ct_ignore: ignore list
     block_size: fp8 weight_block_size [rows, cols]
+    bnb_shape: read from tensor data by inspect (the header alone cannot give it), set per module
     """
 
     format: str | None = None
@@ -49,6 +50,7 @@ class Claims:
     block_size: tuple[int, int] | None = None
     bnb_blocksize: int | None = None
     marlin_padding: dict[str, list[int]] = field(default_factory=dict)   # module -> [N, K, Np, Kp]
+    bnb_shape: tuple[int, int] | None = None   # [out, in] of this module's bitsandbytes 4-bit quant state
     raw: dict = field(default_factory=dict)
     path: str | None = None            # the file the claims were read from, for errors
     regexes: dict[str, BoundedRegex] = field(default_factory=dict, repr=False, compare=False)

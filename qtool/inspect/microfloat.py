@@ -16,17 +16,17 @@ def _severity(msg: str) -> str:
     return "warning" if msg.endswith("are zero") else "error"
 
 
-def deep_micro(m, t: dict, notes: list, stats: bool = True) -> None:
-    """Check one module (`m` a ModuleReport, `t` {short name: tensor}); findings appended to `notes`."""
+def deep_micro(m, t: dict, notes: list, check_weight, stats: bool = True) -> None:
+    """Check one module (`m` a ModuleReport, `t` {short name: tensor}); findings appended to `notes`;
+    `check_weight(w, module, notes)` gives the statistics of a dequantized weight (inspect.deep's)."""
     import torch
 
     from qtool.formats.base import get_format
     from qtool.formats.mxfp import decode_blocks
     from qtool.formats.scaled import dequantize
-    from qtool.inspect.deep import _check_weight
     from qtool.packing.minifloat import E8M0_NAN
 
-    if m.format == "gptoss_mxfp4" and "weight_blocks" not in t:
+    if m.scheme.format == "gptoss_mxfp4" and "weight_blocks" not in t:
         values = []
         for name in sorted(k[: -len("_blocks")] for k in t if k.endswith("_blocks")):
             s = t[f"{name}_scales"].view(torch.uint8)
@@ -40,11 +40,11 @@ def deep_micro(m, t: dict, notes: list, stats: bool = True) -> None:
                                                "code (scale overflow)"))
             values.append(decode_blocks(t[f"{name}_blocks"], s, torch.float32).reshape(-1))
         if stats and values:
-            m.stats = _check_weight(torch.cat(values), m.name, notes)
+            m.stats = check_weight(torch.cat(values), m.name, notes)
         return None
-    p = get_format(m.format).unpack(t)
+    p = get_format(m.scheme.format).unpack(t)
     for msg in p.anomalies():
         notes.append((_severity(msg), m.name, msg))
     if stats:
-        m.stats = _check_weight(dequantize(p), m.name, notes)
+        m.stats = check_weight(dequantize(p), m.name, notes)
     return None

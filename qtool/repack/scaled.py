@@ -30,33 +30,32 @@ def _lossy_in_place(dst, plain):
         return None
 
 
-def decide(source, m, mp, dst, job) -> None:
-    """Fill ModulePlan `mp` for module `m` when the source or the target is a scaled layout."""
+def decide(source, m, mp, dst, job, lossy_target) -> None:
+    """Fill ModulePlan `mp` for module `m` when the source or the target is a scaled layout; `lossy_target`
+    is the planner's requantization rule for integer targets (plan._lossy_target)."""
     from qtool.formats import get_format
     from qtool.formats.scaled_format import module_meta
 
-    src = get_format(m.format)
+    src = get_format(m.scheme.format)
     mp.decided_by = "data"
     if not is_scaled(dst):  # float codes into an integer layout: its requantization rules (bits, group)
-        from qtool.repack.plan import _lossy_target
-
         mp.kind = "lossy"
-        mp.reasons.append(f"{m.format} holds float codes and {dst.spec.id} integer ones: converting requantizes "
+        mp.reasons.append(f"{m.scheme.format} holds float codes and {dst.spec.id} integer ones: converting requantizes "
                           "the dequantized weight")
-        _lossy_target(m, mp, dst, job)
+        lossy_target(m, mp, dst, job)
         return
     mp.to_bits, mp.to_group_size, mp.to_sym = dst.spec.bits[0], dst.default_block[1], True
     if job.bits is not None or job.group_size is not None:
         mp.kind = "impossible"
-        mp.reasons.append(f"--bits/--group-size do not apply to float layouts ({m.format} -> {dst.spec.id}): "
+        mp.reasons.append(f"--bits/--group-size do not apply to float layouts ({m.scheme.format} -> {dst.spec.id}): "
                           "the layout fixes its element and scale block")
         return
     if not is_scaled(src):
         mp.kind, mp.steps = "lossy", ["requantize"]
-        mp.reasons.append(f"{m.format} holds integer codes and {dst.spec.id} float ones: converting requantizes "
+        mp.reasons.append(f"{m.scheme.format} holds integer codes and {dst.spec.id} float ones: converting requantizes "
                           "the dequantized weight")
         return
-    plain = src.unpack(source.load(m), m.params)
+    plain = src.unpack(source.load(m), m.scheme)
     q, why = dst.adapt(plain)
     if not why:
         mp.kind = "exact"
