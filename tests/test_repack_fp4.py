@@ -76,6 +76,6 @@ def test_float_to_integer_and_back_requantizes(tmp_path):
     assert torch.isfinite(dequantize(p)).all()
 
 
-def test_bits_flags_refused_for_float_targets(tmp_path):
-    _, plan = plan_repack(RepackJob(src=FP4 / "ct-mxfp4", to="nvfp4", out=tmp_path / "x", group_size=16))
-    assert {m.kind for m in plan.modules} == {"impossible"}
+def test_group_size_refused_for_float_targets(tmp_path):
+    with pytest.raises(QtoolError, match="--group-size does not apply"):
+        plan_repack(RepackJob(src=FP4 / "ct-mxfp4", to="nvfp4", out=tmp_path / "x", group_size=16))

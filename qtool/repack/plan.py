@@ -46,6 +46,8 @@ from qtool.errors import UsageError
 from qtool.formats.base import Format, format_id
 from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
+from qtool.repack.scaled import decide as decide_scaled
+from qtool.repack.scaled import is_scaled
 from qtool.scheme import QuantScheme
 
 KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
@@ -300,6 +302,8 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
         elif m.scheme.format not in known and not m.scheme.format.startswith("gguf:"):
             mp.kind = "impossible"
             mp.reasons.append(f"qtool cannot read '{m.scheme.format}' modules")
+        elif is_scaled(dst) or is_scaled(known.get(m.scheme.format)):
+            decide_scaled(source, m, mp, dst, job, known, _lossy_target)
         else:
             _decide(source, m, mp, dst, job, known)
         _resolve_unread(m, mp, keep, drop)
@@ -358,17 +362,12 @@ def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pat
 
 
 def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:
-    from qtool.repack import scaled
-
     target = dst.spec.id
     if m.scheme.format.startswith("gguf:"):
         mp.kind = "lossy"
         mp.reasons.append(f"GGUF {m.scheme.format[5:]} is read only by dequantizing; integer layouts need "
                           "requantization")
         _lossy_target(m, mp, dst, job)
-        return
-    if m.scheme.format != target and (scaled.is_scaled(known[m.scheme.format]) or scaled.is_scaled(dst)):
-        scaled.decide(source, m, mp, dst, job, _lossy_target)
         return
     tb = job.bits if job.bits is not None else m.scheme.bits
     tg = job.group_size if job.group_size is not None else m.scheme.group_size
