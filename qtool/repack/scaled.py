@@ -24,17 +24,17 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
     `lossy_target` is the planner's choice of requantization parameters for integer targets."""
     from qtool.formats.scaled_format import module_meta
 
-    src = known.get(m.format)
+    src = known.get(m.scheme.format)
     if is_scaled(dst) and job.group_size is not None:
         raise UsageError(f"--group-size does not apply to --to {dst.spec.id}: its scales are per tensor, channel or "
                          "block", fix="drop --group-size (pack --strategy chooses the scales of a new file)")
-    if m.format == dst.spec.id:
+    if m.scheme.format == dst.spec.id:
         mp.copy = True
-        mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+        mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
     mp.decided_by = "data"
-    plain = src.unpack(source.load(m, mapped=True), m.params)
+    plain = src.unpack(source.load(m, mapped=True), m.scheme)
     mp.shape = [plain.out_features, plain.in_features]
     if is_scaled(src):
         bad = [msg for sev, msg in plain.anomalies() if sev == "error"]
@@ -59,11 +59,11 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         mp.kind, mp.reasons = "lossy", why
     elif is_scaled(dst):
         mp.kind = "lossy"
-        mp.reasons = [f"{dst.spec.id} stores {'/'.join(dst.elements)} codes with scales; {m.format}'s "
+        mp.reasons = [f"{dst.spec.id} stores {'/'.join(dst.elements)} codes with scales; {m.scheme.format}'s "
                       f"{plain.bits}-bit integer codes with zero points are another grid"]
     else:
         mp.kind = "lossy"
-        mp.reasons = [f"{dst.spec.id} stores integer codes; {m.format} stores {plain.element} codes"]
+        mp.reasons = [f"{dst.spec.id} stores integer codes; {m.scheme.format} stores {plain.element} codes"]
         lossy_target(m, mp, dst, job)
         return
     mp.steps = ["requantize"]
