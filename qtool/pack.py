@@ -613,7 +613,6 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
 
 def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress) -> None:
     from qtool import __version__
-    from qtool.formats.scaled import relative_error
     from qtool.formats.scaled_format import module_meta
     from qtool.io.writer import (
         BackgroundWriter,
@@ -655,6 +654,7 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 try:
                     # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
                     out = fmt.compute_for(stype) if fmt.compute == "scale" else model
+                    st: dict = {}
                     if job.to in MICRO_PACK:
                         if block != tuple(fmt.default_block):
                             raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per "
@@ -662,10 +662,16 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                         p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
                     else:
                         p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
-                                            method=job.method, name=name)
+                                            method=job.method, name=name, stats=st)
                 except QtoolError as e:
                     raise _located(e, ck.path, name) from None
-                err = relative_error(weight, p)
+                if not st:  # the micro-float quantizers measure nothing on the way
+                    from qtool.formats.scaled import relative_error
+
+                    err = relative_error(weight, p)
+                else:
+                    err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
+                                                                                     math.inf)
                 if not math.isfinite(err):
                     raise InputError(f"the relative error of the packed weight is {err} (not a number)",
                                      path=ck.path, tensor=name, fix="--exclude this tensor and report it")
