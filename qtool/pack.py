@@ -20,9 +20,15 @@ from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
 
-PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "fp8", "ct_fp8", "ct_int8")
+PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "fp8", "ct_fp8", "ct_int8", "nvfp4", "modelopt_nvfp4", "mxfp4",
+                "mxfp8", "gptoss_mxfp4")
 # Layouts whose codes are numbers of their own element type (qtool.formats.scaled): --strategy/--block apply.
-SCALED_PACK = {"fp8": "e4m3", "ct_fp8": "e4m3", "ct_int8": "int8"}
+SCALED_PACK = {"fp8": "e4m3", "ct_fp8": "e4m3", "ct_int8": "int8", "nvfp4": "e2m1", "modelopt_nvfp4": "e2m1",
+               "mxfp4": "e2m1", "mxfp8": "e4m3", "gptoss_mxfp4": "e2m1"}
+# ... of which these quantize with qtool.quant.fp4 (E2M1 codes, E4M3 scales under a global scale, E8M0 scales)
+MICRO_PACK = ("nvfp4", "modelopt_nvfp4", "mxfp4", "mxfp8", "gptoss_mxfp4")
+# code width of each scaled layout (the --bits default; anything else is refused)
+SCALED_BITS = {"nvfp4": 4, "modelopt_nvfp4": 4, "mxfp4": 4, "gptoss_mxfp4": 4}
 STRATEGIES = ("tensor", "channel", "group", "block")
 METHODS = ("rtn", "mse", "gptq", "awq")
 CALIBRATED = ("gptq", "awq")
@@ -569,8 +575,9 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
                      ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
         if on:
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")
-    if job.bits != 8:
-        raise UsageError(f"--to {job.to} stores 8-bit codes, not --bits {job.bits}", fix="drop --bits")
+    bits = SCALED_BITS.get(job.to, 8)
+    if job.bits != bits:
+        raise UsageError(f"--to {job.to} stores {bits}-bit codes, not --bits {job.bits}", fix="drop --bits")
     if job.group_size not in (None, 128) and job.strategy != "group" or job.group_size is None and \
             job.strategy == "group":
         raise UsageError("--group-size sets the inputs per scale of --strategy group (and is needed there)",
@@ -581,11 +588,11 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     if ck.quant_config is not None:
         raise InputError("the source is already quantized", path=ck.path,
                          fix="pack reads dense models; use `qtool repack` to convert quantized ones")
-    job = replace(job, bits=8, group_size=block[1] if block[0] == 1 and block[1] != -1 else -1, sym=True)
+    job = replace(job, bits=bits, group_size=block[1] if block[0] == 1 and block[1] != -1 else -1, sym=True)
     plans = plan_modules(ck, job)
     for p in plans:
         if p.action == "quantize":
-            p.bits, p.group_size = 8, job.group_size
+            p.bits, p.group_size = bits, job.group_size
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     report = PackReport(str(job.src), str(job.out), job.to, job.method, True, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, warnings=warnings)
@@ -606,7 +613,6 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
 
 def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress) -> None:
     from qtool import __version__
-    from qtool.formats.scaled import relative_error
     from qtool.formats.scaled_format import module_meta
     from qtool.io.writer import (
         BackgroundWriter,
@@ -617,6 +623,7 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
         refuse_overwriting_input,
         write_json,
     )
+    from qtool.quant.fp4 import quantize_for
     from qtool.quant.scaled import quantize_scaled
     from qtool.report.pack import to_markdown
     from qtool.scheme import QuantScheme
@@ -647,11 +654,24 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 try:
                     # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
                     out = fmt.compute_for(stype) if fmt.compute == "scale" else model
-                    p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
-                                        method=job.method, name=name)
+                    st: dict = {}
+                    if job.to in MICRO_PACK:
+                        if block != tuple(fmt.default_block):
+                            raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per "
+                                             f"{block}", fix="drop --strategy/--group-size/--block")
+                        p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
+                    else:
+                        p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
+                                            method=job.method, name=name, stats=st)
                 except QtoolError as e:
                     raise _located(e, ck.path, name) from None
-                err = relative_error(weight, p)
+                if not st:  # the micro-float quantizers measure nothing on the way
+                    from qtool.formats.scaled import relative_error
+
+                    err = relative_error(weight, p)
+                else:
+                    err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
+                                                                                     math.inf)
                 if not math.isfinite(err):
                     raise InputError(f"the relative error of the packed weight is {err} (not a number)",
                                      path=ck.path, tensor=name, fix="--exclude this tensor and report it")
@@ -660,9 +680,10 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 for short, t in packed.items():
                     w.add(f"{plan.module}.{short}", t)
                     after += t.numel() * t.element_size()
-                packed_meta.append((plan.module, QuantScheme(job.to, 8, plan.group_size, True, False), module_meta(p)))
+                packed_meta.append((plan.module, QuantScheme(job.to, job.bits, plan.group_size, True, False),
+                                    module_meta(p)))
                 o, i = plan.shape
-                report.results.append(TensorResult(plan.module, [o, i], 8, plan.group_size, info.nbytes, after,
+                report.results.append(TensorResult(plan.module, [o, i], job.bits, plan.group_size, info.nbytes, after,
                                                    8 * after / (o * i), err))
                 del weight, p, packed
             files = w.close()

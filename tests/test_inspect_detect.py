@@ -105,7 +105,7 @@ def test_compressed_tensors_pack_quantized():
 def test_nvfp4_fp8_bnb_dense():
     t = {"weight_packed": ("U8", (64, 192)), "weight_scale": ("F8_E4M3", (64, 24)),
          "weight_global_scale": ("F32", (1,))}
-    assert fields(detect_module("m", t, None)) == ("ct_nvfp4", 4, 16, True, False, 384, 64)
+    assert fields(detect_module("m", t, None)) == ("nvfp4", 4, 16, True, False, 384, 64)
     t = {"weight": ("F8_E4M3", (300, 512)), "weight_scale_inv": ("F32", (3, 4))}
     d = detect_module("m", t, Claims(quant_method="fp8", format="fp8", block_size=(128, 128)))
     assert fields(d) == ("fp8", 8, 128, True, False, 512, 300) and d.notes == []

@@ -197,9 +197,12 @@ def test_nvfp4_on_h100_has_no_native_path():
     # Blackwell runs it natively, and says nothing about a fallback
     sel = select_kernel(layer(4096, 4096, "nvfp4"), B200, "vllm")
     assert sel.chosen == "FlashInferCutlassNvFp4LinearKernel" and not sel.notes
-    # MXFP4: the seeds describe no MXFP4 linear kernel, and select says so instead of guessing
+    # MXFP4: the seeds describe no MXFP4 linear kernel; vllm-main's compressed-tensors W4A16 MXFP4 scheme (the
+    # row's source) runs it weight-only through the FP4 Marlin kernel from CC 8.0, and nowhere below
     sel = select_kernel(layer(4096, 4096, "mxfp4"), B200, "vllm")
-    assert sel.chosen is None and "format mxfp4 is not a checkpoint format vLLM loads" in sel.candidates[0].reason
+    assert sel.chosen == "MarlinMxFp4W4A16"
+    sel = select_kernel(layer(4096, 4096, "mxfp4"), profile("t4"), "vllm")
+    assert sel.chosen is None and cand(sel, "MarlinMxFp4W4A16").failures == ("CC 7.5 < 8.0",)
 
 
 def test_gguf_q6_k_under_gptqmodel():
@@ -355,7 +358,7 @@ def test_compressed_tensors_int8_and_nvfp4_checkpoints_through_inspect(tmp_path)
                "model.layers.0.mlp.down_proj.weight_scale": torch.zeros(O, K // 16, dtype=torch.float8_e4m3fn),
                "model.layers.0.mlp.down_proj.weight_global_scale": torch.ones(1)}, str(fp4 / "model.safetensors"))
     groups, _ = path_groups(fp4, "bf16")
-    assert [(g.layer.format, g.layer.group_size) for g in groups] == [("ct_nvfp4", 16)]
+    assert [(g.layer.format, g.layer.group_size) for g in groups] == [("nvfp4", 16)]
     rep = plan_select(groups, H100, "vllm")
     assert rep.layers[0].selection.chosen == "MarlinNvFp4LinearKernel"
     assert plan_select(groups, B200, "vllm").layers[0].selection.chosen == "FlashInferCutlassNvFp4LinearKernel"

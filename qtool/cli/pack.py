@@ -23,6 +23,8 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.formats.base import format_names
+from qtool.pack import PACK_FORMATS
 from qtool.report.text import sanitize
 
 EPILOG = """Examples:
@@ -40,6 +42,8 @@ EPILOG = """Examples:
   qtool pack model/ -o model-fp8 --to fp8 --block 128x128
 
   qtool pack model/ -o model-w8a8 --to ct_int8 --method mse
+
+  qtool pack model/ -o model-nvfp4 --to nvfp4
 """
 
 
@@ -50,9 +54,8 @@ def pack_cmd(
     src: Annotated[Path, typer.Argument(help="Dense .safetensors file, HF directory or index.json.",
                                         show_default=False)],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory.", show_default=False)] = None,
-    to: Annotated[str, typer.Option("--to", help="Target layout: gptq (v1 zeros), gptq_v2, gptq_p, awq; fp8 (HF/vLLM), "
-                                                      "ct_fp8, ct_int8 (compressed-tensors W8A8).")] = "gptq",
-    bits: Annotated[int | None, typer.Option("--bits", help="Bits per weight, 2..8 (default 4; fp8, ct_fp8 and "
+    to: Annotated[str, typer.Option("--to", help=f"Target layout: {format_names(PACK_FORMATS, aliases=False)}.")] = "gptq",
+    bits: Annotated[int | None, typer.Option("--bits", help="Bits per weight, 2..8 (default 4; fp8, ct_fp8, mxfp8 and "
                                                            "ct_int8 are 8-bit).", show_default=False)] = None,
     group_size: Annotated[int | None, typer.Option("--group-size", help="Group size along in_features; -1 = per "
                                                                       "channel (default 128).", show_default=False)]
@@ -103,10 +106,10 @@ def pack_cmd(
 
     if v["out"] is None and not v["dry_run"]:
         raise UsageError("missing -o/--out", fix="name the output directory, e.g. -o model-gptq")
-    from qtool.pack import SCALED_PACK
+    from qtool.pack import SCALED_BITS, SCALED_PACK
 
     scaled = v["to"] in SCALED_PACK
-    bits = v["bits"] if v["bits"] is not None else 8 if scaled else 4
+    bits = v["bits"] if v["bits"] is not None else SCALED_BITS.get(v["to"], 8) if scaled else 4
     group = v["group_size"] if v["group_size"] is not None or scaled else 128
     job = PackJob(src=v["src"], out=v["out"] or Path("-"), to=v["to"], bits=bits, group_size=group,
                   strategy=v["strategy"], block=v["block"],

@@ -21,4 +21,6 @@ from qtool.formats import (  # noqa: E402,F401
     gptq,
     gptq_planar,
     marlin,
+    mxfp,
+    nvfp4,
 )

@@ -9,7 +9,6 @@ that gains a format module moves its detector into that module's `detect`.
     gptq_int16      GPTQ packed in int16 words (GPTQModel pack_dtype int16): qweight I16 [I*b/16, O]
     qqq             B I32 [K/16, N*16/8] in Marlin tiles, s_channel F32 [1, N], s_group F16 [K/g, N]
     exl3            trellis I16 [K/16, N/16, 16*bits], suh [K], svh [N]
-    ct_nvfp4        weight_packed U8 [O, I/2], weight_scale F8_E4M3 [O, I/16], weight_global_scale
     bnb             weight U8 + weight.absmax / weight.quant_state.bitsandbytes__nf4|fp4 (4-bit),
                     weight I8 + SCB (LLM.int8)
     mlx             weight U32 [O, I*b/32] packed along the input, scales and biases [O, I/g]
@@ -30,7 +29,6 @@ from qtool.formats.detection import (
     Detected,
     Sig,
     bits_note,
-    ct_scheme_for,
     exact_div,
     group_from,
     unclaimed,
@@ -114,7 +112,7 @@ def _gptq_int16(t: Mapping[str, Sig], c: Claims) -> Detected:
     pack = c.raw.get("pack_dtype") if isinstance(c.raw, dict) else None
     if pack is not None and str(pack) != "int16":
         notes.append(("error", f"config says pack_dtype {pack} but qweight and qzeros are int16 words"))
-    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+    if c.format in AWQ_FAMILY or c.format in ("ct", "ct_fp8", "nvfp4", "mxfp4", "mxfp8", "fp8", "bnb", "marlin"):
         notes.append(("error", f"config says {c.format} but the tensors are GPTQ in int16 words"))
     g_idx = t.get("g_idx")
     if g_idx is not None and g_idx[1] != (in_f,):
@@ -244,28 +242,6 @@ def _mlx(name: str, t: Mapping[str, Sig], c: Claims) -> Detected:
     if c.format not in (None, "mlx"):
         notes.append(("error", f"config says {c.format} but the tensors are MLX (U32 weight, scales, biases)"))
     return Detected("mlx", bits, group, False, False, i, o, (i or 0) * o or None, detail="MLX affine", notes=notes)
-
-
-# --- compressed-tensors NVFP4 ---------------------------------------------------------------
-
-def ct_nvfp4(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
-    """weight_packed uint8 (two FP4 codes a byte) or beside a weight_global_scale."""
-    wp, sc = t.get("weight_packed"), t.get("weight_scale")
-    if wp is None or sc is None or len(wp[1]) != 2 or not (wp[0] == "U8" or "weight_global_scale" in t):
-        return None
-    notes: list[tuple[str, str]] = []
-    _weights, _gfmt, ignored = ct_scheme_for(c, module) if c.ct_groups else (None, None, False)
-    if ignored:
-        notes.append(("warning", "module is on the compressed-tensors ignore list but is quantized"))
-    o, i = wp[1][0], wp[1][1] * 2
-    n_groups = sc[1][1] if len(sc[1]) == 2 else 1
-    group = exact_div(i, n_groups) if n_groups > 1 else -1
-    if c.format not in (None, "ct_nvfp4"):
-        notes.append(("error", f"config says {c.format} but the tensors are NVFP4 (uint8 weight_packed + "
-                               "weight_global_scale)"))
-    if group != 16:
-        notes.append(("warning", f"NVFP4 scales cover {group} inputs (16 expected)"))
-    return Detected("ct_nvfp4", 4, group, True, False, i, o, i * o, detail="nvfp4", notes=notes)
 
 
 # --- bitsandbytes --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from qtool.formats.detection import Claims
+from qtool.inspect.microfloat import deep_micro
 from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
@@ -166,14 +167,10 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
             notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
         return None
     sname = next((n for n in _SCALE_NAMES if n in t), "scales")
+    if fmt == "gptoss_mxfp4" and "weight_blocks" not in t:  # MoE expert stacks: no 2-D ScaledPlain
+        return deep_micro(m, t, notes, _check_weight, stats)
     if fmt in _scaled_formats():
         return _deep_scaled(m, t, claims, notes, stats)
-    if fmt == "ct_nvfp4":
-        check_scales(t[sname], m.name, sname, notes)
-        if "weight_global_scale" in t:
-            check_scales(t["weight_global_scale"], m.name, "weight_global_scale", notes)
-        m.stats = _check_weight(_dequant_nvfp4(t), m.name, notes)
-        return None
     try:
         f = get_format(fmt)
     except Exception:  # noqa: BLE001 - the registry says which formats exist
@@ -231,7 +228,7 @@ def _deep_scaled(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, 
     from qtool.scheme import QuantScheme
 
     extra = {"quant_config": dict(claims.raw) if claims is not None else {}, "module": m.name}
-    params = QuantScheme(bits=8, extra=extra)
+    params = QuantScheme(bits=m.scheme.bits, extra=extra)
     plain = get_format(m.scheme.format).unpack(t, params)
     for sev, msg in plain.anomalies():
         notes.append((sev, m.name, msg))
@@ -295,20 +292,6 @@ def _expand_scale(s, o: int, i: int):
     raise ValueError(f"scale shape {list(s.shape)} does not fit weight [{o}, {i}]")
 
 
-# E2M1 values of the 4-bit code (bit 3 is the sign).
-_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def _dequant_nvfp4(t: dict):
-    """weight_packed uint8 [O, I/2] (element 2i low nibble), weight_scale E4M3 [O, I/16], global scale."""
-    import torch
-
-    p = t["weight_packed"].to(torch.int64)
-    codes = torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1)
-    w = torch.tensor(_FP4, dtype=torch.float32)[codes]
-    s = _expand_scale(t["weight_scale"], *w.shape)
-    g = t["weight_global_scale"].float().reshape(-1)[0]
-    return w * s / g
 
 
 # --- GGUF ----------------------------------------------------------------------------------------------

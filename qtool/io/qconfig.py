@@ -22,8 +22,8 @@ class QuantConfig:
     """A normalised quantization config.
 
     format: the qtool format id the config implies ("gptq", "gptq_v2", "gptq_p", "awq", "awq_gemv",
-            "awq_gemv_fast", "marlin", "ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "qqq", "exl3") or None if
-            unknown.
+            "awq_gemv_fast", "marlin", "ct", "ct_fp8", "nvfp4", "mxfp4", "mxfp8", "modelopt_nvfp4",
+            "gptoss_mxfp4", "fp8", "bnb", "qqq", "exl3") or None if unknown.
     """
 
     quant_method: str | None
@@ -89,6 +89,13 @@ def parse_quant_config(raw: dict | None, source: object = None) -> QuantConfig |
         fmt = method
     elif method == "fp8":
         fmt, bits = "fp8", bits or 8
+    elif method == "modelopt":
+        nested = raw.get("quantization") if isinstance(raw.get("quantization"), dict) else {}
+        algo = str(raw.get("quant_algo") or nested.get("quant_algo") or "").upper()
+        fmt = {"NVFP4": "modelopt_nvfp4"}.get(algo)
+        bits = bits or (4 if fmt else None)
+    elif method == "mxfp4":  # transformers' Mxfp4Config (gpt-oss)
+        fmt, bits = "gptoss_mxfp4", bits or 4
     elif method == "bitsandbytes":
         fmt = "bnb"
         if raw.get("load_in_4bit"):
@@ -107,7 +114,8 @@ def _parse_ct(raw: dict, source: object) -> QuantConfig:
                 weights = g["weights"]
                 break
     fmt_name = str(raw.get("format") or "").lower()
-    fmt = {"pack-quantized": "ct", "float-quantized": "ct_fp8", "nvfp4-pack-quantized": "ct_nvfp4",
+    fmt = {"pack-quantized": "ct", "float-quantized": "ct_fp8", "nvfp4-pack-quantized": "nvfp4",
+           "mxfp4-pack-quantized": "mxfp4", "mxfp8-quantized": "mxfp8",
            "naive-quantized": "ct_naive"}.get(fmt_name)
     bits = group = sym = desc = None
     if weights:

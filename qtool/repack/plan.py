@@ -238,7 +238,9 @@ def widen(p: Plain, to_bits: int) -> Plain:
 
 
 def apply_steps(p: Plain, m: ModulePlan) -> Plain:
-    """The exact transformations the plan chose, in order (widen, then regroup)."""
+    """The exact transformations the plan chose, in order (widen, then regroup). A ScaledPlain has none."""
+    if not isinstance(p, Plain):
+        return p
     if m.to_bits is not None and m.to_bits > p.bits:
         p = widen(p, m.to_bits)
     if m.to_group_size is not None and m.to_group_size != p.group_size and can_regroup(

@@ -234,7 +234,6 @@ class ModuleConverter:
         import torch
 
         from qtool.formats import dequantize
-
         w = self.source_weight(m, plain)
         if m.name in self.rows:
             w = w[self.rows[m.name]]

@@ -1,0 +1,60 @@
+"""pack / inspect / repack over NVFP4 and MX, end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from qtool.formats import get_format
+from qtool.formats.scaled import dequantize
+from tests.test_fp8_commands import dense, qtool, tensors  # noqa: F401  (the module-scoped dense model)
+
+SHORTS = {"nvfp4": {"weight_packed", "weight_scale", "weight_global_scale"},
+          "modelopt_nvfp4": {"weight", "weight_scale", "weight_scale_2"},
+          "mxfp4": {"weight_packed", "weight_scale"}, "mxfp8": {"weight", "weight_scale"},
+          "gptoss_mxfp4": {"weight_blocks", "weight_scales"}}
+Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("to", sorted(SHORTS))
+def test_pack_decode_and_inspect(dense, tmp_path, to):  # noqa: F811
+    code, text = qtool("pack", dense, "-o", tmp_path / to, "--to", to, "-q")
+    assert code == 0, text
+    t = tensors(tmp_path / to)
+    assert {k.rpartition(".")[2] for k in t if k.startswith(Q + ".")} == SHORTS[to]
+    # nothing silent: embeddings, norm, lm_head and biases are copied byte for byte
+    src = load_file(str(dense / "model.safetensors"))
+    for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.0.mlp.down_proj.bias"):
+        assert torch.equal(t[k], src[k])
+    p = get_format(to).unpack({k.rpartition(".")[2]: v for k, v in t.items() if k.startswith(Q + ".")})
+    w = src[f"{Q}.weight"].to(torch.float64)
+    err = float((dequantize(p, torch.float64) - w).norm() / w.norm())
+    assert err < (0.04 if to == "mxfp8" else 0.16)
+    report = json.loads((tmp_path / to / "report.json").read_text())
+    assert [r["rel_error"] for r in report["tensors"] if r["module"] == Q] == [pytest.approx(err, rel=1e-6)]
+    code, text = qtool("inspect", tmp_path / to, "--deep", "--json")
+    assert code == 0, text
+    mods = {m["name"]: m for m in json.loads(text)["modules"]}
+    assert mods[Q]["format"] == to and mods[Q]["bits"] == (8 if to == "mxfp8" else 4)
+
+
+def test_pack_nvfp4_then_repack_to_modelopt_and_back_exact(dense, tmp_path):  # noqa: F811
+    assert qtool("pack", dense, "-o", tmp_path / "nv", "--to", "nvfp4", "--method", "mse", "-q")[0] == 0
+    # qtool's global scales are powers of two: ModelOpt holds them exactly, with no --allow-lossy
+    code, text = qtool("repack", tmp_path / "nv", "--to", "modelopt_nvfp4", "-o", tmp_path / "mo", "-q")
+    assert code == 0, text
+    code, text = qtool("repack", tmp_path / "mo", "--to", "nvfp4", "-o", tmp_path / "back", "-q")
+    assert code == 0, text
+    a, b = tensors(tmp_path / "nv"), tensors(tmp_path / "back")
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+def test_pack_refusals(dense, tmp_path):  # noqa: F811
+    for args in (("--to", "nvfp4", "--bits", "8"), ("--to", "mxfp4", "--strategy", "channel"),
+                 ("--to", "mxfp8", "--method", "gptq")):
+        code, text = qtool("pack", dense, "-o", tmp_path / "x", *args)
+        assert code == 2 and "Traceback" not in text and not (tmp_path / "x").exists(), text
