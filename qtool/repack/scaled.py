@@ -12,6 +12,8 @@ target's default strategy (fp8: 128x128 blocks; ct_fp8, ct_int8: per channel); t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from qtool.errors import UsageError
 
 
@@ -41,17 +43,17 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         if bad:  # converting would carry undefined weights on (or turn them into numbers): the source is broken
             mp.kind, mp.reasons = "impossible", [f"the source data is broken: {'; '.join(bad)}"]
             return
-        mp.bits, mp.sym, mp.desc_act = 8, plain.zeros is None, False
         bo, bi = plain.block
-        mp.group_size = bi if bo == 1 else -1
+        mp.src = replace(mp.src, bits=8, group_size=bi if bo == 1 else -1, sym=plain.zeros is None, desc_act=False)
     else:
-        mp.bits, mp.group_size, mp.sym, mp.desc_act = plain.bits, plain.group_size, plain.sym, plain.desc_act
+        mp.src = replace(mp.src, bits=plain.bits, group_size=plain.group_size, sym=plain.sym,
+                         desc_act=plain.desc_act)
     if is_scaled(src) and is_scaled(dst):
         q, why = dst.adapt(plain)
         if q is not None:
             mp.kind = "exact"
             mp.to_bits, mp.to_sym = 8, q.zeros is None
-            mp.to_group_size = mp.group_size
+            mp.to_group_size = mp.src.group_size
             mp.target_meta = module_meta(q)
             if q.scale_type != plain.scale_type:
                 mp.reasons.append(f"scales stored as {q.scale_type} (were {plain.scale_type}): same values")
