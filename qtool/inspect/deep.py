@@ -236,9 +236,7 @@ def _deep_scaled(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, 
     m.scheme = replace(m.scheme, sym=plain.zeros is None, desc_act=False)
     if stats:
         m.stats = _check_weight(dequantize(plain), m.name, notes)
-    params = QuantScheme(bits=m.scheme.bits, extra=extra)
-    fmt = m.scheme.format
-    plain = get_format(fmt).unpack(t, params)
+    return fmt, params, plain
 
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
