@@ -229,13 +229,14 @@ def _deep_scaled(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, 
 
     extra = {"quant_config": dict(claims.raw) if claims is not None else {}, "module": m.name}
     params = QuantScheme(bits=m.scheme.bits, extra=extra)
-    plain = get_format(m.scheme.format).unpack(t, params)
+    fmt = m.scheme.format
+    plain = get_format(fmt).unpack(t, params)
     for sev, msg in plain.anomalies():
         notes.append((sev, m.name, msg))
     m.scheme = replace(m.scheme, sym=plain.zeros is None, desc_act=False)
     if stats:
         m.stats = _check_weight(dequantize(plain), m.name, notes)
-    return m.scheme.format, params, plain
+    return fmt, params, plain
 
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
