@@ -14,6 +14,9 @@ __all__ = ["Format", "FormatSpec", "Plain", "all_formats", "dequantize", "get_fo
 from qtool.formats import (  # noqa: E402,F401
     awq,
     compressed_tensors,
+    ct_fp8,
+    ct_int8,
+    fp8,
     gguf_blocks,
     gptq,
     gptq_planar,

@@ -183,7 +183,12 @@ def dequantize(p: Plain, dtype: torch.dtype | None = None, rows: slice | None = 
     For fp16/bf16 scales the product of the scale and an integer below 2^9 is exact in fp32, so fp32 work
     reproduces their bits and also gives the exact float64 value; fp32 scales are multiplied in float64 and
     rounded once. `rows` restricts the work to a slice of output rows (bounded memory on large layers).
+    A ScaledPlain (float/int8 codes, scaled.py) is dequantized by its own arithmetic.
     """
+    if not isinstance(p, Plain):
+        from qtool.formats.scaled import dequantize as dequantize_scaled
+
+        return dequantize_scaled(p, dtype, rows)
     out_dtype = dtype or p.scales.dtype
     work = torch.float64 if p.scales.dtype == torch.float32 else torch.float32
     sl = rows if rows is not None else slice(None)
@@ -202,6 +207,10 @@ def dequantize(p: Plain, dtype: torch.dtype | None = None, rows: slice | None = 
 
 def relative_error(weight: torch.Tensor, p: Plain, block_rows: int = 512) -> float:
     """‖W − dequantize(p)‖ / ‖W‖ in float64, a block of rows at a time (bounded memory)."""
+    if not isinstance(p, Plain):
+        from qtool.formats.scaled import relative_error as relative_error_scaled
+
+        return relative_error_scaled(weight, p, block_rows)
     num = den = 0.0
     for r in range(0, weight.shape[0], block_rows):
         sl = slice(r, r + block_rows)

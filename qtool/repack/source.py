@@ -258,7 +258,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
                 if regexes[rx].match(mr.name):
                     bits = over.get("bits", bits)
                     group = over.get("group_size", group)
-        extra = {"quant_config": raw, "metadata": dict(ck.metadata)}
+        extra = {"quant_config": raw, "metadata": dict(ck.metadata), "module": mr.name}
         if version:
             extra["version"] = str(version)
         if mr.format == "marlin":  # the checkpoint's own contract names the layout it converts back to

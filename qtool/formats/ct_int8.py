@@ -1,0 +1,42 @@
+"""compressed-tensors `int-quantized` (INT8 W8A8), format id "ct_int8" (docs/formats-float.md).
+
+Tensors of one linear module (short names):
+
+    weight             int8 [O, I]
+    weight_scale       fp32/bf16/fp16 [O, 1] (channel, the W8A8 preset; tensor [1] and group [O, I/g] read too)
+    weight_zero_point  int8, the scale's shape, only for asymmetric weights
+    input_scale        [1], only for static per-tensor activations
+
+W = (weight.to(scale dtype) - zero point) * weight_scale, in the scale's dtype (`forward._dequantize`).
+Activations: dynamic per-token int8 (the W8A8 preset's `input_activations`) unless an input_scale says
+static per-tensor. Same compressor and config shape as ct_fp8 (ct_fp8.py), with `type: "int"`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.formats.base import FormatSpec, register
+from qtool.formats.ct_fp8 import CtNaive
+
+
+@register
+class CtInt8(CtNaive):
+    spec = FormatSpec(
+        id="ct_int8",
+        aliases=("int-quantized", "w8a8"),
+        bits=(8,),
+        tensors=("weight", "weight_scale", "weight_zero_point", "input_scale"),
+        required=("weight", "weight_scale"),
+        summary="compressed-tensors int-quantized (W8A8): weight I8 [O, I] + weight_scale [O, 1] (+ int8 "
+                "weight_zero_point when asymmetric)",
+        sym=True,
+        asym=True,
+    )
+    ct_type = "int"
+    ct_format = "int-quantized"
+    element_dtype = torch.int8
+    elements = ("int8",)
+    strategies = ("tensor", "channel", "group")
+    zeros = True
+    default_block = (1, -1)

@@ -1,0 +1,122 @@
+"""Hugging Face / vLLM / DeepSeek FP8, `quant_method: fp8`, format id "fp8" (docs/formats-float.md "fp8").
+
+Tensors of one linear module (short names), O = out_features, I = in_features:
+
+    weight            float8_e4m3fn [O, I]
+    weight_scale_inv  float32 [ceil(O / bo), ceil(I / bi)]   2-D blocks, `weight_block_size` [bo, bi] in the
+                                                              config ([128, 128] in DeepSeek-V3/R1, Qwen3 FP8)
+  or
+    weight_scale      float32 []                              one scale per tensor (AutoFP8 / vLLM per-tensor)
+    input_scale       float32 []                              only with `activation_scheme: static`
+
+W = weight * scale, formed in fp32 and rounded once to the model dtype (transformers' Fp8Dequantize,
+DeepSeek's `weight_dequant`). The config: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+"dynamic" | "static", "weight_block_size": [bo, bi] (block files only), "modules_to_not_convert": [...]
+(transformers) and "ignored_layers": [...] (vLLM) naming the linears left dense}.
+Reading also accepts a per-tensor `weight_scale_inv` (transformers' own per-tensor layout) and per-channel
+`weight_scale` [O, 1]; writing per-channel scales is refused (no engine reads them under quant_method fp8).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.errors import FormatError
+from qtool.formats.base import FormatSpec, expect, register
+from qtool.formats.scaled import ScaledPlain
+from qtool.formats.scaled_format import ScaledFormat, infer_block
+from qtool.scheme import QuantScheme
+
+
+def fp8_quant_config(params: QuantScheme) -> dict:
+    qc = params.extra.get("quant_config") if params.extra else None
+    return qc if isinstance(qc, dict) else {}
+
+
+def read_activation(t: dict[str, torch.Tensor], dynamic: bool | None) -> dict:
+    """meta entries for the activation scheme: the input_scale tensor (kept in its dtype) when static."""
+    s = t.get("input_scale")
+    if s is None:
+        return {"act_dynamic": True if dynamic is None else dynamic}
+    if not s.dtype.is_floating_point or s.numel() != 1:
+        raise FormatError(f"input_scale must be one float value, got {s.dtype} {tuple(s.shape)}", tensor="input_scale")
+    return {"act_dynamic": False, "input_scale": s.reshape(())}
+
+
+@register
+class Fp8(ScaledFormat):
+    spec = FormatSpec(
+        id="fp8",
+        aliases=("hf_fp8", "fp8_block"),
+        bits=(8,),
+        tensors=("weight", "weight_scale_inv", "weight_scale", "input_scale"),
+        required=("weight",),
+        summary="HF/vLLM fp8: weight F8_E4M3 [O, I] + weight_scale_inv F32 [ceil(O/bo), ceil(I/bi)] "
+                "(weight_block_size) or a per-tensor weight_scale F32 []",
+        sym=True,
+        asym=False,
+    )
+    elements = ("e4m3",)
+    strategies = ("tensor", "block")
+    scale_types = ("fp32",)
+    compute = "fp32"
+    default_block = (128, 128)
+
+    def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
+        p = self.require(plain)
+        out = {"weight": p.codes.contiguous()}
+        if p.strategy == "tensor":
+            out["weight_scale"] = p.scales.reshape(()).contiguous()
+        else:
+            out["weight_scale_inv"] = p.scales.contiguous()
+        s = p.meta.get("input_scale")
+        if s is not None and not p.meta.get("act_dynamic", True):
+            out["input_scale"] = s.to(torch.float32).reshape(()).contiguous()
+        return out
+
+    def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> ScaledPlain:
+        w = expect(tensors, "weight", "fp8", dtype=torch.float8_e4m3fn, dims=2)
+        o, i = w.shape
+        name = "weight_scale_inv" if "weight_scale_inv" in tensors else "weight_scale"
+        s = expect(tensors, name, "fp8", dtype=torch.float32)
+        qc = fp8_quant_config(params)
+        bs = qc.get("weight_block_size")
+        block = None
+        if s.numel() == 1:
+            block = (-1, -1)
+        elif isinstance(bs, list) and len(bs) == 2 and s.dim() == 2:
+            block = (int(bs[0]), int(bs[1]))
+        else:
+            block = infer_block(o, i, tuple(s.shape))
+        if block is None:
+            raise FormatError(f"fp8: {name} shape {tuple(s.shape)} is no per-tensor, per-channel or block grid of "
+                              f"[{o}, {i}]", tensor=name, fix="give weight_block_size in the config")
+        grid = s.reshape(1, 1) if block == (-1, -1) else s.reshape(o, 1) if block == (1, -1) else s
+        dyn = qc.get("activation_scheme")
+        meta = {"format": "fp8", "scale_name": name,
+                **read_activation(tensors, None if dyn is None else dyn != "static")}
+        try:
+            return ScaledPlain(w, "e4m3", grid, "fp32", block, compute="float32",
+                               out_dtype=params.extra.get("model_dtype", "bfloat16"), meta=meta)
+        except FormatError as e:
+            raise FormatError(f"fp8: {e.problem}", tensor=name,
+                              fix="check weight_block_size in the config against the scale shape") from None
+
+    def quantization_config(self, modules, dense: list[str] | None = None) -> dict:
+        blocks = {tuple(m[2]["block"]) for m in modules if m[2] and m[2].get("strategy") == "block"}
+        if len(blocks) > 1:
+            raise FormatError(f"fp8 has one weight_block_size per checkpoint, but the modules use {sorted(blocks)}",
+                              fix="convert with one --block")
+        static = {bool(m[2] and m[2].get("act_dynamic") is False) for m in modules}
+        if len(static) > 1:
+            raise FormatError("fp8 has one activation_scheme per checkpoint, but some modules carry a static "
+                              "input_scale and others none", fix="convert the static and dynamic parts apart")
+        cfg = {"quant_method": "fp8", "fmt": "e4m3",
+               "activation_scheme": "static" if static == {True} else "dynamic"}
+        if blocks:
+            cfg["weight_block_size"] = list(blocks.pop())
+        if dense:
+            cfg["modules_to_not_convert"] = list(dense)
+            cfg["ignored_layers"] = list(dense)
+        return cfg
+

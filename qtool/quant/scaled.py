@@ -1,0 +1,156 @@
+"""Quantizers producing the float/int8 canonical form `ScaledPlain` (qtool.formats.scaled).
+
+    quantize_scaled(weight float [O, I], element "e4m3"|"int8"|..., block (bo, bi), scale_type "fp32"|"bf16"|
+                    "fp16", compute, out_dtype, method "rtn"|"mse") -> ScaledPlain
+
+Scales are absmax scales, s = amax(block) / max(element) (the rule of DeepSeek's `act_quant`/`weight_quant`,
+transformers' FineGrainedFP8 and compressed-tensors' minmax observer for symmetric schemes), rounded to the
+scale type *before* the codes are computed so that dequantize is exactly what the codes mean. A block of
+zeros gets s = 1 (its codes are 0, and no scale is 0). Codes are w / s rounded to nearest-even in the element
+type, clamped to its finite range first (E4M3's cast does not saturate). `mse` tries shrinking each block's
+range by RATIOS and keeps, per block, the ratio with the least squared error (1.0 first, so never worse than
+rtn); it helps int8, whose steps are uniform, more than E4M3, whose relative precision is the same everywhere.
+
+Rows are worked in chunks of about CHUNK_ELEMENTS weights, whole block rows at a time, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtool.errors import InputError, NotRepresentable, UsageError
+from qtool.formats.scaled import COMPUTE_DTYPES, ELEMENTS, SCALE_TYPES, ScaledPlain, scale_grid
+
+METHODS = ("rtn", "mse")
+# 1.0 first (exactly rtn), then shrinking ranges; per-block choice.
+RATIOS = (1.0, 0.975, 0.95, 0.925, 0.9, 0.875, 0.85, 0.8, 0.75, 0.7)
+CHUNK_ELEMENTS = 1 << 22
+# Scale types a dense quantizer here can produce from an absmax (the small-float scale types need a global
+# scale or a power-of-two rule: their formats' quantizers own that).
+LINEAR_SCALES = ("fp32", "bf16", "fp16")
+
+
+def _where(name: str | None) -> str:
+    return f" for '{name}'" if name else ""
+
+
+def _codes(x: torch.Tensor, element: str) -> torch.Tensor:
+    """float32 values already divided by the scale -> codes in the element's storage dtype (x is consumed)."""
+    top = ELEMENTS[element].max
+    if element == "int8":
+        return x.round_().clamp_(-128, 127).to(torch.int8)
+    return x.clamp_(-top, top).to(getattr(torch, ELEMENTS[element].storage))
+
+
+def _block_amax(w: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
+    """float32 [R, I] -> [ceil(R / bo), ceil(I / bi)] max |w| per block (ragged edges padded with zeros)."""
+    r, i = w.shape
+    nr, nc = -(-r // bo), -(-i // bi)
+    a = w.abs()
+    if nc * bi != i or nr * bo != r:
+        a = torch.nn.functional.pad(a, (0, nc * bi - i, 0, nr * bo - r))
+    return a.view(nr, bo, nc, bi).amax(dim=(1, 3))
+
+
+def _expand(s: torch.Tensor, r: int, i: int, bo: int, bi: int) -> torch.Tensor:
+    """[nr, nc] per-block values -> [r, i] per weight."""
+    return s.repeat_interleave(bo, 0)[:r].repeat_interleave(bi, 1)[:, :i]
+
+
+def _divide(w: torch.Tensor, s: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
+    """w [R, I] / its block's scale, as a new float32 tensor (broadcast views when blocks tile exactly)."""
+    r, i = w.shape
+    nr, nc = s.shape
+    if nr * bo == r and nc * bi == i:
+        return (w.view(nr, bo, nc, bi) / s.view(nr, 1, nc, 1)).view(r, i)
+    return w / _expand(s, r, i, bo, bi)
+
+
+def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float = 1.0) -> torch.Tensor:
+    """absmax -> the scale as stored (scale_type dtype), and 1 where the block is all zeros."""
+    dtype = getattr(torch, SCALE_TYPES[scale_type].storage)
+    s = (amax * ratio / top).to(dtype)
+    tiny = torch.finfo(dtype).tiny
+    return torch.where(amax == 0, torch.ones((), dtype=dtype), torch.where(s > 0, s, torch.full((), tiny, dtype=dtype)))
+
+
+def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[int, int] = (128, 128),
+                    scale_type: str = "fp32", compute: str = "float32", out_dtype: str = "bfloat16",
+                    method: str = "rtn", name: str | None = None, meta: dict | None = None) -> ScaledPlain:
+    """Quantize weight [O, I] (fp16/bf16/fp32) into a ScaledPlain (module docstring). name: for errors only."""
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise UsageError(f"can only quantize 2-D float weights [out, in], got {weight.dtype} "
+                         f"{tuple(weight.shape)}{_where(name)}")
+    if method not in METHODS:
+        raise UsageError(f"unknown method '{method}' for {element} codes", fix="use --method rtn or mse")
+    if element not in ELEMENTS or element == "e2m1":
+        raise UsageError(f"quantize_scaled writes e4m3, e5m2 or int8 codes, not '{element}'")
+    if scale_type not in LINEAR_SCALES or compute not in COMPUTE_DTYPES:
+        raise UsageError(f"scales must be one of {LINEAR_SCALES} computed in one of {COMPUTE_DTYPES}")
+    o, i = weight.shape
+    bo, bi = (o if block[0] == -1 else block[0]), (i if block[1] == -1 else block[1])
+    if bo <= 0 or bi <= 0:
+        raise UsageError(f"block {block} must hold positive sizes or -1")
+    top = ELEMENTS[element].max
+    sdtype = getattr(torch, SCALE_TYPES[scale_type].storage)
+    codes = torch.empty(o, i, dtype=getattr(torch, ELEMENTS[element].storage))
+    scales = torch.empty(scale_grid(o, i, block), dtype=sdtype)
+    if o == 0 or i == 0:
+        return ScaledPlain(codes, element, scales.fill_(1), scale_type, tuple(block), compute, out_dtype,
+                           meta=dict(meta or {}))
+    step = o if bo == o else max(bo, CHUNK_ELEMENTS // max(i, 1) // bo * bo)
+    for r0 in range(0, o, step):
+        r1 = min(o, r0 + step)
+        w = weight[r0:r1].to(device="cpu", dtype=torch.float32)
+        amax = _block_amax(w, bo, bi)
+        if not torch.isfinite(amax).all():
+            _refuse_nonfinite(weight, r0, r1, name)
+        s = _stored_scale(amax, top, scale_type)
+        if not torch.isfinite(s).all():
+            raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
+                                   tensor=name, fix="use --dtype bf16 scales or --exclude this module")
+        if method == "mse":
+            s = _search(w, amax, s, top, element, scale_type, bo, bi)
+        codes[r0:r1] = _codes(_divide(w, s.to(torch.float32), bo, bi), element)
+        scales[r0 // bo:r0 // bo + s.shape[0]] = s
+    return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype,
+                       meta={"method": method, **(meta or {})})
+
+
+def _search(w, amax, s, top, element, scale_type, bo, bi):
+    """Per block, the clip ratio in RATIOS with the least squared error; ties keep the larger ratio."""
+    r, i = w.shape
+    best_s, best_err = s, None
+    for ratio in RATIOS:
+        cand = _stored_scale(amax, top, scale_type, ratio) if ratio != 1.0 else s
+        c32 = cand.to(torch.float32)
+        q = _codes(_divide(w, c32, bo, bi), element).to(torch.float32)
+        err = (q * _expand(c32, r, i, bo, bi) - w).square_()
+        err = _block_amax_sum(err, bo, bi)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_s = torch.where(better, cand, best_s)
+    return best_s
+
+
+def _block_amax_sum(e: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
+    r, i = e.shape
+    nr, nc = -(-r // bo), -(-i // bi)
+    if nc * bi != i or nr * bo != r:
+        e = torch.nn.functional.pad(e, (0, nc * bi - i, 0, nr * bo - r))
+    return e.view(nr, bo, nc, bi).sum(dim=(1, 3))
+
+
+def _refuse_nonfinite(weight: torch.Tensor, r0: int, r1: int, name: str | None) -> None:
+    block = weight[r0:r1].cpu()
+    bad = ~torch.isfinite(block.to(torch.float32))
+    r, c = (int(v) for v in bad.nonzero()[0])
+    raise InputError(f"the weight holds {float(block[r, c])} at [{r0 + r}, {c}] (the first of {int(bad.sum())} "
+                     f"NaN/inf values in rows {r0}..{r1 - 1})", tensor=name,
+                     fix="fix the source weights or --exclude this module")
+
+
+__all__ = ["METHODS", "quantize_scaled"]
