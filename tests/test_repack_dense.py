@@ -292,3 +292,71 @@ def test_inputs_are_untouched(tmp_path):
     assert {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()} == before
     assert sorted(MODULES) == sorted(m.module for m in run_dense(
         DenseJob(tmp_path / "src", tmp_path / "o2", dry_run=True)).plan.modules)
+
+
+# --- float and int8 codes (ScaledPlain formats) -----------------------------------------------------------------
+@pytest.mark.parametrize("folder", ["compressed-tensors-fp8", "compressed-tensors-int8"])
+def test_ct_float_and_int8_fixtures_equal_compressed_tensors_reference(tmp_path, folder):
+    """Written by compressed-tensors' own compressors; its own decompressed weights stored beside them (each in
+    its scale's dtype, the dtype compressed-tensors forms the product in): fp32 output widens them exactly."""
+    src = FIXTURES / "ct-float" / folder
+    ref = load_file(src / "reference.safetensors")
+    r = run_dense(DenseJob(src, tmp_path / "out", dtype="fp32"))
+    got = read_all(tmp_path / "out")
+    assert sorted(m.name for m in r.plan.modules) == sorted(ref)
+    for name, w in ref.items():
+        assert raw_equal(got[name], w.to(torch.float32)), name
+    drops = [t for t in r.plan.tensors if t.fate == "dropped"]
+    assert drops and all(t.source.endswith("input_scale") and "activation" in t.note for t in drops)
+    assert not any(n.endswith(("input_scale", "weight_scale", "weight_zero_point")) for n in got)
+
+
+def fp8_checkpoint(root: Path, shapes: dict[str, tuple[int, int]], seed=0) -> dict:
+    """A DeepSeek-style fp8 checkpoint: F8_E4M3 weights, fp32 weight_scale_inv per 128x128 block (ragged edges),
+    bf16 embeddings; returns the ScaledPlains."""
+    from qtool.quant.scaled import quantize_scaled
+
+    root.mkdir(parents=True)
+    g = torch.Generator().manual_seed(seed)
+    t = {"model.embed_tokens.weight": torch.randn(50, 64, generator=g).to(torch.bfloat16)}
+    plains = {}
+    for name, (o, i) in shapes.items():
+        p = quantize_scaled(torch.randn(o, i, generator=g) * 0.05, "e4m3", (128, 128), "fp32")
+        plains[name] = p
+        t.update({f"{name}.{k}": v for k, v in get_format("fp8").pack(p).items()})
+    save_file(t, root / "model.safetensors")
+    (root / "config.json").write_text(json.dumps({
+        "model_type": "deepseek_v3", "torch_dtype": "bfloat16", "quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
+    return plains
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_hf_fp8_blocks_equal_the_format_and_deepseeks_weight_dequant(tmp_path, dtype):
+    from qtool.formats.scaled import dequantize as dequantize_scaled
+
+    shapes = {"model.layers.0.self_attn.kv_a_proj_with_mqa": (200, 300), "model.layers.0.mlp.down_proj": (128, 256)}
+    plains = fp8_checkpoint(tmp_path / "src", shapes)
+    r = run_dense(DenseJob(tmp_path / "src", tmp_path / "out", dtype=dtype))
+    assert {m.src_format for m in r.plan.modules} == {"fp8"}
+    got = read_all(tmp_path / "out")
+    src = load_file(tmp_path / "src" / "model.safetensors")
+    for name, p in plains.items():
+        assert raw_equal(got[f"{name}.weight"], dequantize_scaled(p, DT[dtype])), name
+        # DeepSeek's weight_dequant: each 128x128 block of fp32 codes times its fp32 scale, then the model dtype
+        x, s = src[f"{name}.weight"].to(torch.float32), src[f"{name}.weight_scale_inv"]
+        full = s.repeat_interleave(128, 0)[: x.shape[0]].repeat_interleave(128, 1)[:, : x.shape[1]]
+        assert raw_equal(got[f"{name}.weight"], (x * full).to(DT[dtype])), name
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+def test_nan_fp8_code_is_an_error_and_writes_nothing(tmp_path):
+    fp8_checkpoint(tmp_path / "src", {"m.a": (128, 128)})
+    t = load_file(tmp_path / "src" / "model.safetensors")
+    w = t["m.a.weight"].view(torch.uint8).clone()
+    w[3, 5] = 0xFF
+    t["m.a.weight"] = w.view(torch.float8_e4m3fn)
+    save_file(t, tmp_path / "src" / "model.safetensors")
+    with pytest.raises((NotRepresentable, InputError), match="NaN"):
+        run_dense(DenseJob(tmp_path / "src", tmp_path / "out"))
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".qtool-tmp-*"))

@@ -41,6 +41,8 @@ ROUNDING = {"F32": "exact: every weight equals the format's own fp32 dequantizat
             "F16": "rounded: every weight is the exact dequantized value rounded once to fp16 (11 significant bits; "
                    "a weight past fp16's 65504 stops the run)"}
 FLOAT_ST = ("F16", "BF16", "F32")
+# layout tensors that quantize activations, not weights: a dense model has none (listed as dropped)
+ACTIVATION_SCALES = frozenset({"input_scale", "input_zero_point", "input_global_scale"})
 CHUNK_BYTES = 16 << 20  # output bytes dequantized (or cast) at a time
 QUEUE_DEPTH = 4  # pieces waiting for the writer thread: the write buffer is QUEUE_DEPTH x CHUNK_BYTES
 
@@ -192,6 +194,11 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
         modules.append(DenseModule(m.name, out_name, m.format, _out_shape(source, m), m.bits, m.group_size, st,
                                    kind, sorted(m.layout.values())))
         in_module.update(m.layout.values())
+        for short, name in m.layout.items():
+            if short in ACTIVATION_SCALES:
+                fates.append(TensorFate("", name, "dropped", source.tensor_info(name).dtype,
+                                        "activation quantization parameter: the dense model computes in "
+                                        "floating point and has no use for it"))
         for name in m.extra:
             k, d = any(r.search(name) for r in keep), any(r.search(name) for r in drop)
             if k and d:
@@ -204,7 +211,7 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             if d:
                 fates.append(TensorFate("", name, "dropped", source.tensor_info(name).dtype, "--drop"))
                 in_module.add(name)
-    dropped = {t.source for t in fates}
+    dropped = {t.source for t in fates if t.note == "--drop"}
     extras = {n for m in source.modules for n in m.extra} - dropped
     for name in source.order:
         if name in in_module:
@@ -301,14 +308,53 @@ def module_pieces(source, m, dtype, rows=None, chunk_bytes: int | None = None) -
     except FormatError as e:  # the format names the short tensor; say which file and module too
         short = f".{e.tensor}" if e.tensor else ""
         raise FormatError(e.problem, path=source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
+    _refuse_nan_codes(p, m.name)
     step = max(1, chunk_bytes // max(1, p.in_features * torch.finfo(dtype).bits // 8))
-    # s * (q - z) with |q - z| < 2^bits cannot leave the dtype's range when the largest scale keeps it inside
-    # (then each piece needs no finiteness pass); otherwise every piece is checked
-    top = float(p.scales.abs().max()) * (1 << p.bits) if p.scales.numel() else 0.0
-    check = not top <= torch.finfo(dtype).max
+    check = may_leave_range(p, dtype)
     for r0 in range(0, p.out_features, step):
         w = dequantize(p, dtype, rows=slice(r0, r0 + step))
         yield _finite(w, m.name, r0) if check else w
+
+
+def may_leave_range(p, dtype) -> bool:
+    """False when the largest |scale| times the largest |code - zero| provably stays inside dtype's range (then
+    the pieces need no finiteness pass); True otherwise, NaN scales included. p: a Plain or a ScaledPlain."""
+    import torch
+
+    from qtool.formats import Plain
+
+    if isinstance(p, Plain):
+        top = float(p.scales.abs().max()) * (1 << p.bits) if p.scales.numel() else 0.0
+    else:
+        from qtool.formats.scaled import ELEMENTS, effective_scales
+
+        s = effective_scales(p).to(torch.float64)
+        z = int(p.zeros.abs().max()) if p.zeros is not None and p.zeros.numel() else 0
+        top = float(s.abs().max()) * (ELEMENTS[p.element].max + z) if s.numel() else 0.0
+    return not top <= torch.finfo(dtype).max
+
+
+# float code bytes that are no number: E4M3 S.1111.111 (NaN); E5M2 S.11111.xx (inf and NaN)
+_NOT_A_NUMBER = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
+
+
+def _refuse_nan_codes(p, module: str) -> None:
+    """A float code that is NaN (or inf) would make the weight NaN: an error naming the module and the count
+    (one byte comparison per weight, on the stored codes)."""
+    rule = _NOT_A_NUMBER.get(getattr(p, "element", None))
+    if rule is None:
+        return
+    import torch
+
+    mask, value = rule
+    u = p.codes.contiguous().view(torch.uint8).numpy()
+    bad = (u & mask) == value
+    if bad.any():
+        r, c = (int(x[0]) for x in bad.nonzero())
+        raise NotRepresentable(f"module {module}: {int(bad.sum())} {p.element} weight code(s) are NaN or infinite "
+                               f"(the first at [{r}, {c}]); nothing was written", tensor=module,
+                               fix="the checkpoint is damaged there (`qtool inspect --deep` lists it); repair or "
+                                   "re-download it")
 
 
 def _finite(w, module: str, r0: int):

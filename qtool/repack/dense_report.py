@@ -43,8 +43,12 @@ def render(report, console) -> None:
         console.print(f"{len(by['carried'])} tensors its layout does not read carried unchanged (--keep): "
                       f"{sanitize(_names([x.source for x in by['carried']]))}")
     if "dropped" in by:
-        console.print(f"dropped ({len(by['dropped'])} tensors, written nowhere, --drop): "
-                      f"{sanitize(', '.join(x.source for x in by['dropped']))}")
+        whys: dict[str, list[str]] = {}
+        for x in by["dropped"]:
+            whys.setdefault(x.note, []).append(x.source)
+        for why, names in whys.items():
+            console.print(f"dropped ({len(names)} tensors, written nowhere; {sanitize(why)}): "
+                          f"{sanitize(_names(names))}")
     for w in plan.warnings:
         console.print(f"warning: {sanitize(w)}")
     if plan.job.dry_run:
