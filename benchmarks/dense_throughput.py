@@ -88,7 +88,10 @@ def build(dest: Path, size_gb: float, experts: int) -> dict:
         w.add(name, t)
         total += t.numel() * t.element_size()
 
-    add("model.embed_tokens.weight", torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.bfloat16) * 0.02)
+    def bf16(*shape):  # random finite bf16 below 2 in magnitude (bit 14 clear: the top exponent bit), fast
+        return torch.randint(-(1 << 14), 1 << 14, shape, dtype=torch.int16, generator=g).view(torch.bfloat16)
+
+    add("model.embed_tokens.weight", bf16(VOCAB, HIDDEN))
     budget = size_gb * 1e9 - 2 * VOCAB * HIDDEN * 2
     k = 0
     while budget > 0:
@@ -102,11 +105,11 @@ def build(dest: Path, size_gb: float, experts: int) -> dict:
         add(p + "self_attn.q_a_layernorm.weight", torch.ones(1536, dtype=torch.bfloat16))
         add(p + "self_attn.kv_a_layernorm.weight", torch.ones(512, dtype=torch.bfloat16))
         add(p + "post_attention_layernorm.weight", torch.ones(HIDDEN, dtype=torch.bfloat16))
-        add(p + "mlp.gate.weight", torch.randn(N_ROUTED, HIDDEN, generator=g, dtype=torch.bfloat16))
+        add(p + "mlp.gate.weight", bf16(N_ROUTED, HIDDEN))
         add(p + "mlp.gate.e_score_correction_bias", torch.zeros(N_ROUTED))
         k += 1
     add("model.norm.weight", torch.ones(HIDDEN, dtype=torch.bfloat16))
-    add("lm_head.weight", torch.randn(VOCAB, HIDDEN, generator=g, dtype=torch.bfloat16) * 0.02)
+    add("lm_head.weight", bf16(VOCAB, HIDDEN))
     files = w.close()
     (dest / "config.json").write_text(json.dumps(CONFIG | {"num_hidden_layers": k, "n_routed_experts": experts}))
     (dest / "tokenizer.json").write_text("{}")
@@ -133,14 +136,13 @@ def check(src: Path, out: Path) -> str:
     import torch
     from safetensors import safe_open
 
-    from qtool.formats import get_format
-    from qtool.repack.dense import dequantize_module
+    from qtool.formats import dequantize, get_format
     from qtool.repack.source import open_source
 
     name = "model.layers.0.self_attn.kv_a_proj_with_mqa"
     s = open_source(src)
     m = next(x for x in s.modules if x.name == name)
-    ref = dequantize_module(get_format(m.format), s.load(m), m.params, torch.bfloat16)
+    ref = dequantize(get_format(m.format).unpack(s.load(m), m.params), torch.bfloat16)
     idx = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(str(out / idx[name + ".weight"]), "pt") as f:
         got = f.get_tensor(name + ".weight")
@@ -156,7 +158,11 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the input and outputs")
     ap.add_argument("--json-out", type=Path, help="merge the run into this JSON object, keyed by --name")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)  # the build runs in a child process
     a = ap.parse_args()
+    if a.build_only:
+        print(json.dumps(build(a.build_only, a.size_gb, a.experts)))
+        return
     src, cp_dst, out = a.dir / "fp8-src", a.dir / "fp8-copy", a.dir / "fp8-dense"
     for d in (src, cp_dst, out):
         shutil.rmtree(d, ignore_errors=True)
@@ -164,10 +170,12 @@ def main() -> None:
     need = a.size_gb * 1e9 * 2.8
     if free < need:
         raise SystemExit(f"{free / 1e9:.0f} GB free under {a.dir}; this run needs about {need / 1e9:.0f} GB")
-    import torch
-
+    # the build runs in a child, so this process stays small: a child's peak RSS as wait4 reports it starts
+    # from the size of the process it was forked from
     t0 = time.perf_counter()
-    facts = build(src, a.size_gb, a.experts)
+    built = subprocess.run([sys.executable, __file__, "--dir", str(a.dir), "--size-gb", str(a.size_gb), "--experts",
+                            str(a.experts), "--build-only", str(src)], check=True, capture_output=True, text=True)
+    facts = json.loads(built.stdout.strip().splitlines()[-1])
     facts["build_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(facts), flush=True)
     try:
@@ -183,6 +191,8 @@ def main() -> None:
         if not a.keep:
             for d in (src, cp_dst, out):
                 shutil.rmtree(d, ignore_errors=True)
+    import torch
+
     run = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {os.cpu_count()} vCPU, "
            f"{platform.system()} {platform.release()}, torch {torch.__version__} ({torch.get_num_threads()} threads)",
            "command": " ".join(["benchmarks/dense_throughput.py", f"--size-gb {a.size_gb:g}",
