@@ -339,22 +339,29 @@ _NOT_A_NUMBER = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
 
 
 def _refuse_nan_codes(p, module: str) -> None:
-    """A float code that is NaN (or inf) would make the weight NaN: an error naming the module and the count
-    (one byte comparison per weight, on the stored codes)."""
+    """A float code that is NaN (or inf) would make the weight NaN: an error naming the module and the count."""
     rule = _NOT_A_NUMBER.get(getattr(p, "element", None))
     if rule is None:
         return
+    import numpy as np
     import torch
 
     mask, value = rule
-    u = p.codes.contiguous().view(torch.uint8).numpy()
-    bad = (u & mask) == value
-    if bad.any():
-        r, c = (int(x[0]) for x in bad.nonzero())
-        raise NotRepresentable(f"module {module}: {int(bad.sum())} {p.element} weight code(s) are NaN or infinite "
-                               f"(the first at [{r}, {c}]); nothing was written", tensor=module,
-                               fix="the checkpoint is damaged there (`qtool inspect --deep` lists it); repair or "
-                                   "re-download it")
+    u = p.codes.contiguous().view(torch.uint8).reshape(-1).numpy()
+    n8 = u.size // 8 * 8
+    # eight codes per 64-bit word: a byte of t is zero exactly where (code & mask) == value, and
+    # (t - 0x01..) & ~t & 0x80.. is non-zero exactly when t has a zero byte; an eighth of the bytewise work
+    w = u[:n8].view(np.uint64)
+    t = (w & np.uint64(mask * 0x0101010101010101)) ^ np.uint64(value * 0x0101010101010101)
+    found = bool(((t - np.uint64(0x0101010101010101)) & ~t & np.uint64(0x8080808080808080)).any())
+    if not found and not ((u[n8:] & mask) == value).any():
+        return
+    bad = (p.codes.view(torch.uint8) & mask) == value
+    r, c = (int(x[0]) for x in bad.nonzero(as_tuple=True))
+    raise NotRepresentable(f"module {module}: {int(bad.sum())} {p.element} weight code(s) are NaN or infinite "
+                           f"(the first at [{r}, {c}]); nothing was written", tensor=module,
+                           fix="the checkpoint is damaged there (`qtool inspect --deep` lists it); repair or "
+                               "re-download it")
 
 
 def _finite(w, module: str, r0: int):
