@@ -12,8 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qtool.errors import InputError
+from qtool.formats.detection import Claims, ct_scheme_for
 from qtool.inspect import inspect_path
-from qtool.inspect.detect import Claims, ct_scheme_for, module_claims
+from qtool.inspect.detect import module_claims
 from qtool.io.config_regex import BoundedRegex, UnsupportedRegex, WorkBudget, compile_config_regex
 from tests.test_inspect import cli, write_gptq
 

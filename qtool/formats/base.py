@@ -1,8 +1,10 @@
-"""A format is a spec row (data) plus two pure functions over tensor dicts.
+"""A format is a spec row (data) plus pure functions over tensor dicts and tensor signatures.
 
     pack(Plain) -> dict[str, Tensor]          the tensors of ONE linear module, short names
                                               ("qweight", "qzeros", "scales", "g_idx", ...)
     unpack(dict[str, Tensor], QuantScheme) -> Plain
+    detect(module, {short name: Sig}, Claims) -> Detected | None
+                                              recognition from a header alone (detection.py)
 
 Formats do no file I/O and know nothing of kernels or devices. Module prefixes ("model.layers.0.mlp.up_proj.")
 are added and stripped by the I/O layer. `check(plain)` says, before anything is written, why a Plain cannot be
@@ -15,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
 from qtool.errors import FormatError, UsageError
+from qtool.formats.detection import Claims, Detected, Sig
 from qtool.formats.plain import Plain
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class FormatSpec:
 
 
 class Format:
-    """Subclass per layout; set `spec`; implement `pack`, `unpack`; override `check` for extra limits."""
+    """Subclass per layout; set `spec`; implement `pack`, `unpack`, `detect`; override `check` for extra
+    limits."""
 
     spec: ClassVar[FormatSpec]
 
@@ -63,6 +68,11 @@ class Format:
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:  # pragma: no cover
         raise NotImplementedError
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """This layout as read from one module's tensor signatures and the claims (see detection.py), or None
+        when the tensors are not this layout. Header only: no tensor data, no torch."""
+        return None
 
     def check(self, plain: Plain) -> list[str]:
         """Reasons this Plain cannot be stored exactly; [] when it can: the spec row's rules, in its order."""

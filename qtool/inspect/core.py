@@ -11,13 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qtool.formats.detection import SIDECARS, Claims, Detected
+from qtool.formats.gguf_blocks import detect_gguf
 from qtool.inspect.detect import (
-    SIDECARS,
-    Claims,
-    Detected,
     claims_from,
     config_claims,
-    detect_gguf,
     detect_module,
     disagreements,
     group_modules,
@@ -244,7 +242,7 @@ MAX_QUANT_STATE = 1 << 16
 def _bnb_shape(src, pre: str, t: dict) -> tuple[int, int] | None:
     """[out, in] of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes of JSON,
     the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
-    from qtool.inspect.detect import bnb_state_shape
+    from qtool.formats.foreign import bnb_state_shape
 
     qs = [k for k in t if k.startswith("weight.quant_state.bitsandbytes__")]
     if len(qs) != 1:

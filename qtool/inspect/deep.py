@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qtool.inspect.detect import Claims
+from qtool.formats.detection import Claims
 from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
