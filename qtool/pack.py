@@ -20,7 +20,10 @@ from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
 
-PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq")
+PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "fp8", "ct_fp8", "ct_int8")
+# Layouts whose codes are numbers of their own element type (qtool.formats.scaled): --strategy/--block apply.
+SCALED_PACK = {"fp8": "e4m3", "ct_fp8": "e4m3", "ct_int8": "int8"}
+STRATEGIES = ("tensor", "channel", "group", "block")
 METHODS = ("rtn", "mse", "gptq", "awq")
 CALIBRATED = ("gptq", "awq")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -91,6 +94,9 @@ class PackJob:
     true_sequential: bool = False
     device: str | None = None  # None: cuda when present, else cpu
     eval: bool = False  # run `qtool eval` against the source at the end; its numbers go into report.md
+    # fp8 / ct_fp8 / ct_int8: the scale strategy (None: the layout's default) and the block of --strategy block
+    strategy: str | None = None
+    block: str | None = None  # "128x128"
 
 
 @dataclass
@@ -255,6 +261,11 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         raise UsageError(f"pack cannot write '{job.to}'", fix=f"choose --to from {', '.join(PACK_FORMATS)}")
     if job.method not in METHODS:
         raise UsageError(f"unknown --method '{job.method}'", fix="use rtn, mse, gptq or awq")
+    if job.to in SCALED_PACK:
+        return run_pack_scaled(job, on_progress)
+    if job.strategy is not None or job.block is not None:
+        raise UsageError(f"--strategy/--block apply to {', '.join(SCALED_PACK)}, not --to {job.to}",
+                         fix="drop them, or use --group-size for the integer layouts")
     check_calibration_options(job)
     if not 2 <= job.bits <= 8:
         raise UsageError(f"--bits {job.bits} is outside 2..8")
@@ -514,3 +525,163 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
         report.notes.append(f"{len(rest)} module(s) outside the calibrated blocks quantized with RTN: "
                             + ", ".join(to_quantize[n].module for n in rest))
     return res
+
+
+# --- float / int8 layouts (fp8, ct_fp8, ct_int8) ------------------------------------------------------------
+def scaled_block(job: PackJob, fmt) -> tuple[int, int]:
+    """(bo, bi) from --strategy / --block / --group-size, the layout's default when none is given."""
+    from qtool.formats.scaled_format import block_of
+
+    strategy = job.strategy
+    if strategy is None:
+        if job.block is not None:
+            strategy = "block"
+        else:
+            return tuple(fmt.default_block)
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown --strategy '{strategy}'", fix=f"use one of {', '.join(STRATEGIES)}")
+    if strategy not in fmt.strategies:
+        raise UsageError(f"{fmt.spec.id} stores {' or '.join(fmt.strategies)} scales, not {strategy}",
+                         fix="choose another --strategy, or --to ct_fp8 for per-channel FP8")
+    if job.block is not None and strategy != "block":
+        raise UsageError(f"--block applies to --strategy block, not {strategy}")
+    if strategy == "group":
+        if job.group_size is None or job.group_size <= 0:
+            raise UsageError("--strategy group needs a positive --group-size")
+        return block_of("group", 0, 0, group=job.group_size)
+    if strategy == "block":
+        text = job.block or "128x128"
+        m = re.fullmatch(r"([0-9]+)x([0-9]+)", text.strip())
+        if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
+            raise UsageError(f"--block '{text}' is not ROWSxCOLS", fix="e.g. --block 128x128")
+        return (int(m.group(1)), int(m.group(2)))
+    return block_of(strategy, 0, 0)
+
+
+def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] | None = None) -> PackReport:
+    """`pack --to fp8|ct_fp8|ct_int8`: absmax (or --method mse) scales per --strategy, one tensor at a time."""
+    from qtool.formats import get_format
+
+    if job.method not in ("rtn", "mse"):
+        raise UsageError(f"--method {job.method} quantizes integer layouts; {job.to} takes rtn or mse")
+    for flag, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
+                     ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
+                     ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
+        if on:
+            raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")
+    if job.bits != 8:
+        raise UsageError(f"--to {job.to} stores 8-bit codes, not --bits {job.bits}", fix="drop --bits")
+    if job.group_size not in (None, 128) and job.strategy != "group" or job.group_size is None and \
+            job.strategy == "group":
+        raise UsageError("--group-size sets the inputs per scale of --strategy group (and is needed there)",
+                         fix="add --strategy group, or drop --group-size")
+    fmt = get_format(job.to)
+    block = scaled_block(job, fmt)
+    ck = open_checkpoint(job.src)
+    if ck.quant_config is not None:
+        raise InputError("the source is already quantized", path=ck.path,
+                         fix="pack reads dense models; use `qtool repack` to convert quantized ones")
+    job = replace(job, bits=8, group_size=block[1] if block[0] == 1 and block[1] != -1 else -1, sym=True)
+    plans = plan_modules(ck, job)
+    for p in plans:
+        if p.action == "quantize":
+            p.bits, p.group_size = 8, job.group_size
+    warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
+    report = PackReport(str(job.src), str(job.out), job.to, job.method, True, job.dtype, job.dry_run, plans,
+                        bytes_in=ck.total_bytes, warnings=warnings)
+    report.notes.append(f"{job.to}: {SCALED_PACK[job.to]} codes, scales per "
+                        f"{'tensor' if block == (-1, -1) else 'channel' if block == (1, -1) else f'{block[0]}x{block[1]} block'}"
+                        ", dynamic activations")
+    to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
+    if not to_quantize:
+        raise UsageError("no linear weights to quantize", path=ck.path,
+                         fix="check --include/--exclude; embeddings, lm_head and norms stay dense by default")
+    if job.dry_run:
+        return report
+    check_memory(ck, to_quantize.values(), job.to)
+    check_disk(ck, to_quantize, job.out)
+    _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress)
+    return report
+
+
+def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress) -> None:
+    from qtool import __version__
+    from qtool.formats.scaled import relative_error
+    from qtool.formats.scaled_format import module_meta
+    from qtool.io.writer import (
+        BackgroundWriter,
+        ShardedWriter,
+        atomic_output,
+        copy_extras,
+        parse_size,
+        refuse_overwriting_input,
+        write_json,
+    )
+    from qtool.quant.scaled import quantize_scaled
+    from qtool.report.pack import to_markdown
+    from qtool.scheme import QuantScheme
+
+    refuse_overwriting_input(job.src, job.out)
+    meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
+    names = list(ck.tensors)
+    element = SCALED_PACK[job.to]
+    packed_meta: list[tuple[str, QuantScheme, dict]] = []
+    dtypes = {"F16": ("fp16", "float16"), "BF16": ("bf16", "bfloat16"), "F32": ("fp32", "float32")}
+    with atomic_output(job.out, job.force) as tmp:
+        w = BackgroundWriter(ShardedWriter(tmp, parse_size(job.max_shard_size), meta,
+                                           expected_tensors=len(names) + 2 * len(to_quantize)))
+        try:
+            for k, name in enumerate(names):
+                info: TensorInfo = ck.tensors[name]
+                if on_progress:
+                    on_progress(name, k, len(names))
+                plan = to_quantize.get(name)
+                if plan is None:
+                    w.add_raw(name, info)
+                    continue
+                weight = ck.get(name)
+                # scales in the weight's dtype where the layout keeps it (compressed-tensors' observers do)
+                stype, model = dtypes.get(info.dtype, ("fp32", "float32"))
+                if stype not in fmt.scale_types:
+                    stype = "fp32"
+                try:
+                    # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
+                    out = fmt.compute_for(stype) if fmt.compute == "scale" else model
+                    p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
+                                        method=job.method, name=name)
+                except QtoolError as e:
+                    raise _located(e, ck.path, name) from None
+                err = relative_error(weight, p)
+                if not math.isfinite(err):
+                    raise InputError(f"the relative error of the packed weight is {err} (not a number)",
+                                     path=ck.path, tensor=name, fix="--exclude this tensor and report it")
+                packed = fmt.pack(p)
+                after = 0
+                for short, t in packed.items():
+                    w.add(f"{plan.module}.{short}", t)
+                    after += t.numel() * t.element_size()
+                packed_meta.append((plan.module, QuantScheme(job.to, 8, plan.group_size, True, False), module_meta(p)))
+                o, i = plan.shape
+                report.results.append(TensorResult(plan.module, [o, i], 8, plan.group_size, info.nbytes, after,
+                                                   8 * after / (o * i), err))
+                del weight, p, packed
+            files = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        report.bytes_out = sum(f.stat().st_size for f in files)
+        report.files = [f.name for f in files]
+        report.dtype = ",".join(sorted({m[2]["scale_type"] for m in packed_meta}))
+        dense = [p.module for p in plans if p.action == "keep" and not p.reason.startswith(("embedding", "norm"))]
+        cfg = dict(ck.config or {})
+        cfg["quantization_config"] = fmt.quantization_config(packed_meta, dense=dense)
+        write_json(tmp / "config.json", cfg)
+        report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
+        if job.eval:
+            from qtool.evaluate import evaluate
+
+            report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
+        write_json(tmp / "report.json", report.to_dict())
+        (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
+    if on_progress:
+        on_progress("", len(names), len(names))

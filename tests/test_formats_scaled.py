@@ -120,11 +120,12 @@ def test_anomalies():
     codes = e4m3(0x38, 0x7F, 0xFF, 0x00).reshape(2, 2)
     s = torch.tensor([[0.0], [float("nan")]])
     p = ScaledPlain(codes, "e4m3", s, "fp32", (1, -1))
-    found = " | ".join(p.anomalies())
+    found = " | ".join(m for _sev, m in p.anomalies())
     assert "2 e4m3 weight code(s) hold NaN bit patterns (0x7F/0xFF)" in found
     assert "1 scale(s) are zero" in found and "1 scale(s) are NaN" in found
+    assert [sev for sev, _m in p.anomalies()] == ["error", "error", "warning"]
     big = ScaledPlain(e4m3(0x38).reshape(1, 1), "e4m3", torch.tensor([[1e36]]), "fp32", (-1, -1))
-    assert any("scale overflow" in a for a in big.anomalies())
+    assert any(sev == "error" and "scale overflow" in m for sev, m in big.anomalies())
     ok = quantize_scaled(torch.randn(8, 8), "e4m3", (1, -1), "fp32")
     assert ok.anomalies() == []
 

@@ -36,20 +36,32 @@ EPILOG = """Examples:
   qtool pack model/ -o out --config configs/jobs/pack-gptq-4bit.yaml
 
   qtool pack model/ -o out --method gptq --act-order --calib text.txt --eval
+
+  qtool pack model/ -o model-fp8 --to fp8 --block 128x128
+
+  qtool pack model/ -o model-w8a8 --to ct_int8 --method mse
 """
 
 
 @app.command("pack", help="Quantize the linear weights of a dense safetensors model into a packed layout "
-                          "(gptq, gptq_v2, gptq_p, awq).", epilog=EPILOG)
+                          "(gptq, gptq_v2, gptq_p, awq, fp8, ct_fp8, ct_int8).", epilog=EPILOG)
 def pack_cmd(
     ctx: typer.Context,
     src: Annotated[Path, typer.Argument(help="Dense .safetensors file, HF directory or index.json.",
                                         show_default=False)],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory.", show_default=False)] = None,
-    to: Annotated[str, typer.Option("--to", help="Target layout: gptq (v1 zeros), gptq_v2, gptq_p, awq.")] = "gptq",
-    bits: Annotated[int, typer.Option("--bits", help="Bits per weight, 2..8.")] = 4,
-    group_size: Annotated[int, typer.Option("--group-size", help="Group size along in_features; -1 = per channel.")]
-    = 128,
+    to: Annotated[str, typer.Option("--to", help="Target layout: gptq (v1 zeros), gptq_v2, gptq_p, awq; fp8 (HF/vLLM), "
+                                                      "ct_fp8, ct_int8 (compressed-tensors W8A8).")] = "gptq",
+    bits: Annotated[int | None, typer.Option("--bits", help="Bits per weight, 2..8 (default 4; fp8, ct_fp8 and "
+                                                           "ct_int8 are 8-bit).", show_default=False)] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="Group size along in_features; -1 = per "
+                                                                      "channel (default 128).", show_default=False)]
+    = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", help="fp8/ct_fp8/ct_int8 scales: tensor, channel, group (with --group-size) or block. Default: "
+                           "block for fp8, channel for ct_fp8 and ct_int8.", show_default=False)] = None,
+    block: Annotated[str | None, typer.Option("--block", help="--strategy block: ROWSxCOLS per scale (default "
+                                                              "128x128).", show_default=False)] = None,
     sym: Annotated[bool | None, typer.Option(
         "--sym/--asym", help="Symmetric (zero 2^(b-1)) or asymmetric zeros. Default: symmetric for the GPTQ "
                              "layouts, asymmetric for awq (AWQ's zero-point convention).", show_default=False)] = None,
@@ -91,7 +103,13 @@ def pack_cmd(
 
     if v["out"] is None and not v["dry_run"]:
         raise UsageError("missing -o/--out", fix="name the output directory, e.g. -o model-gptq")
-    job = PackJob(src=v["src"], out=v["out"] or Path("-"), to=v["to"], bits=v["bits"], group_size=v["group_size"],
+    from qtool.pack import SCALED_PACK
+
+    scaled = v["to"] in SCALED_PACK
+    bits = v["bits"] if v["bits"] is not None else 8 if scaled else 4
+    group = v["group_size"] if v["group_size"] is not None or scaled else 128
+    job = PackJob(src=v["src"], out=v["out"] or Path("-"), to=v["to"], bits=bits, group_size=group,
+                  strategy=v["strategy"], block=v["block"],
                   sym=v["sym"], method=v["method"], include=tuple(v["include"] or ()),
                   exclude=tuple(v["exclude"] or ()), tensor_types=tuple(v["tensor_type"] or ()), dtype=v["dtype"],
                   max_shard_size=v["max_shard_size"], force=v["force"], dry_run=v["dry_run"], calib=v["calib"],

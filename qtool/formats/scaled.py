@@ -193,43 +193,42 @@ class ScaledPlain:
                 raise FormatError(f"global scale must be one fp32 value, got {self.global_scale.dtype} "
                                   f"{tuple(self.global_scale.shape)}")
 
-    def anomalies(self) -> list[str]:
-        """Data checks (reads every value): what would make the weight wrong or undefined. [] when fine."""
+    def anomalies(self) -> list[tuple[str, str]]:
+        """Data checks (reads every value): (severity, message) for what makes the weight wrong ("error") or
+        suspicious ("warning"); [] when fine."""
         import torch
 
         out = []
         if self.element in ("e4m3", "e5m2"):
-            u8 = self.codes.view(torch.uint8)
-            nan = int(torch.isnan(self.codes.to(torch.float32)).sum())
+            v = self.codes.to(torch.float32)
+            nan = int(torch.isnan(v).sum())
             if nan:
-                bytes_ = "0x7F/0xFF" if self.element == "e4m3" else "exponent 11111 with a mantissa"
-                out.append(f"{nan} {self.element} weight code(s) hold NaN bit patterns ({bytes_})")
-            if self.element == "e5m2":
-                inf = int(torch.isinf(self.codes.to(torch.float32)).sum())
-                if inf:
-                    out.append(f"{inf} e5m2 weight code(s) are infinite")
-            del u8
+                bits = "0x7F/0xFF" if self.element == "e4m3" else "exponent 11111 with a mantissa"
+                out.append(("error", f"{nan} {self.element} weight code(s) hold NaN bit patterns ({bits})"))
+            inf = int(torch.isinf(v).sum())
+            if inf:
+                out.append(("error", f"{inf} {self.element} weight code(s) are infinite"))
         elif self.element == "e2m1" and self.codes.numel() and int(self.codes.max()) > 0x0F:
-            out.append("an e2m1 code uses more than 4 bits")
+            out.append(("error", "an e2m1 code uses more than 4 bits"))
         s = decode_scales(self.scales, self.scale_type).to(torch.float64)
         n_nan = int(torch.isnan(s).sum())
         if self.scale_type == "e8m0" and n_nan:
-            out.append(f"{n_nan} e8m0 scale(s) are 0xFF (NaN; E8M0 has no other reserved value)")
+            out.append(("error", f"{n_nan} e8m0 scale(s) are 0xFF (NaN, the one reserved E8M0 value)"))
         elif n_nan:
-            out.append(f"{n_nan} scale(s) are NaN")
+            out.append(("error", f"{n_nan} scale(s) are NaN"))
         n_inf = int(torch.isinf(s).sum())
         if n_inf:
-            out.append(f"{n_inf} scale(s) are infinite")
+            out.append(("error", f"{n_inf} scale(s) are infinite"))
         n_zero = int((s == 0).sum())
         if n_zero:
-            out.append(f"{n_zero} scale(s) are zero")
+            out.append(("warning", f"{n_zero} scale(s) are zero (their blocks dequantize to 0)"))
         n_neg = int((s < 0).sum())
         if n_neg:
-            out.append(f"{n_neg} scale(s) are negative")
+            out.append(("warning", f"{n_neg} scale(s) are negative (quantizers write positive ones)"))
         if self.global_scale is not None:
             g = float(self.global_scale.reshape(()))
             if g == 0 or g != g or abs(g) == float("inf"):
-                out.append(f"the global scale is {g}")
+                out.append(("error", f"the global scale is {g}"))
         finite = s[torch.isfinite(s)]
         if finite.numel():
             top = float(finite.abs().max()) * ELEMENTS[self.element].max
@@ -238,8 +237,8 @@ class ScaledPlain:
                 top = top / g if self.global_op == "div" and g else top * g
             limit = float(torch.finfo(_dtype(self.out_dtype)).max)
             if top > limit:
-                out.append(f"scale overflow: the largest code times the largest scale is {top:.4g}, beyond "
-                           f"{self.out_dtype}'s {limit:.4g}")
+                out.append(("error", f"scale overflow: the largest code times the largest scale is {top:.4g}, "
+                                     f"beyond {self.out_dtype}'s {limit:.4g}"))
         return out
 
     def equal(self, other: ScaledPlain) -> bool:

@@ -164,10 +164,8 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
             notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
         return None
     sname = next((n for n in _SCALE_NAMES if n in t), "scales")
-    if fmt in ("fp8", "ct_fp8"):
-        check_scales(t[sname], m.name, sname, notes)
-        m.stats = _check_weight(_dequant_fp8(t), m.name, notes)
-        return None
+    if fmt in _scaled_formats():
+        return _deep_scaled(m, t, claims, notes, stats)
     if fmt == "ct_nvfp4":
         check_scales(t[sname], m.name, sname, notes)
         if "weight_global_scale" in t:
@@ -215,6 +213,32 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
         # statistics describe the weights an engine would compute.
         m.stats = _check_weight(dequantize(plain), m.name, notes)
     return read_fmt, params, plain
+
+
+def _scaled_formats() -> frozenset[str]:
+    """Format ids whose canonical form is ScaledPlain (float / int8 codes in their element type)."""
+    from qtool.formats import all_formats
+
+    return frozenset(k for k, f in all_formats().items() if getattr(f, "canonical", None) == "scaled")
+
+
+def _deep_scaled(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, stats: bool):
+    """Decode through the format's unpack; the canonical form's own anomalies (NaN codes, scales zero / NaN /
+    Inf / overflowing) are the findings."""
+    from qtool.formats.base import get_format
+    from qtool.formats.scaled import dequantize
+    from qtool.scheme import QuantScheme
+
+    extra = {"quant_config": dict(claims.raw) if claims is not None else {}, "module": m.name}
+    params = QuantScheme(bits=8, extra=extra)
+    plain = get_format(m.format).unpack(t, params)
+    for sev, msg in plain.anomalies():
+        notes.append((sev, m.name, msg))
+    m.sym = plain.zeros is None
+    m.desc_act = False
+    if stats:
+        m.stats = _check_weight(dequantize(plain), m.name, notes)
+    return m.format, params, plain
 
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:
@@ -269,12 +293,6 @@ def _expand_scale(s, o: int, i: int):
         bi = -(-i // s.shape[1])
         return torch.repeat_interleave(torch.repeat_interleave(s, bo, 0), bi, 1)[:o, :i]
     raise ValueError(f"scale shape {list(s.shape)} does not fit weight [{o}, {i}]")
-
-
-def _dequant_fp8(t: dict):
-    w = t["weight"].float()
-    s = t["weight_scale_inv"] if "weight_scale_inv" in t else t["weight_scale"]
-    return w * _expand_scale(s, *w.shape)
 
 
 # E2M1 values of the 4-bit code (bit 3 is the sign).

@@ -77,6 +77,8 @@ def reference(plain: Plain, weight: torch.Tensor, seed: int = 0) -> tuple[str, s
                         f"[{plain.out_features}, {plain.in_features}]"), {}
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(OUT_ROWS, plain.in_features, generator=gen, dtype=torch.float64)
+    if not isinstance(plain, Plain):
+        return _reference_scaled(plain, weight, x)
     gi = plain.group_index()
     num = den = onum = oden = 0.0
     max_step = 0.0
@@ -96,6 +98,66 @@ def reference(plain: Plain, weight: torch.Tensor, seed: int = 0) -> tuple[str, s
     rel = math.sqrt(num) / max(math.sqrt(den), 1e-300)
     out = math.sqrt(onum) / max(math.sqrt(oden), 1e-300)
     b = bounds(plain.bits, plain.effective_group_size)
+    numbers = {"rel_err": rel, "out_err": out, "max_step": max_step, **b}
+    if not all(math.isfinite(v) for v in (rel, out, max_step)):
+        return "fail", "error is NaN/Inf (non-finite scales or reference weights)", numbers
+    bad = []
+    if rel > b["rel_bound"]:
+        bad.append(f"‖W−Ŵ‖/‖W‖ {rel:.4g} > bound {b['rel_bound']:.4g}")
+    if out > b["rel_bound"]:
+        bad.append(f"output error {out:.4g} > bound {b['rel_bound']:.4g}")
+    if max_step > b["step_bound"]:
+        bad.append(f"a weight is {max_step:.3g} code steps from the reference > bound {b['step_bound']:.3g} "
+                   "(a corrupted code or scale)")
+    text = (f"rel {rel:.4g}, output {out:.4g} (bound {b['rel_bound']:.4g}); max {max_step:.3g} steps "
+            f"(bound {b['step_bound']:.3g})")
+    return ("fail", "; ".join(bad), numbers) if bad else ("pass", text, numbers)
+
+
+# Float codes round to a relative grid: E4M3 (3 mantissa bits) has RMS relative rounding error 2^-3/sqrt(12)
+# for weights spread over its binades; int8 is the uniform grid of `bounds` with 8 bits.
+_MANTISSA = {"e4m3": 3, "e5m2": 2, "e2m1": 1}
+
+
+def _reference_scaled(plain, weight: torch.Tensor, x: torch.Tensor) -> tuple[str, str, dict]:
+    """reference() for float/int8 codes (qtool.formats.scaled): rel_err and out_err as above; max_step is the
+    error in units of the code's own rounding step at that weight (an ulp of the element times the scale;
+    for int8 the scale), bounded like the integer layouts' code steps."""
+    from qtool.formats.scaled import decode_codes, effective_scales
+
+    num = den = onum = oden = 0.0
+    max_step = 0.0
+    bo, bi = plain.block_shape
+    step_rows = max(bo, BLOCK_ROWS // bo * bo) if bo < plain.out_features else plain.out_features
+    mant = _MANTISSA.get(plain.element)
+    for r in range(0, plain.out_features, step_rows):
+        sl = slice(r, r + step_rows)
+        w = weight[sl].to(torch.float64)
+        wq = dequantize(plain, torch.float64, sl)
+        d = w - wq
+        num += float((d * d).sum())
+        den += float((w * w).sum())
+        yd, y = x @ d.t(), x @ w.t()
+        onum += float((yd * yd).sum())
+        oden += float((y * y).sum())
+        s = effective_scales(plain, sl).to(torch.float64).abs()
+        s = s.repeat_interleave(bo, 0)[: w.shape[0]].repeat_interleave(bi, 1)[:, : w.shape[1]]
+        if mant is not None:
+            q = decode_codes(plain.codes[sl], plain.element, torch.float64).abs()
+            # the grid step around q: 2^(floor(log2 q) - mantissa bits), the subnormal step below the normals
+            e = torch.floor(torch.log2(torch.where(q > 0, q, torch.ones_like(q))))
+            sub = {"e4m3": -9.0, "e5m2": -16.0, "e2m1": -1.0}[plain.element]
+            unit = torch.exp2(torch.clamp(e - mant, min=sub)) * s
+        else:
+            unit = s
+        steps = d.abs() / torch.where(unit > 0, unit, torch.full_like(unit, math.inf))
+        max_step = max(max_step, float(steps.max()) if steps.numel() else 0.0)
+    rel = math.sqrt(num) / max(math.sqrt(den), 1e-300)
+    out = math.sqrt(onum) / max(math.sqrt(oden), 1e-300)
+    if mant is not None:
+        b = {"rel_bound": REF_SLACK * 2.0 ** -mant / math.sqrt(3), "step_bound": 1.5}
+    else:
+        b = bounds(8, bo * bi)
     numbers = {"rel_err": rel, "out_err": out, "max_step": max_step, **b}
     if not all(math.isfinite(v) for v in (rel, out, max_step)):
         return "fail", "error is NaN/Inf (non-finite scales or reference weights)", numbers
