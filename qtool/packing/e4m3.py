@@ -17,7 +17,9 @@ import hashlib
 import os
 from pathlib import Path
 
-import torch
+from qtool.lazy import lazy_module
+
+torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
 _CSRC = Path(__file__).resolve().parents[2] / "csrc" / "e4m3_dequant.cpp"
 _MIN_CODES = 1 << 20  # below ~1 M codes torch is fast enough and no compiler is needed
