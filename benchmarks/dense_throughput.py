@@ -61,7 +61,7 @@ def layer_modules(k: int, experts: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-def build(dest: Path, size_gb: float, experts: int) -> dict:
+def build(dest: Path, size_gb: float, experts: int, vocab: int = VOCAB) -> dict:
     """Write the checkpoint (streaming, one tensor at a time); returns its facts."""
     import torch
 
@@ -91,8 +91,8 @@ def build(dest: Path, size_gb: float, experts: int) -> dict:
     def bf16(*shape):  # random finite bf16 below 2 in magnitude (bit 14 clear: the top exponent bit), fast
         return torch.randint(-(1 << 14), 1 << 14, shape, dtype=torch.int16, generator=g).view(torch.bfloat16)
 
-    add("model.embed_tokens.weight", bf16(VOCAB, HIDDEN))
-    budget = size_gb * 1e9 - 2 * VOCAB * HIDDEN * 2
+    add("model.embed_tokens.weight", bf16(vocab, HIDDEN))
+    budget = size_gb * 1e9 - 2 * vocab * HIDDEN * 2
     k = 0
     while budget > 0:
         p = f"model.layers.{k}."
@@ -109,11 +109,13 @@ def build(dest: Path, size_gb: float, experts: int) -> dict:
         add(p + "mlp.gate.e_score_correction_bias", torch.zeros(N_ROUTED))
         k += 1
     add("model.norm.weight", torch.ones(HIDDEN, dtype=torch.bfloat16))
-    add("lm_head.weight", bf16(VOCAB, HIDDEN))
+    add("lm_head.weight", bf16(vocab, HIDDEN))
     files = w.close()
-    (dest / "config.json").write_text(json.dumps(CONFIG | {"num_hidden_layers": k, "n_routed_experts": experts}))
+    (dest / "config.json").write_text(json.dumps(CONFIG | {"num_hidden_layers": k, "n_routed_experts": experts,
+                                                           "vocab_size": vocab}))
     (dest / "tokenizer.json").write_text("{}")
-    return {"layers": k, "experts_per_layer": experts, "fp8_weights": fp8, "bytes": total, "shards": len(files)}
+    return {"layers": k, "experts_per_layer": experts, "vocab": vocab, "fp8_weights": fp8, "bytes": total,
+            "shards": len(files)}
 
 
 def timed(cmd: list[str]) -> dict:
@@ -155,26 +157,27 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, required=True, help="work directory (needs ~3x --size-gb free)")
     ap.add_argument("--size-gb", type=float, default=16.0)
     ap.add_argument("--experts", type=int, default=8, help="routed experts per layer")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="rows of embed_tokens and lm_head (bf16, copied)")
     ap.add_argument("--keep", action="store_true", help="keep the input and outputs")
     ap.add_argument("--json-out", type=Path, help="merge the run into this JSON object, keyed by --name")
     ap.add_argument("--name", default=None)
     ap.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)  # the build runs in a child process
     a = ap.parse_args()
     if a.build_only:
-        print(json.dumps(build(a.build_only, a.size_gb, a.experts)))
+        print(json.dumps(build(a.build_only, a.size_gb, a.experts, a.vocab)))
         return
     src, cp_dst, out = a.dir / "fp8-src", a.dir / "fp8-copy", a.dir / "fp8-dense"
     for d in (src, cp_dst, out):
         shutil.rmtree(d, ignore_errors=True)
     free = shutil.disk_usage(a.dir.parent if not a.dir.exists() else a.dir).free
-    need = a.size_gb * 1e9 * 2.8
+    need = a.size_gb * 1e9 * 3.1
     if free < need:
         raise SystemExit(f"{free / 1e9:.0f} GB free under {a.dir}; this run needs about {need / 1e9:.0f} GB")
     # the build runs in a child, so this process stays small: a child's peak RSS as wait4 reports it starts
     # from the size of the process it was forked from
     t0 = time.perf_counter()
     built = subprocess.run([sys.executable, __file__, "--dir", str(a.dir), "--size-gb", str(a.size_gb), "--experts",
-                            str(a.experts), "--build-only", str(src)], check=True, capture_output=True, text=True)
+                            str(a.experts), "--vocab", str(a.vocab), "--build-only", str(src)], check=True, capture_output=True, text=True)
     facts = json.loads(built.stdout.strip().splitlines()[-1])
     facts["build_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(facts), flush=True)
@@ -196,7 +199,7 @@ def main() -> None:
     run = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {os.cpu_count()} vCPU, "
            f"{platform.system()} {platform.release()}, torch {torch.__version__} ({torch.get_num_threads()} threads)",
            "command": " ".join(["benchmarks/dense_throughput.py", f"--size-gb {a.size_gb:g}",
-                                f"--experts {a.experts}"]),
+                                f"--experts {a.experts}", f"--vocab {a.vocab}"]),
            "checkpoint": facts, "output_bytes": out_bytes, "copy": copy, "dense": dense,
            "dense_over_copy_wall": round(dense["wall_s"] / copy["wall_s"], 2),
            "dense_over_copy_cpu": round(dense["cpu_s"] / max(copy["cpu_s"], 1e-9), 2), "check": verdict}
