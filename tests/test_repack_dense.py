@@ -360,3 +360,28 @@ def test_nan_fp8_code_is_an_error_and_writes_nothing(tmp_path):
     with pytest.raises((NotRepresentable, InputError), match="NaN"):
         run_dense(DenseJob(tmp_path / "src", tmp_path / "out"))
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".qtool-tmp-*"))
+
+
+@pytest.mark.parametrize("folder", ["ct-mxfp4", "ct-mxfp8", "ct-nvfp4", "modelopt-nvfp4"])
+def test_fp4_and_mx_fixtures_equal_their_foreign_reference(tmp_path, folder):
+    """NVFP4 and MX fixtures written by compressed-tensors 0.20 (ModelOpt's layout read back by its converter),
+    with the foreign dequantized weights: --dtype bf16 (the reference's dtype) gives them bit for bit."""
+    src = FIXTURES / "fp4" / folder
+    if not src.is_dir():
+        pytest.skip("the fp4 fixtures come with the NVFP4/MX formats (branch fp4)")
+    ref = load_file(src / "reference.safetensors")
+    r = run_dense(DenseJob(src, tmp_path / "out", dtype="bf16"))
+    got = read_all(tmp_path / "out")
+    for name, w in ref.items():
+        assert raw_equal(got[name], w.to(torch.bfloat16)), name
+    assert not (tmp_path / "out" / "hf_quant_config.json").exists()
+    if (src / "hf_quant_config.json").exists():
+        assert any(w.startswith("hf_quant_config.json: not copied") for w in r.plan.warnings)
+
+
+def test_quantization_config_files_are_not_copied(tmp_path):
+    make_checkpoint(tmp_path / "src", "gptq_v2", 4, 128, True)
+    (tmp_path / "src" / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "NVFP4"}}')
+    r = run_dense(DenseJob(tmp_path / "src", tmp_path / "out"))
+    assert not (tmp_path / "out" / "hf_quant_config.json").exists() and (tmp_path / "out" / "tokenizer.json").exists()
+    assert any("hf_quant_config.json: not copied" in w for w in r.plan.warnings)

@@ -43,6 +43,9 @@ ROUNDING = {"F32": "exact: every weight equals the format's own fp32 dequantizat
 FLOAT_ST = ("F16", "BF16", "F32")
 # layout tensors that quantize activations, not weights: a dense model has none (listed as dropped)
 ACTIVATION_SCALES = frozenset({"input_scale", "input_zero_point", "input_global_scale"})
+# files beside the weights that describe the source's quantization (ModelOpt's): a loader that finds one
+# treats the model as quantized, so the dense output leaves them out (and the plan says so)
+QUANT_CONFIG_FILES = frozenset({"hf_quant_config.json"})
 CHUNK_BYTES = 16 << 20  # output bytes dequantized (or cast) at a time
 QUEUE_DEPTH = 4  # pieces waiting for the writer thread: the write buffer is QUEUE_DEPTH x CHUNK_BYTES
 
@@ -230,6 +233,10 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             if not any(r.search(n) for n in got):
                 warnings.append(f"{flag} '{r.pattern}' names no tensor that a module's layout leaves unread; it "
                                 "changed nothing")
+    for f in source.other_files:
+        if f.name in QUANT_CONFIG_FILES:
+            warnings.append(f"{f.name}: not copied: it describes the source's quantization, which the dense model "
+                            "does not have")
     out = Path(job.out) if job.out else default_out(job.src, "dense")
     fmts = sorted({m.format for m in source.modules})
     return DensePlan(job, out, st, explicit, modules, fates, ",".join(fmts), source.container, warnings)
@@ -490,8 +497,8 @@ def _write(source, plan: DensePlan, report: DenseReport, on_progress) -> None:
                                      "transformers' (exact)")
         write_json(tmp / "config.json", dense_config(cfg, plan.dtype))
         subdirs = source._ck.sub_directories() if source._ck is not None else []
-        plan.warnings.extend(copy_extras(source.other_files, source.root, tmp, subdirs) if source._ck is not None
-                             else [])
+        extras = [f for f in source.other_files if f.name not in QUANT_CONFIG_FILES]
+        plan.warnings.extend(copy_extras(extras, source.root, tmp, subdirs) if source._ck is not None else [])
         write_json(tmp / "qtool_repack.json", report.to_dict() | {"written": True})
     if on_progress:
         on_progress("", total, total)
