@@ -38,7 +38,7 @@ def test_metadata_does_not_override_config_json(tmp_path):
     root = write_gptq(tmp_path / "m", "v2", "gptq")
     _set_metadata(root, {"qtool.format": "gptq_v2"})
     r = inspect_path(root)
-    assert r.format == "gptq" and {m.format for m in r.modules if m.quantized} == {"gptq"}
+    assert r.format == "gptq" and {m.scheme.format for m in r.modules if m.quantized} == {"gptq"}
     errs = _errors(r)
     assert any("config.json quantization_config says format gptq but qtool's safetensors metadata says gptq_v2"
                in m and "engines read only the config" in m for m in errs), r.anomalies
