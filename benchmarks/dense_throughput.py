@@ -144,12 +144,12 @@ def check(src: Path, out: Path) -> str:
     name = "model.layers.0.self_attn.kv_a_proj_with_mqa"
     s = open_source(src)
     m = next(x for x in s.modules if x.name == name)
-    ref = dequantize(get_format(m.format).unpack(s.load(m), m.params), torch.bfloat16)
+    ref = dequantize(get_format(m.scheme.format).unpack(s.load(m), m.scheme), torch.bfloat16)
     idx = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(str(out / idx[name + ".weight"]), "pt") as f:
         got = f.get_tensor(name + ".weight")
     assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), ref.view(torch.int16)), name
-    return f"{name}: bit-identical to {m.format}'s own dequantization to bf16"
+    return f"{name}: bit-identical to {m.scheme.format}'s own dequantization to bf16"
 
 
 def main() -> None:

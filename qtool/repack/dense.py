@@ -176,9 +176,10 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
         raise UsageError("no quantized modules to dequantize: the checkpoint is dense already", path=job.src,
                          fix="nothing to do; `qtool inspect` shows what it holds")
     known = all_formats()
-    bad = [m for m in source.modules if m.format not in known and not m.format.startswith("gguf:")]
+    bad = [m for m in source.modules
+           if m.scheme.format not in known and not m.scheme.format.startswith("gguf:")]
     if bad:
-        fmts = sorted({m.format for m in bad})
+        fmts = sorted({m.scheme.format for m in bad})
         names = ", ".join(m.name for m in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise NotRepresentable(f"{len(bad)} of {len(source.modules)} modules are in layouts qtool cannot decode "
                                f"({', '.join(fmts)}: {names}); nothing was written", path=job.src,
@@ -194,8 +195,8 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
     for m in source.modules:
         weight = m.layout.get("weight") if source.container == "gguf" else None
         out_name = rename(weight) if weight else (f"{m.name}.weight" if m.name else "weight")
-        modules.append(DenseModule(m.name, out_name, m.format, _out_shape(source, m), m.bits, m.group_size, st,
-                                   kind, sorted(m.layout.values())))
+        modules.append(DenseModule(m.name, out_name, m.scheme.format, _out_shape(source, m), m.scheme.bits,
+                                   m.scheme.group_size, st, kind, sorted(m.layout.values())))
         in_module.update(m.layout.values())
         for short, name in m.layout.items():
             if short in ACTIVATION_SCALES:
@@ -207,7 +208,7 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             if k and d:
                 raise UsageError(f"tensor '{name}' matches both --keep and --drop", fix="narrow one of the patterns")
             if not (k or d):
-                raise NotRepresentable(f"module {m.name} holds '{name}', which its {m.format} layout does not read: "
+                raise NotRepresentable(f"module {m.name} holds '{name}', which its {m.scheme.format} layout does not read: "
                                        "the dense weight would lose it; nothing was written", path=job.src,
                                        tensor=name, fix="--keep REGEX carries it unchanged, --drop REGEX discards "
                                                         "it (the plan lists either)")
@@ -238,7 +239,7 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             warnings.append(f"{f.name}: not copied: it describes the source's quantization, which the dense model "
                             "does not have")
     out = Path(job.out) if job.out else default_out(job.src, "dense")
-    fmts = sorted({m.format for m in source.modules})
+    fmts = sorted({m.scheme.format for m in source.modules})
     return DensePlan(job, out, st, explicit, modules, fates, ",".join(fmts), source.container, warnings)
 
 
@@ -258,10 +259,10 @@ def _check_gguf_types(source) -> None:
     gguf package cannot dequantize stops the run before anything is written."""
     seen: set[str] = set()
     for m in source.modules:
-        if not m.format.startswith("gguf:") or m.format in seen:
+        if not m.scheme.format.startswith("gguf:") or m.scheme.format in seen:
             continue
-        seen.add(m.format)
-        _gguf_dequantize(source.gguf_bytes(m.layout["weight"])[:1], m.format, m.name)
+        seen.add(m.scheme.format)
+        _gguf_dequantize(source.gguf_bytes(m.layout["weight"])[:1], m.scheme.format, m.name)
 
 
 def _gguf_names(source):
@@ -305,13 +306,13 @@ def module_pieces(source, m, dtype, rows=None, chunk_bytes: int | None = None) -
         step = max(1, chunk_bytes // max(1, width * torch.finfo(dtype).bits // 8))
         for r0 in range(0, n_rows, step):
             sel = raw[r0:r0 + step] if rows is None else raw[rows[r0:r0 + step]]
-            yield _finite(_gguf_dequantize(sel, m.format, m.name).to(dtype), m.name, r0)
+            yield _finite(_gguf_dequantize(sel, m.scheme.format, m.name).to(dtype), m.name, r0)
         return
     from qtool.errors import FormatError
     from qtool.formats import dequantize, get_format
 
     try:
-        p = get_format(m.format).unpack(source.load(m), m.params)
+        p = get_format(m.scheme.format).unpack(source.load(m), m.scheme)
     except FormatError as e:  # the format names the short tensor; say which file and module too
         short = f".{e.tensor}" if e.tensor else ""
         raise FormatError(e.problem, path=source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
