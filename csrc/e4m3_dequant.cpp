@@ -90,7 +90,17 @@ void run(const uint8_t* codes, const float* scales, void* out, int64_t rows, int
 
 extern "C" {
 
-int qtool_e4m3_dequant_abi() { return 1; }
+int qtool_e4m3_dequant_abi() { return 2; }
+
+// How many of n bytes have (b & mask) == value: E4M3 NaN codes are mask 0x7F, value 0x7F (E5M2 NaN and inf:
+// 0x7C, 0x7C). One read of the bytes, for the check that refuses NaN codes before they become NaN weights.
+QTOOL_CLONES int64_t qtool_count_masked(const uint8_t* bytes, int64_t n, int mask, int value, int threads) {
+  int64_t count = 0;
+  const uint8_t m = static_cast<uint8_t>(mask), v = static_cast<uint8_t>(value);
+#pragma omp parallel for num_threads(threads) reduction(+ : count) schedule(static)
+  for (int64_t i = 0; i < n; ++i) count += (bytes[i] & m) == v;
+  return count;
+}
 
 void qtool_e4m3_dequant_f32(const uint8_t* codes, const float* scales, float* out, int64_t rows, int64_t cols,
                             int64_t group, int threads) {

@@ -46,3 +46,12 @@ def test_extension_declines_what_it_does_not_compute(extension):
     assert e4m3.dequant(q, torch.ones(4, 1, dtype=torch.bfloat16), 8, torch.float32) is None  # bf16 scales
     assert e4m3.dequant(q, torch.ones(2, 1), 8, torch.float32) is None  # scales not one row per code row
     assert e4m3.dequant(q, torch.ones(4, 1), 8, torch.float32) is not None
+
+
+def test_count_masked_counts_what_numpy_counts(extension):
+    g = torch.Generator().manual_seed(5)
+    b = torch.randint(0, 256, ((1 << 20) + 13,), dtype=torch.uint8, generator=g)
+    for mask, value in ((0x7F, 0x7F), (0x7C, 0x7C)):
+        want = int(((b & mask) == value).sum())
+        assert e4m3.count_masked(b, mask, value) == want > 0
+    assert e4m3.count_masked(torch.zeros(1 << 20, dtype=torch.uint8), 0x7F, 0x7F) == 0

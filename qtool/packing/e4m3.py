@@ -23,7 +23,7 @@ torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
 _CSRC = Path(__file__).resolve().parents[2] / "csrc" / "e4m3_dequant.cpp"
 _MIN_CODES = 1 << 20  # below ~1 M codes torch is fast enough and no compiler is needed
-_ABI = 1
+_ABI = 2
 _CFLAGS = ("-O3", "-fopenmp")
 _state: dict = {"lib": None, "tried": False, "error": None}
 
@@ -50,6 +50,18 @@ def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: to
     fn = lib.qtool_e4m3_dequant_bf16 if out_dtype == torch.bfloat16 else lib.qtool_e4m3_dequant_f32
     fn(q.data_ptr(), s.data_ptr(), out.data_ptr(), rows, cols, group, torch.get_num_threads())
     return out
+
+
+def count_masked(codes: torch.Tensor, mask: int, value: int) -> int | None:
+    """How many code bytes b have (b & mask) == value (the NaN check of float codes), in one pass; None
+    where the extension is unavailable (the caller counts with numpy)."""
+    if codes.device.type != "cpu" or codes.element_size() != 1 or codes.numel() < _MIN_CODES:
+        return None
+    lib = _library()
+    if lib is None:
+        return None
+    q = codes.contiguous()
+    return int(lib.qtool_count_masked(q.data_ptr(), q.numel(), mask, value, torch.get_num_threads()))
 
 
 def status() -> str:
@@ -107,4 +119,6 @@ def _build():
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_int64, ctypes.c_int]
+    lib.qtool_count_masked.restype = ctypes.c_int64
+    lib.qtool_count_masked.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
