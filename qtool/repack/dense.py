@@ -208,8 +208,8 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             if k and d:
                 raise UsageError(f"tensor '{name}' matches both --keep and --drop", fix="narrow one of the patterns")
             if not (k or d):
-                raise NotRepresentable(f"module {m.name} holds '{name}', which its {m.scheme.format} layout does not read: "
-                                       "the dense weight would lose it; nothing was written", path=job.src,
+                raise NotRepresentable(f"module {m.name} holds '{name}', which its {m.scheme.format} layout does not "
+                                       "read: the dense weight would lose it; nothing was written", path=job.src,
                                        tensor=name, fix="--keep REGEX carries it unchanged, --drop REGEX discards "
                                                         "it (the plan lists either)")
             if d:
@@ -222,6 +222,10 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             continue
         info = source.tensor_info(name)
         sdt = info.type_name if source.container == "gguf" else info.dtype
+        if source.container == "gguf" and sdt not in FLOAT_ST:
+            raise InputError(f"GGUF tensor of type {sdt} outside the quantized modules: qtool does not know what it "
+                             "holds; nothing was written", path=info.file, tensor=name,
+                             fix="convert the file with llama.cpp's tools first")
         fate = "carried" if name in extras else "copied"
         if explicit and sdt in FLOAT_ST and sdt != st:
             note = "exact (widened)" if _widens(sdt, st) else f"rounded once to {TORCH_NAMES[st]}"
@@ -541,11 +545,8 @@ def _write_other(w, source, g2h, t: TensorFate, dtype) -> None:
         else:
             w.add_raw(t.name, info)
         return
-    # GGUF: float tensors in numpy order (reversed GGUF dims), q/k rows put back in transformers' order
-    if info.type_name not in FLOAT_ST:
-        raise InputError(f"GGUF tensor of type {info.type_name} outside the quantized modules: qtool does not know "
-                         "what it holds; nothing was written", path=info.file, tensor=t.source,
-                         fix="convert the file with llama.cpp's tools first")
+    # GGUF: float tensors (the plan refused others) in numpy order (reversed GGUF dims), q/k rows put back in
+    # transformers' order
     shape = list(reversed(info.shape))
     r = g2h.rows(t.source)
     if r is None and info.file not in source._big:  # the bytes are already safetensors' (C order, little-endian)
