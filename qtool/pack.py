@@ -606,7 +606,6 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
 
 def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress) -> None:
     from qtool import __version__
-    from qtool.formats.scaled import relative_error
     from qtool.formats.scaled_format import module_meta
     from qtool.io.writer import (
         BackgroundWriter,
@@ -647,11 +646,13 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 try:
                     # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
                     out = fmt.compute_for(stype) if fmt.compute == "scale" else model
+                    st: dict = {}
                     p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
-                                        method=job.method, name=name)
+                                        method=job.method, name=name, stats=st)
                 except QtoolError as e:
                     raise _located(e, ck.path, name) from None
-                err = relative_error(weight, p)
+                err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
+                                                                                 math.inf)
                 if not math.isfinite(err):
                     raise InputError(f"the relative error of the packed weight is {err} (not a number)",
                                      path=ck.path, tensor=name, fix="--exclude this tensor and report it")

@@ -158,3 +158,11 @@ def test_nonfinite_weight_is_refused_with_its_place():
     w[2, 3] = float("inf")
     with pytest.raises(InputError, match=r"\[2, 3\]"):
         quantize_scaled(w, "e4m3", (1, -1), "fp32", name="m.weight")
+
+
+@pytest.mark.parametrize("block", [(-1, -1), (1, -1), (16, 32), (5, 7)])
+def test_in_pass_error_matches_the_float64_measure(block):
+    w = torch.randn(70, 90, dtype=torch.bfloat16)
+    st: dict = {}
+    p = quantize_scaled(w, "e4m3", block, "fp32", stats=st)
+    assert (st["err2"] / st["ref2"]) ** 0.5 == pytest.approx(relative_error(w, p), rel=1e-4)

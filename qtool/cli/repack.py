@@ -23,6 +23,7 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.formats.base import format_names
 from qtool.report.text import sanitize
 
 EPILOG = """Examples:
@@ -42,7 +43,7 @@ EPILOG = """Examples:
   qtool repack model-gptq/ --to dense --dtype bf16 -o model-bf16
 """
 
-TARGETS = "gptq (v1), gptq_v2, gptq_p, awq, ct, marlin, q4_0, q4_1, q8_0, dense"
+TARGETS = format_names() + ", dense (every module dequantized; --dtype)"
 
 
 @app.command("repack", help="Convert a quantized checkpoint to another layout. Every module is planned first "

@@ -149,6 +149,26 @@ def all_formats() -> dict[str, Format]:
     return dict(_REGISTRY)
 
 
+def bits_text(bits: Sequence[int]) -> str:
+    """(2, 3, 4, 5, 6, 7, 8) -> "2-8"; (2, 3, 4, 8) -> "2, 3, 4, 8"."""
+    b = sorted(bits)
+    if len(b) > 2 and b == list(range(b[0], b[-1] + 1)):
+        return f"{b[0]}-{b[-1]}"
+    return ", ".join(map(str, b))
+
+
+def format_names(ids: Sequence[str] | None = None, *, aliases: bool = True) -> str:
+    """The formats a command accepts, for its help and errors, read from the rows: "gguf_q4_0 (q4_0), gptq
+    (gptq_v1), ...". Every registered format (sorted by id) unless `ids` names them; `aliases=False` for a
+    command that takes ids only. Aliases with ':' (inspect's GGUF type names) are not command-line spellings
+    and are left out."""
+    out = []
+    for fid in ids if ids is not None else sorted(_REGISTRY):
+        also = [a for a in _REGISTRY[fid].spec.aliases if ":" not in a] if aliases else []
+        out.append(f"{fid} ({', '.join(also)})" if also else fid)
+    return ", ".join(out)
+
+
 def expect(tensors: dict[str, torch.Tensor], name: str, fmt: str, *, dtype: torch.dtype | None = None,
            dims: int | None = None) -> torch.Tensor:
     """Fetch a tensor a layout needs, with an error that names it."""

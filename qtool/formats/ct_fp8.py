@@ -16,17 +16,20 @@ transformers read those to choose the activation quantization.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
 
 from qtool.errors import FormatError
 from qtool.formats.base import FormatSpec, expect, register
 from qtool.formats.compressed_tensors import DENSE_SINCE
-from qtool.formats.fp8 import read_activation
+from qtool.formats.detection import Claims, Detected, Sig
+from qtool.formats.fp8 import detect_fp8, read_activation
 from qtool.formats.scaled import ScaledPlain
 from qtool.formats.scaled_format import ScaledFormat, block_of, infer_block
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
 
-_SCALE_TYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+torch = lazy_module("torch")
+_SCALE_TYPE = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _COMPUTE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -72,7 +75,7 @@ class CtNaive(ScaledFormat):
 
     ct_type = "float"
     ct_format = "float-quantized"
-    element_dtype = torch.float8_e4m3fn
+    element_dtype = "float8_e4m3fn"  # torch dtype name of the stored weight
     scale_types = ("fp32", "bf16", "fp16")
     compute = "scale"
 
@@ -89,10 +92,10 @@ class CtNaive(ScaledFormat):
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> ScaledPlain:
         fid = self.spec.id
-        w = expect(tensors, "weight", fid, dtype=self.element_dtype, dims=2)
+        w = expect(tensors, "weight", fid, dtype=getattr(torch, self.element_dtype), dims=2)
         s = expect(tensors, "weight_scale", fid)
         o, i = w.shape
-        st = _SCALE_TYPE.get(s.dtype)
+        st = _SCALE_TYPE.get(str(s.dtype))
         if st is None:
             raise FormatError(f"{fid}: weight_scale must be fp32/bf16/fp16, got {s.dtype}", tensor="weight_scale")
         schemes = ct_schemes(params, self.ct_type)
@@ -186,3 +189,7 @@ class CtFp8(CtNaive):
     elements = ("e4m3",)
     strategies = ("tensor", "channel", "group", "block")
     default_block = (1, -1)
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        d = detect_fp8(t, claims)
+        return d if d is not None and d.format == "ct_fp8" else None

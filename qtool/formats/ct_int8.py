@@ -14,10 +14,11 @@ static per-tensor. Same compressor and config shape as ct_fp8 (ct_fp8.py), with 
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
 
 from qtool.formats.base import FormatSpec, register
 from qtool.formats.ct_fp8 import CtNaive
+from qtool.formats.detection import Claims, Detected, Sig
 
 
 @register
@@ -35,8 +36,20 @@ class CtInt8(CtNaive):
     )
     ct_type = "int"
     ct_format = "int-quantized"
-    element_dtype = torch.int8
+    element_dtype = "int8"
     elements = ("int8",)
     strategies = ("tensor", "channel", "group")
     zeros = True
     default_block = (1, -1)
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """An int8 weight beside a weight_scale (bitsandbytes' LLM.int8, asked before, has SCB instead)."""
+        w = t.get("weight")
+        if w is None or w[0] != "I8" or "weight_scale" not in t or len(w[1]) != 2:
+            return None
+        o, i = w[1]
+        notes: list[tuple[str, str]] = []
+        if claims.format not in (None, "ct", "ct_int8"):
+            notes.append(("error", f"config says {claims.format} but the tensors are compressed-tensors INT8"))
+        return Detected("ct_int8", 8, -1, "weight_zero_point" not in t, False, i, o, i * o,
+                        detail="int8 weight + weight_scale", notes=notes)

@@ -10,8 +10,6 @@ that gains a format module moves its detector into that module's `detect`.
     qqq             B I32 [K/16, N*16/8] in Marlin tiles, s_channel F32 [1, N], s_group F16 [K/g, N]
     exl3            trellis I16 [K/16, N/16, 16*bits], suh [K], svh [N]
     ct_nvfp4        weight_packed U8 [O, I/2], weight_scale F8_E4M3 [O, I/16], weight_global_scale
-    ct_fp8 / fp8    weight F8_E4M3 + weight_scale (ct, vLLM fp8) or weight_scale_inv (HF block fp8)
-    ct_int8         weight I8 [O, I] + weight_scale
     bnb             weight U8 + weight.absmax / weight.quant_state.bitsandbytes__nf4|fp4 (4-bit),
                     weight I8 + SCB (LLM.int8)
     mlx             weight U32 [O, I*b/32] packed along the input, scales and biases [O, I/g]
@@ -26,7 +24,6 @@ from qtool.formats.awq import awq_gemm_shaped
 from qtool.formats.detection import (
     AWQ_FAMILY,
     FLOAT_DTYPES,
-    FP8_DTYPES,
     GPTQ_FAMILY,
     INT_DTYPES,
     Claims,
@@ -249,7 +246,7 @@ def _mlx(name: str, t: Mapping[str, Sig], c: Claims) -> Detected:
     return Detected("mlx", bits, group, False, False, i, o, (i or 0) * o or None, detail="MLX affine", notes=notes)
 
 
-# --- compressed-tensors NVFP4 and INT8, FP8 ---------------------------------------------------------------
+# --- compressed-tensors NVFP4 ---------------------------------------------------------------
 
 def ct_nvfp4(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
     """weight_packed uint8 (two FP4 codes a byte) or beside a weight_global_scale."""
@@ -269,61 +266,6 @@ def ct_nvfp4(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
     if group != 16:
         notes.append(("warning", f"NVFP4 scales cover {group} inputs (16 expected)"))
     return Detected("ct_nvfp4", 4, group, True, False, i, o, i * o, detail="nvfp4", notes=notes)
-
-
-def ct_int8(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
-    w = t.get("weight")
-    if w is None or w[0] != "I8" or "weight_scale" not in t or len(w[1]) != 2:
-        return None
-    o, i = w[1]
-    return Detected("ct_int8", 8, -1, True, False, i, o, i * o, detail="int8 weight + weight_scale")
-
-
-def fp8(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
-    w = t.get("weight")
-    if w is None or w[0] not in FP8_DTYPES or len(w[1]) != 2:
-        return None
-    return _fp8(t, c)
-
-
-def _fp8(t: Mapping[str, Sig], c: Claims) -> Detected:
-    o, i = t["weight"][1]
-    notes: list[tuple[str, str]] = []
-    if "weight_scale_inv" in t:
-        fmt, scale = "fp8", t["weight_scale_inv"][1]
-    elif "weight_scale" in t:
-        fmt = "fp8" if c.quant_method == "fp8" else "ct_fp8"
-        scale = t["weight_scale"][1]
-    else:
-        return Detected("unknown", notes=[("error", "FP8 weight without weight_scale or weight_scale_inv")])
-    numel = 1
-    for d in scale:
-        numel *= d
-    if numel == 1:
-        group, detail = -1, "per-tensor scale"
-    elif tuple(scale) in ((o, 1), (o,)):
-        group, detail = -1, "per-channel scale"
-    elif len(scale) == 2:
-        bo = c.block_size[0] if c.block_size else _div_ceil_match(o, scale[0])
-        bi = c.block_size[1] if c.block_size else _div_ceil_match(i, scale[1])
-        group, detail = bi, f"block {bo}x{bi} scales"
-        if c.block_size and (-(-o // bo) != scale[0] or -(-i // bi) != scale[1]):
-            notes.append(("error", f"weight_block_size {list(c.block_size)} does not match scales {list(scale)} "
-                                   f"for weight [{o}, {i}]"))
-        if scale[1] == i // 16 and scale[0] == o:
-            group, detail = 16, "per-16 group scales"
-    else:
-        group, detail = None, f"scale shape {list(scale)}"
-    if c.format not in (None, fmt, "ct_fp8", "fp8"):
-        notes.append(("error", f"config says {c.format} but the tensors are FP8 ({t['weight'][0]})"))
-    return Detected(fmt, 8, group, True, False, i, o, i * o, detail=detail, notes=notes)
-
-def _div_ceil_match(n: int, blocks: int) -> int | None:
-    """The power-of-two block size b with ceil(n/b) == blocks (128 for DeepSeek-style files)."""
-    for b in (128, 64, 256, 32, 512, 16):
-        if -(-n // b) == blocks:
-            return b
-    return None
 
 
 # --- bitsandbytes --------------------------------------------------------------------------------------------

@@ -19,13 +19,17 @@ Reading also accepts a per-tensor `weight_scale_inv` (transformers' own per-tens
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
 
 from qtool.errors import FormatError
 from qtool.formats.base import FormatSpec, expect, register
+from qtool.formats.detection import FP8_DTYPES, Claims, Detected, Sig
 from qtool.formats.scaled import ScaledPlain
 from qtool.formats.scaled_format import ScaledFormat, infer_block
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 
 def fp8_quant_config(params: QuantScheme) -> dict:
@@ -41,6 +45,11 @@ def read_activation(t: dict[str, torch.Tensor], dynamic: bool | None) -> dict:
     if not s.dtype.is_floating_point or s.numel() != 1:
         raise FormatError(f"input_scale must be one float value, got {s.dtype} {tuple(s.shape)}", tensor="input_scale")
     return {"act_dynamic": False, "input_scale": s.reshape(())}
+
+
+def _model_dtype(params: QuantScheme) -> str:
+    d = params.extra.get("model_dtype") if params.extra else None
+    return d if d in ("bfloat16", "float16", "float32") else "bfloat16"
 
 
 @register
@@ -61,6 +70,10 @@ class Fp8(ScaledFormat):
     scale_types = ("fp32",)
     compute = "fp32"
     default_block = (128, 128)
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        d = detect_fp8(t, claims)
+        return d if d is not None and d.format in ("fp8", "unknown") else None
 
     def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
         p = self.require(plain)
@@ -97,7 +110,7 @@ class Fp8(ScaledFormat):
                 **read_activation(tensors, None if dyn is None else dyn != "static")}
         try:
             return ScaledPlain(w, "e4m3", grid, "fp32", block, compute="float32",
-                               out_dtype=params.extra.get("model_dtype", "bfloat16"), meta=meta)
+                               out_dtype=_model_dtype(params), meta=meta)
         except FormatError as e:
             raise FormatError(f"fp8: {e.problem}", tensor=name,
                               fix="check weight_block_size in the config against the scale shape") from None
@@ -120,3 +133,44 @@ class Fp8(ScaledFormat):
             cfg["ignored_layers"] = list(dense)
         return cfg
 
+
+
+def detect_fp8(t: Mapping[str, Sig], c: Claims) -> Detected | None:
+    """An F8 weight beside its scale: HF fp8 (`weight_scale_inv`, or `weight_scale` under `quant_method: fp8`)
+    or compressed-tensors float-quantized (`weight_scale` otherwise). The two share their tensors; the config
+    tells them apart, so one function answers for both rows (fp8 and ct_fp8 ask it in turn)."""
+    w = t.get("weight")
+    if w is None or w[0] not in FP8_DTYPES or len(w[1]) != 2:
+        return None
+    o, i = w[1]
+    notes: list[tuple[str, str]] = []
+    if "weight_scale_inv" in t:
+        fmt, scale = "fp8", t["weight_scale_inv"][1]
+    elif "weight_scale" in t:
+        fmt = "fp8" if c.quant_method == "fp8" else "ct_fp8"
+        scale = t["weight_scale"][1]
+    else:
+        return Detected("unknown", notes=[("error", "FP8 weight without weight_scale or weight_scale_inv")])
+    if w[0] != "F8_E4M3":
+        notes.append(("error", f"{w[0]} weights: qtool reads the E4M3 layouts of fp8 and float-quantized only"))
+    numel = 1
+    for d in scale:
+        numel *= d
+    if numel == 1:
+        group, detail = -1, "per-tensor scale"
+    elif tuple(scale) in ((o, 1), (o,)):
+        group, detail = -1, "per-channel scale"
+    elif len(scale) == 2:
+        block = infer_block(o, i, tuple(scale))
+        bo, bi = c.block_size if c.block_size else block if block else (None, None)
+        group, detail = bi, f"block {bo}x{bi} scales"
+        if c.block_size and (-(-o // bo) != scale[0] or -(-i // bi) != scale[1]):
+            notes.append(("error", f"weight_block_size {list(c.block_size)} does not match scales {list(scale)} "
+                                   f"for weight [{o}, {i}]"))
+        if block is not None and block[0] == 1:
+            group, detail = block[1], f"per-{block[1]} group scales"
+    else:
+        group, detail = None, f"scale shape {list(scale)}"
+    if c.format not in (None, fmt, "ct_fp8", "fp8"):
+        notes.append(("error", f"config says {c.format} but the tensors are FP8 ({w[0]})"))
+    return Detected(fmt, 8, group, True, False, i, o, i * o, detail=detail, notes=notes)

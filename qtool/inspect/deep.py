@@ -232,14 +232,14 @@ def _deep_scaled(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, 
 
     extra = {"quant_config": dict(claims.raw) if claims is not None else {}, "module": m.name}
     params = QuantScheme(bits=8, extra=extra)
-    plain = get_format(m.format).unpack(t, params)
+    fmt = m.scheme.format
+    plain = get_format(fmt).unpack(t, params)
     for sev, msg in plain.anomalies():
         notes.append((sev, m.name, msg))
-    m.sym = plain.zeros is None
-    m.desc_act = False
+    m.scheme = replace(m.scheme, sym=plain.zeros is None, desc_act=False)
     if stats:
         m.stats = _check_weight(dequantize(plain), m.name, notes)
-    return m.format, params, plain
+    return fmt, params, plain
 
 
 def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes) -> str:

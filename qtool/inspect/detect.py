@@ -215,8 +215,9 @@ ASKED: tuple[Callable[[str, Mapping[str, Sig], Claims], Detected | None], ...] =
     get_format("ct").detect,
     foreign.bnb_4bit,
     foreign.bnb_int8,
-    foreign.fp8,
-    foreign.ct_int8,
+    get_format("fp8").detect,
+    get_format("ct_fp8").detect,
+    get_format("ct_int8").detect,
     foreign.mlx,
 )
 

@@ -24,7 +24,7 @@ from qtool.formats.scaled import COMPUTE_DTYPES, ELEMENTS, SCALE_TYPES, ScaledPl
 METHODS = ("rtn", "mse")
 # 1.0 first (exactly rtn), then shrinking ranges; per-block choice.
 RATIOS = (1.0, 0.975, 0.95, 0.925, 0.9, 0.875, 0.85, 0.8, 0.75, 0.7)
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 20  # float32 work per chunk: 4 MiB, two buffers
 # Scale types a dense quantizer here can produce from an absmax (the small-float scale types need a global
 # scale or a power-of-two rule: their formats' quantizers own that).
 LINEAR_SCALES = ("fp32", "bf16", "fp16")
@@ -42,14 +42,19 @@ def _codes(x: torch.Tensor, element: str) -> torch.Tensor:
     return x.clamp_(-top, top).to(getattr(torch, ELEMENTS[element].storage))
 
 
-def _block_amax(w: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
-    """float32 [R, I] -> [ceil(R / bo), ceil(I / bi)] max |w| per block (ragged edges padded with zeros)."""
-    r, i = w.shape
+def _block_amax(a: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
+    """|w| float32 [R, I] -> [ceil(R / bo), ceil(I / bi)] max per block (ragged edges padded with zeros):
+    along the contiguous inputs first, then across the block's rows."""
+    r, i = a.shape
     nr, nc = -(-r // bo), -(-i // bi)
-    a = w.abs()
-    if nc * bi != i or nr * bo != r:
-        a = torch.nn.functional.pad(a, (0, nc * bi - i, 0, nr * bo - r))
-    return a.view(nr, bo, nc, bi).amax(dim=(1, 3))
+    if nc * bi != i:
+        a = torch.nn.functional.pad(a, (0, nc * bi - i))
+    m = a.view(r, nc, bi).amax(-1)
+    if bo == 1:
+        return m
+    if nr * bo != r:
+        m = torch.nn.functional.pad(m, (0, 0, 0, nr * bo - r))
+    return m.view(nr, bo, nc).amax(1)
 
 
 def _expand(s: torch.Tensor, r: int, i: int, bo: int, bi: int) -> torch.Tensor:
@@ -76,8 +81,13 @@ def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float 
 
 def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[int, int] = (128, 128),
                     scale_type: str = "fp32", compute: str = "float32", out_dtype: str = "bfloat16",
-                    method: str = "rtn", name: str | None = None, meta: dict | None = None) -> ScaledPlain:
-    """Quantize weight [O, I] (fp16/bf16/fp32) into a ScaledPlain (module docstring). name: for errors only."""
+                    method: str = "rtn", name: str | None = None, meta: dict | None = None,
+                    stats: dict | None = None) -> ScaledPlain:
+    """Quantize weight [O, I] (fp16/bf16/fp32) into a ScaledPlain (module docstring). name: for errors only.
+
+    stats: when a dict, receives "err2" = sum (W - Ŵ)^2 and "ref2" = sum W^2 (float32 work, float64 sums),
+    measured while each chunk is in cache (pack reports sqrt(err2 / ref2) without a second pass).
+    """
     if weight.dim() != 2 or not weight.is_floating_point():
         raise UsageError(f"can only quantize 2-D float weights [out, in], got {weight.dtype} "
                          f"{tuple(weight.shape)}{_where(name)}")
@@ -95,26 +105,83 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     sdtype = getattr(torch, SCALE_TYPES[scale_type].storage)
     codes = torch.empty(o, i, dtype=getattr(torch, ELEMENTS[element].storage))
     scales = torch.empty(scale_grid(o, i, block), dtype=sdtype)
+    meta = {"method": method, **(meta or {})}
     if o == 0 or i == 0:
         return ScaledPlain(codes, element, scales.fill_(1), scale_type, tuple(block), compute, out_dtype,
-                           meta=dict(meta or {}))
-    step = o if bo == o else max(bo, CHUNK_ELEMENTS // max(i, 1) // bo * bo)
+                           meta=meta)
+    tensor_amax = None
+    if bo == o and bi == i and o > 1:  # per-tensor: one amax first, then the codes chunk by chunk like per-channel
+        tensor_amax = torch.linalg.vector_norm(weight.to("cpu"), float("inf")).to(torch.float32).reshape(1, 1)
+        if not torch.isfinite(tensor_amax).all():
+            _refuse_nonfinite(weight, 0, o, name)
+    step_bo = 1 if tensor_amax is not None else bo
+    step = max(step_bo, CHUNK_ELEMENTS // max(i, 1) // step_bo * step_bo)
+    rows = min(step, o)
+    # reused buffers: fresh memory costs a page fault per 4 KiB on first touch, as much as the work itself
+    x_buf = torch.empty(rows, i, dtype=torch.float32)
+    a_buf = torch.empty(rows, i, dtype=torch.float32)
+    err2 = ref2 = 0.0
     for r0 in range(0, o, step):
         r1 = min(o, r0 + step)
-        w = weight[r0:r1].to(device="cpu", dtype=torch.float32)
-        amax = _block_amax(w, bo, bi)
-        if not torch.isfinite(amax).all():
-            _refuse_nonfinite(weight, r0, r1, name)
+        n = r1 - r0
+        x, a = x_buf[:n], a_buf[:n]
+        x.copy_(weight[r0:r1])
+        if tensor_amax is None:
+            amax = _block_amax(torch.abs(x, out=a), bo, bi)
+            if not torch.isfinite(amax).all():
+                _refuse_nonfinite(weight, r0, r1, name)
+        else:
+            amax = tensor_amax
         s = _stored_scale(amax, top, scale_type)
         if not torch.isfinite(s).all():
             raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
                                    tensor=name, fix="use --dtype bf16 scales or --exclude this module")
         if method == "mse":
-            s = _search(w, amax, s, top, element, scale_type, bo, bi)
-        codes[r0:r1] = _codes(_divide(w, s.to(torch.float32), bo, bi), element)
-        scales[r0 // bo:r0 // bo + s.shape[0]] = s
-    return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype,
-                       meta={"method": method, **(meta or {})})
+            s = _search(x, amax, s, top, element, scale_type, bo if tensor_amax is None else n, bi)
+        s32 = s.to(torch.float32)
+        if stats is not None:
+            ref2 += float(torch.linalg.vector_norm(x)) ** 2
+        _scale_rows(x, torch.reciprocal(s32), bo if tensor_amax is None else n, bi)
+        # |w / s| stays within the element's range when s is amax / max rounded up to at most 2^-8 below
+        # (bf16 scales), so the clamp only runs when a scale clips (mse) or rounded far down
+        if method == "mse" or float((amax / s32).max()) > top * (1 + 2 ** -7):
+            x.clamp_(-top, top)
+        if element == "int8":
+            x.round_()
+        codes[r0:r1].copy_(x)
+        if tensor_amax is None:
+            scales[r0 // bo:r0 // bo + s.shape[0]] = s
+        else:
+            scales.copy_(s)
+        if stats is not None:
+            # W - Ŵ = (x - code) * s: the rounding error in code units, per block row, times its scale
+            err2 += _block_err2(a.copy_(codes[r0:r1]).sub_(x), s32, bo if tensor_amax is None else n, bi)
+    if stats is not None:
+        stats.update(err2=err2, ref2=ref2)
+    return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
+
+
+def _block_err2(e: torch.Tensor, s32: torch.Tensor, bo: int, bi: int) -> float:
+    """sum ((code - w/s) * s)^2 from the code-unit error e [n, I] and the chunk's scales."""
+    n, i = e.shape
+    nc = s32.shape[1]
+    rows = s32 if bo == 1 else s32.repeat_interleave(bo, 0)[:n]
+    if nc * bi == i:
+        per = torch.linalg.vector_norm(e.view(n, nc, bi), dim=-1)
+        return float(((per * rows) ** 2).sum(dtype=torch.float64))
+    return float(torch.linalg.vector_norm(e.mul_(rows.repeat_interleave(bi, 1)[:, :i]))) ** 2
+
+
+def _scale_rows(x: torch.Tensor, per_block: torch.Tensor, bo: int, bi: int) -> None:
+    """x [n, I] *= its block's value (per_block [ceil(n / bo), ceil(I / bi)]; n a whole number of block rows
+    but for the last chunk), in place."""
+    n, i = x.shape
+    nc = per_block.shape[1]
+    rows = per_block if bo == 1 else per_block.repeat_interleave(bo, 0)[:n]
+    if nc * bi == i:
+        x.view(n, nc, bi).mul_(rows.unsqueeze(-1))
+    else:
+        x.mul_(rows.repeat_interleave(bi, 1)[:, :i])
 
 
 def _search(w, amax, s, top, element, scale_type, bo, bi):

@@ -46,6 +46,8 @@ from qtool.errors import UsageError
 from qtool.formats.base import Format, format_id
 from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
+from qtool.repack.scaled import decide as decide_scaled
+from qtool.repack.scaled import is_scaled
 from qtool.scheme import QuantScheme
 
 KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
@@ -298,6 +300,8 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
         elif m.scheme.format not in known and not m.scheme.format.startswith("gguf:"):
             mp.kind = "impossible"
             mp.reasons.append(f"qtool cannot read '{m.scheme.format}' modules")
+        elif is_scaled(dst) or is_scaled(known.get(m.scheme.format)):
+            decide_scaled(source, m, mp, dst, job, known, _lossy_target)
         else:
             _decide(source, m, mp, dst, job, known)
         _resolve_unread(m, mp, keep, drop)

@@ -183,6 +183,11 @@ class ModuleConverter:
 
         scratch: optional reusable int32 buffer that a direct path may write its packed weight into (the
         result then views it: the caller must not reuse it before the result is written)."""
+        from qtool.repack.scaled import convert as convert_scaled
+        from qtool.repack.scaled import is_scaled
+
+        if is_scaled(self.dst):
+            return convert_scaled(self, m, mp)
         if mp.relayout and not mp.steps and m.name not in self.rows:
             fn = self.fast.get((m.scheme.format, self.dst.spec.id))
             if fn is not None:
@@ -433,7 +438,13 @@ def _write_configs(tmp: Path, source, plan: RepackPlan, dst, rename=None, base: 
         from qtool.repack.interop import renamed
 
         conv = renamed(conv, rename)
-    qcfg = dst.quantization_config([(m.module, m.target_scheme(), m.target_meta) for m in conv])
+    modules = [(m.module, m.target_scheme(), m.target_meta) for m in conv]
+    from qtool.repack.scaled import dense_linears, is_scaled
+
+    if is_scaled(dst):
+        qcfg = dst.quantization_config(modules, dense=dense_linears(source, plan))
+    else:
+        qcfg = dst.quantization_config(modules)
     if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
         from qtool.io.hf_gguf import loader_keys
 

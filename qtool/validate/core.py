@@ -435,7 +435,7 @@ class _Run:
 
         if not isinstance(plain, Plain):
             # float / int8 codes (fp8, ct_fp8, ct_int8): the kernel table declares no kernel for them
-            self.add("kernels", m.name, "skip", f"{m.format}: no kernel in qtool's table reads this layout")
+            self.add("kernels", m.name, "skip", f"{m.scheme.format}: no kernel in qtool's table reads this layout")
             return
 
         key = (plain.out_features, plain.in_features, plain.bits, plain.group_size, plain.sym, plain.desc_act,
