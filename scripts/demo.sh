@@ -22,6 +22,11 @@ step "$BIN/python" scripts/same_tensors.py "$OUT/minilm-gptq-4bit" "$OUT/minilm-
 step "$QT" pack "$MODEL" -o "$OUT/minilm-gptq-g32" --to gptq --bits 4 --group-size 32 -q
 step "$QT" repack "$OUT/minilm-gptq-g32" --to q4_0 -o "$OUT/minilm-q4_0.gguf"
 step "$QT" inspect "$OUT/minilm-q4_0.gguf"
+# FP8 (E4M3 codes, fp32 scales per 128x128 block, as DeepSeek-V3 ships) and back to a dense fp32 checkpoint:
+# each weight's relative error, equal to the one pack reported (the dense file holds what the codes decode to).
+step "$QT" pack "$MODEL" -o "$OUT/minilm-fp8" --to fp8 -q
+step "$QT" repack "$OUT/minilm-fp8" --to dense --dtype fp32 -o "$OUT/minilm-fp8-dense" -q
+step "$BIN/python" scripts/weight_error.py "$MODEL" "$OUT/minilm-fp8-dense" --pack-report "$OUT/minilm-fp8"
 # Calibrated GPTQ (act-order; 128 windows of 64 tokens of qtool's offline default text) evaluated against the
 # dense model, beside the RTN pack above.
 printf '\n\033[1m$ %s\033[0m\n' "$QT eval $OUT/minilm-gptq-4bit --reference $MODEL --json > $OUT/rtn-eval.json"

@@ -39,9 +39,11 @@ EPILOG = """Examples:
   qtool repack model.gguf --to gptq_v2 --allow-lossy --group-size 128
 
   qtool repack model-q4_1.gguf --to q4_0 --tensor-type 'token_embd=Q8_0' -o model-q4_0.gguf
+
+  qtool repack model-gptq/ --to dense --dtype bf16 -o model-bf16
 """
 
-TARGETS = format_names()
+TARGETS = format_names() + ", dense (every module dequantized; --dtype)"
 
 
 @app.command("repack", help="Convert a quantized checkpoint to another layout. Every module is planned first "
@@ -74,6 +76,10 @@ def repack_cmd(
                               "that GGML type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), as llama-quantize's "
                               "flag does; exact only where the values survive (else --allow-lossy). Without it "
                               "a GGUF source's tensors of other types keep their own.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        "--dtype", help="--to dense: the dtype of the dequantized weights, bf16, fp16 or fp32 (lossless); float "
+                        "tensors outside the modules are cast to it too. Default: the config's torch_dtype (else "
+                        "bf16), other tensors copied as they are.", show_default=False)] = None,
     max_shard_size: MaxShardOpt = "4GB",
     force: ForceOpt = False,
     dry_run: DryRunOpt = False,
@@ -89,6 +95,10 @@ def repack_cmd(
 
     if not v["to"]:
         raise UsageError("missing --to", fix=f"choose a target layout: {TARGETS}")
+    if v["to"].strip().lower() == "dense":
+        return _dense(v)
+    if v["dtype"] is not None:
+        raise UsageError("--dtype applies to --to dense only", fix="drop --dtype")
     job = RepackJob(src=v["src"], to=v["to"], out=v["out"], allow_lossy=v["allow_lossy"], bits=v["bits"],
                     group_size=v["group_size"], include=tuple(v["include"] or ()), exclude=tuple(v["exclude"] or ()),
                     keep=tuple(v["keep"] or ()), drop=tuple(v["drop"] or ()), tensor_type=tuple(v["tensor_type"] or ()),
@@ -115,4 +125,32 @@ def repack_cmd(
         emit_json(report.to_dict())
     elif not v["quiet"]:
         render(report, human)
+    return 0
+
+
+def _dense(v: dict) -> int:
+    """`--to dense`: every module dequantized (qtool.repack.dense)."""
+    from qtool.errors import UsageError
+    from qtool.repack.dense import DenseJob, run_dense
+    from qtool.repack.dense_report import render
+
+    for flag, key in (("--allow-lossy", "allow_lossy"), ("--bits", "bits"), ("--group-size", "group_size"),
+                      ("--include", "include"), ("--exclude", "exclude"), ("--tensor-type", "tensor_type")):
+        if v[key]:
+            raise UsageError(f"{flag} does not apply to --to dense: every module is dequantized",
+                             fix=f"drop {flag}")
+    job = DenseJob(src=v["src"], out=v["out"], dtype=v["dtype"], keep=tuple(v["keep"] or ()),
+                   drop=tuple(v["drop"] or ()), dry_run=v["dry_run"], force=v["force"],
+                   max_shard_size=v["max_shard_size"])
+    with progress(v["quiet"] or v["json_"]) as bar:
+        task = bar.add_task("dequantizing", total=None)
+
+        def tick(name: str, k: int, n: int) -> None:
+            bar.update(task, completed=k, total=n, description=f"dequantizing {sanitize(name[-40:])}")
+
+        report = run_dense(job, tick)
+    if v["json_"]:
+        emit_json(report.to_dict())
+    elif not v["quiet"]:
+        render(report, stdout_console())
     return 0
