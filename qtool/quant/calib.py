@@ -53,6 +53,7 @@ class LayerResult:
     rtn_loss: float | None  # the same for plain RTN of the same (scaled) weight
     rel_error: float  # ‖W − Ŵ‖/‖W‖ against the weight that was quantized (AWQ: the scaled one)
     note: str = ""
+    deq: torch.Tensor | None = field(default=None, repr=False)  # dequantized weight on the device, when at hand
 
 
 @dataclass
@@ -259,9 +260,17 @@ def _gather(block, groups: list[list[_Linear]], inputs, device, track_mean: bool
     return stats
 
 
-def _set_weight(lin: _Linear, plain: Plain) -> None:
-    w = dequantize(plain, torch.float32).to(lin.mod.weight.device, lin.mod.weight.dtype)
-    lin.mod.weight.data.copy_(w)
+def _set_weight(lin: _Linear, plain: Plain, deq: torch.Tensor | None = None) -> None:
+    """Put the dequantized weights in the model; `deq` (float32, equal to dequantize(plain)) saves
+    recomputing them on the CPU."""
+    w = dequantize(plain, torch.float32) if deq is None else deq
+    lin.mod.weight.data.copy_(w.to(lin.mod.weight.device, lin.mod.weight.dtype))
+
+
+def _relative_error(W: torch.Tensor, deq: torch.Tensor) -> float:
+    """‖W − Ŵ‖/‖W‖ in float64 where the tensors are."""
+    W = W.double()
+    return float((W - deq.double()).norm() / W.norm().clamp(min=1e-300))
 
 
 def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) -> float:
@@ -284,7 +293,8 @@ def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> Layer
     r = gptq_mod.gptq_quantize(W, H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype, act_order=s.act_order,
                                static_groups=s.static_groups, damp=s.damp, name=lin.name)
     note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
-    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), relative_error(W.cpu(), r.plain), note)
+    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), _relative_error(W, r.deq), note,
+                       deq=r.deq)
 
 
 def _fold_candidates(block, group: list[_Linear], producer: str | None, order: list[_Linear]):
@@ -422,7 +432,8 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
                 else:
                     done = _quantize_awq_block(block, prefix, groups, producer, inputs, s, result)
                 for mid, lr in done.items():
-                    _set_weight(lins[mid], lr.plain)
+                    if s.method == "awq":  # GPTQ put its weights in as it went
+                        _set_weight(lins[mid], lr.plain)
                     result.layers[lr.module] = lr
             outs = _run(block, inputs, s.device)
             for o in outs:
@@ -452,8 +463,10 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
             for lin in g:
                 lr = _quantize_gptq(lin, stats[id(lin.mod)], s)
                 out[id(lin.mod)] = lr
-                if s.true_sequential:
-                    _set_weight(lin, lr.plain)
+                # the inputs are gathered already, so the weights can change now; the next step's (true-
+                # sequential) forward sees them quantized
+                _set_weight(lin, lr.plain, lr.deq)
+                lr.deq = None
             for lin in g:
                 del stats[id(lin.mod)]
     return out

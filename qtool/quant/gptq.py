@@ -81,6 +81,7 @@ class GptqResult:
     plain: Plain
     loss: float  # tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)
     damp: float  # the dampening fraction that made H positive definite
+    deq: torch.Tensor  # float32 [O, I] on H's device: exactly dequantize(plain, float32), computed on the way
 
 
 def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[torch.Tensor, float]:
@@ -203,4 +204,4 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     plain = Plain(q_codes.cpu(), scales.to(scale_dtype).cpu(), None if sym else zeros.to(torch.uint8).cpu(),
                   None if g_idx is None else g_idx.cpu().contiguous(), bits, group_size,
                   meta={"method": "gptq"})
-    return GptqResult(plain, loss, used_damp)
+    return GptqResult(plain, loss, used_damp, Q)
