@@ -38,7 +38,7 @@ def build(dtype, device: str, tiny: bool = False):
     model = model.to_empty(device="cpu").to(dtype)
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.fill_(1.0)  # norms
             else:  # drawn on the GPU: seconds instead of minutes on the CPU
@@ -97,7 +97,7 @@ def main() -> None:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if cuda else "none (cpu)"
     out = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "python": platform.python_version(),
-           "model": "Llama-3-8B shapes, random N(0, 0.02) bf16 weights", "blocks": len(blocks),
+           "model": "tiny Llama (smoke test)" if a.tiny else "Llama-3-8B shapes, random N(0, 0.02) bf16 weights", "blocks": len(blocks),
            "linears": len(res.layers), "samples": a.samples, "seqlen": a.seqlen, "bits": a.bits,
            "group_size": a.group_size, "act_order": a.act_order, "build_s": round(build_s, 1),
            "calibrate_wall_s": round(wall, 1), "per_block_s": [round(x, 2) for x in per_block],
