@@ -100,8 +100,8 @@ def quantized_weights(path: Path) -> tuple[dict, set[str]]:
     quantized = set()
     try:
         for m in src.modules:
-            fmt = get_format(m.format)
-            plain = fmt.unpack(src.load(m), m.params)
+            fmt = get_format(m.scheme.format)
+            plain = fmt.unpack(src.load(m), m.scheme)
             out[f"{m.name}.weight"] = dequantize(plain, torch.float32)
             quantized.add(f"{m.name}.weight")
         for name in src.passthrough:

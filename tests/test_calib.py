@@ -178,8 +178,8 @@ def test_pack_gptq_act_order_llama(tiny_llama, text_file, tmp_path):
     assert "perplexity" in (out / "report.md").read_text()
     from qtool.inspect import inspect_path
 
-    mods = [m for m in inspect_path(out).modules if m.format == "gptq"]
-    assert len(mods) == 14 and all(m.desc_act for m in mods)
+    mods = [m for m in inspect_path(out).modules if m.scheme.format == "gptq"]
+    assert len(mods) == 14 and all(m.scheme.desc_act for m in mods)
 
 
 def test_pack_awq_llama_writes_folded_norms_consistently(tiny_llama, text_file, tmp_path):

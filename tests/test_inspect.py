@@ -46,7 +46,8 @@ GGUF_FIXTURE = "gguf-q4_0-q4_1-q8_0/gguf-q4_0-q4_1-q8_0.gguf"
 
 
 def _module_fields(r):
-    return {m.name.removeprefix("encoder.layer.0."): (m.format, m.bits, m.group_size, m.sym, m.desc_act,
+    return {m.name.removeprefix("encoder.layer.0."): (m.scheme.format, m.scheme.bits, m.scheme.group_size,
+                                                      m.scheme.sym, m.scheme.desc_act,
                                                       (m.out_features, m.in_features)) for m in r.modules}
 
 
@@ -81,14 +82,14 @@ def test_fixture_deep_stats_match_reference(name, fixtures_dir):
     for m in r.modules:
         key = next(k for k in ref if k.startswith(m.name))
         assert _close(m.stats, _ref_stats(ref[key])), (m.name, m.stats, _ref_stats(ref[key]))
-        assert (m.format, m.sym, m.desc_act) == (fmt, sym, False)
+        assert (m.scheme.format, m.scheme.sym, m.scheme.desc_act) == (fmt, sym, False)
     if name.endswith("wordborrow"):
         assert any("whole-word" in a.message and a.severity == "info" for a in r.anomalies)
 
 
 def test_gguf_fixture(fixtures_dir):
     r = inspect_path(fixture_path(GGUF_FIXTURE), deep=True)
-    got = {m.name: (m.format, m.bits, m.group_size, m.sym, (m.out_features, m.in_features)) for m in r.modules}
+    got = {m.name: (m.scheme.format, m.scheme.bits, m.scheme.group_size, m.scheme.sym, (m.out_features, m.in_features)) for m in r.modules}
     q40, q41, q80 = ("gguf:Q4_0", 4, 32, True), ("gguf:Q4_1", 4, 32, False), ("gguf:Q8_0", 8, 32, True)
     assert got == {"blk.0.attn_q": (*q40, (64, 384)), "blk.0.attn_k": (*q40, (64, 384)),
                    "blk.0.attn_v": (*q40, (64, 384)), "blk.0.attn_output": (*q41, (64, 384)),
@@ -157,7 +158,7 @@ def write_gptq(root: Path, stored: str, claim: str | None, sym: bool = True, bit
 def test_written_gptq_header_only(tmp_path):
     r = inspect_path(write_gptq(tmp_path / "m", "v2", "gptq_v2"))
     q = [m for m in r.modules if m.quantized]
-    assert [(m.name, m.format, m.bits, m.group_size, m.in_features, m.out_features) for m in q] == [
+    assert [(m.name, m.scheme.format, m.scheme.bits, m.scheme.group_size, m.in_features, m.out_features) for m in q] == [
         ("model.layers.0.mlp.down_proj", "gptq_v2", 4, 32, 128, 64),
         ("model.layers.0.self_attn.q_proj", "gptq_v2", 4, 32, 64, 64),
         ("model.layers.1.mlp.down_proj", "gptq_v2", 4, 32, 128, 64),
@@ -185,7 +186,7 @@ def test_mislabelled_v1_v2_found_by_deep(tmp_path, stored, claim, bad):
     r = inspect_path(root, deep=True)
     errors = [a for a in r.anomalies if a.severity == "error"]
     if not bad:
-        assert errors == [] and {m.sym for m in r.modules if m.quantized} == {True}
+        assert errors == [] and {m.scheme.sym for m in r.modules if m.quantized} == {True}
         return
     assert len(errors) == 1 and errors[0].tensor == "model.layers.0.mlp.down_proj"
     if claim == "gptq":
@@ -196,7 +197,7 @@ def test_mislabelled_v1_v2_found_by_deep(tmp_path, stored, claim, bad):
                                      "checkpoint_format: gptq (4 modules)")
     # the modules are reported as what the data says, and decode symmetric
     want = "gptq_v2" if stored == "v2" else "gptq"
-    assert {(m.format, m.sym) for m in r.modules if m.quantized} == {(want, True)}
+    assert {(m.scheme.format, m.scheme.sym) for m in r.modules if m.quantized} == {(want, True)}
     # strict CLI exits 1, plain exits 0
     assert cli("inspect", str(root), "--deep")[1] == 0
     assert cli("inspect", str(root), "--deep", "--strict")[1] == 1
@@ -226,7 +227,7 @@ def test_quantize_config_json_and_disagreement(tmp_path):
 def test_asym_and_deep_checks_of_bad_data(tmp_path):
     root = write_gptq(tmp_path / "m", "v2", "gptq_v2", sym=False)
     r = inspect_path(root, deep=True)
-    assert not r.has_errors() and {m.sym for m in r.modules if m.quantized} == {False}
+    assert not r.has_errors() and {m.scheme.sym for m in r.modules if m.quantized} == {False}
     # poison scales and g_idx of one module
     f = root / "model.safetensors"
     t = load_file(str(f))
@@ -328,7 +329,7 @@ def test_split_gguf_missing_member(tmp_path):
     first = tmp_path / "model-00001-of-00003.gguf"
     r = inspect_path(first, deep=True)
     assert not_loaders(r.anomalies) == [] and len(r.files) == 3 and len(r.modules) == 4
-    got = {m.name: (m.format, m.bits, m.group_size, m.sym) for m in r.modules}
+    got = {m.name: (m.scheme.format, m.scheme.bits, m.scheme.group_size, m.scheme.sym) for m in r.modules}
     assert got == {"blk.0.attn_q": ("gguf:Q4_0", 4, 32, True), "blk.0.attn_k": ("gguf:Q4_1", 4, 32, False),
                    "blk.0.ffn_up": ("gguf:Q8_0", 8, 32, True), "blk.0.ffn_down": ("gguf:Q6_K", 6, 256, True)}
     assert r.tensor_count == len(TENSORS)
@@ -453,8 +454,8 @@ def test_qtool_marlin_checkpoint(tmp_path):
     save_file(tensors, str(root / "model.safetensors"),
               metadata=mf.contract(mf.summarize({"layer.q": mf.module_meta(plain)})))
     r = inspect_path(root, deep=True)
-    assert [(m.name, m.format, m.bits, m.group_size, m.sym, m.desc_act, m.in_features, m.out_features)
-            for m in r.modules] == [("layer.q", "marlin", 4, 64, True, True, i, o)]
+    assert [(m.name, m.scheme.format, m.scheme.bits, m.scheme.group_size, m.scheme.sym, m.scheme.desc_act,
+             m.in_features, m.out_features) for m in r.modules] == [("layer.q", "marlin", 4, 64, True, True, i, o)]
     assert r.config_source is None and not [a for a in not_loaders(r.anomalies) if a.severity != "info"], r.anomalies
     assert _close(r.modules[0].stats, _ref_stats(dequantize(plain)))
 
@@ -476,8 +477,8 @@ def test_checkpoints_packed_by_qtool(tmp_path, to, sym):
     r = inspect_path(out, deep=True)
     assert r.format == to and not [a for a in not_loaders(r.anomalies) if a.severity != "info"], r.anomalies
     for m in r.modules:
-        assert (m.format, m.bits, m.group_size, m.in_features, m.out_features) == (to, 4, 64, 256, 64)
-        assert m.desc_act is False and m.sym is sym
+        assert (m.scheme.format, m.scheme.bits, m.scheme.group_size, m.in_features, m.out_features) == (to, 4, 64, 256, 64)
+        assert m.scheme.desc_act is False and m.scheme.sym is sym
         ref = _ref_stats(dense[m.name + ".weight"])
         assert abs(m.stats["std"] - ref["std"]) < 0.05 * ref["std"]
         assert abs(m.stats["mean"] - ref["mean"]) < 0.02

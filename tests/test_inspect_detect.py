@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from qtool.formats.detection import Claims, ct_scheme_for
+from qtool.formats.gguf_blocks import detect_gguf
 from qtool.inspect.detect import (
-    Claims,
     collapse_layers,
-    ct_scheme_for,
-    detect_gguf,
     detect_module,
     group_modules,
     split_name,
@@ -146,3 +145,21 @@ def test_gguf_types():
     assert fields(detect_gguf((512, 8), "Q6_K", (256, 210)))[:4] == ("gguf:Q6_K", 6, 256, True)
     assert fields(detect_gguf((64, 8), "F16", (1, 2)))[:2] == ("dense", 16)
     assert detect_gguf((64,), "F32", (1, 4)) is None
+
+
+@pytest.mark.parametrize(("fid", "bits", "group", "sym"), [
+    ("gptq", 4, 32, True), ("gptq_v2", 3, 32, False), ("gptq_p", 5, 64, False), ("awq", 4, 32, False),
+    ("ct", 4, 32, False), ("ct", 3, -1, True), ("marlin", 4, 64, True), ("marlin", 8, -1, True)])
+def test_detection_names_what_each_format_packs(fid, bits, group, sym):
+    """A format's detector, asked in inspect's order with what a config would claim, recognizes the tensors
+    the same format's `pack` writes: its id, bits, group size and shape, with no error."""
+    from qtool.formats import get_format
+    from qtool.io.writer import st_dtype
+    from tests.test_formats_ct import random_plain
+
+    o, i = 128, 256
+    packed = get_format(fid).pack(random_plain(0, o, i, bits, group, sym))
+    t = {k: (st_dtype(v), tuple(v.shape)) for k, v in packed.items()}
+    d = detect_module("model.layers.0.mlp.up_proj", t, Claims(format=fid, bits=bits, group_size=group))
+    assert (d.format, d.bits, d.group_size, d.in_features, d.out_features) == (fid, bits, group, i, o)
+    assert [m for sev, m in d.notes if sev == "error"] == []

@@ -27,7 +27,7 @@ def _write(root, tensors: dict, config: dict | None = None, name: str = "config.
 
 
 def _mods(r):
-    return {m.name: (m.format, m.bits, m.group_size, m.in_features, m.out_features) for m in r.modules}
+    return {m.name: (m.scheme.format, m.scheme.bits, m.scheme.group_size, m.in_features, m.out_features) for m in r.modules}
 
 
 def _sev(r, severity):
@@ -35,7 +35,7 @@ def _sev(r, severity):
 
 
 def _not_dense(r, root):
-    assert r.format != "dense" and "dense" not in {m.format for m in r.modules if m.name == MOD}
+    assert r.format != "dense" and "dense" not in {m.scheme.format for m in r.modules if m.name == MOD}
     assert r.anomalies, "a quantized file is never 'no anomalies' when qtool cannot describe it fully"
 
 

@@ -12,8 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qtool.errors import InputError
+from qtool.formats.detection import Claims, ct_scheme_for
 from qtool.inspect import inspect_path
-from qtool.inspect.detect import Claims, ct_scheme_for, module_claims
+from qtool.inspect.detect import module_claims
 from qtool.io.config_regex import BoundedRegex, UnsupportedRegex, WorkBudget, compile_config_regex
 from tests.test_inspect import cli, write_gptq
 
@@ -37,7 +38,7 @@ def test_metadata_does_not_override_config_json(tmp_path):
     root = write_gptq(tmp_path / "m", "v2", "gptq")
     _set_metadata(root, {"qtool.format": "gptq_v2"})
     r = inspect_path(root)
-    assert r.format == "gptq" and {m.format for m in r.modules if m.quantized} == {"gptq"}
+    assert r.format == "gptq" and {m.scheme.format for m in r.modules if m.quantized} == {"gptq"}
     errs = _errors(r)
     assert any("config.json quantization_config says format gptq but qtool's safetensors metadata says gptq_v2"
                in m and "engines read only the config" in m for m in errs), r.anomalies

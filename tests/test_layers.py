@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                   "qtool.evaluate")),
     ("core", ("qtool.formats", "qtool.packing", "qtool.quant", "qtool.kernels")),
     ("io/report", ("qtool.io", "qtool.report")),
-    ("base", ("qtool", "qtool.errors", "qtool.paths", "qtool.spec")),
+    ("base", ("qtool", "qtool.errors", "qtool.lazy", "qtool.paths", "qtool.spec")),
 )
 # Sibling imports that are walls all the same (DESIGN.md): (importer unit, imported unit, why).
 FORBIDDEN: tuple[tuple[str, str, str], ...] = (
@@ -283,3 +283,28 @@ def test_format_registry_is_full_through_base_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent, timeout=120).stdout.split()
     assert out[0] == "True" and int(out[1]) > 0, out
+
+
+@pytest.mark.parametrize("module", ["qtool.formats", "qtool.inspect", "qtool.formats.detection"])
+def test_header_only_layers_import_no_torch(module):
+    """inspect, select and the CLI's format list read headers and format rows only: importing the formats
+    (their rows, detectors and config writers) and inspect must not load torch (torch is bound lazily)."""
+    code = (f"import sys, {module}\n"
+            "from qtool.formats.base import all_formats\n"
+            "assert all_formats()\n"
+            "print([m for m in ('torch', 'triton', 'numpy') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent, timeout=120).stdout
+    assert out.strip() == "[]", out
+
+
+def test_lazy_module_loads_on_first_use():
+    code = ("import sys\n"
+            "from qtool.lazy import lazy_module\n"
+            "m = lazy_module('json')\n"
+            "sys.modules.pop('json', None)\n"
+            "before = 'json' in sys.modules\n"
+            "print(before, m.dumps([1]), 'json' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split()
+    assert out == ["False", "[1]", "True"], out

@@ -36,7 +36,7 @@ def decode_all(path) -> dict[str, Plain]:
     """Every quantized module of a checkpoint read back through qtool's own detection and readers."""
     src = open_source(path)
     try:
-        return {m.name: get_format(m.format).unpack(src.load(m), m.params) for m in src.modules}
+        return {m.name: get_format(m.scheme.format).unpack(src.load(m), m.scheme) for m in src.modules}
     finally:
         src.close()
 
@@ -382,12 +382,12 @@ def test_gguf_fixture_to_gptq(tmp_path):
           "encoder.layer.0.attention.output.dense": "blk.0.attn_output",
           "encoder.layer.0.intermediate.dense": "blk.0.ffn_up"}
     r = inspect_path(tmp_path / "out")
-    assert {hf[m.name] for m in r.modules if m.format == "unknown"} == {"blk.0.attn_output", "blk.0.ffn_up"}
+    assert {hf[m.name] for m in r.modules if m.scheme.format == "unknown"} == {"blk.0.attn_output", "blk.0.ffn_up"}
     out = load_file(tmp_path / "out" / "model.safetensors")
     got = {m.name: get_format("gptq_v2").unpack({s: out[f"{m.name}.{s}"] for s in ("qweight", "qzeros", "scales",
                                                                                    "g_idx")},
-                                                QuantScheme(bits=m.bits, group_size=m.group_size))
-           for m in r.modules if m.format == "gptq_v2"}
+                                                QuantScheme(bits=m.scheme.bits, group_size=m.scheme.group_size))
+           for m in r.modules if m.scheme.format == "gptq_v2"}
     assert {hf[n] for n in got} == {"blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v", "blk.0.ffn_down"}
     for mod, p in got.items():
         assert p.group_size == 32 and raw_equal(dequantize(p, torch.float32), ref[hf[mod] + ".weight"]), mod

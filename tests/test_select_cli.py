@@ -11,6 +11,7 @@ import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.errors import DeviceError, UsageError
 from qtool.kernels.devices import profile
+from qtool.scheme import QuantScheme
 from qtool.select.plan import path_groups, plan_select
 from tests.conftest import fixture_path
 
@@ -103,12 +104,11 @@ def test_path_on_the_packed_fixture(tmp_path):
 
 def test_path_with_fake_inspect_modules():
     # The contract select codes against: objects with name/format/bits/group_size/sym/desc_act/in/out.
-    mods = [SimpleNamespace(name=f"model.layers.{i}.mlp.down_proj", format="gptq", bits=4, group_size=128,
-                            sym=True, desc_act=False, in_features=28672, out_features=8192) for i in range(3)]
-    mods += [SimpleNamespace(name="model.layers.0.mlp.gate_proj", format="awq", bits=4, group_size=128,
-                             sym=False, desc_act=False, in_features=8192, out_features=28672),
-             SimpleNamespace(name="lm_head", format="dense", bits=None, group_size=None, sym=None,
-                             desc_act=None, in_features=8192, out_features=128256)]
+    mods = [SimpleNamespace(name=f"model.layers.{i}.mlp.down_proj", in_features=28672, out_features=8192,
+                            scheme=QuantScheme("gptq", 4, 128, sym=True, desc_act=False)) for i in range(3)]
+    mods += [SimpleNamespace(name="model.layers.0.mlp.gate_proj", in_features=8192, out_features=28672,
+                             scheme=QuantScheme("awq", 4, 128, sym=False, desc_act=False)),
+             SimpleNamespace(name="lm_head", in_features=8192, out_features=128256, scheme=QuantScheme("dense"))]
     groups, notes = path_groups(None, "bf16", modules=mods)
     assert [(g.pattern, g.count, g.layer.parallel) for g in groups] == [
         ("model.layers.#.mlp.down_proj", 3, "row"), ("model.layers.#.mlp.gate_proj", 1, "column")]

@@ -23,6 +23,8 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.formats.base import format_names
+from qtool.pack import PACK_FORMATS
 from qtool.report.text import sanitize
 
 EPILOG = """Examples:
@@ -46,7 +48,7 @@ def pack_cmd(
     src: Annotated[Path, typer.Argument(help="Dense .safetensors file, HF directory or index.json.",
                                         show_default=False)],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output directory.", show_default=False)] = None,
-    to: Annotated[str, typer.Option("--to", help="Target layout: gptq (v1 zeros), gptq_v2, gptq_p, awq.")] = "gptq",
+    to: Annotated[str, typer.Option("--to", help=f"Target layout: {format_names(PACK_FORMATS, aliases=False)}.")] = "gptq",
     bits: Annotated[int, typer.Option("--bits", help="Bits per weight, 2..8.")] = 4,
     group_size: Annotated[int, typer.Option("--group-size", help="Group size along in_features; -1 = per channel.")]
     = 128,

@@ -23,6 +23,7 @@ from qtool.cli.common import (
     stderr_console,
     stdout_console,
 )
+from qtool.formats.base import format_names
 from qtool.report.text import sanitize
 
 EPILOG = """Examples:
@@ -40,7 +41,7 @@ EPILOG = """Examples:
   qtool repack model-q4_1.gguf --to q4_0 --tensor-type 'token_embd=Q8_0' -o model-q4_0.gguf
 """
 
-TARGETS = "gptq (v1), gptq_v2, gptq_p, awq, ct, marlin, q4_0, q4_1, q8_0"
+TARGETS = format_names()
 
 
 @app.command("repack", help="Convert a quantized checkpoint to another layout. Every module is planned first "

@@ -13,32 +13,34 @@ Plain, packed along the other axis with the interleave, so AWQ <-> GPTQ v2 is ex
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
 
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, register
-from qtool.formats.gptq import gptqmodel_config, infer_group_size, quantizer_meta
+from qtool.formats.detection import GPTQ_FAMILY, Claims, Detected, Sig, bits_note, exact_div, group_from
+from qtool.formats.gptq import gptq_shaped, gptqmodel_config, infer_group_size, quantizer_meta
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, unpack_stream
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 # Nibble slot i of a word holds column 8c + AWQ_ORDER[i]; AWQ_INVERSE maps a column back to its slot.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
-_ORDER = torch.tensor(AWQ_ORDER)
-_INVERSE = torch.tensor(AWQ_INVERSE)
 
 
 def interleave_columns(codes: torch.Tensor) -> torch.Tensor:
     """uint8 [..., N] natural column order -> slot order (slot 8c + i holds column 8c + AWQ_ORDER[i])."""
     n = codes.shape[-1]
-    return codes.reshape(*codes.shape[:-1], n // 8, 8)[..., _ORDER].reshape(codes.shape)
+    return codes.reshape(*codes.shape[:-1], n // 8, 8)[..., torch.tensor(AWQ_ORDER)].reshape(codes.shape)
 
 
 def deinterleave_columns(slots: torch.Tensor) -> torch.Tensor:
     """Inverse of interleave_columns."""
     n = slots.shape[-1]
-    return slots.reshape(*slots.shape[:-1], n // 8, 8)[..., _INVERSE].reshape(slots.shape)
+    return slots.reshape(*slots.shape[:-1], n // 8, 8)[..., torch.tensor(AWQ_INVERSE)].reshape(slots.shape)
 
 
 def pack_awq_cols(codes: torch.Tensor) -> torch.Tensor:
@@ -50,6 +52,18 @@ def unpack_awq_cols(words: torch.Tensor, n: int) -> torch.Tensor:
     """int32 [R, N/8] AWQ words -> uint8 [R, N] codes in natural column order."""
     return deinterleave_columns(unpack_stream(words, 4, n, dim=-1)).contiguous()
 
+
+
+def awq_gemm_shaped(t: Mapping[str, Sig]) -> bool:
+    """Every tensor of the row, qweight int32 [I, W] and qzeros [nG, W] with W words along O = scales'
+    columns, as AutoAWQ's GEMM version writes them (GPTQ files can share these shapes; see gptq_shaped)."""
+    if any(n not in t for n in AwqGemm.spec.required):
+        return False
+    (qw_dt, qw), sc, qz = t["qweight"], t["scales"][1], t["qzeros"][1]
+    if qw_dt != "I32" or len(qw) != 2 or len(sc) != 2:
+        return False
+    n_groups, out = sc
+    return qw[1] != out and qz[0] == n_groups and qz[1] == qw[1] and out % qw[1] == 0
 
 @register
 class AwqGemm(Format):
@@ -69,6 +83,33 @@ class AwqGemm(Format):
         why = super().check(plain)
         why += plain.check_ranges()
         return why
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """qweight int32 [I, O*b/32] packed along the outputs, qzeros [nG, O*b/32], scales [nG, O], when the
+        shapes are not also GPTQ's."""
+        if not awq_gemm_shaped(t) or gptq_shaped(t):
+            return None
+        c = claims
+        qw = t["qweight"][1]
+        n_groups, out = t["scales"][1]
+        bits = exact_div(qw[1] * 32, out)
+        notes: list[tuple[str, str]] = []
+        if bits not in self.spec.bits:
+            notes.append(("warning", f"AWQ GEMM with {bits}-bit codes: the classic interleaved layout is 4-bit only"))
+        in_f = qw[0]
+        if c.format in GPTQ_FAMILY:
+            notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMM layout (qweight "
+                                   f"packed along outputs, [I, O*b/32]); fix: quant_method: awq, version: gemm"))
+        elif c.format not in (None, "awq"):
+            notes.append(("error", f"config says {c.format} but the tensors have the AWQ GEMM layout"))
+        if "g_idx" in t:
+            notes.append(("warning", "AWQ GEMM has no g_idx, but this module carries one"))
+        group, gnote = group_from(in_f, n_groups, c.group_size)
+        if gnote:
+            notes.append(("error", gnote))
+        notes += bits_note(c, bits)
+        sym = c.sym if c.sym is not None else False
+        return Detected("awq", bits, group, sym, False, in_f, out, in_f * out, detail="AWQ gemm", notes=notes)
 
     def pack(self, plain: Plain) -> dict[str, torch.Tensor]:
         """Plain -> {"qweight", "qzeros", "scales"} (see module docstring). NotRepresentable lists why not."""

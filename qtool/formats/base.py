@@ -1,8 +1,10 @@
-"""A format is a spec row (data) plus two pure functions over tensor dicts.
+"""A format is a spec row (data) plus pure functions over tensor dicts and tensor signatures.
 
     pack(Plain) -> dict[str, Tensor]          the tensors of ONE linear module, short names
                                               ("qweight", "qzeros", "scales", "g_idx", ...)
     unpack(dict[str, Tensor], QuantScheme) -> Plain
+    detect(module, {short name: Sig}, Claims) -> Detected | None
+                                              recognition from a header alone (detection.py)
 
 Formats do no file I/O and know nothing of kernels or devices. Module prefixes ("model.layers.0.mlp.up_proj.")
 are added and stripped by the I/O layer. `check(plain)` says, before anything is written, why a Plain cannot be
@@ -15,11 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
 from qtool.errors import FormatError, UsageError
+from qtool.formats.detection import Claims, Detected, Sig
 from qtool.formats.plain import Plain
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class FormatSpec:
 
 
 class Format:
-    """Subclass per layout; set `spec`; implement `pack`, `unpack`; override `check` for extra limits."""
+    """Subclass per layout; set `spec`; implement `pack`, `unpack`, `detect`; override `check` for extra
+    limits."""
 
     spec: ClassVar[FormatSpec]
 
@@ -63,6 +68,11 @@ class Format:
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:  # pragma: no cover
         raise NotImplementedError
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """This layout as read from one module's tensor signatures and the claims (see detection.py), or None
+        when the tensors are not this layout. Header only: no tensor data, no torch."""
+        return None
 
     def check(self, plain: Plain) -> list[str]:
         """Reasons this Plain cannot be stored exactly; [] when it can: the spec row's rules, in its order."""
@@ -137,6 +147,26 @@ def get_format(name: str) -> Format:
 
 def all_formats() -> dict[str, Format]:
     return dict(_REGISTRY)
+
+
+def bits_text(bits: Sequence[int]) -> str:
+    """(2, 3, 4, 5, 6, 7, 8) -> "2-8"; (2, 3, 4, 8) -> "2, 3, 4, 8"."""
+    b = sorted(bits)
+    if len(b) > 2 and b == list(range(b[0], b[-1] + 1)):
+        return f"{b[0]}-{b[-1]}"
+    return ", ".join(map(str, b))
+
+
+def format_names(ids: Sequence[str] | None = None, *, aliases: bool = True) -> str:
+    """The formats a command accepts, for its help and errors, read from the rows: "gguf_q4_0 (q4_0), gptq
+    (gptq_v1), ...". Every registered format (sorted by id) unless `ids` names them; `aliases=False` for a
+    command that takes ids only. Aliases with ':' (inspect's GGUF type names) are not command-line spellings
+    and are left out."""
+    out = []
+    for fid in ids if ids is not None else sorted(_REGISTRY):
+        also = [a for a in _REGISTRY[fid].spec.aliases if ":" not in a] if aliases else []
+        out.append(f"{fid} ({', '.join(also)})" if also else fid)
+    return ", ".join(out)
 
 
 def expect(tensors: dict[str, torch.Tensor], name: str, fmt: str, *, dtype: torch.dtype | None = None,

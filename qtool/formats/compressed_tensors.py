@@ -20,14 +20,17 @@ The two are identical for 1, 2, 4 and 8 bits.
 from __future__ import annotations
 
 import re
-
-import torch
+from collections.abc import Mapping
 
 from qtool.errors import FormatError
 from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.detection import Claims, Detected, Sig, ct_scheme_for, exact_div, group_from
 from qtool.formats.plain import Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 DENSE_SINCE = (0, 18)
 PACKINGS = ("dense", "padded")
@@ -113,6 +116,78 @@ class CompressedTensors(Format):
 
     def check(self, plain: Plain) -> list[str]:
         return super().check(plain) + plain.check_ranges()
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """Every module with a `weight_packed` that NVFP4 (asked before) left: pack-quantized when it is int32
+        words beside a weight_scale, else an unknown layout with the reason. The header holds no bits: they
+        come from the config group that targets the module, or from weight_g_idx's length."""
+        if "weight_packed" not in t:
+            return None
+        c = claims
+        wp_dt, wp = t["weight_packed"]
+        weights, _gfmt, ignored = ct_scheme_for(c, module) if c.ct_groups else (None, None, False)
+        if any(n not in t for n in self.spec.required) or len(wp) != 2:
+            return Detected("unknown", notes=[("error", "weight_packed without a 2-D weight_scale")])
+        if wp_dt != "I32":
+            return Detected("unknown", notes=[("error", f"weight_packed is {wp_dt}; pack-quantized uses int32")])
+        notes: list[tuple[str, str]] = []
+        if ignored:
+            notes.append(("warning", "module is on the compressed-tensors ignore list but is quantized"))
+        sc = t["weight_scale"]
+        o = wp[0]
+        cbits = cgroup = csym = None
+        cdesc = None
+        if weights:
+            cbits = weights.get("num_bits") if isinstance(weights.get("num_bits"), int) else None
+            cgroup = weights.get("group_size") if isinstance(weights.get("group_size"), int) else None
+            if weights.get("strategy") == "channel":
+                cgroup = -1
+            csym = weights.get("symmetric") if isinstance(weights.get("symmetric"), bool) else None
+            cdesc = weights.get("actorder") not in (None, False, "static", "weight")
+        else:
+            cbits, cgroup, csym, cdesc = c.bits, c.group_size, c.sym, c.desc_act
+        packing = packing_for_version(c.ct_version)
+        n_groups = sc[1][1]
+        gi = t.get("weight_g_idx")
+        in_f = gi[1][0] if gi is not None and len(gi[1]) == 1 else None
+        bits = cbits
+        if in_f is not None:
+            fits = [b for b in self.spec.bits if packed_words(in_f, b, packing) == wp[1]]
+            if bits is None and len(fits) == 1:
+                bits = fits[0]
+            elif bits is not None and bits not in fits:
+                notes.append(("error", f"config says {bits}-bit but weight_packed holds {wp[1]} words for {in_f} "
+                                       "inputs"))
+        elif bits is not None:
+            if cgroup not in (None, -1) and n_groups > 1:
+                cand = [i for i in range((n_groups - 1) * cgroup + 1, n_groups * cgroup + 1)
+                        if packed_words(i, bits, packing) == wp[1]]
+                in_f = cand[-1] if cand else None
+            else:
+                in_f = exact_div(wp[1] * 32, bits) if packing == "dense" else wp[1] * (32 // bits)
+            if in_f is None:
+                notes.append(("error", f"weight_packed {list(wp)} cannot hold {bits}-bit codes in {n_groups} "
+                                       f"groups of {cgroup}"))
+        else:
+            notes.append(("warning", "pack-quantized without num_bits in the config: bits unknown from the header"))
+        group, gnote = group_from(in_f, n_groups, cgroup)
+        if gnote:
+            notes.append(("error", gnote))
+        sym = "weight_zero_point" not in t
+        if csym is False and sym:
+            notes.append(("error", "config says asymmetric but there is no weight_zero_point"))
+        if csym is True and not sym:
+            notes.append(("warning", "config says symmetric but the module stores weight_zero_point"))
+        desc = gi is not None
+        if cdesc is False and desc:
+            notes.append(("warning", "config has no act-order but the module stores weight_g_idx"))
+        if c.format not in (None, "ct"):
+            notes.append(("error", f"config says {c.format} but the tensors are pack-quantized (int32 "
+                                   "weight_packed)"))
+        if "weight_shape" not in t:
+            notes.append(("error", "weight_shape missing: the unpacked [O, I] cannot be recovered"))
+        return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None,
+                        detail=f"pack-quantized ({packing})", notes=notes)
 
     def pack(self, plain: Plain, *, packing: str | None = None, sym: bool | None = None) -> dict[str, torch.Tensor]:
         """Plain -> tensors. `packing` defaults to what the Plain was read with (meta "ct_packing"), else

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.detection import Detected
 from qtool.formats.plain import Plain, dequantize
+from qtool.lazy import lazy_module
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 QK = 32
 # id -> (bytes per block, ggml type number, GGUF type name)
@@ -102,13 +104,34 @@ def decode_blocks(raw: torch.Tensor, fmt_id: str) -> tuple[torch.Tensor, torch.T
     return d, None, _bytes_to_nibbles(blk[..., 2:]).to(torch.int16) - 8
 
 
-def dequantize_blocks(raw: torch.Tensor, fmt_id: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Raw rows -> W [O, I] as llama.cpp computes it (fp32 d*v (+ m)), then cast to `dtype`."""
+def dequantize_blocks(raw: torch.Tensor, fmt_id: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Raw rows -> W [O, I] as llama.cpp computes it (fp32 d*v (+ m)), then cast to `dtype` (float32 when None)."""
     d, m, v = decode_blocks(raw, fmt_id)
     w = d.to(torch.float32).unsqueeze(-1) * v.to(torch.float32)
     if m is not None:
         w = w + m.to(torch.float32).unsqueeze(-1)
-    return w.reshape(w.shape[0], -1).to(dtype)
+    return w.reshape(w.shape[0], -1).to(dtype or torch.float32)
+
+
+# --- detection (GGUF headers) ---------------------------------------------------------------------
+def detect_gguf(shape: tuple[int, ...], type_name: str, block: tuple[int, int] | None) -> Detected | None:
+    """A GGUF weight from its header entry: dims [ne0 = I, ne1 = O, ...]; 1-D tensors (norms, biases) are not
+    modules. Every GGML type is described ("gguf:Q4_K"); the three this module converts are named by their
+    rows' aliases ("gguf:Q4_0" -> gguf_q4_0). A GGUF file has no safetensors modules, so the classes' `detect`
+    answers None."""
+    from qtool.io.gguf_reader import ASYM_TYPES, FLOAT_TYPES, nominal_bits
+
+    if len(shape) < 2:
+        return None
+    i = shape[0]
+    o = 1
+    for d in shape[1:]:
+        o *= d
+    if type_name in FLOAT_TYPES:
+        return Detected("dense", nominal_bits(type_name), None, None, None, i, o, i * o, detail=type_name)
+    group = block[0] if block else None
+    return Detected(f"gguf:{type_name}", nominal_bits(type_name), group, type_name not in ASYM_TYPES, False, i, o,
+                    i * o, detail=type_name)
 
 
 # --- the formats -----------------------------------------------------------------------------------

@@ -29,17 +29,30 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.base import Format, FormatSpec, expect, register
+from qtool.formats.detection import (
+    AWQ_FAMILY,
+    GPTQ_FAMILY,
+    Claims,
+    Detected,
+    Sig,
+    bits_note,
+    exact_div,
+    group_from,
+)
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
 from qtool.scheme import QuantScheme
 
+torch = lazy_module("torch")
+
 GPTQ_BITS = (2, 3, 4, 8)
+PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)   # gptq_p: every width, one bit plane per word
 
 # Convention names recorded in Plain.meta["gptq_zero_convention"].
 V2 = "v2"
@@ -219,6 +232,52 @@ def quantizer_meta() -> dict:
     return {"quantizer": [f"qtool:{__version__}"]}
 
 
+def gptq_shaped(t: Mapping[str, Sig]) -> bool:
+    """A complete int32 qweight module whose qweight keeps O columns and whose qzeros has one row per scale
+    row: the GPTQ family's shapes (AWQ and GEMV detectors ask it to leave GPTQ files alone)."""
+    qz = t.get("qzeros")
+    n_groups, out = t["scales"][1]
+    return t["qweight"][1][1] == out and qz is not None and qz[1][0] == n_groups
+
+
+def _detect_gptq(t: Mapping[str, Sig], c: Claims) -> Detected:
+    qw = t["qweight"][1]
+    n_groups, out = t["scales"][1]
+    qz = t["qzeros"][1]
+    notes: list[tuple[str, str]] = []
+    bits = exact_div(qz[1] * 32, out)
+    if bits is None or bits not in PLANAR_BITS:
+        return Detected("unknown", notes=[("error", f"qzeros {list(qz)} does not hold whole zero points for "
+                                                    f"{out} outputs")])
+    in_f = exact_div(qw[0] * 32, bits)
+    if in_f is None:
+        notes.append(("error", f"qweight has {qw[0]} rows: not a whole number of {bits}-bit codes"))
+    g_idx = t.get("g_idx")
+    if g_idx is not None and in_f is not None and g_idx[1] != (in_f,):
+        notes.append(("error", f"g_idx shape {list(g_idx[1])} != [{in_f}] (in_features from qweight)"))
+    fmt = "gptq"
+    if c.format in GPTQ_FAMILY:
+        fmt = c.format
+    elif c.format in AWQ_FAMILY:
+        notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout (qweight packed "
+                               f"along inputs, [I*b/32, O]); fix: quant_method: gptq"))
+    elif c.format in ("ct", "ct_fp8", "ct_nvfp4", "fp8", "bnb", "marlin"):
+        notes.append(("error", f"config says {c.format} but the tensors have the GPTQ layout"))
+    # No config (c.format None): the file-level "no config" finding covers it.
+    if fmt == "gptq" and 32 % bits and c.format is None:  # 3, 5, 6, 7 bits: codes straddle words
+        notes.append(("warning", f"{bits}-bit qweight without a config: continuous (gptq) and planar (gptq_p) "
+                                 "layouts have the same shapes; assuming continuous"))
+    if fmt in ("gptq", "gptq_v2") and bits not in GPTQ_BITS:
+        notes.append(("error", f"{bits}-bit codes have no continuous GPTQ layout ({', '.join(map(str, GPTQ_BITS))}); "
+                               "fix: checkpoint_format: gptq_p if the file is planar"))
+    group, gnote = group_from(in_f, n_groups, c.group_size)
+    if gnote:
+        notes.append(("error", gnote))
+    notes += bits_note(c, bits)
+    return Detected(fmt, bits, group, c.sym, c.desc_act, in_f, out, (in_f or 0) * out or None,
+                    detail=f"qweight [{qw[0]}, {qw[1]}]", notes=notes)
+
+
 class GptqFamily(Format):
     """Shared pack/unpack of the GPTQ-style tensor set; subclasses fix the bit packer and zero convention.
 
@@ -226,6 +285,26 @@ class GptqFamily(Format):
     """
 
     version: int = 2
+
+    # --- detection (header only) ------------------------------------------------------------------
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """Every module with a `qweight` that the layouts asked before (Marlin, int16 words, AWQ) left: the
+        GPTQ family when qweight [I*b/32, O], qzeros [nG, O*b/32] and scales [nG, O] agree, else an unknown
+        layout with the reason. The three ids share shapes: the config names which one (gptq by default)."""
+        if "qweight" not in t:
+            return None
+        qw_dt, qw = t["qweight"]
+        sc, qz = t.get("scales"), t.get("qzeros")
+        if sc is None or len(qw) != 2 or len(sc[1]) != 2:
+            missing = [n for n in self.spec.required if n not in t]
+            return Detected("unknown", notes=[("error", f"qweight {list(qw)} without {missing or 'a 2-D scales'}: "
+                                                        "incomplete or unknown layout")])
+        if qw_dt != "I32":
+            return Detected("unknown", notes=[("error", f"qweight is {qw_dt}; GPTQ/AWQ pack into int32")])
+        if not gptq_shaped(t):
+            return Detected("unknown", notes=[("error", f"qweight {list(qw)}, qzeros {list(qz[1]) if qz else None}, "
+                                                        f"scales {list(sc[1])} match no GPTQ/AWQ layout")])
+        return _detect_gptq(t, claims)
 
     # --- bit layout hooks (overridden by gptq_p) -------------------------------------------------
     def _pack_codes(self, codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -343,7 +422,7 @@ class GptqV1(GptqFamily):
         aliases=("gptq_v1",),
         bits=GPTQ_BITS,
         tensors=("qweight", "qzeros", "scales", "g_idx"),
-        required=("qweight", "qzeros", "scales"),
+        required=("qweight", "scales", "qzeros"),
         summary="GPTQ v1 (stores z-1): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,
@@ -359,7 +438,7 @@ class GptqV2(GptqFamily):
         id="gptq_v2",
         bits=GPTQ_BITS,
         tensors=("qweight", "qzeros", "scales", "g_idx"),
-        required=("qweight", "qzeros", "scales"),
+        required=("qweight", "scales", "qzeros"),
         summary="GPTQ v2 (stores true z): qweight int32 [I*b/32, O] little-endian bit stream along I, "
                 "qzeros [ceil(I/G), O*b/32], scales [ceil(I/G), O], g_idx [I]",
         act_order=True,

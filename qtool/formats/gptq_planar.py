@@ -16,14 +16,13 @@ dimensions (I and O) must be multiples of 32 for every b.
 
 from __future__ import annotations
 
-import torch
-
 from qtool.formats.base import FormatSpec, register
-from qtool.formats.gptq import V2, GptqFamily
+from qtool.formats.gptq import PLANAR_BITS, V2, GptqFamily
+from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_planar, unpack_planar
 from qtool.scheme import QuantScheme
 
-PLANAR_BITS = (2, 3, 4, 5, 6, 7, 8)
+torch = lazy_module("torch")
 
 
 @register
@@ -32,7 +31,7 @@ class GptqPlanar(GptqFamily):
         id="gptq_p",
         bits=PLANAR_BITS,
         tensors=("qweight", "qzeros", "scales", "g_idx"),
-        required=("qweight", "qzeros", "scales"),
+        required=("qweight", "scales", "qzeros"),
         summary="GPTQ planar (true z): b words per 32 codes split into bit planes (low plane first), "
                 "qweight int32 [I*b/32, O], qzeros [ceil(I/G), O*b/32], I and O multiples of 32",
         act_order=True,

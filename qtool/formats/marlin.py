@@ -34,15 +34,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
 
 from qtool.errors import FormatError, NotRepresentable
 from qtool.formats.base import Format, FormatSpec, expect, get_format, register
+from qtool.formats.detection import Claims, Detected, Sig, bits_note, exact_div, group_from
 from qtool.formats.plain import FLOAT_DTYPES, Plain
+from qtool.lazy import lazy_module
 from qtool.packing import marlin_perm as mp
 from qtool.scheme import QuantScheme
+
+torch = lazy_module("torch")
 
 MARLIN_BITS = (4, 8)
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
@@ -134,6 +137,44 @@ class Marlin(Format):
         group_sizes=MARLIN_GROUP_SIZES,
         act_order=True,
     )
+
+    def detect(self, module: str, t: Mapping[str, Sig], claims: Claims) -> Detected | None:
+        """qtool's Marlin files (qweight/scales, named marlin by the config or the `qtool.*` metadata) and the
+        original Marlin's legacy B/s. Shapes are the padded ones; the contract's `marlin.padding` gives the
+        module's [N, K]."""
+        c = claims
+        if not ("qweight" in t and c.format == "marlin" or {"B", "s"} <= t.keys()):
+            return None
+        bname = "B" if "B" in t else "qweight"
+        sname = "s" if "s" in t else "scales"
+        if sname not in t:
+            return Detected("unknown", notes=[("error", f"Marlin '{bname}' without scales ('s' or 'scales')")])
+        b = t[bname][1]
+        n_groups, n = t[sname][1] if len(t[sname][1]) == 2 else (1, t[sname][1][0])
+        k = b[0] * 16
+        bits = exact_div(b[1] * 32, n * 16)
+        notes: list[tuple[str, str]] = []
+        if bits not in MARLIN_BITS:
+            notes.append(("error", f"Marlin {bname} {list(b)} with {n} outputs gives {bits}-bit codes "
+                                   f"({' or '.join(map(str, MARLIN_BITS))} expected)"))
+        if c.format not in (None, "marlin") and "B" in t:
+            notes.append(("error", f"config says {c.format} but the tensors are Marlin's B/s"))
+        pad = c.marlin_padding.get(module) or (c.marlin_padding.get("") if len(c.marlin_padding) == 1 else None)
+        k_pad = k
+        if pad and pad[2:] == [n, k]:
+            n, k = pad[0], pad[1]
+        group, gnote = group_from(k_pad, n_groups, c.group_size)
+        if gnote:
+            notes.append(("error", gnote))
+        notes += bits_note(c, bits)
+        legacy = bname == "B"
+        sym = "qzeros" not in t
+        desc = "perm" in t or "g_idx" in t
+        if c.desc_act is not None and c.desc_act != desc and not legacy:
+            notes.append(("warning", f"contract says act_order {str(c.desc_act).lower()} but the module "
+                                     f"{'has' if desc else 'has no'} perm/g_idx"))
+        return Detected("marlin", bits, group, sym, desc, k, n, k * n,
+                        detail="legacy marlin (B/s)" if legacy else "qtool marlin contract", notes=notes)
 
     def check(self, plain: Plain) -> list[str]:
         why = super().check(plain)

@@ -12,11 +12,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from qtool.errors import FormatError
+from qtool.lazy import lazy_module
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+torch = lazy_module("torch")
+
+
+
+class DtypeSet:
+    """torch dtypes named without importing torch; `dtype in s` compares by name (torch.float16 ->
+    "float16")."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = frozenset(names)
+
+    def __contains__(self, dtype: object) -> bool:
+        return str(dtype).removeprefix("torch.") in self.names
+
+
+FLOAT_DTYPES = DtypeSet("float16", "bfloat16", "float32")
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,13 +146,13 @@ class Plain:
 
     @classmethod
     def stand_in(cls, o: int, i: int, bits: int, group: int, sym: bool, g_idx: torch.Tensor | None = None,
-                 scale_dtype: torch.dtype = torch.float16, meta: dict | None = None) -> Plain:
+                 scale_dtype: torch.dtype | None = None, meta: dict | None = None) -> Plain:
         """A Plain of the given shape and facts whose tensors are zero-stride views (no memory, no data), for
         asking a format's `check` about a module before reading it. Asymmetric zeros are 1: neither the
         midpoint nor the 0 that a v1 target cannot store."""
         ng = 1 if group == -1 else -(-i // group)
         q = torch.zeros((), dtype=torch.uint8).expand(o, i)
-        s = torch.ones((), dtype=scale_dtype).expand(o, ng)
+        s = torch.ones((), dtype=scale_dtype or torch.float16).expand(o, ng)
         z = None if sym else torch.ones((), dtype=torch.uint8).expand(o, ng)
         return cls(q, s, z, g_idx, bits, group, dict(meta or {}))
 

@@ -2,7 +2,7 @@
 
     from qtool.inspect import inspect_path
     report = inspect_path("model-gptq/")          # InspectReport; report.to_dict() is the --json schema
-    for m in report.modules: m.name, m.format, m.bits, m.group_size, m.sym, m.desc_act, ...
+    for m in report.modules: m.name, m.scheme (format, bits, group_size, sym, desc_act), ...
 
 Also the detection layer other commands stand on (`select`, `repack`): see detect.py.
 """

@@ -11,19 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qtool.formats.detection import SIDECARS, Claims, Detected
+from qtool.formats.gguf_blocks import detect_gguf
 from qtool.inspect.detect import (
-    SIDECARS,
-    Claims,
-    Detected,
     claims_from,
     config_claims,
-    detect_gguf,
     detect_module,
     disagreements,
     group_modules,
     metadata_claims,
 )
 from qtool.inspect.report import Anomaly, InspectReport, ModuleReport, TensorRow, merge_notes
+from qtool.scheme import QuantScheme
 
 # Tensors that are part of a module's packed layout; any other tensor of a module (bias) adds parameters.
 LAYOUT_NAMES = frozenset({
@@ -110,11 +109,11 @@ def _dominant(modules: list[ModuleReport]) -> str:
     counts: dict[str, list[int]] = {}
     for m in modules:
         if m.quantized:
-            c = counts.setdefault(m.format, [0, 0])
+            c = counts.setdefault(m.scheme.format, [0, 0])
             c[0] += 1
             c[1] += m.n_weights or 0
     if not counts:
-        if any(m.format == "unknown" for m in modules):
+        if any(m.scheme.format == "unknown" for m in modules):
             return "unknown"  # a layout qtool cannot read is never reported as dense
         return "dense" if modules else "empty"
     return max(counts.items(), key=lambda kv: (kv[1][0], kv[1][1]))[0]
@@ -131,9 +130,9 @@ def _finish(report: InspectReport) -> None:
 def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tensor_names: tuple[str, ...]
                    ) -> ModuleReport:
     n = (d.n_weights or 0) + extra_params or None
-    return ModuleReport(name=name, format=d.format, bits=d.bits, group_size=d.group_size, sym=d.sym,
-                        desc_act=d.desc_act, in_features=d.in_features, out_features=d.out_features, bytes=nbytes,
-                        n_weights=n, detail=d.detail, tensor_names=tensor_names)
+    scheme = QuantScheme(format=d.format, bits=d.bits, group_size=d.group_size, sym=d.sym, desc_act=d.desc_act)
+    return ModuleReport(name=name, scheme=scheme, in_features=d.in_features, out_features=d.out_features,
+                        bytes=nbytes, n_weights=n, detail=d.detail, tensor_names=tensor_names)
 
 
 # --- safetensors -------------------------------------------------------------------------------------
@@ -201,7 +200,7 @@ def _inspect_safetensors(p: Path):
         tail["qtool metadata"] = _says(meta)
     if said is not None:
         tail["engines read"] = f"{said.source} (engines take the quantization from it, never from qtool's metadata)"
-    elif meta is not None or any(m.format != "dense" for m in modules):
+    elif meta is not None or any(m.scheme.format != "dense" for m in modules):
         tail["engines read"] = "no quantization config: engines would load this checkpoint as dense or fail"
     report.info_tail = tail
     return report, src, claims
@@ -244,7 +243,7 @@ MAX_QUANT_STATE = 1 << 16
 def _bnb_shape(src, pre: str, t: dict) -> tuple[int, int] | None:
     """[out, in] of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes of JSON,
     the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
-    from qtool.inspect.detect import bnb_state_shape
+    from qtool.formats.foreign import bnb_state_shape
 
     qs = [k for k in t if k.startswith("weight.quant_state.bitsandbytes__")]
     if len(qs) != 1:
@@ -275,15 +274,15 @@ def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list
         from qtool.inspect.detect import collapse_layers
 
         qpat = {collapse_layers(m.name) for m in quantized}
-        dense_in_layers = [m for m in modules if m.format == "dense" and "#" in collapse_layers(m.name)
+        dense_in_layers = [m for m in modules if m.scheme.format == "dense" and "#" in collapse_layers(m.name)
                            and collapse_layers(m.name) not in qpat]
         if dense_in_layers:
             out.append(Anomaly("info", dense_in_layers[0].name,
                                f"{len(dense_in_layers)} linear weights inside numbered layers are dense (not "
                                "quantized)"))
-        mixed = {collapse_layers(m.name) for m in modules if m.format == "dense"} & qpat
+        mixed = {collapse_layers(m.name) for m in modules if m.scheme.format == "dense"} & qpat
         for pat in sorted(mixed)[:5]:
-            first = next(m for m in modules if m.format == "dense" and collapse_layers(m.name) == pat)
+            first = next(m for m in modules if m.scheme.format == "dense" and collapse_layers(m.name) == pat)
             out.append(Anomaly("warning", first.name, f"'{pat}' is quantized in some layers and dense in others"))
     return out
 

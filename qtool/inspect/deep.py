@@ -12,9 +12,10 @@ module's `sym` / `desc_act` are replaced by what the data says.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from qtool.inspect.detect import Claims
+from qtool.formats.detection import Claims
 from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
@@ -98,14 +99,14 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
         cut = [n for n in m.tensor_names if n in src.incomplete]
         if cut:
             notes.append(("error", m.name, "data truncated: module not checked"))
-        elif m.format != "unknown":
+        elif m.scheme.format != "unknown":
             try:
                 deep_module(m, load_module(m, src), claims, notes, src)
             except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
                 from qtool.errors import QtoolError
 
                 msg = e.problem if isinstance(e, QtoolError) else f"{type(e).__name__}: {e}"
-                notes.append(("error", m.name, f"cannot decode as {m.format}: {msg}"))
+                notes.append(("error", m.name, f"cannot decode as {m.scheme.format}: {msg}"))
         if on_progress:
             on_progress(k + 1, total)
     src.close()
@@ -115,17 +116,18 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
 def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
     from qtool.scheme import QuantScheme
 
+    s = m.scheme
     if fmt == "marlin" and src is not None:
         from qtool.formats.marlin import params_from_contract
 
         p = params_from_contract(src.metadata, src.quant_raw)
-        return QuantScheme(bits=p.bits or m.bits, group_size=p.group_size if p.group_size is not None else
-                           m.group_size, desc_act=p.desc_act, extra=p.extra)
+        return QuantScheme(bits=p.bits or s.bits, group_size=p.group_size if p.group_size is not None else
+                           s.group_size, desc_act=p.desc_act, extra=p.extra)
     extra: dict[str, Any] = {}
     if claims is not None and claims.ct_version:
         extra["version"] = claims.ct_version
-    return QuantScheme(bits=m.bits, group_size=m.group_size, sym=m.sym if fmt.startswith("ct") else None,
-                       desc_act=m.desc_act, extra=extra)
+    return QuantScheme(bits=s.bits, group_size=s.group_size, sym=s.sym if fmt.startswith("ct") else None,
+                       desc_act=s.desc_act, extra=extra)
 
 
 def load_module(m: ModuleReport, src) -> dict:
@@ -156,7 +158,7 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
     from qtool.formats.base import get_format
     from qtool.formats.plain import dequantize
 
-    fmt = m.format
+    fmt = m.scheme.format
     if fmt == "dense":
         if stats:
             m.stats = _check_weight(t["weight"].float(), m.name, notes)
@@ -180,19 +182,19 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
         notes.append(("info", m.name, f"deep check unavailable for format {fmt} (no decoder in qtool.formats)"))
         return None
     read_fmt = fmt
-    if fmt in ("gptq", "gptq_v2") and "qzeros" in t and m.bits:
+    if fmt in ("gptq", "gptq_v2") and "qzeros" in t and m.scheme.bits:
         read_fmt = _gptq_convention(m, t, claims, notes)
         f = get_format(read_fmt)
     for gname in _GIDX_NAMES:
         if gname in t and m.in_features:
             n_groups = t["scales"].shape[0] if "scales" in t else t["weight_scale"].shape[1]
-            desc = check_g_idx(t[gname], m.in_features, n_groups, m.group_size, m.name, gname, notes)
+            desc = check_g_idx(t[gname], m.in_features, n_groups, m.scheme.group_size, m.name, gname, notes)
             if desc is None:
                 return None
             if claims is not None and claims.desc_act is False and desc:
                 notes.append(("warning", m.name, "config says desc_act false but g_idx is not i // group_size "
                                                  "(act-order data)"))
-            m.desc_act = desc
+            m.scheme = replace(m.scheme, desc_act=desc)
     if not decode and _bit_fields_only(t):
         # Codes and zeros are fixed-width fields of int32 words: every value a field can hold is in range,
         # so the range check needs no decoding; the scales are checked as stored (a permutation of them in
@@ -208,8 +210,7 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
     sym = plain.sym
     if claims is not None and claims.sym is True and not sym:
         notes.append(("warning", m.name, "config says sym but the zero points vary (asymmetric data)"))
-    m.sym = sym
-    m.desc_act = plain.desc_act
+    m.scheme = replace(m.scheme, sym=sym, desc_act=plain.desc_act)
     if stats:
         # In the scales' dtype, as the format's own dequantizer returns it (the fixtures' references), so the
         # statistics describe the weights an engine would compute.
@@ -225,9 +226,9 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
 
     # The verdict rests on which zero rows occur, not how often: distinct rows only (one, for symmetric
     # data) decode in a fraction of the time on large layers.
-    ev = zero_convention_evidence(torch.unique(t["qzeros"], dim=0), m.bits, m.out_features)
-    mid = 1 << (m.bits - 1)
-    claimed = "v2" if m.format == "gptq_v2" else "v1"
+    ev = zero_convention_evidence(torch.unique(t["qzeros"], dim=0), m.scheme.bits, m.out_features)
+    mid = 1 << (m.scheme.bits - 1)
+    claimed = "v2" if m.scheme.format == "gptq_v2" else "v1"
     said = claims is not None and claims.format in ("gptq", "gptq_v2")
     if ev.verdict is None:
         if claimed == "v1" and ev.word_field_diff:
@@ -237,9 +238,9 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
         if not said:
             notes.append(("warning", m.name, "no config and asymmetric zeros: v1 and v2 both read validly; "
                                              "assuming gptq (v1)"))
-        return m.format
+        return m.scheme.format
     if ev.verdict == claimed:
-        return m.format
+        return m.scheme.format
     if not said:
         notes.append(("info", m.name, f"no config: zeros read as {mid} under {ev.verdict} (symmetric), so the "
                                       f"file is {'gptq_v2' if ev.verdict == 'v2' else 'gptq (v1)'}"))
@@ -250,7 +251,7 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
         notes.append(("error", m.name, f"config says gptq_v2 but zeros decode to {mid - 1} under v2 — it is v1; "
                                        f"fix: checkpoint_format: gptq"))
     fmt = "gptq_v2" if ev.verdict == "v2" else "gptq"
-    m.format = fmt
+    m.scheme = replace(m.scheme, format=fmt)
     return fmt
 
 

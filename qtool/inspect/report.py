@@ -20,7 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qtool.scheme import QuantScheme
+
 MODULE_KEYS = ("name", "format", "bits", "group_size", "sym", "desc_act", "in_features", "out_features", "bytes")
+_SCHEME_KEYS = frozenset({"format", "bits", "group_size", "sym", "desc_act"})  # written flat from .scheme
 REPORT_KEYS = ("path", "container", "format", "modules", "tensor_count", "bytes_total", "bpw", "metadata",
                "anomalies")
 
@@ -49,19 +52,17 @@ def merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
 
 @dataclass
 class ModuleReport:
-    """One linear weight. The attribute names are the contract `select` reads.
+    """One linear weight: its quantization (`scheme`) and what the header says besides. The attribute names
+    are the contract `select` reads.
 
-    bits / group_size / sym / desc_act / in_features / out_features are None where the header cannot tell
-    (e.g. GPTQ sym without a config; --deep fills sym and desc_act from the data). bytes = all tensors of
-    the module (packed weight, scales, zeros, g_idx, bias). n_weights = logical I*O (bits-per-weight).
+    scheme's bits / group_size / sym / desc_act and in_features / out_features are None where the header
+    cannot tell (e.g. GPTQ sym without a config; --deep fills sym and desc_act from the data); scheme.format
+    is always set ("dense" and "unknown" included). bytes = all tensors of the module (packed weight, scales,
+    zeros, g_idx, bias). n_weights = logical I*O (bits-per-weight).
     """
 
     name: str
-    format: str
-    bits: int | None
-    group_size: int | None
-    sym: bool | None
-    desc_act: bool | None
+    scheme: QuantScheme
     in_features: int | None
     out_features: int | None
     bytes: int
@@ -72,10 +73,10 @@ class ModuleReport:
 
     @property
     def quantized(self) -> bool:
-        return self.format not in ("dense", "unknown")
+        return self.scheme.format not in ("dense", "unknown")
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in MODULE_KEYS}
+        d = {k: getattr(self.scheme if k in _SCHEME_KEYS else self, k) for k in MODULE_KEYS}
         if self.stats is not None:
             d["stats"] = dict(self.stats)
         return d
@@ -149,8 +150,8 @@ class InspectReport:
         return any(a.severity == "error" for a in self.anomalies)
 
     def summary_value(self, attr: str) -> Any:
-        """One value over the quantized modules, "mixed (a, b)" when they differ, None when unknown."""
-        vals = {getattr(m, attr) for m in self.quantized_modules}
+        """One scheme field over the quantized modules, "mixed (a, b)" when they differ, None when unknown."""
+        vals = {getattr(m.scheme, attr) for m in self.quantized_modules}
         vals.discard(None)
         if not vals:
             return None
@@ -161,7 +162,7 @@ class InspectReport:
     def format_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for m in self.modules:
-            out[m.format] = out.get(m.format, 0) + 1
+            out[m.scheme.format] = out.get(m.scheme.format, 0) + 1
         return out
 
     def patterns(self) -> list[PatternRow]:
@@ -171,7 +172,7 @@ class InspectReport:
         rows: dict[tuple[str, str, str], int] = {}
         for m in self.modules:
             shape = f"{m.out_features} x {m.in_features}" if m.in_features and m.out_features else "?"
-            key = (collapse_layers(m.name), m.format, shape)
+            key = (collapse_layers(m.name), m.scheme.format, shape)
             rows[key] = rows.get(key, 0) + 1
         for t in self.tensors:
             if t.module is None:
@@ -240,11 +241,11 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
         s.add_row("sym", _b(report.summary_value("sym")))
         s.add_row("act-order", _b(report.summary_value("desc_act")))
     nq = len(report.quantized_modules)
-    nu = sum(1 for m in report.modules if m.format == "unknown")
+    nu = sum(1 for m in report.modules if m.scheme.format == "unknown")
     unknown = f", {nu} unknown quantized layout" if nu else ""
     s.add_row("modules", f"{len(report.modules)} ({nq} quantized{unknown}, {len(report.modules) - nq - nu} dense)")
     s.add_row("tensors", str(report.tensor_count))
-    ub = sum(m.bytes for m in report.modules if m.format == "unknown")
+    ub = sum(m.bytes for m in report.modules if m.scheme.format == "unknown")
     s.add_row("bytes", f"{report.bytes_total:,} ({human_bytes(report.bytes_total)}): quantized "
                        f"{human_bytes(report.quantized_bytes)}"
                        + (f", unknown layout {human_bytes(ub)}" if nu else "")
@@ -282,7 +283,7 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
         for c in ("module", "format", "mean", "std", "absmax"):
             d.add_column(c, justify="left" if c in ("module", "format") else "right")
         for m in stats[:MAX_STATS_ROWS]:
-            d.add_row(sanitize(m.name), sanitize(m.format), f"{m.stats['mean']:.4g}", f"{m.stats['std']:.4g}",
+            d.add_row(sanitize(m.name), sanitize(m.scheme.format), f"{m.stats['mean']:.4g}", f"{m.stats['std']:.4g}",
                       f"{m.stats['absmax']:.4g}")
         if len(stats) > MAX_STATS_ROWS:
             d.add_row(f"... {len(stats) - MAX_STATS_ROWS} more (see --json)", "", "", "", "")

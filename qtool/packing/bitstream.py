@@ -12,9 +12,10 @@ All functions pack along `dim` (default: last). Codes are uint8 holding values <
 
 from __future__ import annotations
 
-import torch
-
 from qtool.errors import FormatError
+from qtool.lazy import lazy_module
+
+torch = lazy_module("torch")
 
 # Plane widths, low plane first (FORMATS.md "GPTQ planar").
 PLANES: dict[int, tuple[int, ...]] = {

@@ -27,9 +27,10 @@ import sys
 from functools import cache, lru_cache
 from pathlib import Path
 
-import torch
-
 from qtool.errors import FormatError
+from qtool.lazy import lazy_module
+
+torch = lazy_module("torch")
 
 TILE = 16              # Marlin tile edge (GPTQ_MARLIN_TILE)
 BLOCK_N = 64           # columns covered by one 1024-entry permutation run (4 tiles of 16)

@@ -28,7 +28,9 @@ Rows past N and k past K are zero codes (with zero scales past N); the kernel ne
 
 from __future__ import annotations
 
-import torch
+from qtool.lazy import lazy_module
+
+torch = lazy_module("torch")
 
 TILE_N = 16
 BLOCK_K = 64

@@ -188,7 +188,7 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
     by_name = {m.name: m for m in source.modules}
     gguf_src = source.container == "gguf"
     arch = None if gguf_src else resolve_arch(source.config, None)
-    dominant = Counter(m.format for m in source.modules).most_common(1)[0][0] if source.modules else None
+    dominant = Counter(m.scheme.format for m in source.modules).most_common(1)[0][0] if source.modules else None
     # tensors llama.cpp does not load are left out (the writer names each one); the count says what is copied
     plan.passthrough -= sum(1 for n in source.passthrough if skip_reason(arch, n))
     for mp in plan.modules:
@@ -200,16 +200,16 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
             continue
         typ = type_for(rules, f"{m.name}.weight", m.layout.get("weight", ""))
         if typ is None:
-            if gguf_src and m.format != dominant and not mp.copy and mp.kind != "impossible":
-                own = m.params.extra.get("gguf_type", m.format)
-                mp.kind, mp.copy, mp.steps, mp.dst_format = "exact", True, [], m.format
-                mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+            if gguf_src and m.scheme.format != dominant and not mp.copy and mp.kind != "impossible":
+                own = m.scheme.extra.get("gguf_type", m.scheme.format)
+                mp.kind, mp.copy, mp.steps, mp.dst_format = "exact", True, [], m.scheme.format
+                mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
                 mp.reasons = [f"keeps its own type {own} (the file's other modules are "
                               f"{dominant.removeprefix('gguf:').removeprefix('gguf_').upper()}; "
                               "--tensor-type overrides)"]
             continue
         mp.dst_format = f"gguf:{typ}"
-        if gguf_src and m.params.extra.get("gguf_type") == typ:
+        if gguf_src and m.scheme.extra.get("gguf_type") == typ:
             mp.kind, mp.copy, mp.steps = "exact", True, []
             mp.reasons = [f"--tensor-type {typ}: already {typ}; copied"]
             continue

@@ -290,20 +290,20 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
     known = all_formats()
     plans = []
     for m in source.modules:
-        mp = ModulePlan(m.name, m.format, target, list(m.shape) if m.shape else None, m.bits, m.group_size,
-                        m.sym, m.desc_act)
+        mp = ModulePlan(m.name, m.scheme.format, target, list(m.shape) if m.shape else None, m.scheme.bits, m.scheme.group_size,
+                        m.scheme.sym, m.scheme.desc_act)
         if (incl and not any(r.search(m.name) for r in incl)) or any(r.search(m.name) for r in excl):
             mp.kind, mp.copy = "keep", True
             mp.reasons.append("not selected by --include/--exclude: copied in the source layout")
-        elif m.format not in known and not m.format.startswith("gguf:"):
+        elif m.scheme.format not in known and not m.scheme.format.startswith("gguf:"):
             mp.kind = "impossible"
-            mp.reasons.append(f"qtool cannot read '{m.format}' modules")
+            mp.reasons.append(f"qtool cannot read '{m.scheme.format}' modules")
         else:
             _decide(source, m, mp, dst, job, known)
         _resolve_unread(m, mp, keep, drop)
         plans.append(mp)
     out = Path(job.out) if job.out else default_out(job.src, target)
-    fmts = sorted({m.format for m in source.modules})
+    fmts = sorted({m.scheme.format for m in source.modules})
     warnings = list(source.warnings)
     for flag, regexes, got in (("--keep", keep, [n for p in plans for n in p.carried]),
                                ("--drop", drop, [n for p in plans for n in p.dropped])):
@@ -357,26 +357,26 @@ def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pat
 
 def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict) -> None:
     target = dst.spec.id
-    if m.format.startswith("gguf:"):
+    if m.scheme.format.startswith("gguf:"):
         mp.kind = "lossy"
-        mp.reasons.append(f"GGUF {m.format[5:]} is read only by dequantizing; integer layouts need "
+        mp.reasons.append(f"GGUF {m.scheme.format[5:]} is read only by dequantizing; integer layouts need "
                           "requantization")
         _lossy_target(m, mp, dst, job)
         return
-    tb = job.bits if job.bits is not None else m.bits
-    tg = job.group_size if job.group_size is not None else m.group_size
-    if m.format == target and tb == m.bits and tg == m.group_size:
+    tb = job.bits if job.bits is not None else m.scheme.bits
+    tg = job.group_size if job.group_size is not None else m.scheme.group_size
+    if m.scheme.format == target and tb == m.scheme.bits and tg == m.scheme.group_size:
         mp.copy = True
-        mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+        mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
-    facts_known = None not in (m.bits, m.group_size, m.sym, m.desc_act, m.shape)
-    if facts_known and target in GGUF_IDS and m.format != "gguf_q4_1" and job.bits is None \
+    facts_known = None not in (m.scheme.bits, m.scheme.group_size, m.scheme.sym, m.scheme.desc_act, m.shape)
+    if facts_known and target in GGUF_IDS and m.scheme.format != "gguf_q4_1" and job.bits is None \
             and job.group_size is None and _gguf_exact_by_header(m, target):
-        mp.to_bits, mp.to_group_size, mp.to_sym = m.bits, m.group_size, m.sym
+        mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
         return
-    needs_data = (target in GGUF_IDS or m.format == "gguf_q4_1" or not facts_known
-                  or (target == "gptq" and m.sym is not True))
+    needs_data = (target in GGUF_IDS or m.scheme.format == "gguf_q4_1" or not facts_known
+                  or (target == "gptq" and m.scheme.sym is not True))
     if not needs_data:
         _decide_from_header(source, m, mp, dst, job, tb, tg)
     else:
@@ -389,14 +389,14 @@ def _gguf_exact_by_header(m, target: str) -> bool:
     possible code (Q4_0: symmetric <= 4-bit or any <= 3-bit; Q8_0: symmetric, or any <= 7-bit).
     Q4_1 of asymmetric codes rounds m = -d*z, so the data decides it."""
     o, i = m.shape
-    if m.scale_dtype != "F16" or m.desc_act or i % 32:
+    if m.scale_dtype != "F16" or m.scheme.desc_act or i % 32:
         return False
-    if m.group_size != -1 and m.group_size % 32:
+    if m.scheme.group_size != -1 and m.scheme.group_size % 32:
         return False
     if target == "gguf_q4_0":
-        return (m.sym and m.bits <= 4) or m.bits <= 3
+        return (m.scheme.sym and m.scheme.bits <= 4) or m.scheme.bits <= 3
     if target == "gguf_q8_0":
-        return m.sym or m.bits <= 7
+        return m.scheme.sym or m.scheme.bits <= 7
     return False
 
 
@@ -420,25 +420,25 @@ def _transform_reasons(bits: int, group: int, in_features: int, desc_act: bool, 
 
 def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, tb: int, tg: int) -> None:
     o, i = m.shape
-    steps, lossy = _transform_reasons(m.bits, m.group_size, i, m.desc_act, tb, tg)
+    steps, lossy = _transform_reasons(m.scheme.bits, m.scheme.group_size, i, m.scheme.desc_act, tb, tg)
     if lossy:
         mp.kind, mp.reasons = "lossy", lossy
         _lossy_target(m, mp, dst, job)
         return
     g_idx = None
-    if m.desc_act:
+    if m.scheme.desc_act:
         g_idx = _read_g_idx(source, m)
         if g_idx is None:
             _decide_from_data(source, m, mp, dst, job, None)
             return
     scale_dtype = _ST_FLOATS.get(m.scale_dtype or "F16", torch.float16)
-    bits = tb if tb > m.bits else m.bits
-    group = tg if steps and tg != m.group_size else m.group_size
-    probe = stand_in(o, i, bits, group, m.sym, g_idx if group == m.group_size else None, scale_dtype,
-                     {"format": m.format})
+    bits = tb if tb > m.scheme.bits else m.scheme.bits
+    group = tg if steps and tg != m.scheme.group_size else m.scheme.group_size
+    probe = stand_in(o, i, bits, group, m.scheme.sym, g_idx if group == m.scheme.group_size else None, scale_dtype,
+                     {"format": m.scheme.format})
     why = dst.check(probe)
     mp.steps = steps
-    mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, m.sym
+    mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, m.scheme.sym
     if why:
         mp.kind, mp.reasons = "lossy", why
         _lossy_target(m, mp, dst, job)
@@ -454,7 +454,7 @@ def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, kn
 
     mp.decided_by = "data"
     try:
-        plain = get_format(m.format).unpack(source.load(m), m.params)
+        plain = get_format(m.scheme.format).unpack(source.load(m), m.scheme)
     except NotRepresentable as e:  # e.g. GGUF Q4_1 whose offsets are not integer zero points
         mp.kind, mp.reasons = "lossy", [e.problem]
         _lossy_target(m, mp, dst, job)

@@ -133,15 +133,15 @@ class ModuleConverter:
         """The module's canonical Plain (None for GGUF types readable only by dequantizing)."""
         from qtool.formats import get_format
 
-        if m.format.startswith("gguf:"):
+        if m.scheme.format.startswith("gguf:"):
             return None
         try:
-            p = get_format(m.format).unpack(self.source.load(m), m.params)
+            p = get_format(m.scheme.format).unpack(self.source.load(m), m.scheme)
         except FormatError as e:  # the format names the short tensor; say which file and module too
             short = f".{e.tensor}" if e.tensor else ""
             raise FormatError(e.problem, path=self.source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
         if "format" not in p.meta:
-            p = p.with_(meta={**p.meta, "format": m.format})
+            p = p.with_(meta={**p.meta, "format": m.scheme.format})
         return p
 
     def source_weight(self, m, plain):
@@ -153,17 +153,17 @@ class ModuleConverter:
         if plain is not None:
             return dequantize(plain, torch.float32)
         raw = self.source.load(m)["weight"]
-        if m.format in GGUF_IDS:
+        if m.scheme.format in GGUF_IDS:
             from qtool.formats.gguf_blocks import dequantize_blocks
 
-            return dequantize_blocks(raw, m.format)
+            return dequantize_blocks(raw, m.scheme.format)
         import gguf
 
-        qt = gguf.GGMLQuantizationType[m.format[5:]]
+        qt = gguf.GGMLQuantizationType[m.scheme.format[5:]]
         try:
             w = gguf.quants.dequantize(raw.numpy(), qt)
         except NotImplementedError:
-            raise NotRepresentable(f"the gguf package cannot dequantize {m.format[5:]}", tensor=m.name,
+            raise NotRepresentable(f"the gguf package cannot dequantize {m.scheme.format[5:]}", tensor=m.name,
                                    fix="--exclude this module") from None
         return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
 
@@ -171,7 +171,7 @@ class ModuleConverter:
         """int32 elements of a reusable output buffer worth handing to `convert` for this module: the source's
         packed weight size (a direct path's output without padding has as many) when a direct path that
         takes `out` applies and the weight is large; else 0."""
-        fn = self.fast.get((m.format, self.dst.spec.id))
+        fn = self.fast.get((m.scheme.format, self.dst.spec.id))
         if fn is None or not mp.relayout or mp.steps or not _takes_out(fn) \
                 or self.source.container == "gguf" or "qweight" not in m.layout:
             return 0
@@ -184,17 +184,17 @@ class ModuleConverter:
         scratch: optional reusable int32 buffer that a direct path may write its packed weight into (the
         result then views it: the caller must not reuse it before the result is written)."""
         if mp.relayout and not mp.steps and m.name not in self.rows:
-            fn = self.fast.get((m.format, self.dst.spec.id))
+            fn = self.fast.get((m.scheme.format, self.dst.spec.id))
             if fn is not None:
                 kw = {"out": scratch} if scratch is not None and _takes_out(fn) else {}
-                out = fn(self.source.load(m, mapped=True), m.params, m.format, self.dst.spec.id, **kw)
+                out = fn(self.source.load(m, mapped=True), m.scheme, m.scheme.format, self.dst.spec.id, **kw)
                 if out is not None:
                     mp.fast = True
                     return out
         if mp.relayout:
             return self._relayout(m, mp, self.source_plain(m))
         try:
-            plain = None if m.format.startswith("gguf:") else self.source_plain(m)
+            plain = None if m.scheme.format.startswith("gguf:") else self.source_plain(m)
         except NotRepresentable:  # e.g. GGUF Q4_1 offsets: no Plain, but the blocks still dequantize
             plain = None
         return self._requantize(m, mp, plain)
@@ -256,7 +256,7 @@ class ModuleConverter:
                               scale_dtype=sdt, name=m.name)
                 if not self.dst.check(q2):
                     q, why, mp.to_sym = q2, [], True
-            q = q.with_(meta={**q.meta, "format": m.format})
+            q = q.with_(meta={**q.meta, "format": m.scheme.format})
             if why:
                 raise NotRepresentable(f"{m.name}: requantized weight still cannot be stored as {self.dst.spec.id}: "
                                        + "; ".join(why), tensor=m.name, fix="--exclude this module")

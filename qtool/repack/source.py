@@ -14,7 +14,7 @@ Two containers:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +36,22 @@ QTOOL_REPORTS = frozenset({"report.json", "report.md", "qtool_repack.json"})
 class SourceModule:
     """One quantized linear module of the source.
 
-    format:   qtool format id ("gptq", "ct", "gguf_q4_0", ...) or "gguf:<TYPE>" (dequantize-only GGUF type)
+    scheme:   format: qtool format id ("gptq", "ct", "gguf_q4_0", ...) or "gguf:<TYPE>" (dequantize-only GGUF
+              type); bits / group_size / sym / desc_act: what the header and config say (None = not known
+              without reading data); extra: the facts the format's unpack reads beside them (compressed-tensors
+              version, Marlin source, GGUF type). It is what `unpack` and the fast paths are given.
     layout:   {short name: full tensor name} of the packed layout (read, converted)
     others:   full names of the module's other tensors (bias ...); they are in Source.passthrough too
     extra:    full names of tensors under the module's prefix that its format does not read (a rotation, a
               smoothing vector, ...): converting without them loses them, so the plan carries them (--keep),
               discards them (--drop) or refuses the module; they are in Source.passthrough too
-    bits / group_size / sym / desc_act / in_features / out_features: what the header and config say (None =
-              not known without reading data)
+    in_features / out_features: what the header says (None = not known without reading data)
     """
 
     name: str
-    format: str
+    scheme: QuantScheme
     layout: dict[str, str]
     others: list[str]
-    params: QuantScheme
-    bits: int | None
-    group_size: int | None
-    sym: bool | None
-    desc_act: bool | None
     in_features: int | None
     out_features: int | None
     nbytes: int = 0
@@ -237,7 +234,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
         if not mr.quantized:
             continue
         pre = f"{mr.name}." if mr.name else ""
-        reads = _reads(known.get(mr.format), mr.format)
+        reads = _reads(known.get(mr.scheme.format), mr.scheme.format)
         layout, others, unread = {}, [], []
         for full in mr.tensor_names:
             short = full[len(pre):]
@@ -248,7 +245,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             else:
                 layout[short] = full
                 in_module.add(full)
-        bits, group = mr.bits, mr.group_size
+        bits, group = mr.scheme.bits, mr.scheme.group_size
         for pat, over in dynamic.items():  # GPTQModel per-module overrides ("+:regex" or bare regex)
             if isinstance(over, dict) and not pat.startswith("-:"):
                 rx = pat[2:] if pat.startswith("+:") else pat
@@ -261,7 +258,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
         extra = {"quant_config": raw, "metadata": dict(ck.metadata)}
         if version:
             extra["version"] = str(version)
-        if mr.format == "marlin":  # the checkpoint's own contract names the layout it converts back to
+        if mr.scheme.format == "marlin":  # the checkpoint's own contract names the layout it converts back to
             from qtool.formats.marlin import params_from_contract
 
             contract = params_from_contract(ck.metadata, ck.quant_config)
@@ -270,10 +267,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             group = contract.group_size if contract.group_size is not None else group
         sdt = _scale_dtype(ck, layout)
         modules.append(SourceModule(
-            name=mr.name, format=mr.format, layout=layout, others=others,
-            params=QuantScheme(bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, extra=extra),
-            bits=bits, group_size=group, sym=mr.sym, desc_act=mr.desc_act, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
+            name=mr.name, scheme=replace(mr.scheme, bits=bits, group_size=group, extra=extra), layout=layout,
+            others=others, in_features=mr.in_features, out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
     order = list(ck.tensors)
     passthrough = [n for n in order if n not in in_module]
     warnings = [_anomaly_text(a) for a in errors]
@@ -325,16 +320,14 @@ def _open_gguf(p: Path, report, errors) -> Source:
         pre = f"{mr.name}." if mr.name else ""
         weight = pre + "weight"
         # inspect names every GGUF type "gguf:<TYPE>"; those a block format holds exactly are its aliases
-        exact_src = format_id(mr.format) is not None
-        fmt = format_id(mr.format) or mr.format
+        fmt = format_id(mr.scheme.format) or mr.scheme.format
         others = [n for n in mr.tensor_names if n[len(pre):] in NOT_LAYOUT]
         unread = [n for n in mr.tensor_names if n != weight and n not in others]
         modules.append(SourceModule(
-            name=mr.name, format=fmt, layout={"weight": weight}, others=others,
-            params=QuantScheme(bits=mr.bits if exact_src else None, group_size=32 if exact_src else None,
-                               sym=mr.sym, desc_act=False, extra={"gguf_type": by_name[weight].type_name}),
-            bits=mr.bits, group_size=mr.group_size, sym=mr.sym, desc_act=False, in_features=mr.in_features,
-            out_features=mr.out_features, nbytes=mr.bytes, scale_dtype="F16", extra=unread))
+            name=mr.name, scheme=replace(mr.scheme, format=fmt, desc_act=False,
+                                         extra={"gguf_type": by_name[weight].type_name}),
+            layout={"weight": weight}, others=others, in_features=mr.in_features, out_features=mr.out_features,
+            nbytes=mr.bytes, scale_dtype="F16", extra=unread))
         in_module.add(weight)
     order = list(by_name)
     passthrough = [n for n in order if n not in in_module]

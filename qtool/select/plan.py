@@ -277,8 +277,8 @@ def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None,
 # ------------------------------------------------------------------------------------------------------
 
 def inspect_modules(path: Path) -> list[Any]:
-    """The per-module view of a checkpoint: objects with name, format, bits, group_size, sym, desc_act,
-    in_features, out_features (qtool.inspect's ModuleReport). The one place select depends on inspect."""
+    """The per-module view of a checkpoint: objects with name, scheme (format, bits, group_size, sym,
+    desc_act), in_features, out_features (qtool.inspect's ModuleReport). The one place select depends on inspect."""
     from qtool.inspect import inspect_path
 
     report = inspect_path(path, deep=False)
@@ -303,20 +303,20 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     shapeless: dict[str, int] = {}
     acts: set[str] = set()
     for m in mods:
-        fmt = str(m.format)
+        s = m.scheme
+        fmt = str(s.format)
         if fmt in ("dense", "unknown"):
             dense[fmt] = dense.get(fmt, 0) + 1
             continue
-        if m.bits is None or m.in_features is None or m.out_features is None:
+        if s.bits is None or m.in_features is None or m.out_features is None:
             shapeless[fmt] = shapeless.get(fmt, 0) + 1
             continue
         scale, block = scale_of(m)
         act = dtype_name(dtype)
         acts.add(act)
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
-                           format=fmt, bits=int(m.bits),
-                           group_size=int(m.group_size) if m.group_size is not None else -1,
-                           sym=True if m.sym is None else bool(m.sym), desc_act=bool(m.desc_act),
+                           format=fmt, bits=int(s.bits), group_size=int(s.group_size) if s.group_size is not None else -1,
+                           sym=True if s.sym is None else bool(s.sym), desc_act=bool(s.desc_act),
                            act_dtype=act, parallel=parallel_of(str(m.name), rules), method=source_method(m),
                            scale=scale, block=block)
         key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
@@ -345,7 +345,7 @@ def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
     detail = str(getattr(m, "detail", "") or "")
     if detail.startswith("per-tensor scale"):
         return "tensor", None
-    if detail.startswith("per-channel scale") or str(m.format) == "ct_int8":
+    if detail.startswith("per-channel scale") or str(m.scheme.format) == "ct_int8":
         return "channel", None
     hit = _BLOCK.match(detail)
     if hit:
@@ -356,9 +356,9 @@ def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
 def source_method(m: Any) -> str | None:
     """The quantization a serialized Marlin module came from. A qtool Marlin file from AWQ always keeps its
     qzeros (formats/marlin.py), so zero points mean AWQ; legacy B/s files are GPTQ's 4-bit symmetric."""
-    if str(m.format) != "marlin":
+    if str(m.scheme.format) != "marlin":
         return None
-    return "awq" if m.sym is False else "gptq"
+    return "awq" if m.scheme.sym is False else "gptq"
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def _excluded(raw: dict, method: str, report, path: Path) -> list[CheckResult]:
     from qtool.inspect.detect import collapse_layers
     from qtool.io.config_regex import WorkBudget, compile_config_regex
 
-    dense = [m for m in report.modules if m.format == "dense" and "#" in collapse_layers(m.name)]
+    dense = [m for m in report.modules if m.scheme.format == "dense" and "#" in collapse_layers(m.name)]
     if not dense:
         return []
     if method == "gptq":

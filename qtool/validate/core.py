@@ -344,7 +344,7 @@ class _Run:
             from qtool.inspect.detect import split_name
 
             short = {split_name(n)[1]: t for n, t in tensors.items()}
-            if m.format != "unknown":
+            if m.scheme.format != "unknown":
                 try:
                     decoded = deep_module(m, short, self.claims, notes, self.handle, stats=False,
                                           decode=bool(self.on & NEEDS_PLAIN))
@@ -352,7 +352,7 @@ class _Run:
                     from qtool.errors import QtoolError
 
                     msg = e.problem if isinstance(e, QtoolError) else f"{type(e).__name__}: {e}"
-                    notes.append(("error", m.name, f"cannot decode as {m.format}: {msg}"))
+                    notes.append(("error", m.name, f"cannot decode as {m.scheme.format}: {msg}"))
             if decoded is not None:
                 decoded = (*decoded, short)
         errs = [msg for sev, _, msg in notes if sev == "error"]
@@ -360,18 +360,18 @@ class _Run:
         unavailable = [msg for sev, _, msg in notes if sev == "info" and "unavailable" in msg]
         if errs:
             self.add("integrity", m.name, "fail", "; ".join(errs))
-        elif m.format == "unknown":
+        elif m.scheme.format == "unknown":
             self.add("integrity", m.name, "skip", f"{len(tensors)} tensors readable; a layout qtool does not know: "
                                                   "values not checked")
         elif unavailable:
             self.add("integrity", m.name, "skip", f"readable; {'; '.join(unavailable)}")
         else:
-            self.add("integrity", m.name, "pass", f"{m.format}: {len(tensors)} tensors readable, values in range")
+            self.add("integrity", m.name, "pass", f"{m.scheme.format}: {len(tensors)} tensors readable, values in range")
         if decoded is False:
             return
         if decoded is None:
-            why = "dense module: nothing quantized" if m.format == "dense" else \
-                f"format {m.format}: qtool has no decoder to a canonical Plain"
+            why = "dense module: nothing quantized" if m.scheme.format == "dense" else \
+                f"format {m.scheme.format}: qtool has no decoder to a canonical Plain"
             for c in ("roundtrip", "reference", "kernels"):
                 self.add(c, m.name, "skip", why)
             return
@@ -386,7 +386,7 @@ class _Run:
         from qtool.formats.base import format_id, get_format
         from qtool.scheme import QuantScheme
 
-        fmt_id = format_id(m.format)  # "gguf:Q4_0" is an alias of the block format that holds it exactly
+        fmt_id = format_id(m.scheme.format)  # "gguf:Q4_0" is an alias of the block format that holds it exactly
         if fmt_id is None:
             return None
         t = self._gguf_tensor(f"{m.name}.weight" if m.name else "weight")
@@ -394,7 +394,7 @@ class _Run:
             notes.append(("info", m.name, "big-endian GGUF data: round trip and kernels unavailable"))
             return None
         stored = {"weight": tensors[t.name]}
-        params = QuantScheme(format=fmt_id, bits=m.bits, group_size=32, sym=m.sym, desc_act=False,
+        params = QuantScheme(format=fmt_id, bits=m.scheme.bits, group_size=32, sym=m.scheme.sym, desc_act=False,
                              extra={"gguf_type": t.type_name})
         from qtool.errors import QtoolError
 
