@@ -34,9 +34,14 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=256)
     a = ap.parse_args()
 
+    import gptqmodel
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel import __version__ as gm_version
+
+    # GPTQModel 7.7 sizes its CPU pool as (cores + 1) // 2 = 1 on 2 cores, then asks 2 workers of it for
+    # loading and stops with "Virtual pool 'model_loader:cpu' requests 2 workers": give its pool both cores
+    gptqmodel._default_cpu_workers = lambda: max(2, os.cpu_count() or 1)
 
     from qtool.quant import calib_text, hf
     from qtool.quant.calib import token_windows
