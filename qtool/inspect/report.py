@@ -50,7 +50,7 @@ def merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class ModuleReport:
     """One linear weight: its quantization (`scheme`) and what the header says besides. The attribute names
     are the contract `select` reads.

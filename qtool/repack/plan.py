@@ -37,7 +37,7 @@ Fewer bits, or groups merged, change the quantization: lossy.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -94,9 +94,12 @@ class RepackJob:
                 _compile(r, flag)
 
 
-@dataclass
+@dataclass(slots=True)
 class ModulePlan:
     """What happens to one module. Source facts, target parameters, the verdict and its reasons.
+
+    src:   the source module's scheme as the header and config give it (format, bits, group_size, sym,
+           desc_act; None where unknown); the plan JSON writes it flat (src_format, bits, ...)
 
     steps: exact Plain transformations on the way ("regroup 128->32", "widen 4->8") or "requantize".
     fast:  True when a direct tensor-to-tensor path (same bytes as the composition) will be used.
@@ -105,13 +108,9 @@ class ModulePlan:
     """
 
     module: str
-    src_format: str
+    src: QuantScheme
     dst_format: str
     shape: list[int] | None
-    bits: int | None
-    group_size: int | None
-    sym: bool | None
-    desc_act: bool | None
     kind: str = "exact"
     reasons: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
@@ -139,12 +138,15 @@ class ModulePlan:
     def target_scheme(self) -> QuantScheme:
         """What is written for this module (act-order survives unless the module is requantized)."""
         return QuantScheme(self.dst_format, self.to_bits, self.to_group_size, self.to_sym,
-                           bool(self.desc_act) and "requantize" not in self.steps)
+                           bool(self.src.desc_act) and "requantize" not in self.steps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("target_meta")
-        return d
+        src = d.pop("src")
+        head = {"module": d.pop("module"), "src_format": src["format"], "dst_format": d.pop("dst_format"),
+                "shape": d.pop("shape")}
+        return head | {k: src[k] for k in ("bits", "group_size", "sym", "desc_act")} | d
 
 
 @dataclass
@@ -290,8 +292,7 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
     known = all_formats()
     plans = []
     for m in source.modules:
-        mp = ModulePlan(m.name, m.scheme.format, target, list(m.shape) if m.shape else None, m.scheme.bits, m.scheme.group_size,
-                        m.scheme.sym, m.scheme.desc_act)
+        mp = ModulePlan(m.name, m.scheme, target, list(m.shape) if m.shape else None)
         if (incl and not any(r.search(m.name) for r in incl)) or any(r.search(m.name) for r in excl):
             mp.kind, mp.copy = "keep", True
             mp.reasons.append("not selected by --include/--exclude: copied in the source layout")
@@ -313,7 +314,7 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
                                 "unread; it changed nothing")
     kept = [m for m in plans if m.kind == "keep"]
     if kept and target not in GGUF_IDS:
-        layouts = ", ".join(sorted({m.src_format for m in kept}))
+        layouts = ", ".join(sorted({m.src.format for m in kept}))
         warnings.append(f"{len(kept)} module(s) kept in their source layout ({layouts}); the {target} config "
                         "written does not describe them")
     dropped = {n for p in plans for n in p.dropped}
@@ -459,7 +460,7 @@ def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, kn
         mp.kind, mp.reasons = "lossy", [e.problem]
         _lossy_target(m, mp, dst, job)
         return
-    mp.bits, mp.group_size, mp.sym, mp.desc_act = plain.bits, plain.group_size, plain.sym, plain.desc_act
+    mp.src = replace(mp.src, bits=plain.bits, group_size=plain.group_size, sym=plain.sym, desc_act=plain.desc_act)
     mp.shape = [plain.out_features, plain.in_features]
     if dst.spec.id in GGUF_IDS:
         a = dst.assess(plain)
@@ -515,13 +516,13 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
             mp.kind = "impossible"
             mp.reasons.append(f"in_features {i} is not a multiple of the 32-input GGUF block")
         return
-    src_bits = mp.bits
+    src_bits = mp.src.bits
     bits = job.bits or (src_bits if src_bits in spec.bits else
                         min((b for b in spec.bits if src_bits is not None and b >= src_bits), default=max(spec.bits)))
     if job.group_size is not None:
         group = job.group_size
     else:
-        group = mp.group_size if mp.group_size is not None else 128
+        group = mp.src.group_size if mp.src.group_size is not None else 128
         allowed = spec.group_sizes
         if allowed is not None and group not in allowed:
             group = 128 if 128 in allowed else allowed[0]
@@ -529,7 +530,7 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
             group = 128
         if i is not None and group != -1 and i % group:
             group = -1
-    sym = mp.sym if mp.sym is not None else True
+    sym = mp.src.sym if mp.src.sym is not None else True
     if not spec.asym or spec.id == "gptq":
         sym = True  # GPTQ v1 cannot store a zero of 0, which asymmetric min-max produces on one-signed groups
     elif not spec.sym:
@@ -537,7 +538,7 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
     mp.to_bits, mp.to_group_size, mp.to_sym = bits, group, sym
     if o is None:
         return
-    probe = stand_in(o, i, bits, group, sym, meta={"format": mp.src_format})
+    probe = stand_in(o, i, bits, group, sym, meta={"format": mp.src.format})
     why = dst.check(probe)
     if why:
         mp.kind = "impossible"

@@ -44,11 +44,11 @@ def render(report, console, *, refused: bool = False) -> None:
     for h in ("module", "from", "shape", "bits/group", "kind", "how", "error"):
         t.add_column(h, overflow="fold")
     for m in plan.modules:
-        bg = f"{m.bits}/{m.group_size}"
-        if m.to_bits is not None and (m.to_bits, m.to_group_size) != (m.bits, m.group_size):
+        bg = f"{m.src.bits}/{m.src.group_size}"
+        if m.to_bits is not None and (m.to_bits, m.to_group_size) != (m.src.bits, m.src.group_size):
             bg += f" -> {m.to_bits}/{m.to_group_size}"
         style = _STYLE.get(m.kind, "")
-        t.add_row(sanitize(m.module), m.src_format, "x".join(map(str, m.shape or [])) or "?", bg,
+        t.add_row(sanitize(m.module), m.src.format, "x".join(map(str, m.shape or [])) or "?", bg,
                   f"[{style}]{m.kind}[/{style}]" if style else m.kind, _how(m), _err(m))
     console.print(t)
     for m in plan.modules:

@@ -213,8 +213,8 @@ class ModuleConverter:
             why = self.dst.check(plain)
         if why:
             raise NotRepresentable(
-                f"{m.name}: planned as {mp.kind} from the header ({mp.src_format} {mp.bits}-bit, sym={mp.sym}, "
-                f"desc_act={mp.desc_act}) but the data cannot be stored as {self.dst.spec.id}: {'; '.join(why)}; "
+                f"{m.name}: planned as {mp.kind} from the header ({mp.src.format} {mp.src.bits}-bit, sym={mp.src.sym}, "
+                f"desc_act={mp.src.desc_act}) but the data cannot be stored as {self.dst.spec.id}: {'; '.join(why)}; "
                 "nothing was written", tensor=m.name,
                 fix="the config misdescribes this module; rerun with --allow-lossy or --exclude it")
         return self._pack(plain)

@@ -32,7 +32,7 @@ READS_ALSO = {"marlin": frozenset({"B", "s", "workspace"})}
 QTOOL_REPORTS = frozenset({"report.json", "report.md", "qtool_repack.json"})
 
 
-@dataclass
+@dataclass(slots=True)
 class SourceModule:
     """One quantized linear module of the source.
 
