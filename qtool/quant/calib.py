@@ -30,6 +30,7 @@ from qtool.quant import gptq as gptq_mod
 from qtool.quant.awq import clip_quantize, search_scales
 
 FOLD_TOL = 1e-4
+BATCH_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,11 @@ class CalibSettings:
 class LayerResult:
     module: str  # the model's module name
     plain: Plain
-    loss: float  # output relative error on the calibration inputs, tr(ΔW H ΔWᵀ)/tr(W H Wᵀ)
-    rtn_loss: float  # the same for plain RTN of the same (scaled) weight
+    loss: float | None  # output relative error on the calibration inputs, tr(ΔW H ΔWᵀ)/tr(W H Wᵀ); None: no inputs
+    rtn_loss: float | None  # the same for plain RTN of the same (scaled) weight
     rel_error: float  # ‖W − Ŵ‖/‖W‖ against the weight that was quantized (AWQ: the scaled one)
     note: str = ""
+    deq: torch.Tensor | None = field(default=None, repr=False)  # dequantized weight on the device, when at hand
 
 
 @dataclass
@@ -132,19 +134,36 @@ def _to(x, device):
     return x
 
 
+def batches(samples: list[torch.Tensor], tokens: int = BATCH_TOKENS) -> list[torch.Tensor]:
+    """Consecutive samples [1, L] of equal length stacked into batches [b, L] of at most `tokens` tokens (one
+    sample at least): the block's forward runs on a few large matmuls instead of many small ones."""
+    out: list[list[torch.Tensor]] = []
+    for x in samples:
+        last = out[-1] if out else None
+        if last and last[0].shape == x.shape and (len(last) + 1) * x.shape[-1] <= tokens:
+            last.append(x)
+        else:
+            out.append([x])
+    return [torch.cat(b, 0) for b in out]
+
+
 def capture_block_inputs(model, blocks, samples: list[torch.Tensor], device: str) -> list[tuple[tuple, dict]]:
-    """(args, kwargs) each sample's forward passes to the first block (tensors on `device`)."""
+    """(args, kwargs) each batch's forward passes to the first block, moved to `device`. The forward up to
+    the first block (embeddings, position encodings) runs where the model's parameters outside the blocks
+    are, normally the CPU: it is cheap, and the device then holds no embedding or output head."""
     got: list[tuple[tuple, dict]] = []
 
     def pre(_mod, args, kwargs):
         got.append((_to(args, device), _to({k: v for k, v in kwargs.items()}, device)))
         raise _Stop
 
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    where = emb.weight.device if emb is not None and getattr(emb, "weight", None) is not None else device
     h = blocks[0].register_forward_pre_hook(pre, with_kwargs=True)
     try:
         for ids in samples:
             try:
-                model(input_ids=ids.to(device))
+                model(input_ids=ids.to(where))
             except _Stop:
                 pass
     finally:
@@ -217,35 +236,41 @@ def _groups(block, linears: dict[int, _Linear], sample) -> tuple[list[list[_Line
     return groups, producer
 
 
-def _gather(block, group: list[_Linear], inputs, device) -> dict[int, tuple[gptq_mod.Hessian, torch.Tensor]]:
-    """Run the block on every sample, accumulating each linear's H and mean |x| per input channel."""
-    stats: dict[int, tuple[gptq_mod.Hessian, torch.Tensor, list[int]]] = {}
+def _gather(block, groups: list[list[_Linear]], inputs, device, track_mean: bool = False
+            ) -> dict[int, gptq_mod.Hessian]:
+    """Run the block on every batch, accumulating one Hessian (and with track_mean the mean |x|) per group of
+    linears that read the same input; {id(linear module): its group's Hessian}."""
+    stats: dict[int, gptq_mod.Hessian] = {}
     hooks = []
 
     def hook(mod, args):
-        x = args[0].detach()
-        H, xs, n = stats[id(mod)]
-        H.add(x)
-        flat = x.reshape(-1, x.shape[-1]).float()
-        xs.add_(flat.abs().sum(0))
-        n[0] += flat.shape[0]
+        stats[id(mod)].add(args[0].detach())
 
-    for lin in group:
-        n_in = lin.mod.in_features
-        stats[id(lin.mod)] = (gptq_mod.Hessian(n_in, device), torch.zeros(n_in, device=device), [0])
-        hooks.append(lin.mod.register_forward_pre_hook(hook))
+    for g in groups:
+        H = gptq_mod.Hessian(g[0].mod.in_features, device, track_mean)
+        for lin in g:
+            stats[id(lin.mod)] = H
+        hooks.append(g[0].mod.register_forward_pre_hook(hook))
     try:
         for a, k in inputs:
             block(*a, **k)
     finally:
         for h in hooks:
             h.remove()
-    return {i: (H, xs / max(n[0], 1)) for i, (H, xs, n) in stats.items()}
+    return stats
 
 
-def _set_weight(lin: _Linear, plain: Plain) -> None:
-    w = dequantize(plain, torch.float32).to(lin.mod.weight.device, lin.mod.weight.dtype)
-    lin.mod.weight.data.copy_(w)
+def _set_weight(lin: _Linear, plain: Plain, deq: torch.Tensor | None = None) -> None:
+    """Put the dequantized weights in the model; `deq` (float32, equal to dequantize(plain)) saves
+    recomputing them on the CPU."""
+    w = dequantize(plain, torch.float32) if deq is None else deq
+    lin.mod.weight.data.copy_(w.to(lin.mod.weight.device, lin.mod.weight.dtype))
+
+
+def _relative_error(W: torch.Tensor, deq: torch.Tensor) -> float:
+    """‖W − Ŵ‖/‖W‖ in float64 where the tensors are."""
+    W = W.double()
+    return float((W - deq.double()).norm() / W.norm().clamp(min=1e-300))
 
 
 def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) -> float:
@@ -258,10 +283,18 @@ def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) 
 
 def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> LayerResult:
     W = lin.mod.weight.detach().float()
+    if H.n == 0:
+        # the calibration forward never reached this linear: no data to calibrate on, so plain RTN
+        from qtool.quant import quantize
+
+        plain = quantize(W.cpu(), lin.bits, lin.group_size, s.sym, "rtn", s.scale_dtype, name=lin.name)
+        return LayerResult(lin.name, plain, None, None, relative_error(W.cpu(), plain),
+                           "not reached by the calibration forward: quantized with RTN")
     r = gptq_mod.gptq_quantize(W, H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype, act_order=s.act_order,
                                static_groups=s.static_groups, damp=s.damp, name=lin.name)
     note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
-    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), relative_error(W.cpu(), r.plain), note)
+    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), _relative_error(W, r.deq), note,
+                       deq=r.deq)
 
 
 def _fold_candidates(block, group: list[_Linear], producer: str | None, order: list[_Linear]):
@@ -319,7 +352,7 @@ def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: l
 def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: CalibSettings,
                         result: CalibResult) -> dict[int, LayerResult]:
     order = [lin for g in groups for lin in g]
-    stats = _gather(block, order, inputs, s.device)
+    stats = _gather(block, groups, inputs, s.device, track_mean=True)
     probe = inputs[: min(2, len(inputs))]
     reference = _run(block, probe, s.device)
     names = {id(m): n for n, m in block.named_modules()}
@@ -339,8 +372,8 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
             result.notes.append(f"AWQ: {block_name}: no op before {what} can absorb scales exactly; "
                                 "clip search only")
             continue
-        H, xm = stats[id(first.mod)]
-        sc, _, _ = search_scales([lin.mod.weight.detach().float() for lin in g], H.H, xm, first.bits, G,
+        H = stats[id(first.mod)]
+        sc, _, _ = search_scales([lin.mod.weight.detach().float() for lin in g], H.H, H.x_mean, first.bits, G,
                                  s.sym, s.scale_dtype)
         folds.append((target, g, sc))
     for target, g, sc in folds:
@@ -351,8 +384,7 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
                             f"folded into {target}")
     out: dict[int, LayerResult] = {}
     for lin in order:
-        H, _ = stats[id(lin.mod)]
-        Hs = H.H
+        Hs = stats[id(lin.mod)].H
         sc = scales.get(id(lin.mod))
         if sc is not None:  # the input is now x / s
             Hs = Hs / (sc.unsqueeze(0) * sc.unsqueeze(1))
@@ -378,11 +410,10 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
     block_name, blocks = find_blocks(model)
     result = CalibResult(blocks=block_name, n_samples=len(samples), seqlen=int(samples[0].shape[-1]))
     model.eval()
-    _move_outside_blocks(model, block_name, s.device)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(block_name + ".")} \
         if s.method == "awq" else {}
     with torch.no_grad():
-        inputs = capture_block_inputs(model, blocks, samples, s.device)
+        inputs = capture_block_inputs(model, blocks, batches(samples), s.device)
         for b, block in enumerate(blocks):
             if on_block:
                 on_block(b, len(blocks))
@@ -401,7 +432,8 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
                 else:
                     done = _quantize_awq_block(block, prefix, groups, producer, inputs, s, result)
                 for mid, lr in done.items():
-                    _set_weight(lins[mid], lr.plain)
+                    if s.method == "awq":  # GPTQ put its weights in as it went
+                        _set_weight(lins[mid], lr.plain)
                     result.layers[lr.module] = lr
             outs = _run(block, inputs, s.device)
             for o in outs:
@@ -419,27 +451,24 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
     return result
 
 
-def _move_outside_blocks(model, block_name: str, device: str) -> None:
-    """Move every parameter and buffer that is not inside a block to `device`."""
-    for n, m in model.named_modules():
-        if n == block_name or n.startswith(block_name + "."):
-            continue
-        for p in list(m.parameters(recurse=False)):
-            p.data = p.data.to(device)
-        for bn, buf in list(m.named_buffers(recurse=False)):
-            m._buffers[bn] = buf.to(device)
-
-
 def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResult]:
+    """GPTQ every linear of the block: from the block's inputs all at once, or with true_sequential group by
+    group, each group's inputs taken with the groups before it already quantized. A group's Hessian is
+    dropped once its linears are done, so at most one block's Hessians are alive."""
     out: dict[int, LayerResult] = {}
-    steps = groups if s.true_sequential else [[lin for g in groups for lin in g]]
+    steps = [[g] for g in groups] if s.true_sequential else [groups]
     for step in steps:
         stats = _gather(block, step, inputs, s.device)
-        for lin in step:
-            lr = _quantize_gptq(lin, stats[id(lin.mod)][0], s)
-            out[id(lin.mod)] = lr
-            if s.true_sequential:
-                _set_weight(lin, lr.plain)
+        for g in step:
+            for lin in g:
+                lr = _quantize_gptq(lin, stats[id(lin.mod)], s)
+                out[id(lin.mod)] = lr
+                # the inputs are gathered already, so the weights can change now; the next step's (true-
+                # sequential) forward sees them quantized
+                _set_weight(lin, lr.plain, lr.deq)
+                lr.deq = None
+            for lin in g:
+                del stats[id(lin.mod)]
     return out
 
 

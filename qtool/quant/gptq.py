@@ -35,22 +35,45 @@ BLOCK = 128
 
 
 class Hessian:
-    """Running H = 2 X Xᵀ / n in float32 over every row x [.., I] passed to `add` (on x's device)."""
+    """H = 2 X Xᵀ / n in float32 over every row x [.., I] passed to `add` (on `device`), and with
+    `track_mean` the mean |x| per input channel (AWQ's activation statistic).
 
-    def __init__(self, in_features: int, device: torch.device | str = "cpu") -> None:
-        self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+    The rows are summed and scaled once when `H` is read, so adding a batch is one matmul. Linears that
+    read the same input share one Hessian."""
+
+    def __init__(self, in_features: int, device: torch.device | str = "cpu", track_mean: bool = False) -> None:
+        self._S = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self._abs = torch.zeros(in_features, dtype=torch.float32, device=device) if track_mean else None
+        self._scale = 1.0  # _S holds the sum of x xᵀ times this
         self.n = 0
 
     def add(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).to(device=self.H.device, dtype=torch.float32)
-        m = x.shape[0]
-        if m == 0:
+        x = x.reshape(-1, x.shape[-1]).to(device=self._S.device, dtype=torch.float32)
+        if x.shape[0] == 0:
             return
-        # running mean, so H's magnitude does not grow with the number of tokens
-        self.H.mul_(self.n / (self.n + m))
-        self.n += m
-        x = x * (2.0 / self.n) ** 0.5
-        self.H.addmm_(x.t(), x)
+        if self._scale != 1.0:
+            self._S.mul_(1.0 / self._scale)
+            self._scale = 1.0
+        self.n += x.shape[0]
+        self._S.addmm_(x.t(), x)
+        if self._abs is not None:
+            self._abs.add_(x.abs().sum(0))
+
+    @property
+    def H(self) -> torch.Tensor:
+        """float32 [I, I] = 2 X Xᵀ / n (scaled in place: no second copy)."""
+        want = 2.0 / max(self.n, 1)
+        if self._scale != want:
+            self._S.mul_(want / self._scale)
+            self._scale = want
+        return self._S
+
+    @property
+    def x_mean(self) -> torch.Tensor:
+        """float32 [I] mean |x| per input channel (only with track_mean)."""
+        if self._abs is None:
+            raise ValueError("this Hessian was built without track_mean")
+        return self._abs / max(self.n, 1)
 
 
 @dataclass
@@ -58,23 +81,45 @@ class GptqResult:
     plain: Plain
     loss: float  # tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)
     damp: float  # the dampening fraction that made H positive definite
+    deq: torch.Tensor  # float32 [O, I] on H's device: exactly dequantize(plain, float32), computed on the way
 
 
 def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of (H + λI)⁻¹ with λ = damp x mean(diag H), raising damp tenfold until it works."""
-    mean_diag = float(torch.diag(H).mean())
-    eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-    d = damp
+    """Upper Cholesky factor of (H + λI)⁻¹ with λ = damp x mean(diag H), raising damp tenfold until it works.
+    H is consumed (its diagonal is dampened in place); at most two more [I, I] matrices live at once."""
+    diag = H.diagonal()
+    mean_diag = float(diag.mean())
+    d, added = damp, 0.0
     for _ in range(6):
-        L, info = torch.linalg.cholesky_ex(H + d * mean_diag * eye)
+        diag.add_(d * mean_diag - added)
+        added = d * mean_diag
+        L, info = torch.linalg.cholesky_ex(H)
         if int(info) == 0:
             Hinv = torch.cholesky_inverse(L)
+            del L
             U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
             if int(info) == 0:
                 return U, d
         d *= 10
     raise InputError(f"the calibration Hessian is not positive definite even with dampening {d / 10:g}",
                      tensor=name, fix="give more or longer calibration samples (--calib-samples/--calib-seqlen)")
+
+
+class _one_thread:
+    """On the CPU, run the column loop's many small ops on one thread: with more, every op pays a thread
+    hand-off that costs more than the op (30x slower on a shared 2-core machine)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cpu = device.type == "cpu"
+
+    def __enter__(self):
+        if self.cpu:
+            self.n = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.cpu:
+            torch.set_num_threads(self.n)
 
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, sym: bool,
@@ -85,14 +130,13 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
 
     group_size must divide I (or be -1); qtool.quant.validate checks that before any work is done.
     """
+    H0 = H
     W = weight.to(device=H.device, dtype=torch.float32).clone()
     n_out, n_in = W.shape
     G = n_in if group_size == -1 else group_size
     n_groups = n_in // G
-    H = H.clone()
-    H0 = H.clone()
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1
+    den = float(torch.sum((W @ H0) * W))
+    dead = torch.diag(H0) == 0
     W[:, dead] = 0
 
     static = None
@@ -101,8 +145,13 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
         static = (s.squeeze(-1), z.squeeze(-1))  # [O, n_groups] each
     perm = None
     if act_order:
-        perm = torch.argsort(torch.diag(H), descending=True)
-        W, H = W[:, perm], H[perm][:, perm]
+        key = torch.diag(H0).masked_fill(dead, 1)
+        perm = torch.argsort(key, descending=True)
+        W, dead = W[:, perm], dead[perm]
+        H = H0.index_select(0, perm).index_select(1, perm)
+    else:
+        H = H0.clone()
+    H[dead, dead] = 1
     U, used_damp = _inverse_cholesky(H, damp, name)
     del H
 
@@ -111,6 +160,8 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     scales = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
     zeros = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
     s_col = z_col = None
+    # static groups: the natural group of the column at each position (a list: no device sync per column)
+    static_of = ((perm if perm is not None else torch.arange(n_in)) // G).tolist() if static is not None else None
     # whole groups per block, so a group's parameters come from weights that carry every update so far
     block = G * max(1, block // G)
     for i1 in range(0, n_in, block):
@@ -118,24 +169,25 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
         W1 = W[:, i1:i2].clone()
         Err1 = torch.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            j = i1 + i  # position in processing order
-            if static is not None:
-                g = int(perm[j]) // G if perm is not None else j // G
-                s_col, z_col = static[0][:, g], static[1][:, g]
-            elif j % G == 0:
-                g = j // G
-                s, z = group_params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype)
-                s_col, z_col = s[:, 0, 0], z[:, 0, 0]
-                scales[:, g], zeros[:, g] = s_col, z_col
-            w = W1[:, i]
-            q = codes(w.unsqueeze(-1), s_col.unsqueeze(-1), z_col.unsqueeze(-1), bits).squeeze(-1)
-            deq = (q - z_col) * s_col
-            q_codes[:, j] = q.to(torch.uint8)
-            Q[:, j] = deq
-            err = (w - deq) / U1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-            Err1[:, i] = err
+        with _one_thread(W.device):
+            for i in range(i2 - i1):
+                j = i1 + i  # position in processing order
+                if static is not None:
+                    g = static_of[j]
+                    s_col, z_col = static[0][:, g], static[1][:, g]
+                elif j % G == 0:
+                    g = j // G
+                    s, z = group_params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype)
+                    s_col, z_col = s[:, 0, 0], z[:, 0, 0]
+                    scales[:, g], zeros[:, g] = s_col, z_col
+                w = W1[:, i]
+                q = codes(w.unsqueeze(-1), s_col.unsqueeze(-1), z_col.unsqueeze(-1), bits).squeeze(-1)
+                deq = (q - z_col) * s_col
+                q_codes[:, j] = q.to(torch.uint8)
+                Q[:, j] = deq
+                err = (w - deq) / U1[i, i]
+                W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
+                Err1[:, i] = err
         W[:, i2:] -= Err1 @ U[i1:i2, i2:]
 
     g_idx = None
@@ -146,12 +198,10 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
             g_idx = (inv // G).to(torch.int32)  # column c sits at position inv[c] of the processing order
     if static is not None:
         scales, zeros = static
-    Wd = weight.to(device=H0.device, dtype=torch.float32)
-    dW = Wd - Q
+    dW = weight.to(device=H0.device, dtype=torch.float32) - Q
     num = float(torch.sum((dW @ H0) * dW))
-    den = float(torch.sum((Wd @ H0) * Wd))
     loss = num / den if den > 0 else 0.0
     plain = Plain(q_codes.cpu(), scales.to(scale_dtype).cpu(), None if sym else zeros.to(torch.uint8).cpu(),
                   None if g_idx is None else g_idx.cpu().contiguous(), bits, group_size,
                   meta={"method": "gptq"})
-    return GptqResult(plain, loss, used_damp)
+    return GptqResult(plain, loss, used_damp, Q)

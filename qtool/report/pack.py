@@ -28,11 +28,17 @@ def _calibration_lines(report) -> list[str]:
     c = report.calibration
     if not c or not c.get("layers"):
         return []
-    layers = c["layers"]
+    layers = [lay for lay in c["layers"] if lay["loss"] is not None]  # None: the forward never reached it
+    if not layers:
+        return []
     rel = [lay["loss"] ** 0.5 for lay in layers]
     rtn = [lay["rtn_loss"] ** 0.5 for lay in layers]
     return [f"{c['method']} per-layer output error on the calibration data: mean {sum(rel) / len(rel):.4%} "
             f"(RTN of the same weights: {sum(rtn) / len(rtn):.4%}); per layer in report.json/report.md"]
+
+
+def _root_pct(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss ** 0.5:.4%}"
 
 
 def _evaluation_lines(report) -> list[str]:
@@ -96,8 +102,8 @@ def to_markdown(report) -> str:
     if report.calibration and report.calibration.get("layers"):
         out.append("## Calibration: per-layer output error (relative, on the calibration inputs)\n")
         out.append(md_table(["module", report.calibration["method"], "RTN", "note"],
-                            [[lay["module"], f"{lay['loss'] ** 0.5:.4%}", f"{lay['rtn_loss'] ** 0.5:.4%}",
-                              lay["note"]] for lay in report.calibration["layers"]]))
+                            [[lay["module"], _root_pct(lay["loss"]), _root_pct(lay["rtn_loss"]), lay["note"]]
+                             for lay in report.calibration["layers"]]))
     if report.evaluation and report.evaluation["layers"]:
         out.append("## Evaluation: per-layer output error (relative, on the dense model's inputs)\n")
         out.append(md_table(["module", "error"], [[lay["module"], f"{lay['rel_error']:.4%}"]
