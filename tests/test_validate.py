@@ -294,6 +294,39 @@ def test_model_hash_is_the_same_for_any_shard_layout(tmp_path):
     assert c1 == c2 == 0 and r1["hash"] == r2["hash"]
 
 
+def test_tensor_hashes_survive_buffer_reuse(tmp_path, monkeypatch):
+    """Read buffers are reused once their tensor is checked and hashed: every tensor's digest must still be
+    the digest of its own bytes. With no hash backlog allowed, the second layer's tensors reuse the first's
+    buffers."""
+    from qtool.validate import core
+    from qtool.validate.hashing import Hasher
+
+    recycled = []
+    take = core._Buffers.take
+
+    def counting_take(self, nbytes):
+        before = len(self.free)
+        buf = take(self, nbytes)
+        recycled.append(len(self.free) < before)
+        return buf
+
+    monkeypatch.setattr(core, "PENDING_BYTES", 0)
+    monkeypatch.setattr(core._Buffers, "take", counting_take)
+    make_dense(tmp_path / "m")
+    rep = core.validate_path(tmp_path / "m", core.ValidateOptions(checks=("integrity", "hashes")))
+    assert any(recycled)
+    h = Hasher(workers=1)
+    want = {}
+    with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
+        for n in f.keys():
+            t = f.get_tensor(n)
+            dtype = {torch.float16: "F16"}[t.dtype]
+            want[n] = h.tensor(dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy())
+    h.close()
+    assert rep.tensor_hashes == want
+    assert len(set(want.values())) == len(want)
+
+
 # --- GGUF and bad input ---------------------------------------------------------------------------------------
 
 def test_gguf_integrity_round_trip_and_hashes():

@@ -122,29 +122,35 @@ class Checkpoint:
         return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink())
 
 
-def read_tensor(info: TensorInfo, mapped: bool = False):
+def read_tensor(info: TensorInfo, mapped: bool = False, into=None):
     """The bytes of one tensor as a torch.Tensor; InputError when the dtype has no torch equivalent or the
     file ends early.
 
     The data is always read (a positioned read checked for its length), never memory-mapped; `mapped` is
     accepted from callers and has no effect. A map of a file that another process truncates meanwhile
-    kills the reader with SIGBUS, while a read comes back short and becomes an InputError naming the file."""
+    kills the reader with SIGBUS, while a read comes back short and becomes an InputError naming the file.
+    into: a writable numpy uint8 buffer of at least `info.nbytes` bytes to read into (the tensor is a view of
+    it); a fresh one is allocated when None."""
     import torch
 
     dtype = _torch_dtype(info.dtype)
     if dtype is None:
         raise InputError(f"dtype {info.dtype} cannot be loaded as a torch tensor", path=info.file, tensor=info.name)
-    t = torch.empty(info.shape, dtype=dtype)
+    if into is None or not info.nbytes:
+        t = torch.empty(info.shape, dtype=dtype)
+    else:
+        t = torch.from_numpy(into[:info.nbytes]).view(dtype).reshape(info.shape)
     if info.nbytes:
         _read_into(info.file, info.start, t.reshape(-1).view(torch.uint8).numpy(), info.name)
     return t
 
 
-def read_bytes(path: Path, start: int, nbytes: int, tensor: str | None = None):
-    """nbytes bytes of `path` from `start` as a fresh numpy uint8 array (a checked read; see read_tensor)."""
+def read_bytes(path: Path, start: int, nbytes: int, tensor: str | None = None, into=None):
+    """nbytes bytes of `path` from `start` as a numpy uint8 array (a checked read; see read_tensor): a fresh
+    one, or the first nbytes of the writable uint8 buffer `into`."""
     import numpy as np
 
-    buf = np.empty(nbytes, dtype=np.uint8)
+    buf = np.empty(nbytes, dtype=np.uint8) if into is None else into[:nbytes]
     if nbytes:
         _read_into(path, start, buf, tensor)
     return buf

@@ -27,6 +27,31 @@ NEEDS_PLAIN = frozenset({"roundtrip", "reference", "kernels"})
 PENDING_BYTES = 1 << 30
 
 
+class _Buffers:
+    """Read buffers that come back once their tensor is checked and hashed.
+
+    A fresh buffer per tensor costs a page fault and a kernel zero-fill per 4 KiB page, about as much CPU as
+    the read itself; a checkpoint's tensors repeat a few sizes, so a returned buffer nearly always fits the
+    next tensor of its kind. At most `keep` bytes wait in the free list."""
+
+    def __init__(self, keep: int = PENDING_BYTES):
+        self.free: list = []
+        self.keep = keep
+
+    def take(self, nbytes: int):
+        import numpy as np
+
+        fits = [i for i, b in enumerate(self.free) if nbytes <= len(b) <= 2 * nbytes]
+        if fits:
+            return self.free.pop(min(fits, key=lambda i: len(self.free[i])))
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def give(self, buf) -> None:
+        self.free.append(buf)
+        while sum(len(b) for b in self.free) > self.keep:
+            self.free.pop(max(range(len(self.free)), key=lambda i: len(self.free[i])))
+
+
 @dataclass(frozen=True)
 class ValidateOptions:
     """checks: which of CHECKS run; reference: the dense checkpoint the file was made from (the reference
@@ -62,10 +87,15 @@ def validate_path(path: str | Path, opt: ValidateOptions | None = None,
     opt.check()
     t0 = time.perf_counter()
     run = _Run(Path(path), opt)
+    threads = run.share_cores()
     try:
         run.go(on_progress)
     finally:
         run.close()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
     if opt.against is not None:
         _against(run.report, opt)
     run.report.seconds = time.perf_counter() - t0
@@ -102,9 +132,25 @@ class _Run:
         self.hasher = Hasher() if "hashes" in self.on else None
         self.ref = None
         self.kernel_keys: set[tuple] = set()
-        self.pending: list = []
+        self.buffers = _Buffers()
+        self.held: list = []  # (name, buffer, nbytes) read for the module being checked
+        self.pending: list = []  # (name, digest function, buffer, nbytes) waiting for the hash pool
         self.pending_bytes = 0
         self.warnings: list[tuple[str, str, str]] = []
+
+    def share_cores(self) -> int | None:
+        """While the hash pool runs, torch's own thread pool gets the cores the pool leaves (at least one):
+        its workers spin while they wait for work, and on a small machine that spinning takes the CPU the
+        hashes need. Returns torch's previous thread count, to restore; None when nothing changed."""
+        if self.hasher is None:
+            return None
+        import os
+
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - self.hasher.workers))
+        return before
 
     def _device(self):
         from qtool.kernels.devices import torch_device
@@ -141,6 +187,7 @@ class _Run:
         total = len(modules) + (1 if others else 0)
         for k, m in enumerate(modules):
             self._module(m)
+            self._settle()
             self._drain(PENDING_BYTES)
             if on_progress:
                 on_progress(k + 1, total)
@@ -247,32 +294,46 @@ class _Run:
 
         from qtool.errors import QtoolError
 
+        buf = None
         try:
             if self.gguf:
-                t, dtype, shape, raw = self._read_gguf(name)
+                t, dtype, shape, raw, buf = self._read_gguf(name)
             else:
                 from qtool.io.checkpoint import read_tensor
 
                 info = self.handle.tensors[name]
-                t = read_tensor(info)
+                buf = self.buffers.take(info.nbytes) if info.nbytes else None
+                t = read_tensor(info, into=buf)
                 dtype, shape = info.dtype, info.shape
                 raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
         except QtoolError as e:
+            if buf is not None:
+                self.buffers.give(buf)
             self.add("integrity", name, "fail", f"unreadable: {e.problem}")
             self.add("hashes", name, "fail", "unreadable: not hashed")
             return None
         self.report.bytes_read += len(raw)
         if self.hasher is not None:
             # hashed on the pool while the next tensors are read and checked; bounded by PENDING_BYTES
-            self.pending.append((name, self.hasher.submit(dtype, shape, raw), raw))
+            self.pending.append((name, self.hasher.submit(dtype, shape, raw), buf, len(raw)))
             self.pending_bytes += len(raw)
+        elif buf is not None:
+            self.held.append(buf)
         return t
+
+    def _settle(self) -> None:
+        """The module's tensors are checked: buffers not waiting for a hash go back for reuse."""
+        for buf in self.held:
+            self.buffers.give(buf)
+        self.held = []
 
     def _drain(self, limit: int = 0) -> None:
         while self.pending and (self.pending_bytes > limit or len(self.pending) > 64):
-            name, digest, raw = self.pending.pop(0)
+            name, digest, buf, nbytes = self.pending.pop(0)
             self.report.tensor_hashes[name] = digest()
-            self.pending_bytes -= len(raw)
+            self.pending_bytes -= nbytes
+            if buf is not None:
+                self.buffers.give(buf)
 
     def _read_gguf(self, name: str):
         import torch
@@ -283,11 +344,17 @@ class _Run:
         t = self._gguf_tensor(name)
         if t is None or t.nbytes is None or not t.complete:
             raise InputError("tensor data is missing or truncated", path=getattr(t, "file", self.path), tensor=name)
-        raw = read_bytes(t.file, t.start, t.nbytes, name)
+        buf = self.buffers.take(t.nbytes) if t.nbytes else None
+        try:
+            raw = read_bytes(t.file, t.start, t.nbytes, name, into=buf)
+        except InputError:
+            if buf is not None:
+                self.buffers.give(buf)
+            raise
         rows = 1
         for d in t.shape[1:]:
             rows *= d
-        return torch.from_numpy(raw.reshape(rows, -1) if rows else raw), t.type_name, t.shape, raw
+        return torch.from_numpy(raw.reshape(rows, -1) if rows else raw), t.type_name, t.shape, raw, buf
 
     def _gguf_tensor(self, name: str):
         if not hasattr(self, "_by_name"):
@@ -305,7 +372,6 @@ class _Run:
                 bad += 1
                 continue
             t = self._read(n)
-            self._drain(PENDING_BYTES)
             if t is None:
                 bad += 1
                 continue
@@ -315,6 +381,9 @@ class _Run:
                 if not bool(torch.isfinite(t).all()):
                     self.add("integrity", n, "fail", "has NaN/Inf values")
                     bad += 1
+            del t
+            self._settle()
+            self._drain(PENDING_BYTES)
         if not bad:
             self.add("integrity", None, "pass", f"{len(names)} tensors outside the linear modules readable and "
                                                 "complete")

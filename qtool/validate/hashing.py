@@ -26,7 +26,8 @@ class Hasher:
     """Hashes tensors' bytes on a small thread pool; `close()` when done."""
 
     def __init__(self, workers: int | None = None):
-        self.pool = ThreadPoolExecutor(max_workers=workers or max(1, min(8, os.cpu_count() or 1)))
+        self.workers = workers or max(1, min(8, os.cpu_count() or 1))
+        self.pool = ThreadPoolExecutor(max_workers=self.workers)
 
     def tensor(self, dtype: str, shape, data) -> str:
         """data: a contiguous buffer (numpy uint8 array or memoryview) of the tensor's stored bytes."""
