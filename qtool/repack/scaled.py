@@ -16,6 +16,8 @@ ct_fp8, ct_int8: per channel; NVFP4 per 16, MX per 32, qtool.quant.fp4); the err
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from qtool.errors import NotRepresentable, UsageError
 
 # formats whose quantizer is qtool.quant.fp4 (E2M1 codes or E8M0 scales, which quantize_scaled does not write)
@@ -48,17 +50,17 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         if bad:  # converting would carry undefined weights on (or turn them into numbers): the source is broken
             mp.kind, mp.reasons = "impossible", [f"the source data is broken: {'; '.join(bad)}"]
             return
-        mp.bits, mp.sym, mp.desc_act = src.spec.bits[0], plain.zeros is None, False
         bo, bi = plain.block
-        mp.group_size = bi if bo == 1 else -1
+        mp.src = replace(mp.src, bits=src.spec.bits[0], group_size=bi if bo == 1 else -1, sym=plain.zeros is None, desc_act=False)
     else:
-        mp.bits, mp.group_size, mp.sym, mp.desc_act = plain.bits, plain.group_size, plain.sym, plain.desc_act
+        mp.src = replace(mp.src, bits=plain.bits, group_size=plain.group_size, sym=plain.sym,
+                         desc_act=plain.desc_act)
     if is_scaled(src) and is_scaled(dst):
         q, why = dst.adapt(plain)
         if q is not None:
             mp.kind = "exact"
             mp.to_bits, mp.to_sym = dst.spec.bits[0], q.zeros is None
-            mp.to_group_size = mp.group_size
+            mp.to_group_size = mp.src.group_size
             mp.target_meta = module_meta(q)
             if q.scale_type != plain.scale_type:
                 mp.reasons.append(f"scales stored as {q.scale_type} (were {plain.scale_type}): same values")
@@ -67,7 +69,7 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         inplace = _lossy_in_place(dst, plain)
         if inplace is not None:
             mp.steps = ["invert global scale"]
-            mp.to_bits, mp.to_sym, mp.to_group_size = dst.spec.bits[0], True, mp.group_size
+            mp.to_bits, mp.to_sym, mp.to_group_size = dst.spec.bits[0], True, mp.src.group_size
             mp.target_meta = module_meta(inplace)
             return
     elif is_scaled(dst):

@@ -1,0 +1,69 @@
+"""`pack --to fp8` throughput: MB/s of bf16 input on one 4096x14336 layer (Llama-3-8B's down_proj shape).
+
+Two numbers per thread count: the quantizer alone (qtool.quant.scaled.quantize_scaled with its in-pass
+error sums, 128x128 blocks, fp32 scales) and the whole `qtool pack --to fp8` command on a one-layer
+checkpoint (read, quantize, error, write; Python start-up and the torch import excluded by timing the
+command's own report). The machine's load average is recorded with each run: on a shared 2-core VM it
+decides the numbers more than the code does.
+
+    .venv/bin/python benchmarks/fp_pack_throughput.py [--repeat 3] [--threads 1 2] > run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from qtool.pack import PackJob, run_pack
+from qtool.quant.scaled import quantize_scaled
+
+O, I = 4096, 14336
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    a = ap.parse_args()
+    w = torch.randn(O, I, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    mb = w.numel() * 2 / 1e6
+    runs = {}
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "src"
+        src.mkdir()
+        save_file({"model.layers.0.mlp.down_proj.weight": w}, src / "model.safetensors")
+        (src / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+        for threads in a.threads:
+            torch.set_num_threads(threads)
+            core, cmd = [], []
+            for k in range(a.repeat):
+                t0 = time.perf_counter()
+                quantize_scaled(w, "e4m3", (128, 128), "fp32", stats={})
+                core.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                run_pack(PackJob(src, Path(d) / f"o{threads}-{k}", to="fp8", bits=8, group_size=128))
+                cmd.append(time.perf_counter() - t0)
+            runs[f"pack-fp8-bf16-{O}x{I}-threads{threads}"] = {
+                "input_mb": mb, "threads": threads,
+                "quantize_mb_s": [round(mb / t, 1) for t in core],
+                "quantize_mb_s_median": round(mb / statistics.median(core), 1),
+                "pack_command_mb_s": [round(mb / t, 1) for t in cmd],
+                "pack_command_mb_s_median": round(mb / statistics.median(cmd), 1),
+                "loadavg_1m_after": round(os.getloadavg()[0], 2),
+            }
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
+            "cpus": os.cpu_count(), "torch": torch.__version__}
+    print(json.dumps({k: {**v, **info} for k, v in runs.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
