@@ -113,6 +113,21 @@ def dequantize_blocks(raw: torch.Tensor, fmt_id: str, dtype: torch.dtype | None 
     return w.reshape(w.shape[0], -1).to(dtype or torch.float32)
 
 
+def dequantize_any(raw: torch.Tensor, fmt_id: str, tensor: str | None = None, fix: str = "") -> torch.Tensor:
+    """float32 W [rows, I] of raw GGUF rows of any type: qtool's block formats, else the gguf package's
+    dequantizer; NotRepresentable (naming `tensor`, with `fix`) for a type neither can dequantize."""
+    if fmt_id in GGUF_IDS:
+        return dequantize_blocks(raw, fmt_id)
+    import gguf
+
+    name = fmt_id.removeprefix("gguf:")
+    try:
+        w = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[name])
+    except NotImplementedError:
+        raise NotRepresentable(f"the gguf package cannot dequantize {name}", tensor=tensor, fix=fix) from None
+    return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
+
+
 # --- detection (GGUF headers) ---------------------------------------------------------------------
 def detect_gguf(shape: tuple[int, ...], type_name: str, block: tuple[int, int] | None) -> Detected | None:
     """A GGUF weight from its header entry: dims [ne0 = I, ne1 = O, ...]; 1-D tensors (norms, biases) are not

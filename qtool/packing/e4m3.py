@@ -13,19 +13,14 @@ any failure to build falls back to torch. QTOOL_E4M3_EXT=0 turns it off, =1 make
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-from pathlib import Path
 
 from qtool.lazy import lazy_module
+from qtool.packing.cext import CExtension
 
 torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
-_CSRC = Path(__file__).resolve().parents[2] / "csrc" / "e4m3_dequant.cpp"
 _MIN_CODES = 1 << 20  # below ~1 M codes torch is fast enough and no compiler is needed
-_ABI = 2
-_CFLAGS = ("-O3", "-fopenmp")
-_state: dict = {"lib": None, "tried": False, "error": None}
+_EXT = CExtension("e4m3_dequant.cpp", abi=2, env="QTOOL_E4M3_EXT")
 
 
 def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype) -> torch.Tensor | None:
@@ -36,7 +31,7 @@ def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: to
     same bits with torch)."""
     if (out_dtype not in (torch.float32, torch.bfloat16) or codes.dtype != torch.float8_e4m3fn
             or scales.dtype != torch.float32 or codes.device.type != "cpu" or codes.dim() != 2
-            or codes.numel() < _MIN_CODES and os.environ.get("QTOOL_E4M3_EXT") != "1"):
+            or codes.numel() < _MIN_CODES and _EXT.mode != "on"):
         return None
     rows, cols = codes.shape
     if scales.shape != (rows, -(-cols // group)):
@@ -66,59 +61,19 @@ def count_masked(codes: torch.Tensor, mask: int, value: int) -> int | None:
 
 def status() -> str:
     """One line for reports: which path dequantizes E4M3 codes."""
-    if _state["lib"] is not None:
-        return f"C++ ({_CSRC.name})"
-    return f"torch (extension unavailable: {_state['error']})" if _state["error"] else "torch"
+    return _EXT.status()
 
 
 def _library():
-    mode = os.environ.get("QTOOL_E4M3_EXT", "")
-    if mode == "0":
-        return None
-    if not _state["tried"]:
-        _state["tried"] = True
-        try:
-            _state["lib"] = _build()
-        except Exception as e:  # noqa: BLE001 - the torch path gives the same bits
-            _state["error"] = " ".join(str(e).split())[:200]
-            if mode == "1":
-                raise RuntimeError(f"cannot build {_CSRC}: {_state['error']}") from e
-    return _state["lib"]
-
-
-def _build():
-    if not _CSRC.is_file():
-        raise FileNotFoundError(f"{_CSRC} not found (installed without csrc/)")
-    key = hashlib.sha256(_CSRC.read_bytes() + repr((_CFLAGS, torch.__version__)).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("QTOOL_CACHE") or Path.home() / ".cache" / "qtool")
-    build = root / "ext" / f"e4m3_dequant-{key}"
-    lib_path = build / "qtool_e4m3_dequant.so"
-    lib = None
-    if lib_path.is_file():
-        try:
-            lib = ctypes.CDLL(str(lib_path))
-        except OSError:
-            lib = None  # half-written by a concurrent build: build (cpp_extension locks) and retry
-    if lib is None:
-        import contextlib
-        import io
-
-        from torch.utils import cpp_extension
-
-        build.mkdir(parents=True, exist_ok=True)
-        with contextlib.redirect_stdout(io.StringIO()):  # compiler chatter; the core never prints
-            path = cpp_extension.load(name="qtool_e4m3_dequant", sources=[str(_CSRC)],
-                                      extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
-                                      build_directory=str(build), is_python_module=False, verbose=False)
-        lib = ctypes.CDLL(path)
-    lib.qtool_e4m3_dequant_abi.restype = ctypes.c_int
-    if lib.qtool_e4m3_dequant_abi() != _ABI:
-        raise RuntimeError(f"stale build of {_CSRC.name}")
-    for name in ("qtool_e4m3_dequant_f32", "qtool_e4m3_dequant_bf16"):
-        fn = getattr(lib, name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_int]
-    lib.qtool_count_masked.restype = ctypes.c_int64
-    lib.qtool_count_masked.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib = _EXT.library()
+    if lib is not None and not hasattr(lib, "_qtool_typed"):
+        for name in ("qtool_e4m3_dequant_f32", "qtool_e4m3_dequant_bf16"):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                           ctypes.c_int64, ctypes.c_int]
+        lib.qtool_count_masked.restype = ctypes.c_int64
+        lib.qtool_count_masked.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                           ctypes.c_int]
+        lib._qtool_typed = True
     return lib

@@ -21,14 +21,12 @@ This module knows bits and permutations, not formats; qtool.formats.marlin uses 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import sys
 from functools import cache, lru_cache
-from pathlib import Path
 
 from qtool.errors import FormatError
 from qtool.lazy import lazy_module
+from qtool.packing.cext import CExtension
 
 torch = lazy_module("torch")
 
@@ -342,10 +340,8 @@ def _b_to_gptq_torch(b: torch.Tensor, bits: int, k: int, n: int, out: torch.Tens
 # on two cores (benchmarks/results/repack.md), which a copy-speed repack needs. It is plain C ABI, built on
 # first use by torch.utils.cpp_extension and called through ctypes; any failure falls back to torch, which
 # gives identical bytes. QTOOL_MARLIN_EXT=0 turns it off, =1 makes a build failure an error.
-_CSRC = Path(__file__).resolve().parents[2] / "csrc" / "marlin_repack.cpp"
 _EXT_MIN_WORDS = 1 << 18  # below ~1 MiB the torch path is fast enough and no compiler is needed
-_EXT_ABI = 1
-_ext_state: dict = {"mode": None, "lib": None, "tried": False, "error": None}
+_EXT = CExtension("marlin_repack.cpp", abi=1, env="QTOOL_MARLIN_EXT")
 
 
 class _Ext:
@@ -374,78 +370,26 @@ def use_extension(mode: str | None) -> bool:
     """Choose the path for gptq_to_b / b_to_gptq: "on" (build now; raise if impossible), "off" (torch
     only), None (default: QTOOL_MARLIN_EXT, else try the extension for large tensors). Returns whether the
     extension is active."""
-    if mode not in (None, "on", "off"):
-        raise ValueError(f"use_extension: mode must be 'on', 'off' or None, not {mode!r}")
-    _ext_state.update(mode=mode, lib=None, tried=False, error=None)
-    if mode == "on":
-        return _extension(required=True) is not None
-    return False
+    _EXT.reset(mode)
+    return mode == "on" and _extension(required=True) is not None
 
 
 def extension_status() -> str:
     """One line for reports: which path converts Marlin words."""
-    if _ext_state["lib"] is not None:
-        return "C++ (csrc/marlin_repack.cpp)"
-    if _ext_state["error"]:
-        return f"torch (extension unavailable: {_ext_state['error']})"
-    return "torch"
+    return _EXT.status()
+
+
+_wrapped: dict = {}
 
 
 def _extension(required: bool = False) -> _Ext | None:
-    st = _ext_state
-    mode = st["mode"] or {"0": "off", "1": "on"}.get(os.environ.get("QTOOL_MARLIN_EXT", ""), "auto")
-    if mode == "off":
-        return None
-    if not st["tried"]:
-        st["tried"] = True
-        try:
-            st["lib"] = _build()
-        except Exception as e:  # noqa: BLE001 - the torch path exists and gives the same bytes
-            st["error"] = " ".join(str(e).split())[:200]
-            if required or mode == "on":
-                raise RuntimeError(f"cannot build {_CSRC}: {st['error']}") from e
-    return st["lib"]
-
-
-_CFLAGS = ("-O3", "-fopenmp")
-
-
-def _build_dir() -> Path:
-    """A build folder keyed by the source, flags and torch version, so a stale library is never loaded."""
-    key = hashlib.sha256(_CSRC.read_bytes() + repr((_CFLAGS, torch.__version__)).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("QTOOL_CACHE") or Path.home() / ".cache" / "qtool")
-    return root / "ext" / f"marlin_repack-{key}"
-
-
-def _build() -> _Ext:
-    if not _CSRC.is_file():
-        raise FileNotFoundError(f"{_CSRC} not found (installed without csrc/)")
-    build = _build_dir()
-    lib_path = build / "qtool_marlin_repack.so"
-    lib = None
-    if lib_path.is_file():
-        # Loading the cached library directly skips importing torch.utils.cpp_extension (seconds).
-        try:
-            lib = ctypes.CDLL(str(lib_path))
-        except OSError:
-            lib = None  # half-written by a concurrent build: build (cpp_extension locks) and retry
+    lib = _EXT.library(required)
     if lib is None:
-        import contextlib
-        import io
-
-        from torch.utils import cpp_extension
-
-        build.mkdir(parents=True, exist_ok=True)
-        with contextlib.redirect_stdout(io.StringIO()):  # compiler chatter; the core never prints
-            path = cpp_extension.load(name="qtool_marlin_repack", sources=[str(_CSRC)],
-                                      extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
-                                      build_directory=str(build), is_python_module=False, verbose=False)
-        lib = ctypes.CDLL(path)
-    lib.qtool_marlin_repack_abi.restype = ctypes.c_int
-    if lib.qtool_marlin_repack_abi() != _EXT_ABI:
-        raise RuntimeError(f"stale build of {_CSRC.name} (ABI {lib.qtool_marlin_repack_abi()} != {_EXT_ABI})")
-    return _Ext(lib)
+        return None
+    if _wrapped.get("lib") is not lib:
+        _wrapped.update(lib=lib, ext=_Ext(lib))
+    return _wrapped["ext"]
 
 
 def _fast(numel: int) -> _Ext | None:
-    return _extension() if numel >= _EXT_MIN_WORDS or _ext_state["mode"] == "on" else None
+    return _extension() if numel >= _EXT_MIN_WORDS or _EXT.mode == "on" else None

@@ -279,23 +279,11 @@ def _gguf_names(source):
 
 # --- decoding one module, a piece at a time -------------------------------------------------------------------
 def _gguf_dequantize(raw, fmt: str, module: str):
-    """float32 [rows, I] of raw GGUF rows, by the type's own dequantizer (qtool's block formats, else the gguf
-    package's)."""
-    import torch
+    """float32 [rows, I] of raw GGUF rows, by the type's own dequantizer."""
+    from qtool.formats.gguf_blocks import dequantize_any
 
-    from qtool.formats.gguf_blocks import GGUF_IDS, dequantize_blocks
-
-    if fmt in GGUF_IDS:
-        return dequantize_blocks(raw, fmt)
-    import gguf
-
-    qt = gguf.GGMLQuantizationType[fmt[5:]]
-    try:
-        w = gguf.quants.dequantize(raw.numpy(), qt)
-    except NotImplementedError:
-        raise NotRepresentable(f"the gguf package cannot dequantize {fmt[5:]}; nothing was written",
-                               tensor=module, fix="convert the file with llama.cpp's tools first") from None
-    return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
+    return dequantize_any(raw, fmt, module, fix="nothing was written; convert the file with llama.cpp's tools "
+                                                "first")
 
 
 def module_pieces(source, m, dtype, rows=None, chunk_bytes: int | None = None) -> Iterator:

@@ -152,20 +152,9 @@ class ModuleConverter:
 
         if plain is not None:
             return dequantize(plain, torch.float32)
-        raw = self.source.load(m)["weight"]
-        if m.scheme.format in GGUF_IDS:
-            from qtool.formats.gguf_blocks import dequantize_blocks
+        from qtool.formats.gguf_blocks import dequantize_any
 
-            return dequantize_blocks(raw, m.scheme.format)
-        import gguf
-
-        qt = gguf.GGMLQuantizationType[m.scheme.format[5:]]
-        try:
-            w = gguf.quants.dequantize(raw.numpy(), qt)
-        except NotImplementedError:
-            raise NotRepresentable(f"the gguf package cannot dequantize {m.scheme.format[5:]}", tensor=m.name,
-                                   fix="--exclude this module") from None
-        return torch.from_numpy(w.copy()).reshape(raw.shape[0], -1)
+        return dequantize_any(self.source.load(m)["weight"], m.scheme.format, m.name, fix="--exclude this module")
 
     def scratch_words(self, m, mp: ModulePlan) -> int:
         """int32 elements of a reusable output buffer worth handing to `convert` for this module: the source's
