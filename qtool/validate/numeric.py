@@ -98,20 +98,7 @@ def reference(plain: Plain, weight: torch.Tensor, seed: int = 0) -> tuple[str, s
     rel = math.sqrt(num) / max(math.sqrt(den), 1e-300)
     out = math.sqrt(onum) / max(math.sqrt(oden), 1e-300)
     b = bounds(plain.bits, plain.effective_group_size)
-    numbers = {"rel_err": rel, "out_err": out, "max_step": max_step, **b}
-    if not all(math.isfinite(v) for v in (rel, out, max_step)):
-        return "fail", "error is NaN/Inf (non-finite scales or reference weights)", numbers
-    bad = []
-    if rel > b["rel_bound"]:
-        bad.append(f"‖W−Ŵ‖/‖W‖ {rel:.4g} > bound {b['rel_bound']:.4g}")
-    if out > b["rel_bound"]:
-        bad.append(f"output error {out:.4g} > bound {b['rel_bound']:.4g}")
-    if max_step > b["step_bound"]:
-        bad.append(f"a weight is {max_step:.3g} code steps from the reference > bound {b['step_bound']:.3g} "
-                   "(a corrupted code or scale)")
-    text = (f"rel {rel:.4g}, output {out:.4g} (bound {b['rel_bound']:.4g}); max {max_step:.3g} steps "
-            f"(bound {b['step_bound']:.3g})")
-    return ("fail", "; ".join(bad), numbers) if bad else ("pass", text, numbers)
+    return _verdict(rel, out, max_step, b)
 
 
 # Float codes round to a relative grid: E4M3 (3 mantissa bits) has RMS relative rounding error 2^-3/sqrt(12)
@@ -158,6 +145,11 @@ def _reference_scaled(plain, weight: torch.Tensor, x: torch.Tensor) -> tuple[str
         b = {"rel_bound": REF_SLACK * 2.0 ** -mant / math.sqrt(3), "step_bound": 1.5}
     else:
         b = bounds(8, bo * bi)
+    return _verdict(rel, out, max_step, b)
+
+
+def _verdict(rel: float, out: float, max_step: float, b: dict) -> tuple[str, str, dict]:
+    """(status, detail, numbers) of the reference check from its three errors and their bounds."""
     numbers = {"rel_err": rel, "out_err": out, "max_step": max_step, **b}
     if not all(math.isfinite(v) for v in (rel, out, max_step)):
         return "fail", "error is NaN/Inf (non-finite scales or reference weights)", numbers
