@@ -108,12 +108,16 @@ def test_requantizing_the_dequantized_weight_is_a_fixed_point(o, i, bo, bi, elem
 
 
 def test_mse_never_worse_than_rtn():
-    w = torch.randn(64, 256)
-    w[0, 0] = 40.0  # one outlier: clipping the int8 range helps the rest of its row
-    for element in ("e4m3", "int8"):
-        rtn = relative_error(w, quantize_scaled(w, element, (1, -1), "fp32"))
-        mse = relative_error(w, quantize_scaled(w, element, (1, -1), "fp32", method="mse"))
-        assert mse <= rtn
+    """The search quantizes its candidates exactly as the final pass does (ratio 1.0 is rtn), so no seed can
+    make mse worse: several seeds, because codes made by a different division differ by one step now and
+    then, and only some random draws show it."""
+    for seed in range(8):
+        w = torch.randn(64, 256, generator=torch.Generator().manual_seed(seed))
+        w[0, 0] = 40.0  # one outlier: clipping the int8 range helps the rest of its row
+        for element in ("e4m3", "int8"):
+            rtn = relative_error(w, quantize_scaled(w, element, (1, -1), "fp32"))
+            mse = relative_error(w, quantize_scaled(w, element, (1, -1), "fp32", method="mse"))
+            assert mse <= rtn * (1 + 1e-12), (seed, element)
 
 
 def test_anomalies():

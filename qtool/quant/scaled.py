@@ -35,11 +35,12 @@ def _where(name: str | None) -> str:
 
 
 def _codes(x: torch.Tensor, element: str) -> torch.Tensor:
-    """float32 values already divided by the scale -> codes in the element's storage dtype (x is consumed)."""
-    top = ELEMENTS[element].max
+    """float32 values already divided by the scale -> codes in the element's storage dtype (x is consumed):
+    clamped to the element's symmetric range, then rounded (int8) or cast (floats), as the final pass does."""
+    x.clamp_(-ELEMENTS[element].max, ELEMENTS[element].max)
     if element == "int8":
-        return x.round_().clamp_(-128, 127).to(torch.int8)
-    return x.clamp_(-top, top).to(getattr(torch, ELEMENTS[element].storage))
+        return x.round_().to(torch.int8)
+    return x.to(getattr(torch, ELEMENTS[element].storage))
 
 
 def _block_amax(a: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
@@ -60,15 +61,6 @@ def _block_amax(a: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
 def _expand(s: torch.Tensor, r: int, i: int, bo: int, bi: int) -> torch.Tensor:
     """[nr, nc] per-block values -> [r, i] per weight."""
     return s.repeat_interleave(bo, 0)[:r].repeat_interleave(bi, 1)[:, :i]
-
-
-def _divide(w: torch.Tensor, s: torch.Tensor, bo: int, bi: int) -> torch.Tensor:
-    """w [R, I] / its block's scale, as a new float32 tensor (broadcast views when blocks tile exactly)."""
-    r, i = w.shape
-    nr, nc = s.shape
-    if nr * bo == r and nc * bi == i:
-        return (w.view(nr, bo, nc, bi) / s.view(nr, 1, nc, 1)).view(r, i)
-    return w / _expand(s, r, i, bo, bi)
 
 
 def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float = 1.0) -> torch.Tensor:
@@ -191,7 +183,11 @@ def _search(w, amax, s, top, element, scale_type, bo, bi):
     for ratio in RATIOS:
         cand = _stored_scale(amax, top, scale_type, ratio) if ratio != 1.0 else s
         c32 = cand.to(torch.float32)
-        q = _codes(_divide(w, c32, bo, bi), element).to(torch.float32)
+        # the codes as the final pass makes them (w times the scale's reciprocal), so that the error compared
+        # is the error stored, and ratio 1.0 reproduces rtn exactly
+        x = w.clone()
+        _scale_rows(x, torch.reciprocal(c32), bo, bi)
+        q = _codes(x, element).to(torch.float32)
         err = (q * _expand(c32, r, i, bo, bi) - w).square_()
         err = _block_amax_sum(err, bo, bi)
         if best_err is None:
