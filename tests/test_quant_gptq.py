@@ -115,3 +115,15 @@ def test_dead_inputs_and_damping():
     r = gptq_quantize(W, H.H, 4, 32, True)
     assert torch.isfinite(dequantize(r.plain)).all()
     assert r.damp == 0.01
+
+
+@pytest.mark.parametrize("bits,sym", [(3, True), (4, False)])
+def test_clip_with_uncorrelated_inputs_is_the_mse_method(bits, sym):
+    # with H diagonal no column's error feeds another, so GPTQ's clip search must give mse.py's result exactly
+    W, _ = _layer(seed=5)
+    H = torch.diag(torch.rand(W.shape[1], generator=torch.Generator().manual_seed(5)) + 0.5)
+    r = gptq_quantize(W, H, bits, 32, sym, clip=True)
+    ref = quantize(W, bits, 32, sym, "mse")
+    assert torch.equal(r.plain.qweight, ref.qweight) and torch.equal(r.plain.scales, ref.scales)
+    plain = gptq_quantize(W, H, bits, 32, sym)
+    assert not torch.equal(plain.plain.scales, r.plain.scales)  # the search moved some groups' ranges

@@ -35,6 +35,8 @@ def eval_cmd(
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).",
                                                show_default=False)] = None,
     seqlen: Annotated[int, typer.Option("--seqlen", help="Perplexity window in tokens (causal LMs).")] = 512,
+    windows: Annotated[int, typer.Option("--windows", help="Perplexity windows at most: the first N of the text "
+                                                           "(causal LMs).")] = 32,
     config: ConfigOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -45,7 +47,9 @@ def eval_cmd(
 
     if v["seqlen"] < 2:
         raise UsageError("--seqlen must be at least 2")
-    report = evaluate(v["quant"], v["reference"], v["text"], v["device"], v["seqlen"])
+    if v["windows"] < 1:
+        raise UsageError("--windows must be at least 1")
+    report = evaluate(v["quant"], v["reference"], v["text"], v["device"], v["seqlen"], v["windows"])
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

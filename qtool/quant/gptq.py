@@ -14,7 +14,8 @@ formed in that order, so g_idx[perm[k]] = k // G (a desc_act checkpoint); with `
 group's parameters are computed from the original weights of the natural groups i // G before any update,
 and g_idx stays trivial (loaders need no g_idx). Columns whose inputs were always zero (diag H = 0) carry
 no information: their weights become 0 and H gets a 1 on the diagonal there, as in the reference
-implementation.
+implementation. With `clip` a group's scale comes from the clip search of mse.py on the group's weights as
+updated so far, instead of their min-max range.
 
 The loss reported is the Hessian-weighted relative error tr(ΔW H ΔWᵀ) / tr(W H Wᵀ) with the undampened H:
 the relative error of the layer's output on its calibration inputs.
@@ -28,6 +29,7 @@ import torch
 
 from qtool.errors import InputError
 from qtool.formats.plain import Plain
+from qtool.quant import mse
 from qtool.quant.rtn import codes, group_params
 
 DAMP = 0.01
@@ -122,9 +124,19 @@ class _one_thread:
             torch.set_num_threads(self.n)
 
 
+def _params(wg: torch.Tensor, bits: int, sym: bool, scale_dtype: torch.dtype, clip: bool):
+    """A group's (scale, zero) [R, n_groups, 1]: min-max, or with `clip` the range shrink of least squared
+    error (mse.py's search, as GPTQ's own quantizer does with mse=True)."""
+    if not clip:
+        return group_params(wg, bits, sym, scale_dtype)
+    _, s, z = mse.quantize_groups(wg, bits, sym, scale_dtype)
+    return s, z
+
+
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, sym: bool,
                   scale_dtype: torch.dtype = torch.float16, act_order: bool = False, static_groups: bool = False,
-                  damp: float = DAMP, block: int = BLOCK, name: str | None = None) -> GptqResult:
+                  damp: float = DAMP, block: int = BLOCK, name: str | None = None, clip: bool = False
+                  ) -> GptqResult:
     """weight float [O, I], H float32 [I, I] (Hessian.H) -> GptqResult with a Plain (codes uint8 [O, I],
     scales scale_dtype [O, I/G], zeros uint8 or None when sym, g_idx int32 [I] under act-order else None).
 
@@ -141,7 +153,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
 
     static = None
     if static_groups:
-        s, z = group_params(W.reshape(n_out, n_groups, G), bits, sym, scale_dtype)
+        s, z = _params(W.reshape(n_out, n_groups, G), bits, sym, scale_dtype, clip)
         static = (s.squeeze(-1), z.squeeze(-1))  # [O, n_groups] each
     perm = None
     if act_order:
@@ -177,7 +189,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
                     s_col, z_col = static[0][:, g], static[1][:, g]
                 elif j % G == 0:
                     g = j // G
-                    s, z = group_params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype)
+                    s, z = _params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype, clip)
                     s_col, z_col = s[:, 0, 0], z[:, 0, 0]
                     scales[:, g], zeros[:, g] = s_col, z_col
                 w = W1[:, i]
