@@ -31,6 +31,7 @@ ap.add_argument("--act", type=int, default=1)
 ap.add_argument("--static", type=int, default=0)
 ap.add_argument("--ts", type=int, default=0)
 ap.add_argument("--clip", type=int, default=0)
+ap.add_argument("--gar", type=int, default=0)
 ap.add_argument("--method", default="gptq")
 ap.add_argument("--sym", type=int, default=1)
 ap.add_argument("--evalmods", default="")
@@ -46,7 +47,7 @@ _, blocks = calib.find_blocks(model)
 targets = {f"encoder.layer.{b}.{n}": (a.bits, a.g) for b in range(len(blocks)) for n, mm in blocks[b].named_modules() if isinstance(mm, torch.nn.Linear)}
 t = time.time()
 if a.method in ("gptq", "awq"):
-    s = CalibSettings(a.method, bool(a.sym), act_order=bool(a.act), static_groups=bool(a.static), true_sequential=bool(a.ts), damp=a.damp, clip=bool(a.clip))
+    s = CalibSettings(a.method, bool(a.sym), act_order=bool(a.act), static_groups=bool(a.static), true_sequential=bool(a.ts), damp=a.damp, clip=bool(a.clip), group_aware=bool(a.gar))
     res = calibrate(model, samples, targets, s)
     losses = [lr.loss for lr in res.layers.values()]
     rl = [lr.rtn_loss for lr in res.layers.values()]

@@ -9,7 +9,7 @@ import torch
 from qtool.formats import get_format
 from qtool.formats.plain import dequantize
 from qtool.quant import quantize
-from qtool.quant.gptq import Hessian, gptq_quantize
+from qtool.quant.gptq import Hessian, group_aware_order, gptq_quantize
 from qtool.quant.rtn import group_params
 
 
@@ -22,13 +22,14 @@ def _layer(o=48, i=128, n=512, seed=0):
     return W, X
 
 
-def reference_gptq(W, X, bits, G, sym, act_order=False, damp=0.01):
+def reference_gptq(W, X, bits, G, sym, act_order=False, damp=0.01, perm=None):
     """Column by column in float64 with the same conventions (scales rounded to fp16 first, group parameters
     from the weights as updated so far): returns (dequantized W float64, g_idx or None)."""
     W = W.double().clone()
     O, I = W.shape
     H = 2 * X.double().T @ X.double() / X.shape[0]
-    perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(I)
+    if perm is None:
+        perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(I)
     W, H = W[:, perm], H[perm][:, perm]
     H = H + damp * torch.diag(H).mean() * torch.eye(I, dtype=torch.float64)
     U = torch.linalg.cholesky(torch.linalg.inv(H), upper=True)
@@ -127,3 +128,21 @@ def test_clip_with_uncorrelated_inputs_is_the_mse_method(bits, sym):
     assert torch.equal(r.plain.qweight, ref.qweight) and torch.equal(r.plain.scales, ref.scales)
     plain = gptq_quantize(W, H, bits, 32, sym)
     assert not torch.equal(plain.plain.scales, r.plain.scales)  # the search moved some groups' ranges
+
+
+def test_group_aware_order_keeps_groups_whole_and_matches_the_reference():
+    W, X = _layer(seed=4)
+    H = Hessian(W.shape[1])
+    H.add(X)
+    key = torch.diag(H.H).clone()
+    perm = group_aware_order(key, 32)
+    assert sorted(perm.tolist()) == list(range(W.shape[1]))
+    runs = perm.view(-1, 32) // 32
+    assert bool((runs == runs[:, :1]).all())  # every run of 32 is one natural group
+    assert int(runs[0, 0]) == int(torch.argmax(key)) // 32  # the group of the loudest column first
+    r = gptq_quantize(W, H.H, 4, 32, True, act_order=True, group_aware=True)
+    assert r.plain.g_idx is None and r.plain.check_ranges() == []
+    Qref, _ = reference_gptq(W, X, 4, 32, True, perm=perm)
+    Q = dequantize(r.plain, torch.float64)
+    assert float((Q == Qref).double().mean()) > 0.98
+    assert _out_err(W, Q, X) < _out_err(W, dequantize(quantize(W, 4, 32, True)), X)

@@ -44,6 +44,7 @@ class CalibSettings:
     damp: float = gptq_mod.DAMP
     device: str = "cpu"
     clip: bool = False  # gptq: each group's scale from a clip search (gptq.py)
+    group_aware: bool = False  # gptq --act-order: natural groups kept whole (gptq.py), no g_idx
 
 
 @dataclass
@@ -292,7 +293,8 @@ def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> Layer
         return LayerResult(lin.name, plain, None, None, relative_error(W.cpu(), plain),
                            "not reached by the calibration forward: quantized with RTN")
     r = gptq_mod.gptq_quantize(W, H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype, act_order=s.act_order,
-                               static_groups=s.static_groups, damp=s.damp, name=lin.name, clip=s.clip)
+                               static_groups=s.static_groups, damp=s.damp, name=lin.name, clip=s.clip,
+                               group_aware=s.group_aware)
     note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
     return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), _relative_error(W, r.deq), note,
                        deq=r.deq)

@@ -12,7 +12,10 @@ Given the layer's inputs X [n, I], the proxy loss is ‖(W − Q) Xᵀ‖² whos
 Act-order (`act_order=True`) visits columns by decreasing diag(H). Without `static_groups` the groups are
 formed in that order, so g_idx[perm[k]] = k // G (a desc_act checkpoint); with `static_groups` every
 group's parameters are computed from the original weights of the natural groups i // G before any update,
-and g_idx stays trivial (loaders need no g_idx). Columns whose inputs were always zero (diag H = 0) carry
+and g_idx stays trivial (loaders need no g_idx). With `group_aware` (and not static groups) the order
+keeps each natural group's columns together (groups by their loudest column, columns by decreasing diag(H)
+inside), so each group's parameters come from its weights as updated so far and g_idx is trivial too.
+Columns whose inputs were always zero (diag H = 0) carry
 no information: their weights become 0 and H gets a 1 on the diagonal there, as in the reference
 implementation. With `clip` a group's scale comes from the clip search of mse.py on the group's weights as
 updated so far, instead of their min-max range.
@@ -107,6 +110,16 @@ def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[t
                      tensor=name, fix="give more or longer calibration samples (--calib-samples/--calib-seqlen)")
 
 
+def group_aware_order(key: torch.Tensor, G: int) -> torch.Tensor:
+    """int64 [I] processing order that keeps the natural groups whole: within each group its columns by
+    decreasing key, and the groups by decreasing largest key (GPTQModel's act_group_aware)."""
+    n_groups = key.numel() // G
+    kg = key.reshape(n_groups, G)
+    vals, local = torch.sort(kg, dim=1, descending=True, stable=True)
+    order = torch.argsort(vals[:, 0], descending=True, stable=True)
+    return (local[order] + order.unsqueeze(1) * G).reshape(-1)
+
+
 class _one_thread:
     """On the CPU, run the column loop's many small ops on one thread: with more, every op pays a thread
     hand-off that costs more than the op (30x slower on a shared 2-core machine)."""
@@ -135,8 +148,8 @@ def _params(wg: torch.Tensor, bits: int, sym: bool, scale_dtype: torch.dtype, cl
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, sym: bool,
                   scale_dtype: torch.dtype = torch.float16, act_order: bool = False, static_groups: bool = False,
-                  damp: float = DAMP, block: int = BLOCK, name: str | None = None, clip: bool = False
-                  ) -> GptqResult:
+                  damp: float = DAMP, block: int = BLOCK, name: str | None = None, clip: bool = False,
+                  group_aware: bool = False) -> GptqResult:
     """weight float [O, I], H float32 [I, I] (Hessian.H) -> GptqResult with a Plain (codes uint8 [O, I],
     scales scale_dtype [O, I/G], zeros uint8 or None when sym, g_idx int32 [I] under act-order else None).
 
@@ -158,7 +171,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     perm = None
     if act_order:
         key = torch.diag(H0).masked_fill(dead, 1)
-        perm = torch.argsort(key, descending=True)
+        perm = group_aware_order(key, G) if group_aware and static is None else torch.argsort(key, descending=True)
         W, dead = W[:, perm], dead[perm]
         H = H0.index_select(0, perm).index_select(1, perm)
     else:
@@ -174,6 +187,9 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     s_col = z_col = None
     # static groups: the natural group of the column at each position (a list: no device sync per column)
     static_of = ((perm if perm is not None else torch.arange(n_in)) // G).tolist() if static is not None else None
+    # group-aware order: the k-th run of G columns processed is the natural group gar_group[k]
+    gar = perm is not None and group_aware and static is None
+    gar_group = (perm[::G] // G).tolist() if gar else None
     # whole groups per block, so a group's parameters come from weights that carry every update so far
     block = G * max(1, block // G)
     for i1 in range(0, n_in, block):
@@ -188,7 +204,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
                     g = static_of[j]
                     s_col, z_col = static[0][:, g], static[1][:, g]
                 elif j % G == 0:
-                    g = j // G
+                    g = j // G if gar_group is None else gar_group[j // G]
                     s, z = _params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype, clip)
                     s_col, z_col = s[:, 0, 0], z[:, 0, 0]
                     scales[:, g], zeros[:, g] = s_col, z_col
@@ -206,7 +222,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     if perm is not None:
         inv = torch.argsort(perm)
         Q, q_codes = Q[:, inv], q_codes[:, inv]
-        if static is None:
+        if static is None and not gar:
             g_idx = (inv // G).to(torch.int32)  # column c sits at position inv[c] of the processing order
     if static is not None:
         scales, zeros = static
