@@ -9,7 +9,7 @@ import torch
 from qtool.formats import get_format
 from qtool.formats.plain import dequantize
 from qtool.quant import quantize
-from qtool.quant.gptq import Hessian, group_aware_order, gptq_quantize
+from qtool.quant.gptq import Hessian, gptq_quantize, group_aware_order
 from qtool.quant.rtn import group_params
 
 
