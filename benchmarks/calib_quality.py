@@ -110,7 +110,8 @@ def main() -> None:
             "python": platform.python_version()}
 
     def record(row: dict) -> None:  # after every row, so an interrupted run keeps what it measured
-        record(row)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
         (a.out / f"results-{a.model}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
     keys = ("ppl_dense", "ppl_quant", "ppl_increase", "cos_mean", "cos_min", "sim_drift_max", "windows", "seqlen",
