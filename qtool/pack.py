@@ -98,6 +98,7 @@ class PackJob:
     act_order: bool = False
     static_groups: bool = False
     true_sequential: bool = False
+    damp: float | None = None  # gptq dampening fraction; None: qtool.quant.gptq.DAMP
     device: str | None = None  # None: cuda when present, else cpu
     eval: bool = False  # run `qtool eval` against the source at the end; its numbers go into report.md
     # fp8 / ct_fp8 / ct_int8: the scale strategy (None: the layout's default) and the block of --strategy block
@@ -469,6 +470,10 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
 
         extra["meta"] = {"quantizer": [f"qtool:{__version__}"], "method": job.method,
                          "static_groups": job.static_groups, "true_sequential": job.true_sequential}
+        if job.method == "gptq":
+            from qtool.quant.gptq import DAMP
+
+            extra["meta"]["damp_percent"] = DAMP if job.damp is None else job.damp
     qcfg = fmt.config_for(job.bits, job.group_size, job.sym, desc_act, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
@@ -485,15 +490,18 @@ def check_calibration_options(job: PackJob) -> None:
 
     if job.method not in CALIBRATED:
         used = [f for f, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
-                                ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential))
-                if on]
+                                ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
+                                ("--damp", job.damp is not None)) if on]
         if used:
             raise UsageError(f"{', '.join(used)} only apply to --method gptq or awq", fix="add --method gptq")
         return
     if job.calib_samples < 1 or job.calib_seqlen < 2:
         raise UsageError("--calib-samples must be >= 1 and --calib-seqlen >= 2")
-    if job.method == "awq" and (job.act_order or job.static_groups):
-        raise UsageError("--act-order/--static-groups are GPTQ options", fix="drop them, or use --method gptq")
+    if job.method == "awq" and (job.act_order or job.static_groups or job.damp is not None):
+        raise UsageError("--act-order/--static-groups/--damp are GPTQ options", fix="drop them, or use --method gptq")
+    if job.damp is not None and not 0 < job.damp < 1:
+        raise UsageError(f"--damp {job.damp:g} is outside (0, 1)", fix="give a fraction of the mean Hessian "
+                                                                       "diagonal, e.g. 0.1")
     if job.static_groups and not job.act_order:
         raise UsageError("--static-groups only changes --act-order", fix="add --act-order")
     if job.act_order and not job.static_groups and not get_format(job.to).spec.act_order:
@@ -508,10 +516,12 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
     """Run GPTQ/AWQ over the model's blocks; modules outside the blocks are left to RTN, and the report says
     which."""
     from qtool.quant.calib import CalibSettings, calibrate_checkpoint
+    from qtool.quant.gptq import DAMP
     from qtool.quant.hf import default_device
 
     settings = CalibSettings(job.method, bool(job.sym), scale_dtype, job.act_order, job.static_groups,
-                             job.true_sequential, device=default_device(job.device))
+                             job.true_sequential, damp=DAMP if job.damp is None else job.damp,
+                             device=default_device(job.device))
     targets = {name: (p.bits, p.group_size) for name, p in to_quantize.items()}
 
     def tick(b: int, n: int) -> None:
@@ -572,7 +582,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
         raise UsageError(f"--method {job.method} quantizes integer layouts; {job.to} takes rtn or mse")
     for flag, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
                      ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                     ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
+                     ("--damp", job.damp is not None), ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
         if on:
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")
     bits = SCALED_BITS.get(job.to, 8)

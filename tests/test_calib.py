@@ -165,12 +165,13 @@ def _eval(q, ref, *args):
 def test_pack_gptq_act_order_llama(tiny_llama, text_file, tmp_path):
     out = tmp_path / "gptq"
     _pack(tiny_llama, out, "--method", "gptq", "--act-order", "--true-sequential", "--group-size", "32",
-          "--calib", str(text_file), "--calib-samples", "8", "--calib-seqlen", "32", "--eval", "--device", "cpu")
+          "--calib", str(text_file), "--calib-samples", "8", "--calib-seqlen", "32", "--eval", "--device", "cpu",
+          "--damp", "0.05")
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert cfg["desc_act"] is True and cfg["quant_method"] == "gptq"
+    assert cfg["desc_act"] is True and cfg["quant_method"] == "gptq" and cfg["meta"]["damp_percent"] == 0.05
     rep = json.loads((out / "report.json").read_text())
     cal = rep["calibration"]
-    assert cal["samples"] == 8 and cal["true_sequential"] and cal["blocks"] == "model.layers"
+    assert cal["samples"] == 8 and cal["true_sequential"] and cal["blocks"] == "model.layers" and cal["damp"] == 0.05
     assert len(cal["layers"]) == 14
     assert all(lay["loss"] < lay["rtn_loss"] for lay in cal["layers"])
     ev = rep["evaluation"]
@@ -222,4 +223,8 @@ def test_calibration_options_need_a_calibrated_method(tiny_bert, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), "--method", "gptq", "--act-order", "--to", "awq"])
     assert e.value.code == 2
+    for args in (["--damp", "0.1"], ["--method", "gptq", "--damp", "0"], ["--method", "awq", "--damp", "0.1"]):
+        with pytest.raises(SystemExit) as e:
+            main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), *args])
+        assert e.value.code == 2
     assert not (tmp_path / "x").exists()
