@@ -32,6 +32,8 @@ SCALED_BITS = {"nvfp4": 4, "modelopt_nvfp4": 4, "mxfp4": 4, "gptoss_mxfp4": 4}
 STRATEGIES = ("tensor", "channel", "group", "block")
 METHODS = ("rtn", "mse", "gptq", "awq")
 CALIBRATED = ("gptq", "awq")
+# --calib-dtype: the torch dtype the gptq calibration forward runs in
+CALIB_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Names of 2-D weights that are not linear layers, or that engines keep dense by convention.
 _SKIP_PATTERNS = (
@@ -99,6 +101,7 @@ class PackJob:
     static_groups: bool = False
     true_sequential: bool = False
     damp: float | None = None  # gptq dampening fraction; None: qtool.quant.gptq.DAMP
+    calib_dtype: str | None = None  # gptq: "bf16"/"fp16"/"fp32" for the calibration forward; None: as loaded
     device: str | None = None  # None: cuda when present, else cpu
     eval: bool = False  # run `qtool eval` against the source at the end; its numbers go into report.md
     # fp8 / ct_fp8 / ct_int8: the scale strategy (None: the layout's default) and the block of --strategy block
@@ -491,7 +494,8 @@ def check_calibration_options(job: PackJob) -> None:
     if job.method not in CALIBRATED:
         used = [f for f, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
                                 ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                                ("--damp", job.damp is not None)) if on]
+                                ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None))
+                if on]
         if used:
             raise UsageError(f"{', '.join(used)} only apply to --method gptq or awq", fix="add --method gptq")
         return
@@ -499,6 +503,9 @@ def check_calibration_options(job: PackJob) -> None:
         raise UsageError("--calib-samples must be >= 1 and --calib-seqlen >= 2")
     if job.method == "awq" and (job.act_order or job.static_groups or job.damp is not None):
         raise UsageError("--act-order/--static-groups/--damp are GPTQ options", fix="drop them, or use --method gptq")
+    if job.calib_dtype is not None and (job.method != "gptq" or job.calib_dtype not in CALIB_DTYPES):
+        raise UsageError(f"--calib-dtype {job.calib_dtype} needs --method gptq and one of "
+                         f"{', '.join(CALIB_DTYPES)}", fix="drop --calib-dtype, or use --method gptq")
     if job.damp is not None and not 0 < job.damp < 1:
         raise UsageError(f"--damp {job.damp:g} is outside (0, 1)", fix="give a fraction of the mean Hessian "
                                                                        "diagonal, e.g. 0.1")
@@ -515,13 +522,16 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
                on_progress):
     """Run GPTQ/AWQ over the model's blocks; modules outside the blocks are left to RTN, and the report says
     which."""
+    import torch
+
     from qtool.quant.calib import CalibSettings, calibrate_checkpoint
     from qtool.quant.gptq import DAMP
     from qtool.quant.hf import default_device
 
+    calib_dtype = None if job.calib_dtype is None else getattr(torch, CALIB_DTYPES[job.calib_dtype])
     settings = CalibSettings(job.method, bool(job.sym), scale_dtype, job.act_order, job.static_groups,
                              job.true_sequential, damp=DAMP if job.damp is None else job.damp,
-                             device=default_device(job.device))
+                             device=default_device(job.device), forward_dtype=calib_dtype)
     targets = {name: (p.bits, p.group_size) for name, p in to_quantize.items()}
 
     def tick(b: int, n: int) -> None:
@@ -582,7 +592,8 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
         raise UsageError(f"--method {job.method} quantizes integer layouts; {job.to} takes rtn or mse")
     for flag, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
                      ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                     ("--damp", job.damp is not None), ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
+                     ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
+                     ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
         if on:
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")
     bits = SCALED_BITS.get(job.to, 8)

@@ -183,6 +183,24 @@ def test_pack_gptq_act_order_llama(tiny_llama, text_file, tmp_path):
     assert len(mods) == 14 and all(m.scheme.desc_act for m in mods)
 
 
+def test_gptq_bf16_forward_quantizes_the_stored_weights(tiny_llama):
+    # the forward runs in bf16, but every linear is quantized from its float32 weight as loaded
+    from qtool.formats.plain import dequantize
+    from qtool.quant.calib import CalibSettings, calibrate
+
+    model, tok, _ = _model(tiny_llama)
+    ref = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    targets = {n: (4, 32) for n in ref if n.startswith("model.layers.")}
+    res = calibrate(model, _samples(tok), targets, CalibSettings("gptq", True, forward_dtype=torch.bfloat16))
+    assert next(model.parameters()).dtype == torch.bfloat16 and len(res.layers) == len(targets)
+    for name, lr in res.layers.items():
+        W = ref[name]
+        assert lr.loss < lr.rtn_loss
+        assert lr.rel_error == pytest.approx(float((W.double() - dequantize(lr.plain, torch.float64)).norm()
+                                                   / W.double().norm()), rel=1e-6)
+        assert float((W.bfloat16().float() - W).abs().max()) > 0  # bf16 copies would differ from these
+
+
 def test_pack_awq_llama_writes_folded_norms_consistently(tiny_llama, text_file, tmp_path):
     out = tmp_path / "awq"
     _pack(tiny_llama, out, "--method", "awq", "--to", "awq", "--group-size", "32", "--calib", str(text_file),
@@ -223,7 +241,8 @@ def test_calibration_options_need_a_calibrated_method(tiny_bert, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), "--method", "gptq", "--act-order", "--to", "awq"])
     assert e.value.code == 2
-    for args in (["--damp", "0.1"], ["--method", "gptq", "--damp", "0"], ["--method", "awq", "--damp", "0.1"]):
+    for args in (["--damp", "0.1"], ["--method", "gptq", "--damp", "0"], ["--method", "awq", "--damp", "0.1"],
+                 ["--method", "awq", "--calib-dtype", "bf16"], ["--method", "gptq", "--calib-dtype", "int8"]):
         with pytest.raises(SystemExit) as e:
             main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), *args])
         assert e.value.code == 2

@@ -6,6 +6,9 @@ inputs of the first block are captured by running the model up to it; then, one 
 moves to the device, its linears' inputs are gathered (H = 2xᵀx/n and the mean |x| per channel), the linears
 are quantized, their weights replaced by the dequantized ones, and the block's output with quantized weights
 becomes the next block's input. Peak device memory is one block plus the activations of the samples.
+With `forward_dtype` (GPTQ; e.g. bfloat16, which CPUs with AMX or AVX512-BF16 multiply about 4x faster than
+float32) the model runs in that dtype while every linear is quantized from its weight as loaded, kept aside;
+only the activations that form H, and the next blocks' inputs, carry the lower precision.
 
 Linears that read the same input tensor form a group (q/k/v; gate/up); groups are found by running the block
 once with hooks, in execution order. `true_sequential` quantizes group by group, each group's inputs taken
@@ -45,6 +48,9 @@ class CalibSettings:
     device: str = "cpu"
     clip: bool = False  # gptq: each group's scale from a clip search (gptq.py)
     group_aware: bool = False  # gptq --act-order: natural groups kept whole (gptq.py), no g_idx
+    # gptq: dtype the model's forward runs in (None: as loaded); the weights are quantized from their values
+    # as loaded either way
+    forward_dtype: torch.dtype | None = None
 
 
 @dataclass
@@ -185,6 +191,10 @@ class _Linear:
     mod: torch.nn.Linear
     bits: int
     group_size: int
+    master: torch.Tensor | None = None  # the weight as loaded, when the forward runs in another dtype
+
+    def weight(self) -> torch.Tensor:
+        return (self.mod.weight.detach() if self.master is None else self.master).float()
 
 
 def _groups(block, linears: dict[int, _Linear], sample) -> tuple[list[list[_Linear]], dict[int, str | None]]:
@@ -291,7 +301,7 @@ def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) 
 
 
 def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> LayerResult:
-    W = lin.mod.weight.detach().float()
+    W = lin.weight().to(H.H.device)
     if H.n == 0:
         # the calibration forward never reached this linear: no data to calibrate on, so plain RTN
         from qtool.quant import quantize
@@ -417,7 +427,15 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
     """
     if s.method not in ("gptq", "awq"):
         raise UsageError(f"unknown calibration method '{s.method}'", fix="use gptq or awq")
+    if s.forward_dtype is not None and s.method != "gptq":
+        raise UsageError("a calibration forward dtype applies to gptq only (AWQ folds scales into the model)",
+                         fix="drop --calib-dtype")
     block_name, blocks = find_blocks(model)
+    masters: dict[str, torch.Tensor] = {}
+    if s.forward_dtype is not None and s.forward_dtype != next(model.parameters()).dtype:
+        mods = dict(model.named_modules())
+        masters = {n: mods[n].weight.detach().clone() for n in targets if n in mods}
+        model.to(s.forward_dtype)
     result = CalibResult(blocks=block_name, n_samples=len(samples), seqlen=int(samples[0].shape[-1]))
     model.eval()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(block_name + ".")} \
@@ -434,7 +452,7 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
                 full = f"{prefix}.{n}"
                 if isinstance(m, torch.nn.Linear) and full in targets:
                     bits, group = targets[full]
-                    lins[id(m)] = _Linear(full, m, bits, group)
+                    lins[id(m)] = _Linear(full, m, bits, group, masters.pop(full, None))
             if lins:
                 groups, producer = _groups(block, lins, inputs[0])
                 if s.method == "gptq":
@@ -522,6 +540,7 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
                "seqlen": int(samples[0].shape[-1]), "seed": 0, "blocks": res.blocks, "device": s.device,
                "act_order": s.act_order, "static_groups": s.static_groups, "true_sequential": s.true_sequential,
                "damp": s.damp, "causal": causal,
+               "forward_dtype": None if s.forward_dtype is None else str(s.forward_dtype).removeprefix("torch."),
                "layers": [{"module": lr.module, "loss": lr.loss, "rtn_loss": lr.rtn_loss, "note": lr.note}
                           for lr in res.layers.values()]}
     return out, summary
