@@ -10,6 +10,8 @@ GPTQModel 7.7 was installed with --no-deps over torch 2.13 CPU (it asks torch >=
 its requirements.txt other than torch. Its settings are its defaults (damp 0.05, true-sequential,
 act_group_aware, desc_act off) with bits, group size and sym given. Prints one JSON line: wall seconds, CPU
 seconds of the process (the machine is shared, so both, and the load average before and after).
+GPTQModel compiles its `pack_block_cpu` extension on first use (over 400 s on 2 cores) and caches it under
+~/.cache/gptqmodel/torch_extensions/: run once to warm that cache before a timed run.
 """
 
 from __future__ import annotations
