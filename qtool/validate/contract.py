@@ -5,7 +5,9 @@ What the loaders read (seed 000, the engines' config parsers): GPTQ (transformer
 bits, group_size, desc_act, sym and checkpoint_format (absent = v1), and skips modules through `dynamic`
 "-:" patterns; AWQ reads bits, group_size, zero_point, version and `modules_to_not_convert`;
 compressed-tensors reads format and config_groups and skips `ignore`; llama.cpp reads general.architecture
-and the architecture's block count and embedding length from GGUF metadata.
+and the architecture's block count and embedding length from GGUF metadata. For the float and int8 layouts,
+qtool.validate.vllm_schemes adds which vLLM scheme each compressed-tensors group loads as, and the block-shape
+rule of merged FP8 block-scaled layers.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def check(report, quant_raw: dict | None, path: Path, engines: tuple[str, ...], 
     if report.container == "gguf":
         out += _gguf_keys(report.metadata)
     elif quantized:
+        from qtool.validate import vllm_schemes
+
         out += _config_keys(quant_raw, report, path)
+        out += vllm_schemes.check(quant_raw, report, path)
     if not quantized:
         return out + [CheckResult(NAME, None, "skip", "no quantized module: no kernel to select")]
     for engine in engines:
