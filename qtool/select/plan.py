@@ -302,6 +302,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     dense: dict[str, int] = {}
     shapeless: dict[str, int] = {}
     acts: set[str] = set()
+    config_acts: set[str] = set()
     for m in mods:
         s = m.scheme
         fmt = str(s.format)
@@ -312,8 +313,15 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
             shapeless[fmt] = shapeless.get(fmt, 0) + 1
             continue
         scale, block = scale_of(m)
-        act = dtype_name(dtype)
-        acts.add(act)
+        quantized_act = act_of(m)
+        if quantized_act is not None:
+            # the config quantizes this layer's activations: that is the operand its kernel multiplies
+            act = quantized_act
+            fmt = "w4a8" if fmt == "ct" and s.bits == 4 and act == "float8_e4m3fn" else fmt
+            config_acts.add(f"{fmt}: {act}")
+        else:
+            act = dtype_name(dtype)
+            acts.add(act)
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
                            format=fmt, bits=int(s.bits), group_size=int(s.group_size) if s.group_size is not None else -1,
                            sym=True if s.sym is None else bool(s.sym), desc_act=bool(s.desc_act),
@@ -333,6 +341,8 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
         notes.append("no selectable layer: every quantized module lacks a shape or bits")
     if dtype is None and "float16" in acts:
         notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
+    for fa in sorted(config_acts):
+        notes.append(f"{fa} activations, as the checkpoint's config quantizes them (input_activations)")
     return out, notes
 
 
@@ -345,12 +355,23 @@ def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
     detail = str(getattr(m, "detail", "") or "")
     if detail.startswith("per-tensor scale"):
         return "tensor", None
-    if detail.startswith("per-channel scale") or str(m.scheme.format) == "ct_int8":
+    if detail.startswith("per-channel scale"):
         return "channel", None
     hit = _BLOCK.match(detail)
     if hit:
         return "block", (int(hit.group(1)), int(hit.group(2)))
     return None, None
+
+
+_ACT = re.compile(r"(?:^|; )activations (fp8|int8)\b")
+
+
+def act_of(m: Any) -> str | None:
+    """The activation dtype an inspected module's config quantizes its inputs to (inspect says it in
+    `detail`, e.g. a compressed-tensors W4A8 group: "activations fp8, dynamic per-token"); None when the
+    config leaves the activations alone."""
+    hit = _ACT.search(str(getattr(m, "detail", "") or ""))
+    return DTYPES[hit.group(1)] if hit else None
 
 
 def source_method(m: Any) -> str | None:
