@@ -4,6 +4,7 @@ vLLM's walk order is the seed's, the runtime floors match the seed's prose, and 
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -312,3 +313,26 @@ def test_device_profiles_cover_the_architectures_the_paths_distinguish():
                  ("cuda", "sm_120a"), ("rocm", "gfx942"), ("cpu", None)):
         assert want in archs, want
     assert profiles["rtx5090"].cc == (12, 0) and profiles["l40s"].cc == (8, 9)
+
+
+def test_rtx5090_peaks_cite_their_source_and_unknown_peaks_stay_null():
+    import yaml
+
+    raw = yaml.safe_load((CONFIG_DIR / "devices.yaml").read_text())["devices"]
+    assert "RTX Blackwell GPU Architecture whitepaper" in raw["rtx5090"]["source"]
+    d = load_profiles()["rtx5090"]
+    # dense, FP32 accumulate: FP16/BF16 209.5, FP8 419 (FP4 1676 has no field); 512-bit GDDR7 at 28 Gbps
+    assert (d.peak_bf16_tflops, d.peak_fp16_tflops, d.peak_fp8_tflops, d.hbm_gbps) == (209.5, 209.5, 419, 1792)
+    # the ratios the whitepaper's table has on every GeForce part since Ada: FP8 = 2 x FP16 (both FP32-acc)
+    ada = load_profiles()["rtx4090"]
+    assert d.peak_fp8_tflops / d.peak_fp16_tflops == pytest.approx(ada.peak_fp8_tflops / ada.peak_fp16_tflops, 0.01)
+    # a profile whose peaks are not published keeps null, and select reports it so rather than a number
+    from typer.testing import CliRunner
+
+    import qtool.cli.main  # noqa: F401
+    from qtool.cli.app import app
+
+    r = CliRunner().invoke(app, ["select", "--layer", "4096,4096", "--device", "gb10", "--json"])
+    assert r.exit_code == 0, r.output
+    prof = json.loads(r.stdout)["device_profile"]
+    assert (prof["peak_bf16_tflops"], prof["peak_fp16_tflops"], prof["peak_fp8_tflops"]) == (None, None, None)
