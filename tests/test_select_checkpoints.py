@@ -185,3 +185,31 @@ def test_compressed_tensors_fp8_file_tensor_channel_block_group():
     assert [c["kernel"] for c in x["v_proj"]["candidates"]][1] == "deepgemm_w8a8_block_fp8_linear"
     assert "channel scales: no kernel list declared for them (declared: block)" in \
         x["k_proj"]["candidates"][0]["reason"]
+
+
+# --- bitsandbytes NF4 and bare MXFP8 layers ---------------------------------------------------------------
+
+def test_bitsandbytes_nf4_checkpoint_loads_under_sglang_not_vllm(tmp_path):
+    mod, o, i = "model.layers.0.mlp.down_proj", 256, 512
+    blob = json.dumps({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [o, i]}).encode()
+    save_file({f"{mod}.weight": torch.zeros(o * i // 2, 1, dtype=torch.uint8),
+               f"{mod}.weight.absmax": torch.ones(o * i // 64),
+               f"{mod}.weight.quant_map": torch.linspace(-1, 1, 16),
+               f"{mod}.weight.quant_state.bitsandbytes__nf4": torch.tensor(list(blob), dtype=torch.uint8)},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}))
+    code, d = select(tmp_path, "--device", "h100", "--engine", "sglang")
+    (x,) = d["layers"]
+    assert code == 0 and (x["format"], x["in_features"], x["out_features"]) == ("bnb", 512, 256)
+    assert x["chosen"] == "BitsAndBytesLinearMethod"
+    code, d = select(tmp_path, "--device", "h100", "--engine", "vllm")
+    assert code == 1 and "SGLang loads them" in d["layers"][0]["candidates"][0]["hint"]
+
+
+def test_bare_mxfp8_layer():
+    r = runner.invoke(app, ["select", "--layer", "4096,4096", "--format", "mxfp8", "--device", "b200",
+                            "--engine", "vllm", "--json"])
+    assert r.exit_code == 0, r.output
+    (x,) = json.loads(r.stdout)["layers"]
+    assert (x["bits"], x["group_size"], x["chosen"]) == (8, 32, "FlashInferCutlassMxfp8LinearKernel")

@@ -49,6 +49,7 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
     "w4a8": {"bits": 4, "group_size": 128, "scale": "group", "act": "float8_e4m3fn"},
     "nvfp4": {"bits": 4, "group_size": 16, "scale": "group"},   # e2m1, FP8 scale per 16 inputs
     "mxfp4": {"bits": 4, "group_size": 32, "scale": "group"},   # e2m1, E8M0 scale per 32 inputs
+    "mxfp8": {"bits": 8, "group_size": 32, "scale": "group"},   # e4m3, E8M0 scale per 32 inputs
     "bnb": {"bits": 4, "group_size": 64, "scale": "group"},     # bitsandbytes NF4/FP4, absmax per 64
     "gguf": {},                                                  # gguf:QTYPE, e.g. gguf:Q6_K
 }
