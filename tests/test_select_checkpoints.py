@@ -69,6 +69,14 @@ def test_w4a8_checkpoint_on_hopper_runs_cutlass_w4a8():
         assert "weight type int4 not in" in cand(x, "MacheteLinearKernel")["reason"]
         assert "activation dtype float8_e4m3fn not in" in cand(x, "MarlinLinearKernel")["reason"]
     assert any("input_activations" in n for n in d["notes"])
+    # an explicit --dtype is a what-if that wins over the config: seed 002's "CutlassW4A8LinearKernel declines
+    # (activations are bf16, not fp8)", with the way back in its hint
+    _, d = select(W4A8, "--device", "h100", "--engine", "vllm", "--dtype", "bf16")
+    for x in d["layers"]:
+        assert x["format"] == "w4a8" and x["act_dtype"] == "bfloat16"
+        cutlass = cand(x, "CutlassW4A8LinearKernel")
+        assert cutlass["reason"].endswith("activation dtype bfloat16 not in [float8_e4m3fn]")
+        assert "--dtype fp8" in cutlass["hint"]
 
 
 @pytest.mark.parametrize("device", ["b200", "a100", "rtx5090"])

@@ -315,10 +315,12 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
             continue
         scale, block = scale_of(m)
         quantized_act = act_of(m)
-        if quantized_act is not None:
+        if fmt == "ct" and s.bits == 4 and quantized_act == "float8_e4m3fn":
+            fmt = "w4a8"
+        if quantized_act is not None and dtype is None:
             # the config quantizes this layer's activations: that is the operand its kernel multiplies
+            # (an explicit --dtype asks what would happen with other activations, and wins)
             act = quantized_act
-            fmt = "w4a8" if fmt == "ct" and s.bits == 4 and act == "float8_e4m3fn" else fmt
             config_acts.add(f"{fmt}: {act}")
         else:
             act = dtype_name(dtype)
