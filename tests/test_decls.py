@@ -336,3 +336,25 @@ def test_rtx5090_peaks_cite_their_source_and_unknown_peaks_stay_null():
     assert r.exit_code == 0, r.output
     prof = json.loads(r.stdout)["device_profile"]
     assert (prof["peak_bf16_tflops"], prof["peak_fp16_tflops"], prof["peak_fp8_tflops"]) == (None, None, None)
+
+
+def test_vllm_main_rows_for_mxfp8_w4a8_and_gpt_oss():
+    vllm = load_engine("vllm")
+    # _POSSIBLE_MXFP8_KERNELS, in order, each row naming the vllm-main file it was read in
+    assert vllm.walks["mxfp8"] == {"cuda": ("FlashInferCutlassMxfp8LinearKernel", "MarlinMxfp8LinearKernel",
+                                            "EmulationMxfp8LinearKernel"),
+                                   "rocm": ("EmulationMxfp8LinearKernel",)}
+    for name in vllm.walks["mxfp8"]["cuda"]:
+        k = vllm.kernel(name)
+        assert k.source == "vllm-main" and k.file.startswith("mxfp8/") and k.group_sizes == (32,), name
+    assert vllm.kernel("FlashInferCutlassMxfp8LinearKernel").min_cc == (10, 0)
+    assert vllm.kernel("MarlinMxfp8LinearKernel").min_cc == (7, 5)
+    methods = {m.name: m for m in vllm.methods}
+    assert methods["CompressedTensorsW8A8Mxfp8"].walk_by_scale == {"group": "mxfp8"}
+    # W4A8: the scheme exists on CC 9.0 only (_is_fp8_w4a8_sm90), a gate before any kernel
+    assert methods["CompressedTensorsW4A8Fp8"].gate == "is_fp8_w4a8_sm90"
+    assert next(g for g in vllm.gates if g.name == "is_fp8_w4a8_sm90").exact_cc == ((9, 0),)
+    # gpt-oss: no MXFP4 linear method in vLLM; the refusal names what runs the experts instead
+    gptoss = next(m for m in vllm.methods if "gptoss_mxfp4" in m.formats)
+    assert gptoss.source == "vllm-main" and "Mxfp4MoEMethod" in gptoss.refuse
+    assert "MXFP4 linear layer is not implemented" in gptoss.refuse
