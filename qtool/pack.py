@@ -19,6 +19,7 @@ from qtool.errors import InputError, QtoolError, UsageError
 from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
+from qtool.scheme import QuantScheme
 
 PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "fp8", "ct_fp8", "ct_int8", "nvfp4", "modelopt_nvfp4", "mxfp4",
                 "mxfp8", "gptoss_mxfp4")
@@ -107,15 +108,27 @@ class PackJob:
 
 @dataclass
 class ModulePlan:
-    """One 2-D weight and what pack will do with it."""
+    """One 2-D weight and what pack will do with it: `scheme` is the quantization a "quantize" module gets
+    (None for "keep"). Serialized flat (`to_dict`), the scheme's bits and group_size beside the rest."""
 
     module: str
     weight: str
     shape: tuple[int, int]  # [out_features, in_features]
     action: str  # "quantize" | "keep"
     reason: str = ""
-    bits: int | None = None
-    group_size: int | None = None
+    scheme: QuantScheme | None = None
+
+    @property
+    def bits(self) -> int | None:
+        return self.scheme.bits if self.scheme else None
+
+    @property
+    def group_size(self) -> int | None:
+        return self.scheme.group_size if self.scheme else None
+
+    def to_dict(self) -> dict:
+        return {"module": self.module, "weight": self.weight, "shape": list(self.shape), "action": self.action,
+                "reason": self.reason, "bits": self.bits, "group_size": self.group_size}
 
 
 @dataclass
@@ -170,7 +183,7 @@ class PackReport:
     def to_dict(self) -> dict:
         d = {"src": self.src, "out": self.out, "format": self.format, "method": self.method, "sym": self.sym,
              "dtype": self.dtype, "dry_run": self.dry_run,
-             "plan": [asdict(p) for p in self.plan], "tensors": [asdict(r) for r in self.results],
+             "plan": [p.to_dict() for p in self.plan], "tensors": [asdict(r) for r in self.results],
              "totals": self.totals(), "files": self.files, "notes": self.notes, "warnings": self.warnings}
         # only calibrated or evaluated packs carry these keys, so other reports keep their bytes
         if self.calibration is not None:
@@ -230,7 +243,7 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
             for r in rules:
                 if r.pattern.search(module):
                     bits, group = r.bits, (r.group_size if r.group_size is not None else group)
-            plan.bits, plan.group_size = bits, group
+            plan.scheme = QuantScheme(job.to, bits, group, job.sym, job.method == "gptq" and job.act_order)
             _check_module(fmt, plan, ck)
         plans.append(plan)
     return plans
@@ -592,7 +605,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     plans = plan_modules(ck, job)
     for p in plans:
         if p.action == "quantize":
-            p.bits, p.group_size = bits, job.group_size
+            p.scheme = QuantScheme(job.to, bits, job.group_size, True, False)
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     report = PackReport(str(job.src), str(job.out), job.to, job.method, True, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, warnings=warnings)
@@ -626,7 +639,6 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
     from qtool.quant.fp4 import quantize_for
     from qtool.quant.scaled import quantize_scaled
     from qtool.report.pack import to_markdown
-    from qtool.scheme import QuantScheme
 
     refuse_overwriting_input(job.src, job.out)
     meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
@@ -680,7 +692,7 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 for short, t in packed.items():
                     w.add(f"{plan.module}.{short}", t)
                     after += t.numel() * t.element_size()
-                packed_meta.append((plan.module, QuantScheme(job.to, job.bits, plan.group_size, True, False),
+                packed_meta.append((plan.module, plan.scheme,
                                     module_meta(p)))
                 o, i = plan.shape
                 report.results.append(TensorResult(plan.module, [o, i], job.bits, plan.group_size, info.nbytes, after,

@@ -83,6 +83,17 @@ def test_marlin_legacy_and_contract():
     assert fields(detect_module("m", t, c)) == ("marlin", 4, 64, False, True, 250, 100)
 
 
+def test_malformed_int16_and_marlin_headers_are_named_not_crashes():
+    """Headers the fuzzer found: integer scaled_zeros beside an int16 qweight (neither layout) and a 1-D Marlin
+    B; each is an 'unknown' module with the reason, not an exception."""
+    t = {"qweight": ("I16", (64, 1024)), "scales": ("F16", (8, 256)), "scaled_zeros": ("I32", (8, 256))}
+    d = detect_module("m", t, None)
+    assert d.format == "unknown" and "neither AWQ GEMV_FAST" in d.notes[0][1]
+    for b, s in (((4096,), (2, 128)), ((16, 256), ())):
+        d = detect_module("m", {"B": ("I32", b), "s": ("F16", s)}, None)
+        assert d.format == "unknown" and "Marlin B" in d.notes[0][1], (b, s)
+
+
 def test_compressed_tensors_pack_quantized():
     c = Claims(format="ct", quant_method="compressed-tensors", ct_version="0.18.0",
                ct_groups=[(["Linear"], {"num_bits": 4, "group_size": 128, "symmetric": False,

@@ -91,7 +91,7 @@ def _int16_words(t: Mapping[str, Sig], c: Claims) -> Detected:
     zname = "qzeros" if "qzeros" in t else "scaled_zeros" if "scaled_zeros" in t else None
     z = t.get(zname) if zname else None
     scs = t["scales"][1]
-    if z is not None and z[0] in INT_DTYPES:
+    if zname == "qzeros" and z[0] in INT_DTYPES:
         return _gptq_int16(t, c)
     if z is None or z[0] in FLOAT_DTYPES and z[1] == scs:
         return _awq_gemv_fast(t, c, zname)

@@ -149,8 +149,12 @@ class Marlin(Format):
         sname = "s" if "s" in t else "scales"
         if sname not in t:
             return Detected("unknown", notes=[("error", f"Marlin '{bname}' without scales ('s' or 'scales')")])
-        b = t[bname][1]
-        n_groups, n = t[sname][1] if len(t[sname][1]) == 2 else (1, t[sname][1][0])
+        b, s = t[bname][1], t[sname][1]
+        if len(b) != 2 or len(s) not in (1, 2):
+            return Detected("unknown", notes=[("error", f"Marlin {bname} {list(b)} and {sname} {list(s)}: a Marlin "
+                                                        f"weight is 2-D tiles [K/16, N*16*bits/32] with 1-D or "
+                                                        f"2-D scales [groups, N]")])
+        n_groups, n = s if len(s) == 2 else (1, s[0])
         k = b[0] * 16
         bits = exact_div(b[1] * 32, n * 16)
         notes: list[tuple[str, str]] = []

@@ -329,14 +329,15 @@ def dequantize(p: ScaledPlain, dtype: torch.dtype | None = None, rows: slice | N
     start, stop, step = sl.indices(p.out_features)
     if step != 1:
         raise FormatError("dequantize rows must be a contiguous slice")
-    if p.element == "e4m3" and p.zeros is None and work == torch.float32 and stop > start:
+    if (p.element == "e4m3" and p.zeros is None and work == torch.float32 and stop > start
+            and p.codes.device.type == "cpu"):
         # the same IEEE steps in one pass over the bytes (qtool.packing.e4m3), where its C++ library loads
         from qtool.packing.e4m3 import dequant as e4m3_dequant
 
         bo = p.block_shape[0]
         s = effective_scales(p, slice(start, stop))
         if bo != 1:
-            s = s.index_select(0, (torch.arange(stop - start) + start % bo) // bo)
+            s = s.index_select(0, (torch.arange(stop - start, device=s.device) + start % bo) // bo)
         w = e4m3_dequant(p.codes[start:stop], s, p.block_shape[1], out)
         if w is not None:
             return w
