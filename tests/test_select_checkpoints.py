@@ -221,3 +221,24 @@ def test_bare_mxfp8_layer():
     assert r.exit_code == 0, r.output
     (x,) = json.loads(r.stdout)["layers"]
     assert (x["bits"], x["group_size"], x["chosen"]) == (8, 32, "FlashInferCutlassMxfp8LinearKernel")
+
+
+def test_int_weights_with_int8_activations_are_not_planned_as_w4a16():
+    # a compressed-tensors group with int8 input activations: vLLM gives it a WNA8 int scheme, never the WNA16
+    # list (where Conch or Humming, which declare no activation dtype, would wrongly pass)
+    from types import SimpleNamespace
+
+    from qtool.kernels.devices import profile
+    from qtool.select.plan import path_groups, plan_select
+
+    mods = [SimpleNamespace(name="model.layers.0.mlp.down_proj", in_features=4096, out_features=4096,
+                            scheme=QuantScheme("ct", 4, 128, sym=True, desc_act=False),
+                            detail="pack-quantized (dense); activations int8, dynamic per-token")]
+    groups, notes = path_groups(None, modules=mods)
+    (g,) = groups
+    assert (g.layer.format, g.layer.act_dtype) == ("wna8_int8", "int8")
+    assert any("wna8_int8: int8 activations" in n for n in notes)
+    for engine in ("vllm", "sglang"):
+        sel = plan_select(groups, profile("h100"), engine).layers[0].selection
+        assert sel.chosen is None and [c.kind for c in sel.candidates] == ["method"], engine
+        assert "not declared" in sel.candidates[0].reason

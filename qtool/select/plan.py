@@ -315,8 +315,10 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
             continue
         scale, block = scale_of(m)
         quantized_act = act_of(m)
-        if fmt == "ct" and s.bits == 4 and quantized_act == "float8_e4m3fn":
-            fmt = "w4a8"
+        if fmt == "ct" and quantized_act is not None:
+            # pack-quantized weights whose config also quantizes the activations: W4A8 (FP8 activations) or
+            # WNA8 with int8 activations, each a method of its own in the engines
+            fmt = {"float8_e4m3fn": "w4a8" if s.bits == 4 else fmt, "int8": "wna8_int8"}.get(quantized_act, fmt)
         if quantized_act is not None and dtype is None:
             # the config quantizes this layer's activations: that is the operand its kernel multiplies
             # (an explicit --dtype asks what would happen with other activations, and wins)
