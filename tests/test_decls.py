@@ -358,3 +358,18 @@ def test_vllm_main_rows_for_mxfp8_w4a8_and_gpt_oss():
     gptoss = next(m for m in vllm.methods if "gptoss_mxfp4" in m.formats)
     assert gptoss.source == "vllm-main" and "Mxfp4MoEMethod" in gptoss.refuse
     assert "MXFP4 linear layer is not implemented" in gptoss.refuse
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_row_cites_where_it_comes_from(engine):
+    """Each vLLM / SGLang row says its source: a sentence of seed 002, quoted (and checked to be there), or
+    vllm-main / sglang-main, the upstream tree read after the seed's pin (the row's comment names the file)."""
+    text = _text(SEED_VLLM)
+    d = load_engine(engine)
+    for row in (*d.kernels, *d.gates, *d.methods):
+        src = row.source or ""
+        if src in ("vllm-main", "sglang-main"):
+            continue
+        m = re.fullmatch(r'seed 002: "(.+)"', src)
+        assert m, f"{engine} row {row.name} cites no source ({src!r})"
+        assert m.group(1) in text, f"{engine} row {row.name}: seed 002 does not say {m.group(1)!r}"
