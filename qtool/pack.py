@@ -273,7 +273,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
 
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
-    from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size, write_json
+    from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size
     from qtool.quant import quantize
 
     if job.to not in PACK_FORMATS:
@@ -372,20 +372,25 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
         _write_configs(tmp, ck, job, plans, fmt)
-        from qtool.io.writer import copy_extras
-
-        report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
-        if job.eval:
-            from qtool.evaluate import evaluate
-
-            report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
-        write_json(tmp / "report.json", report.to_dict())
-        from qtool.report.pack import to_markdown
-
-        (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
+        _finish(tmp, ck, job, report)
     if on_progress:
         on_progress("", len(names), len(names))
     return report
+
+
+def _finish(tmp: Path, ck: Checkpoint, job: PackJob, report: PackReport) -> None:
+    """The rest of an output beside its tensors and config: the source's other files, the --eval numbers,
+    report.json and report.md."""
+    from qtool.io.writer import copy_extras, write_json
+    from qtool.report.pack import to_markdown
+
+    report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
+    if job.eval:
+        from qtool.evaluate import evaluate
+
+        report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
+    write_json(tmp / "report.json", report.to_dict())
+    (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
 
 
 def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
@@ -631,14 +636,12 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
         BackgroundWriter,
         ShardedWriter,
         atomic_output,
-        copy_extras,
         parse_size,
         refuse_overwriting_input,
         write_json,
     )
     from qtool.quant.fp4 import quantize_for
     from qtool.quant.scaled import quantize_scaled
-    from qtool.report.pack import to_markdown
 
     refuse_overwriting_input(job.src, job.out)
     meta = {"qtool.version": __version__, "qtool.format": job.to, "qtool.method": job.method}
@@ -709,12 +712,6 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
         cfg = dict(ck.config or {})
         cfg["quantization_config"] = fmt.quantization_config(packed_meta, dense=dense)
         write_json(tmp / "config.json", cfg)
-        report.warnings.extend(copy_extras(ck.other_files(), ck.root, tmp, ck.sub_directories()))
-        if job.eval:
-            from qtool.evaluate import evaluate
-
-            report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
-        write_json(tmp / "report.json", report.to_dict())
-        (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
+        _finish(tmp, ck, job, report)
     if on_progress:
         on_progress("", len(names), len(names))

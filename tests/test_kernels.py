@@ -284,9 +284,10 @@ def test_select_finds_torch_ref_for_every_width_qtool_writes(bits, fmt):
     """The declaration agrees with the kernel: `qtool select --engine qtool` has a kernel for every pack."""
     from qtool.kernels.devices import profile
     from qtool.kernels.select import LayerQuant, select_kernel
+    from qtool.scheme import QuantScheme
 
-    layer = LayerQuant(name="layer", in_features=4096, out_features=4104, format=fmt, bits=bits, group_size=128,
-                       sym=False, desc_act=True, act_dtype="bfloat16", parallel="column")
+    layer = LayerQuant(name="layer", in_features=4096, out_features=4104,
+                       scheme=QuantScheme(fmt, bits, 128, False, True), act_dtype="bfloat16", parallel="column")
     for dev in ("cpu", "h100"):
         sel = select_kernel(layer, profile(dev), "qtool")
         assert sel.chosen == "torch-ref", sel

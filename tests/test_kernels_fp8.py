@@ -27,6 +27,7 @@ from qtool.kernels.scaled_mm import (
 )
 from qtool.kernels.select import LayerQuant, select_kernel
 from qtool.quant.scaled import quantize_scaled
+from qtool.scheme import QuantScheme
 from qtool.validate import kernelcheck
 
 CPU = torch.device("cpu")
@@ -165,7 +166,7 @@ def test_fp8_declarations_and_select():
         assert fmt in q.kernel("torch-ref").formats
 
     def fp8(scale, K=8192, N=1024, **kw):
-        return LayerQuant("l", K, N, "fp8", 8, -1, act_dtype="bfloat16", scale=scale, **kw)
+        return LayerQuant("l", K, N, QuantScheme("fp8", 8, -1, True, False), act_dtype="bfloat16", scale=scale, **kw)
 
     h100, a100, l40s, b200 = (profile(n) for n in ("h100", "a100", "l40s", "b200"))
     assert select_kernel(fp8("tensor"), h100, "qtool").chosen == "scaled-mm-fp8"

@@ -14,6 +14,7 @@ from qtool.errors import DeviceError, UsageError
 from qtool.kernels.decls import load_engine
 from qtool.kernels.devices import Device, profile, resolve_device
 from qtool.kernels.select import LayerQuant, marlin_padded_nk, select_kernel
+from qtool.scheme import QuantScheme
 from qtool.select.plan import DEFAULT_SCHEME, layer_groups, model_groups, path_groups, plan_select
 from tests.conftest import fixture_path
 
@@ -22,8 +23,10 @@ MI300X, CPU, CPU512, GB10 = (profile(n) for n in ("mi300x", "cpu", "cpu-avx512-b
 
 
 def gptq(K, N, parallel="column", **kw) -> LayerQuant:
-    base = dict(name="layer", in_features=K, out_features=N, format="gptq", bits=4, group_size=128,
-                sym=True, desc_act=False, act_dtype="bfloat16", parallel=parallel)
+    q = {"format": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+    q.update((k, kw.pop(k)) for k in list(kw) if k in q)
+    base = dict(name="layer", in_features=K, out_features=N, scheme=QuantScheme(**q), act_dtype="bfloat16",
+                parallel=parallel)
     base.update(kw)
     return LayerQuant(**base)
 
@@ -148,10 +151,10 @@ def test_machete_is_capability_exact_9_0_not_blackwell():
 @st.composite
 def rocm_layers(draw):
     fmt = draw(st.sampled_from(["gptq", "gptq_v2", "awq", "marlin", "ct"]))
+    scheme = QuantScheme(fmt, draw(st.sampled_from([4, 8])), draw(st.sampled_from([-1, 32, 64, 128])),
+                         draw(st.booleans()), draw(st.booleans()))
     return LayerQuant(name="l", in_features=draw(st.sampled_from([4096, 8192, 11008, 14336, 9555])),
-                      out_features=draw(st.sampled_from([4096, 1024, 28672, 8200])), format=fmt,
-                      bits=draw(st.sampled_from([4, 8])), group_size=draw(st.sampled_from([-1, 32, 64, 128])),
-                      sym=draw(st.booleans()), desc_act=draw(st.booleans()),
+                      out_features=draw(st.sampled_from([4096, 1024, 28672, 8200])), scheme=scheme,
                       act_dtype=draw(st.sampled_from(["float16", "bfloat16"])),
                       parallel=draw(st.sampled_from(["row", "column"])))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -44,10 +45,10 @@ def cand(sel, name):
 
 def layer(K, N, fmt="gptq", parallel="column", **kw) -> LayerQuant:
     q = QuantScheme(format=fmt, bits=kw.pop("bits", None), group_size=kw.pop("group_size", None),
-                    sym=kw.pop("sym", True), desc_act=False)
+                    sym=kw.pop("sym", True), desc_act=kw.pop("desc_act", False))
     spec = f"{K},{N},{'row' if parallel == 'row' else 'col'}"
     (g,) = layer_groups([spec], q, kw.pop("dtype", None), kw.pop("scale", None), kw.pop("block", None))
-    return g.layer if not kw else LayerQuant(**{**g.layer.__dict__, **kw})
+    return g.layer if not kw else replace(g.layer, **kw)
 
 
 # --- worked examples ----------------------------------------------------------------------------------

@@ -77,8 +77,6 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 # E2M1 values by code (OCP MX spec v1.0, table 5): sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E8M0_NAN = 0xFF
-# E4M3 (fn variant) has no infinities; S.1111.111 is NaN.
-E4M3_NAN_BYTES = (0x7F, 0xFF)
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -276,25 +276,6 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
     return fmt
 
 
-def _expand_scale(s, o: int, i: int):
-    """Scale of any granularity -> [O, I] (per tensor, per channel [O, 1], block [ceil(O/bo), ceil(I/bi)],
-    or per group [O, I/g])."""
-    import torch
-
-    s = s.float()
-    if s.numel() == 1:
-        return s.reshape(1, 1).expand(o, i)
-    if s.dim() == 1 and s.shape[0] == o:
-        return s.reshape(o, 1).expand(o, i)
-    if s.dim() == 2:
-        bo = -(-o // s.shape[0])
-        bi = -(-i // s.shape[1])
-        return torch.repeat_interleave(torch.repeat_interleave(s, bo, 0), bi, 1)[:o, :i]
-    raise ValueError(f"scale shape {list(s.shape)} does not fit weight [{o}, {i}]")
-
-
-
-
 # --- GGUF ----------------------------------------------------------------------------------------------
 
 # Types whose blocks begin with an fp16 scale d.

@@ -25,18 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qtool.errors import InputError, OutputError
+from qtool.errors import OutputError
 
 MAX_NAME = 63  # GGML_MAX_NAME (64) minus the terminating NUL
 _OWNED_KEYS = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
 # model_type values whose llama.cpp architecture has another name
 _ARCH_ALIASES = {"mistral": "llama", "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
                  "gpt_neox": "gptneox", "phi3": "phi3", "gpt2": "gpt2", "modernbert": "modern-bert"}
-# config.json key -> GGUFWriter method, for the `<arch>.*` hyperparameters llama.cpp reads
-_HPARAMS = (("max_position_embeddings", "add_context_length"), ("hidden_size", "add_embedding_length"),
-            ("intermediate_size", "add_feed_forward_length"), ("num_attention_heads", "add_head_count"),
-            ("num_key_value_heads", "add_head_count_kv"), ("rms_norm_eps", "add_layer_norm_rms_eps"),
-            ("layer_norm_eps", "add_layer_norm_eps"), ("rope_theta", "add_rope_freq_base"))
 
 
 @dataclass
@@ -86,34 +81,6 @@ def name_mapper(arch: str | None, n_blocks: int | None) -> Callable[[str], str]:
         return got if got else name
 
     return mapped
-
-
-_FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})  # float32 in GGUF; the rest uint32
-MAX_F32 = 3.4028234663852886e38
-
-
-def hparams_from_config(config: dict | None, path: Path | None = None) -> list[tuple[str, Any]]:
-    """[(GGUFWriter method, value)] for the hyperparameters config.json has. A value GGUF's type cannot hold
-    (a count outside uint32, a float outside float32) is an input error naming the key."""
-    import math
-
-    out = []
-    if not config:
-        return out
-    for key, method in (*_HPARAMS, ("num_hidden_layers", "add_block_count")):
-        v = config.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            continue
-        if key in _FLOAT_HPARAMS:
-            ok = math.isfinite(v) and abs(v) <= MAX_F32
-        else:
-            ok = isinstance(v, int) and 0 <= v < 1 << 32
-        if not ok:
-            kind = "a finite float32" if key in _FLOAT_HPARAMS else "an integer in [0, 2^32)"
-            raise InputError(f"config.json {key} = {v!r} is not {kind}, which GGUF stores it as", path=path,
-                             fix="correct config.json")
-        out.append((method, v))
-    return out
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,6 @@ HPARAMS = (("max_position_embeddings", "add_context_length"), ("hidden_size", "a
            ("rope_theta", "add_rope_freq_base"), ("vocab_size", "add_vocab_size"),
            ("head_dim", "add_rope_dimension_count"))
 FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})
-# what llama.cpp needs in every model file it loads (checked by `inspect`)
-REQUIRED_HPARAMS = ("add_context_length", "add_embedding_length", "add_block_count", "add_head_count")
 # sentence-transformers pooling flags -> llama.cpp pooling type names (gguf.PoolingType)
 POOLING = (("pooling_mode_mean_tokens", "MEAN"), ("pooling_mode_cls_token", "CLS"),
            ("pooling_mode_lasttoken", "LAST"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from qtool.kernels.decls import EngineDecls, KernelDecl, MethodDecl, load_engine
 from qtool.kernels.devices import Device, load_profiles
+from qtool.scheme import QuantScheme
 
 DTYPE_FLAG = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8", "int8": "int8"}
 PACKAGE_PIP = {"conch": "conch-triton-kernels"}
@@ -28,11 +29,12 @@ TP_SIZES = (1, 2, 4, 8)
 
 @dataclass(frozen=True)
 class LayerQuant:
-    """One linear layer as a kernel sees it.
+    """One linear layer as a kernel sees it: its quantization (`scheme`, read through the properties
+    format / bits / group_size / sym / desc_act, all set) and what the deployment adds.
 
     in_features (K) and out_features (N) are the full, unsharded widths of the weight W[N, K].
-    format: qtool format id ("gptq", "gptq_v2", "gptq_p", "awq", "marlin", "ct", "gguf:Q4_K", "fp8", ...).
-    group_size: -1 = one group over all of K. act_dtype: activation dtype name ("float16", "bfloat16").
+    scheme.format: qtool format id ("gptq", "gptq_v2", "gptq_p", "awq", "marlin", "ct", "gguf:Q4_K", "fp8", ...).
+    scheme.group_size: -1 = one group over all of K. act_dtype: activation dtype name ("float16", "bfloat16").
     parallel: how TP splits it -- "column" splits N, "row" splits K, "replicated" splits nothing.
     method: "gptq" / "awq" when the format alone is ambiguous (a Marlin-format checkpoint), else None.
     pack_dtype: integer word dtype of the checkpoint ("int32" unless the format says otherwise).
@@ -44,17 +46,42 @@ class LayerQuant:
     name: str
     in_features: int
     out_features: int
-    format: str
-    bits: int
-    group_size: int
-    sym: bool = True
-    desc_act: bool = False
+    scheme: QuantScheme
     act_dtype: str = "float16"
     parallel: str = "column"
     method: str | None = None
     pack_dtype: str | None = None
     scale: str | None = None
     block: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        q = self.scheme
+        if None in (q.format, q.bits, q.group_size, q.sym, q.desc_act):
+            raise ValueError(f"{self.name}: a layer to select for needs its whole scheme, got {q}")
+
+    @property
+    def format(self) -> str:
+        return self.scheme.format
+
+    @property
+    def bits(self) -> int:
+        return self.scheme.bits
+
+    @property
+    def group_size(self) -> int:
+        return self.scheme.group_size
+
+    @property
+    def sym(self) -> bool:
+        return self.scheme.sym
+
+    @property
+    def desc_act(self) -> bool:
+        return self.scheme.desc_act
+
+    def requantized(self, **changes) -> LayerQuant:
+        """The same layer with other quantization (the hint search's what-ifs): changes to the scheme."""
+        return replace(self, scheme=replace(self.scheme, **changes))
 
     @property
     def scale_kind(self) -> str:
@@ -550,10 +577,10 @@ def _hint(k: KernelDecl, layer: LayerQuant, device: Device, tp: int, disabled: f
             if text and cat != "sym" and "symmetric" in text:
                 done.add("sym")
         elif cat == "group":
-            text = _first((f"re-quantize with group_size {g}", replace(layer, group_size=g))
-                          for g in _preferred_groups(k, layer) if clears(cat, new_layer=replace(layer, group_size=g)))
+            text = _first((f"re-quantize with group_size {g}", layer.requantized(group_size=g))
+                          for g in _preferred_groups(k, layer) if clears(cat, new_layer=layer.requantized(group_size=g)))
         elif cat == "desc_act":
-            lay = replace(layer, desc_act=False)
+            lay = layer.requantized(desc_act=False)
             text = "re-quantize without act-order (desc_act=False)" if clears(cat, new_layer=lay) else None
         elif cat == "act_dtype":
             text = _first((f"run with --dtype {DTYPE_FLAG[d]}", replace(layer, act_dtype=d))
@@ -612,18 +639,18 @@ def _quant_variants(k: KernelDecl, layer: LayerQuant, cat: str):
     bits_pref = [b for b in (4, 8, 3, 2, 5, 6, 7) if k.bits is None or b in k.bits]
     if cat == "sym":
         yield ("re-quantize symmetric" if not layer.sym else "re-quantize asymmetric",
-               replace(layer, sym=not layer.sym))
+               layer.requantized(sym=not layer.sym))
         return
     for b in bits_pref:
         if b != layer.bits:
-            yield f"re-quantize to {b}-bit", replace(layer, bits=b)
+            yield f"re-quantize to {b}-bit", layer.requantized(bits=b)
     if cat == "weight_type":
         yield ("re-quantize symmetric" if not layer.sym else "re-quantize asymmetric",
-               replace(layer, sym=not layer.sym))
+               layer.requantized(sym=not layer.sym))
         for b in bits_pref:
             if b != layer.bits:
                 yield (f"re-quantize to {b}-bit {'symmetric' if not layer.sym else 'asymmetric'}",
-                       replace(layer, bits=b, sym=not layer.sym))
+                       layer.requantized(bits=b, sym=not layer.sym))
 
 
 def _preferred_groups(k: KernelDecl, layer: LayerQuant) -> list[int]:

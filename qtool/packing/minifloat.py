@@ -117,15 +117,6 @@ def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
     return x32.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def e4m3_decode(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """float8_e4m3fn (or its raw uint8 bytes) -> `dtype`. Every E4M3 value (3 mantissa bits, 2^-9..448) is
-    exact in fp16, bf16 and fp32 (default fp32)."""
-    dtype = dtype or torch.float32
-    if x.dtype == torch.uint8:
-        x = x.view(torch.float8_e4m3fn)
-    return x.to(dtype)
-
-
 def e4m3_nan_mask(x: torch.Tensor) -> torch.Tensor:
     """bool mask of the E4M3 NaN bytes (0x7F, 0xFF) of a float8_e4m3fn or uint8 tensor."""
     b = x.view(torch.uint8) if x.dtype != torch.uint8 else x

@@ -7,8 +7,8 @@ Scales are absmax scales, s = amax(block) / max(element) (the rule of DeepSeek's
 transformers' FineGrainedFP8 and compressed-tensors' minmax observer for symmetric schemes), rounded to the
 scale type *before* the codes are computed so that dequantize is exactly what the codes mean. A block of
 zeros gets s = 1 (its codes are 0, and no scale is 0). Codes are w / s rounded to nearest-even in the element
-type, clamped to its finite range first (E4M3's cast does not saturate). `mse` tries shrinking each block's
-range by RATIOS and keeps, per block, the ratio with the least squared error (1.0 first, so never worse than
+type, clamped to its finite range first (whether torch's E4M3 cast saturates depends on the build). `mse`
+tries shrinking each block's range by RATIOS and keeps, per block, the ratio with the least squared error (1.0 first, so never worse than
 rtn); it helps int8, whose steps are uniform, more than E4M3, whose relative precision is the same everywhere.
 
 Rows are worked in chunks of about CHUNK_ELEMENTS weights, whole block rows at a time, so memory stays bounded.

@@ -487,7 +487,7 @@ def _write(source, plan: DensePlan, report: DenseReport, on_progress) -> None:
         report.bytes_out = sum(f.stat().st_size for f in files)
         cfg = source.config
         if g2h:
-            plan.warnings.extend(g2h.write_files(tmp, []))
+            plan.warnings.extend(g2h.write_files(tmp))
             plan.warnings.extend(g2h.warnings())
             cfg = getattr(g2h, "config", None)
             n_rot = sum(1 for m in source.modules if g2h.rows(m.layout["weight"]) is not None)

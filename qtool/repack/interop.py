@@ -80,7 +80,7 @@ class GGUFToHF:
                        "does not read them")
         return out
 
-    def write_files(self, tmp: Path, dtype_names: list[str]) -> list[str]:
+    def write_files(self, tmp: Path) -> list[str]:
         """config.json (without quantization_config: the caller adds it) and the tokenizer files."""
         from qtool.io.hf_gguf import hf_config, hf_tokenizer_files, write_files
 

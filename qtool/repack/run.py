@@ -387,7 +387,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
         report.bytes_out = sum(f.stat().st_size for f in files)
         base_cfg = None
         if g2h:
-            plan.warnings.extend(g2h.write_files(tmp, []))
+            plan.warnings.extend(g2h.write_files(tmp))
             plan.warnings.extend(g2h.warnings())
             base_cfg = getattr(g2h, "config", None)
             if conv.rows:

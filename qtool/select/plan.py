@@ -239,8 +239,7 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
         k = sizes[row["in"]] if isinstance(row["in"], str) else row["in"]
         n = sizes[row["out"]] if isinstance(row["out"], str) else row["out"]
         name = f"{prefix}.{row['name']}"
-        layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
-                           group_size=q.group_size, sym=q.sym, desc_act=q.desc_act, act_dtype=act,
+        layer = LayerQuant(name=name, in_features=k, out_features=n, scheme=q, act_dtype=act,
                            parallel=row["parallel"], scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, m["num_hidden_layers"], layer))
     return out
@@ -266,8 +265,7 @@ def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None,
             raise UsageError(f"bad --layer {spec!r}",
                              fix="write K,N or K,N,row / K,N,col, e.g. --layer 28672,8192,row") from None
         name = f"layer{i}[K={k},N={n},{parallel}]"
-        layer = LayerQuant(name=name, in_features=k, out_features=n, format=q.format, bits=q.bits,
-                           group_size=q.group_size, sym=q.sym, desc_act=q.desc_act,
+        layer = LayerQuant(name=name, in_features=k, out_features=n, scheme=q,
                            act_dtype=syn.activation(dtype), parallel=parallel, scale=syn.scale, block=syn.block)
         out.append(LayerGroup(name, 1, layer))
     return out
@@ -327,10 +325,12 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
         else:
             act = dtype_name(dtype)
             acts.add(act)
+        # what the header leaves open is read as the engines' defaults: one group, symmetric, no act-order
+        scheme = replace(s, format=fmt, bits=int(s.bits),
+                         group_size=int(s.group_size) if s.group_size is not None else -1,
+                         sym=True if s.sym is None else bool(s.sym), desc_act=bool(s.desc_act))
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
-                           format=fmt, bits=int(s.bits), group_size=int(s.group_size) if s.group_size is not None else -1,
-                           sym=True if s.sym is None else bool(s.sym), desc_act=bool(s.desc_act),
-                           act_dtype=act, parallel=parallel_of(str(m.name), rules), method=source_method(m),
+                           scheme=scheme, act_dtype=act, parallel=parallel_of(str(m.name), rules), method=source_method(m),
                            scale=scale, block=block)
         key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
                layer.group_size, layer.sym, layer.desc_act, layer.scale, layer.block, layer.method)
