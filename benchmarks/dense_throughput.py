@@ -12,8 +12,10 @@ a few random blocks are reused across tensors, since only the bytes' count matte
 
 Then, once each (`sync` before each timed step, so one step's dirty pages are not written back in the next):
 
-    copy:   `cp -r SRC DST` (what the conversion is measured against; DST deleted after)
-    dense:  `qtool repack SRC --to dense -o DST --quiet` in a subprocess (wall, CPU and peak RSS from wait4)
+    copy:     `cp -r SRC DST` (copying the input's bytes; DST deleted after)
+    dense:    `qtool repack SRC --to dense -o OUT --quiet` in a subprocess (wall, CPU and peak RSS from wait4)
+    copy_out: `cp -r OUT OUT2` after SRC is deleted (copying the output's bytes, about twice the input's:
+              bf16 is two bytes per fp8 code; OUT2 deleted after)
 
 and checks one module of the output against the fp8 format's own dequantization. The load average is recorded
 before each step (the machine is shared). Inputs and outputs are deleted at the end unless --keep.
@@ -154,7 +156,7 @@ def check(src: Path, out: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", type=Path, required=True, help="work directory (needs ~3x --size-gb free)")
+    ap.add_argument("--dir", type=Path, required=True, help="work directory (needs ~3.8x --size-gb free)")
     ap.add_argument("--size-gb", type=float, default=16.0)
     ap.add_argument("--experts", type=int, default=8, help="routed experts per layer")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="rows of embed_tokens and lm_head (bf16, copied)")
@@ -166,11 +168,11 @@ def main() -> None:
     if a.build_only:
         print(json.dumps(build(a.build_only, a.size_gb, a.experts, a.vocab)))
         return
-    src, cp_dst, out = a.dir / "fp8-src", a.dir / "fp8-copy", a.dir / "fp8-dense"
-    for d in (src, cp_dst, out):
+    src, cp_dst, out, out2 = a.dir / "fp8-src", a.dir / "fp8-copy", a.dir / "fp8-dense", a.dir / "fp8-dense-copy"
+    for d in (src, cp_dst, out, out2):
         shutil.rmtree(d, ignore_errors=True)
     free = shutil.disk_usage(a.dir.parent if not a.dir.exists() else a.dir).free
-    need = a.size_gb * 1e9 * 3.1
+    need = a.size_gb * 1e9 * 3.8  # the output and its copy at once, and room to spare
     if free < need:
         raise SystemExit(f"{free / 1e9:.0f} GB free under {a.dir}; this run needs about {need / 1e9:.0f} GB")
     # the build runs in a child, so this process stays small: a child's peak RSS as wait4 reports it starts
@@ -190,9 +192,14 @@ def main() -> None:
         print("dense", json.dumps(dense), flush=True)
         out_bytes = sum(f.stat().st_size for f in out.glob("*.safetensors"))
         verdict = check(src, out)
+        if not a.keep:
+            shutil.rmtree(src)  # room for the output's copy
+        copy_out = timed(["cp", "-r", str(out), str(out2)])
+        shutil.rmtree(out2)
+        print("copy_out", json.dumps(copy_out), flush=True)
     finally:
         if not a.keep:
-            for d in (src, cp_dst, out):
+            for d in (src, cp_dst, out, out2):
                 shutil.rmtree(d, ignore_errors=True)
     import torch
 
@@ -200,9 +207,11 @@ def main() -> None:
            f"{platform.system()} {platform.release()}, torch {torch.__version__} ({torch.get_num_threads()} threads)",
            "command": " ".join(["benchmarks/dense_throughput.py", f"--size-gb {a.size_gb:g}",
                                 f"--experts {a.experts}", f"--vocab {a.vocab}"]),
-           "checkpoint": facts, "output_bytes": out_bytes, "copy": copy, "dense": dense,
+           "checkpoint": facts, "output_bytes": out_bytes, "copy": copy, "dense": dense, "copy_out": copy_out,
            "dense_over_copy_wall": round(dense["wall_s"] / copy["wall_s"], 2),
-           "dense_over_copy_cpu": round(dense["cpu_s"] / max(copy["cpu_s"], 1e-9), 2), "check": verdict}
+           "dense_over_copy_cpu": round(dense["cpu_s"] / max(copy["cpu_s"], 1e-9), 2),
+           "dense_over_copy_out_wall": round(dense["wall_s"] / copy_out["wall_s"], 2),
+           "dense_cpu_s_per_input_gb": round(dense["cpu_s"] / (facts["bytes"] / 1e9), 2), "check": verdict}
     print(json.dumps(run, indent=1))
     if a.json_out:
         data = json.loads(a.json_out.read_text()) if a.json_out.exists() else {}

@@ -3,8 +3,9 @@
 Two numbers per thread count: the quantizer alone (qtool.quant.scaled.quantize_scaled with its in-pass
 error sums, 128x128 blocks, fp32 scales) and the whole `qtool pack --to fp8` command on a one-layer
 checkpoint (read, quantize, error, write; Python start-up and the torch import excluded by timing the
-command's own report). The machine's load average is recorded with each run: on a shared 2-core VM it
-decides the numbers more than the code does.
+command's own report). Each is also given in CPU seconds per GB of bf16 input (user + system time of this
+process, every thread), which does not depend on how busy the machine is; the load average is recorded before
+and after each run: on a shared 2-core VM it decides the wall-clock numbers more than the code does.
 
     .venv/bin/python benchmarks/fp_pack_throughput.py [--repeat 3] [--threads 1 2] > run.json
 """
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -24,9 +26,15 @@ import torch
 from safetensors.torch import save_file
 
 from qtool.pack import PackJob, run_pack
+from qtool.packing import scaled_quant
 from qtool.quant.scaled import quantize_scaled
 
 O, I = 4096, 14336
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -42,22 +50,29 @@ def main() -> None:
         src.mkdir()
         save_file({"model.layers.0.mlp.down_proj.weight": w}, src / "model.safetensors")
         (src / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+        quantize_scaled(w[:1024], "e4m3", (128, 128), "fp32", stats={})  # builds the C++ library, once
         for threads in a.threads:
             torch.set_num_threads(threads)
-            core, cmd = [], []
+            core, cmd, core_cpu, cmd_cpu = [], [], [], []
+            load_before = os.getloadavg()[0]
             for k in range(a.repeat):
-                t0 = time.perf_counter()
+                c0, t0 = _cpu(), time.perf_counter()
                 quantize_scaled(w, "e4m3", (128, 128), "fp32", stats={})
                 core.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                core_cpu.append(_cpu() - c0)
+                c0, t0 = _cpu(), time.perf_counter()
                 run_pack(PackJob(src, Path(d) / f"o{threads}-{k}", to="fp8", bits=8, group_size=128))
                 cmd.append(time.perf_counter() - t0)
+                cmd_cpu.append(_cpu() - c0)
             runs[f"pack-fp8-bf16-{O}x{I}-threads{threads}"] = {
-                "input_mb": mb, "threads": threads,
+                "input_mb": mb, "threads": threads, "codes": scaled_quant.status(),
                 "quantize_mb_s": [round(mb / t, 1) for t in core],
                 "quantize_mb_s_median": round(mb / statistics.median(core), 1),
+                "quantize_cpu_s_per_gb": round(statistics.median(core_cpu) / (mb / 1000), 2),
                 "pack_command_mb_s": [round(mb / t, 1) for t in cmd],
                 "pack_command_mb_s_median": round(mb / statistics.median(cmd), 1),
+                "pack_command_cpu_s_per_gb": round(statistics.median(cmd_cpu) / (mb / 1000), 2),
+                "loadavg_1m_before": round(load_before, 2),
                 "loadavg_1m_after": round(os.getloadavg()[0], 2),
             }
     info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),

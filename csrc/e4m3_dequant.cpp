@@ -7,9 +7,12 @@
 // checkpoint several times slower than copying it. Tests compare the two bit for bit.
 //
 // codes:  uint8 [rows, cols], row-major (the E4M3 bytes)
-// scales: fp32 [rows, groups], row-major: the scale of code (r, c) is scales[r, c / group] (groups =
-//         ceil(cols / group)); the caller repeats a block row's scales for each of its code rows
+// scales: fp32 [ceil((first + rows) / bo), groups], row-major: the scale of code (r, c) is
+//         scales[(first + r) / bo, c / group] (groups = ceil(cols / group)); first: the first code row's place
+//         within its block of bo rows, so a slice of rows passes its block rows' scales as they are stored
 // out:    fp32 or bf16 (uint16) [rows, cols], row-major
+// The decode counts the NaN codes it meets (S.1111.111): the caller refuses a weight that holds one without a
+// second pass over the bytes.
 
 #include <cmath>
 #include <cstdint>
@@ -48,49 +51,57 @@ inline uint16_t to_bf16(float f) {
   return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : r);
 }
 
-// One row: out[c] = value(q[c]) * s[c / group]. Compiled for AVX-512, AVX2 and the baseline, the best one
-// chosen when the library loads (GCC function multi-versioning), so one build serves every x86 machine.
+// One row: out[c] = value(q[c]) * s[c / group]; returns its NaN codes. Compiled for x86-64-v4 (AVX-512 with
+// byte and word instructions), x86-64-v3 (AVX2) and the baseline, the best one chosen when the library loads
+// (GCC function multi-versioning), so one build serves every x86 machine.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define QTOOL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define QTOOL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define QTOOL_CLONES
 #endif
 
-QTOOL_CLONES void row_bf16(const uint8_t* q, const float* s, uint16_t* o, int64_t cols, int64_t group) {
+template <bool kBf16>
+QTOOL_CLONES int64_t row(const uint8_t* q, const float* s, void* out, int64_t cols, int64_t group) {
+  int64_t nans = 0;
   for (int64_t c0 = 0; c0 < cols; c0 += group) {
     const float sg = s[c0 / group];
     const int64_t c1 = (c0 + group < cols) ? c0 + group : cols;
-    for (int64_t c = c0; c < c1; ++c) o[c] = to_bf16(kTable.v[q[c]] * sg);
+    int32_t n = 0;  // NaN codes of this group, in 32-bit lanes like the values
+#pragma omp simd reduction(+ : n)
+    for (int64_t c = c0; c < c1; ++c) {
+      const uint32_t b = q[c];
+      const float v = kTable.v[b] * sg;
+      n += (b & 0x7Fu) == 0x7Fu;
+      if (kBf16) {
+        static_cast<uint16_t*>(out)[c] = to_bf16(v);
+      } else {
+        static_cast<float*>(out)[c] = v;
+      }
+    }
+    nans += n;
   }
-}
-
-QTOOL_CLONES void row_f32(const uint8_t* q, const float* s, float* o, int64_t cols, int64_t group) {
-  for (int64_t c0 = 0; c0 < cols; c0 += group) {
-    const float sg = s[c0 / group];
-    const int64_t c1 = (c0 + group < cols) ? c0 + group : cols;
-    for (int64_t c = c0; c < c1; ++c) o[c] = kTable.v[q[c]] * sg;
-  }
+  return nans;
 }
 
 template <bool kBf16>
-void run(const uint8_t* codes, const float* scales, void* out, int64_t rows, int64_t cols, int64_t group,
-         int threads) {
+int64_t run(const uint8_t* codes, const float* scales, void* out, int64_t rows, int64_t cols, int64_t group,
+            int64_t bo, int64_t first, int threads) {
   const int64_t groups = (cols + group - 1) / group;
-#pragma omp parallel for num_threads(threads) schedule(static)
+  const int64_t osz = kBf16 ? 2 : 4;
+  int64_t nans = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : nans)
   for (int64_t r = 0; r < rows; ++r) {
-    if (kBf16) {
-      row_bf16(codes + r * cols, scales + r * groups, static_cast<uint16_t*>(out) + r * cols, cols, group);
-    } else {
-      row_f32(codes + r * cols, scales + r * groups, static_cast<float*>(out) + r * cols, cols, group);
-    }
+    nans += row<kBf16>(codes + r * cols, scales + ((first + r) / bo) * groups,
+                       static_cast<char*>(out) + r * cols * osz, cols, group);
   }
+  return nans;
 }
 
 }  // namespace
 
 extern "C" {
 
-int qtool_e4m3_dequant_abi() { return 2; }
+int qtool_e4m3_dequant_abi() { return 3; }
 
 // How many of n bytes have (b & mask) == value: E4M3 NaN codes are mask 0x7F, value 0x7F (E5M2 NaN and inf:
 // 0x7C, 0x7C). One read of the bytes, for the check that refuses NaN codes before they become NaN weights.
@@ -102,14 +113,15 @@ QTOOL_CLONES int64_t qtool_count_masked(const uint8_t* bytes, int64_t n, int mas
   return count;
 }
 
-void qtool_e4m3_dequant_f32(const uint8_t* codes, const float* scales, float* out, int64_t rows, int64_t cols,
-                            int64_t group, int threads) {
-  run<false>(codes, scales, out, rows, cols, group, threads);
+// Both return the number of NaN codes met.
+int64_t qtool_e4m3_dequant_f32(const uint8_t* codes, const float* scales, float* out, int64_t rows, int64_t cols,
+                               int64_t group, int64_t bo, int64_t first, int threads) {
+  return run<false>(codes, scales, out, rows, cols, group, bo, first, threads);
 }
 
-void qtool_e4m3_dequant_bf16(const uint8_t* codes, const float* scales, uint16_t* out, int64_t rows,
-                             int64_t cols, int64_t group, int threads) {
-  run<true>(codes, scales, out, rows, cols, group, threads);
+int64_t qtool_e4m3_dequant_bf16(const uint8_t* codes, const float* scales, uint16_t* out, int64_t rows,
+                                int64_t cols, int64_t group, int64_t bo, int64_t first, int threads) {
+  return run<true>(codes, scales, out, rows, cols, group, bo, first, threads);
 }
 
 }  // extern "C"

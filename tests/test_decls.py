@@ -4,6 +4,7 @@ vLLM's walk order is the seed's, the runtime floors match the seed's prose, and 
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -312,3 +313,63 @@ def test_device_profiles_cover_the_architectures_the_paths_distinguish():
                  ("cuda", "sm_120a"), ("rocm", "gfx942"), ("cpu", None)):
         assert want in archs, want
     assert profiles["rtx5090"].cc == (12, 0) and profiles["l40s"].cc == (8, 9)
+
+
+def test_rtx5090_peaks_cite_their_source_and_unknown_peaks_stay_null():
+    import yaml
+
+    raw = yaml.safe_load((CONFIG_DIR / "devices.yaml").read_text())["devices"]
+    assert "RTX Blackwell GPU Architecture whitepaper" in raw["rtx5090"]["source"]
+    d = load_profiles()["rtx5090"]
+    # dense, FP32 accumulate: FP16/BF16 209.5, FP8 419 (FP4 1676 has no field); 512-bit GDDR7 at 28 Gbps
+    assert (d.peak_bf16_tflops, d.peak_fp16_tflops, d.peak_fp8_tflops, d.hbm_gbps) == (209.5, 209.5, 419, 1792)
+    # the ratios the whitepaper's table has on every GeForce part since Ada: FP8 = 2 x FP16 (both FP32-acc)
+    ada = load_profiles()["rtx4090"]
+    assert d.peak_fp8_tflops / d.peak_fp16_tflops == pytest.approx(ada.peak_fp8_tflops / ada.peak_fp16_tflops, 0.01)
+    # a profile whose peaks are not published keeps null, and select reports it so rather than a number
+    from typer.testing import CliRunner
+
+    import qtool.cli.main  # noqa: F401
+    from qtool.cli.app import app
+
+    r = CliRunner().invoke(app, ["select", "--layer", "4096,4096", "--device", "gb10", "--json"])
+    assert r.exit_code == 0, r.output
+    prof = json.loads(r.stdout)["device_profile"]
+    assert (prof["peak_bf16_tflops"], prof["peak_fp16_tflops"], prof["peak_fp8_tflops"]) == (None, None, None)
+
+
+def test_vllm_main_rows_for_mxfp8_w4a8_and_gpt_oss():
+    vllm = load_engine("vllm")
+    # _POSSIBLE_MXFP8_KERNELS, in order, each row naming the vllm-main file it was read in
+    assert vllm.walks["mxfp8"] == {"cuda": ("FlashInferCutlassMxfp8LinearKernel", "MarlinMxfp8LinearKernel",
+                                            "EmulationMxfp8LinearKernel"),
+                                   "rocm": ("EmulationMxfp8LinearKernel",)}
+    for name in vllm.walks["mxfp8"]["cuda"]:
+        k = vllm.kernel(name)
+        assert k.source == "vllm-main" and k.file.startswith("mxfp8/") and k.group_sizes == (32,), name
+    assert vllm.kernel("FlashInferCutlassMxfp8LinearKernel").min_cc == (10, 0)
+    assert vllm.kernel("MarlinMxfp8LinearKernel").min_cc == (7, 5)
+    methods = {m.name: m for m in vllm.methods}
+    assert methods["CompressedTensorsW8A8Mxfp8"].walk_by_scale == {"group": "mxfp8"}
+    # W4A8: the scheme exists on CC 9.0 only (_is_fp8_w4a8_sm90), a gate before any kernel
+    assert methods["CompressedTensorsW4A8Fp8"].gate == "is_fp8_w4a8_sm90"
+    assert next(g for g in vllm.gates if g.name == "is_fp8_w4a8_sm90").exact_cc == ((9, 0),)
+    # gpt-oss: no MXFP4 linear method in vLLM; the refusal names what runs the experts instead
+    gptoss = next(m for m in vllm.methods if "gptoss_mxfp4" in m.formats)
+    assert gptoss.source == "vllm-main" and "Mxfp4MoEMethod" in gptoss.refuse
+    assert "MXFP4 linear layer is not implemented" in gptoss.refuse
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_row_cites_where_it_comes_from(engine):
+    """Each vLLM / SGLang row says its source: a sentence of seed 002, quoted (and checked to be there), or
+    vllm-main / sglang-main, the upstream tree read after the seed's pin (the row's comment names the file)."""
+    text = _text(SEED_VLLM)
+    d = load_engine(engine)
+    for row in (*d.kernels, *d.gates, *d.methods):
+        src = row.source or ""
+        if src in ("vllm-main", "sglang-main"):
+            continue
+        m = re.fullmatch(r'seed 002: "(.+)"', src)
+        assert m, f"{engine} row {row.name} cites no source ({src!r})"
+        assert m.group(1) in text, f"{engine} row {row.name}: seed 002 does not say {m.group(1)!r}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import FIXTURES, FIXTURES_HOME
 
-SUMS = ("SHA256SUMS", "seeds/SHA256SUMS", "ct-float/SHA256SUMS", "fp4/SHA256SUMS")
+SUMS = ("SHA256SUMS", "seeds/SHA256SUMS", "ct-float/SHA256SUMS", "fp4/SHA256SUMS", "ct-w4a8/SHA256SUMS")
 PROVENANCE = "PROVENANCE.md"
 # PROVENANCE.md pins the files no SHA256SUMS lists, in rows of `| `path` | `sha256` |`.
 PINNED_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*`([0-9a-f]{64})`\s*\|\s*$")
@@ -59,8 +59,8 @@ def mismatches(root: Path, digests: dict[str, str]) -> list[str]:
 def test_repository_fixtures_match_their_checksums():
     digests = expected(FIXTURES_HOME)
     # 32 upstream files, 3 seed files, 6 compressed-tensors 0.20 files (ct-float/), 16 NVFP4/MX files (fp4/),
-    # and README.md, SHA256SUMS, seeds/SHA256SUMS, ct-float/SHA256SUMS and fp4/SHA256SUMS pinned in PROVENANCE.md.
-    assert len(digests) == 62
+    # 3 W4A8 files (ct-w4a8/), and README.md and the five SHA256SUMS lists pinned in PROVENANCE.md.
+    assert len(digests) == 66
     assert mismatches(FIXTURES_HOME, digests) == []
 
 

@@ -97,7 +97,7 @@ def test_malformed_int16_and_marlin_headers_are_named_not_crashes():
 def test_compressed_tensors_pack_quantized():
     c = Claims(format="ct", quant_method="compressed-tensors", ct_version="0.18.0",
                ct_groups=[(["Linear"], {"num_bits": 4, "group_size": 128, "symmetric": False,
-                                        "strategy": "group"}, "pack-quantized")], ct_ignore=["lm_head"])
+                                        "strategy": "group"}, "pack-quantized", {})], ct_ignore=["lm_head"])
     t = {"weight_packed": ("I32", (64, 48)), "weight_scale": ("BF16", (64, 3)),
          "weight_zero_point": ("I32", (8, 3)), "weight_shape": ("I64", (2,))}
     assert fields(detect_module("l.q", t, c)) == ("ct", 4, 128, False, False, 384, 64)

@@ -151,7 +151,7 @@ def test_dynamic_overrides_match_from_the_start():
 
 
 def test_ct_targets_use_the_bounded_engine():
-    c = Claims(quant_method="compressed-tensors", ct_groups=[([r"re:.*\.(q|k)_proj$"], {"num_bits": 4}, None)],
+    c = Claims(quant_method="compressed-tensors", ct_groups=[([r"re:.*\.(q|k)_proj$"], {"num_bits": 4}, None, {})],
                ct_ignore=[r"re:(a+)+$"], path="m/config.json")
     assert ct_scheme_for(c, "l.0.q_proj")[0] == {"num_bits": 4}
     assert ct_scheme_for(c, "a" * 5000 + "!") == (None, None, False)

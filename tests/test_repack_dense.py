@@ -332,9 +332,13 @@ def fp8_checkpoint(root: Path, shapes: dict[str, tuple[int, int]], seed=0) -> di
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_hf_fp8_blocks_equal_the_format_and_deepseeks_weight_dequant(tmp_path, dtype):
+@pytest.mark.parametrize("ext", ["0", "1"])  # the torch decode, and the C++ one (pieces of 37 rows: ragged blocks)
+def test_hf_fp8_blocks_equal_the_format_and_deepseeks_weight_dequant(tmp_path, monkeypatch, dtype, ext):
     from qtool.formats.scaled import dequantize as dequantize_scaled
+    from qtool.repack import dense
 
+    monkeypatch.setenv("QTOOL_E4M3_EXT", ext)
+    monkeypatch.setattr(dense, "CHUNK_BYTES", 37 * 300 * 2)
     shapes = {"model.layers.0.self_attn.kv_a_proj_with_mqa": (200, 300), "model.layers.0.mlp.down_proj": (128, 256)}
     plains = fp8_checkpoint(tmp_path / "src", shapes)
     r = run_dense(DenseJob(tmp_path / "src", tmp_path / "out", dtype=dtype))
@@ -350,14 +354,16 @@ def test_hf_fp8_blocks_equal_the_format_and_deepseeks_weight_dequant(tmp_path, d
     assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
 
 
-def test_nan_fp8_code_is_an_error_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize("ext", ["0", "1"])  # the separate NaN check, and the C++ decode's count
+def test_nan_fp8_code_is_an_error_and_writes_nothing(tmp_path, monkeypatch, ext):
+    monkeypatch.setenv("QTOOL_E4M3_EXT", ext)
     fp8_checkpoint(tmp_path / "src", {"m.a": (128, 128)})
     t = load_file(tmp_path / "src" / "model.safetensors")
     w = t["m.a.weight"].view(torch.uint8).clone()
     w[3, 5] = 0xFF
     t["m.a.weight"] = w.view(torch.float8_e4m3fn)
     save_file(t, tmp_path / "src" / "model.safetensors")
-    with pytest.raises((NotRepresentable, InputError), match="NaN"):
+    with pytest.raises((NotRepresentable, InputError), match=r"NaN or infinite \(the first at \[3, 5\]\)"):
         run_dense(DenseJob(tmp_path / "src", tmp_path / "out"))
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".qtool-tmp-*"))
 

@@ -24,10 +24,38 @@ def test_checkpoints_select_through_inspect(folder, fmt, group, h100, b200):
     assert {r.selection.chosen for r in plan_select(groups, profile("b200"), "vllm").layers} == {b200}
 
 
-@pytest.mark.parametrize("folder", ["ct-mxfp8", "gptoss-mxfp4"])
-def test_undeclared_layouts_are_refused_with_the_reason(folder):
-    # no declaration covers MXFP8 linear layers or gpt-oss's MoE expert blocks: select says so, never guesses
-    groups, _ = path_groups(FP4 / folder, "bf16")
-    for r in plan_select(groups, profile("b200"), "vllm").layers:
-        assert r.selection.chosen is None
-        assert "is not a checkpoint format vLLM loads" in r.selection.candidates[0].reason
+@pytest.mark.parametrize("device,chosen", [
+    ("b200", "FlashInferCutlassMxfp8LinearKernel"),   # W8A8 MXFP8 on Blackwell (FlashInfer mm_mxfp8)
+    ("h100", "MarlinMxfp8LinearKernel"),              # no MXFP8 tensor op below CC 10.0: weight-only Marlin
+    ("t4", "MarlinMxfp8LinearKernel"),                # is_fp8_marlin_supported: CC 7.5
+    ("mi300x", "EmulationMxfp8LinearKernel"),         # ROCm's list is the emulation alone
+])
+def test_mxfp8_follows_vllm_mains_kernel_list(device, chosen):
+    groups, _ = path_groups(FP4 / "ct-mxfp8", "bf16")
+    assert {(g.layer.format, g.layer.bits, g.layer.group_size) for g in groups} == {("mxfp8", 8, 32)}
+    rows = plan_select(groups, profile(device), "vllm").layers
+    assert {r.selection.chosen for r in rows} == {chosen}
+    sel = rows[0].selection
+    assert sel.candidates[0].kernel == "CompressedTensorsW8A8Mxfp8" and sel.candidates[0].ok
+    walked = [c.kernel for c in sel.candidates[1:]]
+    assert walked == (["EmulationMxfp8LinearKernel"] if device == "mi300x" else
+                      ["FlashInferCutlassMxfp8LinearKernel", "MarlinMxfp8LinearKernel", "EmulationMxfp8LinearKernel"])
+    if device == "h100":
+        fi = next(c for c in sel.candidates if c.kernel == "FlashInferCutlassMxfp8LinearKernel")
+        assert fi.failures == ("CC 9.0 < 10.0",)
+        assert any("weight-only MXFP8 (W8A16) through Marlin" in n for n in sel.notes)
+
+
+@pytest.mark.parametrize("engine,needle", [
+    ("vllm", "vLLM runs them through Mxfp4MoEMethod"),
+    ("sglang", "SGLang's Mxfp4 MoE method runs them"),
+])
+def test_gptoss_expert_stacks_are_refused_with_the_true_reason(engine, needle):
+    # vLLM's Mxfp4Config has no MXFP4 linear method; the expert stacks are fused-MoE weights, which select does
+    # not plan: the refusal names both, and no kernel is listed as if it could run them
+    groups, _ = path_groups(FP4 / "gptoss-mxfp4", "bf16")
+    for r in plan_select(groups, profile("b200"), engine).layers:
+        sel = r.selection
+        assert sel.chosen is None and [c.kind for c in sel.candidates] == ["method"]
+        assert needle in sel.candidates[0].reason and "select plans linear layers only" in sel.candidates[0].reason
+        assert "refused at config time, before any kernel is tried" in sel.notes

@@ -277,6 +277,23 @@ def test_contract_fails_where_no_kernel_takes_a_layer(packed):
     assert code == 1 and any("no kernel takes" in c["detail"] for c in rep["checks"] if c["status"] == "fail")
 
 
+def test_contract_without_engine_plans_with_the_engine_that_reads_the_format():
+    """No --engine: a compressed-tensors file is planned with vLLM (GPTQModel declares no kernel for it) and
+    passes, saying so; named explicitly, GPTQModel fails it with its own reason; a GGUF file is llama.cpp's,
+    whose kernels are not declared, so kernel planning is skipped with that reason."""
+    ct = fixture_path("compressed-tensors-w4a16-g128")
+    rep, code = run_json(ct, "--checks", "contract")
+    assert code == 0, fails(rep)
+    details = [c["detail"] for c in rep["checks"]]
+    assert any("planned with vllm, since gptqmodel reads none" in d for d in details)
+    assert any(d.startswith("vllm on cpu: select picks") for d in details)
+    rep, code = run_json(ct, "--checks", "contract", "--engine", "gptqmodel")
+    assert code == 1 and all("no gptqmodel kernel declares format ct" in c["detail"]
+                             for c in rep["checks"] if c["status"] == "fail")
+    rep, code = run_json(fixture_path("gguf-q4_0-q4_1-q8_0/gguf-q4_0-q4_1-q8_0.gguf"), "--checks", "contract")
+    assert any(c["status"] == "skip" and "llama.cpp" in c["detail"] for c in rep["checks"])
+
+
 # --- hashes ---------------------------------------------------------------------------------------------------
 
 def test_model_hash_is_the_same_for_any_shard_layout(tmp_path):

@@ -39,8 +39,30 @@ PACKS: list[tuple[str, list[str]]] = [
     ("awq-b4-g128-asym", ["--to", "awq", "--bits", "4", "--group-size", "128"]),
     ("awq-b4-g32-asym", ["--to", "awq", "--bits", "4", "--group-size", "32", "--dtype", "bf16"]),
 ]
-TARGETS = ["gptq", "gptq_v2", "gptq_p", "awq", "ct", "marlin", "q4_0", "q4_1", "q8_0"]
+TARGETS = ["gptq", "gptq_v2", "gptq_p", "awq", "ct", "marlin", "q4_0", "q4_1", "q8_0", "dense"]
 GGUF = {"q4_0", "q4_1", "q8_0"}
+# The float and int8 layouts (codes of their own element type, qtool.formats.scaled): every strategy each
+# stores, repacked to every float target and to dense (gptoss_mxfp4 holds mxfp4's bytes under other names: a
+# target only). Between the two families a repack is a dequantize and requantize (the lossy path the integer
+# matrix already covers), so each family keeps its own targets.
+FLOAT_PACKS: list[tuple[str, list[str]]] = [
+    ("fp8-tensor", ["--to", "fp8", "--strategy", "tensor"]),
+    ("fp8-block128", ["--to", "fp8", "--block", "128x128"]),
+    ("ct_fp8-tensor", ["--to", "ct_fp8", "--strategy", "tensor"]),
+    ("ct_fp8-channel", ["--to", "ct_fp8", "--strategy", "channel"]),
+    ("ct_fp8-block128-bf16", ["--to", "ct_fp8", "--block", "128x128", "--dtype", "bf16"]),
+    ("ct_int8-channel-mse", ["--to", "ct_int8", "--method", "mse"]),
+    ("nvfp4", ["--to", "nvfp4"]),
+    ("modelopt_nvfp4", ["--to", "modelopt_nvfp4"]),
+    ("mxfp4", ["--to", "mxfp4"]),
+    ("mxfp8", ["--to", "mxfp8"]),
+]
+# The float matrix runs on a smaller copy (its runs cost what the writing and hashing of each output costs):
+# word embeddings cut to FLOAT_VOCAB rows, and two linears of the block, one square and one wide.
+FLOAT_VOCAB = 512
+FLOAT_INCLUDE = [r"encoder\.layer\.0\.(attention\.self\.query|intermediate\.dense)$"]
+FAMILIES = ("integer", "float")
+FLOAT_TARGETS = ["fp8", "ct_fp8", "ct_int8", "nvfp4", "modelopt_nvfp4", "mxfp4", "mxfp8", "gptoss_mxfp4", "dense"]
 
 
 def _qtool(argv: list[str]) -> int:
@@ -86,8 +108,10 @@ def _digest(path: Path, work: Path) -> dict[str, str]:
     return out
 
 
-def one_layer_copy(model: Path, dst: Path) -> Path:
-    """The model cut to its first block: every tensor outside blocks 1.. kept, config.json told so."""
+def one_layer_copy(model: Path, dst: Path, vocab: int | None = None) -> Path:
+    """The model cut to its first block: every tensor outside blocks 1.. kept, config.json told so; vocab: the
+    word embeddings cut to their first `vocab` rows as well (the float matrix's copy: its 47 MB of fp32
+    embeddings would otherwise be written and hashed by every run)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -100,9 +124,14 @@ def one_layer_copy(model: Path, dst: Path) -> Path:
     with safe_open(model / "model.safetensors", "pt") as f:
         keep = {k: f.get_tensor(k) for k in f.keys() if not re.search(r"\.layer\.([1-9]\d*)\.", k)}
         meta = f.metadata()
-    save_file(keep, dst / "model.safetensors", metadata=meta)
     config = json.loads((model / "config.json").read_text())
     config["num_hidden_layers"] = 1
+    if vocab is not None:
+        for k in keep:
+            if k.endswith("word_embeddings.weight"):
+                keep[k] = keep[k][:vocab].clone()
+        config["vocab_size"] = vocab
+    save_file(keep, dst / "model.safetensors", metadata=meta)
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return dst
 
@@ -114,17 +143,35 @@ def _gone(path: Path) -> None:
         path.unlink()
 
 
-def run(model: Path, include: list[str], work: Path) -> dict[str, dict]:
-    model = one_layer_copy(model, work / "model")
-    sel = [a for pat in include for a in ("--include", pat)]
+def run(model: Path, include: list[str], work: Path, families: tuple[str, ...] = FAMILIES) -> dict[str, dict]:
+    """Every run of the named families: {"pack NAME" | "repack NAME -> TARGET[ --allow-lossy]": {rc, files}}.
+    include: the integer family's --include patterns (the float family's are FLOAT_INCLUDE)."""
+    matrix = {"integer": (PACKS, TARGETS, None, include), "float": (FLOAT_PACKS, FLOAT_TARGETS, FLOAT_VOCAB,
+                                                                   FLOAT_INCLUDE)}
     out: dict[str, dict] = {}
-    for name, args in PACKS:
+    for family in families:
+        packs, targets, vocab, pats = matrix[family]
+        # the integer family's copy keeps the name its stored reports were recorded with
+        copy = one_layer_copy(model, work / ("model" if family == "integer" else f"model-{family}"), vocab=vocab)
+        _run_family(copy, packs, targets, [a for pat in pats for a in ("--include", pat)], work, out)
+        _gone(copy)
+    return out
+
+
+def family_of(run_name: str) -> str:
+    """"integer" or "float": the family whose pack a run's name starts from."""
+    pack = run_name.split(" ", 2)[1]
+    return "float" if pack in {n for n, _ in FLOAT_PACKS} else "integer"
+
+
+def _run_family(model: Path, packs, targets, sel: list[str], work: Path, out: dict[str, dict]) -> None:
+    for name, args in packs:
         src = work / name
         rc = _qtool(["pack", str(model), "-o", str(src), *args, *sel, "-q"])
         out[f"pack {name}"] = {"rc": rc, "files": _digest(src, work) if rc == 0 else {}}
         if rc:
             continue
-        for to in TARGETS:
+        for to in targets:
             for lossy in (False, True):  # --allow-lossy only where the exact plan was refused
                 if lossy and out[f"repack {name} -> {to}"]["rc"] == 0:
                     continue
@@ -141,7 +188,6 @@ def run(model: Path, include: list[str], work: Path) -> dict[str, dict]:
                     _gone(back)
                 _gone(dst)
         _gone(src)
-    return out
 
 
 def default_model() -> Path:

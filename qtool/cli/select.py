@@ -62,7 +62,7 @@ def select_cmd(
         "--layer", help="A bare layer K,N[,row|col] (repeatable).", show_default=False)] = None,
     format: Annotated[str, typer.Option("--format", help="With --model/--layer: gptq, gptq_v2, gptq_p, awq, "
                                                          "marlin, ct, fp8, int8, w4a8, nvfp4, mxfp4, "
-                                                         "gguf:QTYPE.")] = "gptq",
+                                                         "mxfp8, bnb, gguf:QTYPE.")] = "gptq",
     bits: Annotated[int | None, typer.Option("--bits", help="With --model/--layer: bits per weight (default: "
                                                             "the format's, 4 for W4A16).", show_default=False)]
     = None,
@@ -82,9 +82,10 @@ def select_cmd(
     desc_act: Annotated[bool, typer.Option("--desc-act/--no-desc-act", help="With --model/--layer: "
                                                                              "act-order (g_idx).")] = False,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Activation operand: fp16, bf16, fp32, fp8 or "
-                                                              "int8 (default: the format's — fp8 for fp8/w4a8, "
-                                                              "int8 for int8 — else the model's, fp16 for a "
-                                                              "checkpoint).", show_default=False)] = None,
+                                                              "int8 (default: fp8 for w4a8, else the model's, "
+                                                              "which an FP8/INT8 method quantizes; for a "
+                                                              "checkpoint fp16, or what its config quantizes "
+                                                              "the activations to).", show_default=False)] = None,
     config: ConfigOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,

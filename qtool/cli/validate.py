@@ -65,8 +65,9 @@ def validate_cmd(
     checks: Annotated[list[str] | None, typer.Option("--checks", help=f"Comma list among: {CHECK_NAMES}.",
                                                      show_default=False)] = None,
     engine: Annotated[list[str] | None, typer.Option("--engine", help="Engines the contract check asks select "
-                                                                      "about: gptqmodel, vllm, qtool (comma "
-                                                                      "list; default gptqmodel).",
+                                                                      "about: gptqmodel, vllm, sglang, qtool "
+                                                                      "(comma list; default: each layer by "
+                                                                      "gptqmodel or vllm, whichever runs it).",
                                                      show_default=False)] = None,
     target: Annotated[list[str] | None, typer.Option("--target", help="Devices the contract check plans for: "
                                                                       "profiles (h100, a100, ...) or cpu / "
@@ -95,7 +96,7 @@ def validate_cmd(
     opt = ValidateOptions(checks=_split(v["checks"]) or CHECKS, reference=v["reference"], device=v["device"],
                           kernels=_split(v["kernels"]) or None,
                           batch_sizes=tuple(v["batch_sizes"] or DEFAULT_BATCH_SIZES),
-                          engines=_split(v["engine"]) or ("gptqmodel",), targets=_split(v["target"]),
+                          engines=_split(v["engine"]) or (), targets=_split(v["target"]),
                           against=v["against"])
     with progress(v["quiet"] or v["json_"]) as bar:
         task = bar.add_task("validate", total=None)

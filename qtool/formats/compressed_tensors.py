@@ -24,7 +24,16 @@ from collections.abc import Mapping
 
 from qtool.errors import FormatError
 from qtool.formats.base import Format, FormatSpec, expect, register
-from qtool.formats.detection import Claims, Detected, Sig, ct_scheme_for, exact_div, group_from
+from qtool.formats.detection import (
+    Claims,
+    Detected,
+    Sig,
+    activation_detail,
+    ct_activations_for,
+    ct_scheme_for,
+    exact_div,
+    group_from,
+)
 from qtool.formats.plain import Plain
 from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, to_int32, to_uint32, unpack_stream
@@ -186,8 +195,10 @@ class CompressedTensors(Format):
                                    "weight_packed)"))
         if "weight_shape" not in t:
             notes.append(("error", "weight_shape missing: the unpacked [O, I] cannot be recovered"))
-        return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None,
-                        detail=f"pack-quantized ({packing})", notes=notes)
+        # W4A8 and the like: the layout is pack-quantized's, the config group also quantizes the activations
+        acts = activation_detail(ct_activations_for(c, module)) if c.ct_groups else None
+        detail = f"pack-quantized ({packing})" + (f"; {acts}" if acts else "")
+        return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None, detail=detail, notes=notes)
 
     def pack(self, plain: Plain, *, packing: str | None = None, sym: bool | None = None) -> dict[str, torch.Tensor]:
         """Plain -> tensors. `packing` defaults to what the Plain was read with (meta "ct_packing"), else

@@ -15,6 +15,7 @@ static per-tensor. Same compressor and config shape as ct_fp8 (ct_fp8.py), with 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from math import prod
 
 from qtool.formats.base import FormatSpec, register
 from qtool.formats.ct_fp8 import CtNaive
@@ -51,5 +52,6 @@ class CtInt8(CtNaive):
         notes: list[tuple[str, str]] = []
         if claims.format not in (None, "ct", "ct_int8"):
             notes.append(("error", f"config says {claims.format} but the tensors are compressed-tensors INT8"))
+        per = "tensor" if prod(t["weight_scale"][1]) == 1 else "channel"
         return Detected("ct_int8", 8, -1, "weight_zero_point" not in t, False, i, o, i * o,
-                        detail="int8 weight + weight_scale", notes=notes)
+                        detail=f"per-{per} scale, int8 weight", notes=notes)

@@ -31,7 +31,8 @@ class Claims:
 
     format:  qtool format id implied by the config ("gptq", "gptq_v2", "awq", "ct", ...)
     source:  where the claim came from, for messages ("config.json", "quantize_config.json", ...)
-    ct_groups: compressed-tensors config_groups as [(targets, weights dict, format)], ct_ignore: ignore list
+    ct_groups: compressed-tensors config_groups as [(targets, weights dict, format, input_activations dict)],
+             ct_ignore: ignore list
     block_size: fp8 weight_block_size [rows, cols]
     bnb_shape: read from tensor data by inspect (the header alone cannot give it), set per module
     """
@@ -44,7 +45,7 @@ class Claims:
     desc_act: bool | None = None
     checkpoint_format: str | None = None
     source: str = "config"
-    ct_groups: list[tuple[list[str], dict, str | None]] = field(default_factory=list)
+    ct_groups: list[tuple[list[str], dict, str | None, dict]] = field(default_factory=list)
     ct_ignore: list[str] = field(default_factory=list)
     ct_version: str | None = None
     block_size: tuple[int, int] | None = None
@@ -71,24 +72,49 @@ def config_regex(c: Claims, pattern: str, key: str) -> BoundedRegex:
     return rx
 
 
+def _ct_hit(claims: Claims, pat: str, module: str) -> bool:
+    if pat.startswith("re:"):
+        return config_regex(claims, pat[3:], "compressed-tensors targets/ignore").match(module)
+    if pat[:1].isupper() and "." not in pat:  # a class name
+        return pat.endswith("Linear")
+    return module == pat or module.endswith("." + pat)
+
+
 def ct_scheme_for(claims: Claims, module: str) -> tuple[dict | None, str | None, bool]:
     """The compressed-tensors config group that targets `module`: (weights, group format, ignored).
 
     Targets are class names ("Linear": any linear module, since headers carry no classes), `re:` regexes
     (matched against the module name) or literal names/suffixes. `ignore` works the same way.
     """
-    def hit(pat: str) -> bool:
-        if pat.startswith("re:"):
-            return config_regex(claims, pat[3:], "compressed-tensors targets/ignore").match(module)
-        if pat[:1].isupper() and "." not in pat:  # a class name
-            return pat.endswith("Linear")
-        return module == pat or module.endswith("." + pat)
-
-    ignored = any(hit(p) for p in claims.ct_ignore if not (p[:1].isupper() and "." not in p))
-    for targets, weights, fmt in claims.ct_groups:
-        if any(hit(t) for t in targets):
+    ignored = any(_ct_hit(claims, p, module) for p in claims.ct_ignore if not (p[:1].isupper() and "." not in p))
+    for targets, weights, fmt, _acts in claims.ct_groups:
+        if any(_ct_hit(claims, t, module) for t in targets):
             return weights, fmt, ignored
     return None, None, ignored
+
+
+def ct_activations_for(claims: Claims, module: str) -> dict:
+    """The `input_activations` of the compressed-tensors config group that targets `module` ({}: none, the
+    weight-only case)."""
+    for targets, _w, _f, acts in claims.ct_groups:
+        if any(_ct_hit(claims, t, module) for t in targets):
+            return acts
+    return {}
+
+
+# How a module's detail names the activations its config quantizes (select reads the dtype back from it).
+ACT_DTYPES = {("float", 8): "fp8", ("int", 8): "int8"}
+
+
+def activation_detail(acts: dict) -> str | None:
+    """"activations fp8, dynamic per-token" for a config group's `input_activations`; None when the config
+    quantizes no activations or names a type this table does not know."""
+    name = ACT_DTYPES.get((acts.get("type"), acts.get("num_bits"))) if acts else None
+    if name is None:
+        return None
+    how = "dynamic" if acts.get("dynamic") else "static"
+    strategy = acts.get("strategy")
+    return f"activations {name}, {how}" + (f" per-{strategy}" if isinstance(strategy, str) else "")
 
 
 @dataclass

@@ -333,10 +333,8 @@ def dequantize(p: ScaledPlain, dtype: torch.dtype | None = None, rows: slice | N
         from qtool.packing.e4m3 import dequant as e4m3_dequant
 
         bo = p.block_shape[0]
-        s = effective_scales(p, slice(start, stop))
-        if bo != 1:
-            s = s.index_select(0, (torch.arange(stop - start, device=s.device) + start % bo) // bo)
-        w = e4m3_dequant(p.codes[start:stop], s, p.block_shape[1], out)
+        w = e4m3_dequant(p.codes[start:stop], effective_scales(p, slice(start, stop)), p.block_shape[1], out,
+                         bo=bo, first=start % bo)
         if w is not None:
             return w
     q = decode_codes(p.codes[start:stop], p.element, work)

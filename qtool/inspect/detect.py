@@ -73,11 +73,13 @@ def config_claims(qc: Any, raw: dict | None, source: str, path: object = None) -
                     t = g.get("targets") or []
                     c.ct_groups.append(([str(x) for x in t] if isinstance(t, list) else [str(t)],
                                         g.get("weights") if isinstance(g.get("weights"), dict) else {},
-                                        g.get("format")))
+                                        g.get("format"),
+                                        g.get("input_activations") if isinstance(g.get("input_activations"),
+                                                                                 dict) else {}))
         ig = r.get("ignore") or []
         c.ct_ignore = [str(x) for x in ig] if isinstance(ig, list) else []
         c.ct_version = str(r["version"]) if r.get("version") is not None else None
-        for pat in [t for targets, _w, _f in c.ct_groups for t in targets] + c.ct_ignore:
+        for pat in [t for targets, *_ in c.ct_groups for t in targets] + c.ct_ignore:
             if pat.startswith("re:"):
                 config_regex(c, pat[3:], "compressed-tensors targets/ignore")
     dyn = r.get("dynamic")

@@ -243,6 +243,7 @@ METHOD_ROW = record({
     "walk": is_str,                              # a `walks:` name (default: `lists:`)
     "act_quant": one_of(*DTYPES),                # the method quantizes activations to this at run time
     "walk_by_scale": map_of(one_of(*SCALES), is_str),   # scale granularity -> `walks:` name
+    "refuse": is_str,                            # the engine has no linear path for these formats: why
 }, required=("name", "formats", "weight_type", "zero_points"))
 
 ENGINE_FILE = record({
@@ -348,6 +349,7 @@ class MethodDecl:
     walk: str | None = None
     walk_by_scale: dict[str, str] | None = None
     act_quant: str | None = None
+    refuse: str | None = None
 
 
 @dataclass(frozen=True)

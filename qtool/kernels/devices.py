@@ -43,6 +43,7 @@ PROFILE_ROW = record({
     "peak_fp16_tflops": nullable(is_num),
     "peak_fp8_tflops": nullable(is_num),
     "cpu_flags": list_of(is_str),
+    "source": is_str,
 }, required=("platform",))
 
 DEVICES_FILE = record({

@@ -203,7 +203,7 @@ def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
                 candidates.append(c)
                 blocked = blocked or not c.ok
         # a format no method reads reaches no kernel: listing the walk would show kernels "passing" for it
-        walk = [] if method is None else \
+        walk = [] if method is None or method.refuse else \
             [decls.kernel(n) for n in _list_for(decls, method, layer).get(device.platform, ())]
     else:
         walk = _priority_walk(decls, layer, facts.engine_format)
@@ -320,6 +320,9 @@ def _vllm_method(decls: EngineDecls, layer: LayerQuant):
                                           f"{_ENGINE_NAME.get(decls.engine, decls.engine)} loads "
                                           f"(reads: {', '.join(readable)})"))
         return None, failures, _weight_type(layer.bits, layer.sym), not layer.sym
+    if method.refuse is not None:
+        failures.append(Failure("format", method.refuse))
+        return method, failures, layer.format.split(":", 1)[0], False
     if method.walk_by_scale is not None and layer.scale_kind not in method.walk_by_scale:
         failures.append(Failure("scale", f"{layer.scale_kind} scales: no kernel list declared for them "
                                          f"(declared: {', '.join(method.walk_by_scale)})"))

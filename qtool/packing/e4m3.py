@@ -4,10 +4,12 @@ codes (qtool.formats.scaled.dequantize), which calls `dequant` first and keeps i
 The torch arithmetic (codes.to(float32) * scale, then one rounding to bf16) is four passes over memory and
 torch's scalar float8 conversion; on two cores that dequantized an FP8 checkpoint several times slower than
 copying it (benchmarks/results/fp.md). The C++ loop reads each code byte once, looks its value up in a
-256-entry table (every E4M3 value is exact in fp32), multiplies by its scale in fp32 and rounds once to the
-output: the same IEEE operations in the same order, so the same bits (tests compare them). It is built on
-first use by torch.utils.cpp_extension (plain C ABI, called through ctypes), like csrc/marlin_repack.cpp;
-any failure to build falls back to torch. QTOOL_E4M3_EXT=0 turns it off, =1 makes a build failure an error.
+256-entry table (every E4M3 value is exact in fp32; the table measured faster than forming the value from its
+bits), multiplies by its block's scale in fp32 and rounds once to the output: the same IEEE operations in the
+same order, so the same bits (tests compare them). It reads the block scales as stored (no per-row copy) and
+counts the NaN codes on the way, so a caller that refuses them needs no second pass. It is built on first use
+by torch.utils.cpp_extension (plain C ABI, called through ctypes), like csrc/marlin_repack.cpp; any failure to
+build falls back to torch. QTOOL_E4M3_EXT=0 turns it off, =1 makes a build failure an error.
 """
 
 from __future__ import annotations
@@ -20,21 +22,30 @@ from qtool.packing.cext import CExtension
 torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
 _MIN_CODES = 1 << 20  # below ~1 M codes torch is fast enough and no compiler is needed
-_EXT = CExtension("e4m3_dequant.cpp", abi=2, env="QTOOL_E4M3_EXT")
+_EXT = CExtension("e4m3_dequant.cpp", abi=3, env="QTOOL_E4M3_EXT")
 
 
-def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """W[r, c] = value(codes[r, c]) * scales[r, c // group], formed in fp32, rounded once to out_dtype.
+def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype, bo: int = 1,
+            first: int = 0) -> torch.Tensor | None:
+    """W[r, c] = value(codes[r, c]) * scales[(first + r) // bo, c // group], formed in fp32, rounded once to
+    out_dtype.
 
-    codes:  float8_e4m3fn [R, C] on the CPU;  scales: float32 [R, ceil(C / group)];  out_dtype: float32 or
-    bfloat16. Returns None where the extension does not apply or is unavailable (the caller computes the
-    same bits with torch)."""
+    codes:  float8_e4m3fn [R, C] on the CPU;  scales: float32 [ceil((first + R) / bo), ceil(C / group)] (the
+    block rows of the code rows, as stored); out_dtype: float32 or bfloat16. Returns None where the extension
+    does not apply or is unavailable (the caller computes the same bits with torch)."""
+    got = dequant_counted(codes, scales, group, out_dtype, bo, first)
+    return None if got is None else got[0]
+
+
+def dequant_counted(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype, bo: int = 1,
+                    first: int = 0) -> tuple[torch.Tensor, int] | None:
+    """`dequant` and the number of NaN codes (S.1111.111) it met, or None where it does not apply."""
     if (out_dtype not in (torch.float32, torch.bfloat16) or codes.dtype != torch.float8_e4m3fn
             or scales.dtype != torch.float32 or codes.device.type != "cpu" or codes.dim() != 2
             or codes.numel() < _MIN_CODES and _EXT.mode != "on"):
         return None
     rows, cols = codes.shape
-    if scales.shape != (rows, -(-cols // group)):
+    if bo < 1 or not 0 <= first < bo or scales.shape != (-(-(first + rows) // bo), -(-cols // group)):
         return None
     lib = _library()
     if lib is None:
@@ -43,8 +54,8 @@ def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: to
     s = scales.contiguous()
     out = torch.empty(rows, cols, dtype=out_dtype)
     fn = lib.qtool_e4m3_dequant_bf16 if out_dtype == torch.bfloat16 else lib.qtool_e4m3_dequant_f32
-    fn(q.data_ptr(), s.data_ptr(), out.data_ptr(), rows, cols, group, torch.get_num_threads())
-    return out
+    nans = fn(q.data_ptr(), s.data_ptr(), out.data_ptr(), rows, cols, group, bo, first, torch.get_num_threads())
+    return out, int(nans)
 
 
 def count_masked(codes: torch.Tensor, mask: int, value: int) -> int | None:
@@ -69,9 +80,9 @@ def _library():
     if lib is not None and not hasattr(lib, "_qtool_typed"):
         for name in ("qtool_e4m3_dequant_f32", "qtool_e4m3_dequant_bf16"):
             fn = getattr(lib, name)
-            fn.restype = None
+            fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.c_int]
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         lib.qtool_count_masked.restype = ctypes.c_int64
         lib.qtool_count_masked.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                            ctypes.c_int]

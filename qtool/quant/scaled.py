@@ -25,6 +25,7 @@ METHODS = ("rtn", "mse")
 # 1.0 first (exactly rtn), then shrinking ranges; per-block choice.
 RATIOS = (1.0, 0.975, 0.95, 0.925, 0.9, 0.875, 0.85, 0.8, 0.75, 0.7)
 CHUNK_ELEMENTS = 1 << 20  # float32 work per chunk: 4 MiB, two buffers
+NATIVE_CHUNK = 1 << 22  # weights per call of the C++ loops: their codes and maxima stay bounded
 # Scale types a dense quantizer here can produce from an absmax (the small-float scale types need a global
 # scale or a power-of-two rule: their formats' quantizers own that).
 LINEAR_SCALES = ("fp32", "bf16", "fp16")
@@ -101,6 +102,8 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     if o == 0 or i == 0:
         return ScaledPlain(codes, element, scales.fill_(1), scale_type, tuple(block), compute, out_dtype,
                            meta=meta)
+    if method == "rtn" and _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name):
+        return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
     tensor_amax = None
     if bo == o and bi == i and o > 1:  # per-tensor: one amax first, then the codes chunk by chunk like per-channel
         tensor_amax = torch.linalg.vector_norm(weight.to("cpu"), float("inf")).to(torch.float32).reshape(1, 1)
@@ -138,9 +141,8 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
         # (bf16 scales), so the clamp only runs when a scale clips (mse) or rounded far down
         if method == "mse" or float((amax / s32).max()) > top * (1 + 2 ** -7):
             x.clamp_(-top, top)
-        if element == "int8":
-            x.round_()
-        codes[r0:r1].copy_(x)
+        # int8 rounds into the spare buffer: x stays the unrounded value the error sums below measure from
+        codes[r0:r1].copy_(torch.round(x, out=a) if element == "int8" else x)
         if tensor_amax is None:
             scales[r0 // bo:r0 // bo + s.shape[0]] = s
         else:
@@ -151,6 +153,72 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     if stats is not None:
         stats.update(err2=err2, ref2=ref2)
     return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
+
+
+def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name) -> bool:
+    """The rtn codes, scales and error sums of quantize_scaled through the C++ loops (qtool.packing.scaled_quant),
+    NATIVE_CHUNK weights of whole block rows at a time; False (nothing written) where they do not apply. The
+    scales come from _stored_scale here as on the torch path, so only the block maxima and the codes are made
+    in C++, and those are the torch path's bits."""
+    from qtool.packing import scaled_quant as sq
+
+    if not sq.applies(weight, element):
+        return False
+    o, i = weight.shape
+    per_tensor = bo == o and bi == i and o > 1
+    step_bo = 1 if per_tensor else bo
+    step = max(step_bo, NATIVE_CHUNK // max(i, 1) // step_bo * step_bo)
+    tensor_amax = None
+    if per_tensor:  # one amax over every row first
+        parts = []
+        for r0 in range(0, o, step):
+            got = sq.row_amax(weight[r0:r0 + step], i)
+            if got is None:
+                return False
+            if got[1]:
+                _refuse_nonfinite(weight, r0, min(o, r0 + step), name)
+            parts.append(got[0].max())
+        tensor_amax = torch.stack(parts).max().reshape(1, 1)
+    err2 = ref2 = 0.0
+    for r0 in range(0, o, step):
+        r1 = min(o, r0 + step)
+        w = weight[r0:r1]
+        if tensor_amax is None:
+            got = sq.row_amax(w, bi)
+            if got is None:
+                return False
+            if got[1]:
+                _refuse_nonfinite(weight, r0, r1, name)
+            amax = got[0] if bo == 1 else _rows_max(got[0], bo)
+        else:
+            amax = tensor_amax
+        s = _stored_scale(amax, top, scale_type)
+        if not torch.isfinite(s).all():
+            raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
+                                   tensor=name, fix="use --dtype bf16 scales or --exclude this module")
+        s32 = s.to(torch.float32)
+        sums = sq.quantize(w, element, r1 - r0 if tensor_amax is not None else bo, bi, s32, torch.reciprocal(s32),
+                           codes[r0:r1].view(torch.uint8))
+        if sums is None:
+            return False
+        if tensor_amax is None:
+            scales[r0 // bo:r0 // bo + s.shape[0]] = s
+        else:
+            scales.copy_(s)
+        err2 += sums[0]
+        ref2 += sums[1]
+    if stats is not None:
+        stats.update(err2=err2, ref2=ref2)
+    return True
+
+
+def _rows_max(m: torch.Tensor, bo: int) -> torch.Tensor:
+    """[R, nc] row maxima -> [ceil(R / bo), nc] block maxima (a ragged last block row padded with zeros)."""
+    r, nc = m.shape
+    nr = -(-r // bo)
+    if nr * bo != r:
+        m = torch.nn.functional.pad(m, (0, 0, 0, nr * bo - r))
+    return m.view(nr, bo, nc).amax(1)
 
 
 def _block_err2(e: torch.Tensor, s32: torch.Tensor, bo: int, bi: int) -> float:

@@ -49,6 +49,7 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
     "w4a8": {"bits": 4, "group_size": 128, "scale": "group", "act": "float8_e4m3fn"},
     "nvfp4": {"bits": 4, "group_size": 16, "scale": "group"},   # e2m1, FP8 scale per 16 inputs
     "mxfp4": {"bits": 4, "group_size": 32, "scale": "group"},   # e2m1, E8M0 scale per 32 inputs
+    "mxfp8": {"bits": 8, "group_size": 32, "scale": "group"},   # e4m3, E8M0 scale per 32 inputs
     "bnb": {"bits": 4, "group_size": 64, "scale": "group"},     # bitsandbytes NF4/FP4, absmax per 64
     "gguf": {},                                                  # gguf:QTYPE, e.g. gguf:Q6_K
 }
@@ -300,6 +301,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     dense: dict[str, int] = {}
     shapeless: dict[str, int] = {}
     acts: set[str] = set()
+    config_acts: set[str] = set()
     for m in mods:
         s = m.scheme
         fmt = str(s.format)
@@ -310,8 +312,19 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
             shapeless[fmt] = shapeless.get(fmt, 0) + 1
             continue
         scale, block = scale_of(m)
-        act = dtype_name(dtype)
-        acts.add(act)
+        quantized_act = act_of(m)
+        if fmt == "ct" and quantized_act is not None:
+            # pack-quantized weights whose config also quantizes the activations: W4A8 (FP8 activations) or
+            # WNA8 with int8 activations, each a method of its own in the engines
+            fmt = {"float8_e4m3fn": "w4a8" if s.bits == 4 else fmt, "int8": "wna8_int8"}.get(quantized_act, fmt)
+        if quantized_act is not None and dtype is None:
+            # the config quantizes this layer's activations: that is the operand its kernel multiplies
+            # (an explicit --dtype asks what would happen with other activations, and wins)
+            act = quantized_act
+            config_acts.add(f"{fmt}: {act}")
+        else:
+            act = dtype_name(dtype)
+            acts.add(act)
         # what the header leaves open is read as the engines' defaults: one group, symmetric, no act-order
         scheme = replace(s, format=fmt, bits=int(s.bits),
                          group_size=int(s.group_size) if s.group_size is not None else -1,
@@ -333,6 +346,8 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
         notes.append("no selectable layer: every quantized module lacks a shape or bits")
     if dtype is None and "float16" in acts:
         notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
+    for fa in sorted(config_acts):
+        notes.append(f"{fa} activations, as the checkpoint's config quantizes them (input_activations)")
     return out, notes
 
 
@@ -345,12 +360,23 @@ def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
     detail = str(getattr(m, "detail", "") or "")
     if detail.startswith("per-tensor scale"):
         return "tensor", None
-    if detail.startswith("per-channel scale") or str(m.scheme.format) == "ct_int8":
+    if detail.startswith("per-channel scale"):
         return "channel", None
     hit = _BLOCK.match(detail)
     if hit:
         return "block", (int(hit.group(1)), int(hit.group(2)))
     return None, None
+
+
+_ACT = re.compile(r"(?:^|; )activations (fp8|int8)\b")
+
+
+def act_of(m: Any) -> str | None:
+    """The activation dtype an inspected module's config quantizes its inputs to (inspect says it in
+    `detail`, e.g. a compressed-tensors W4A8 group: "activations fp8, dynamic per-token"); None when the
+    config leaves the activations alone."""
+    hit = _ACT.search(str(getattr(m, "detail", "") or ""))
+    return DTYPES[hit.group(1)] if hit else None
 
 
 def source_method(m: Any) -> str | None:

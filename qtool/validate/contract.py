@@ -5,7 +5,9 @@ What the loaders read (seed 000, the engines' config parsers): GPTQ (transformer
 bits, group_size, desc_act, sym and checkpoint_format (absent = v1), and skips modules through `dynamic`
 "-:" patterns; AWQ reads bits, group_size, zero_point, version and `modules_to_not_convert`;
 compressed-tensors reads format and config_groups and skips `ignore`; llama.cpp reads general.architecture
-and the architecture's block count and embedding length from GGUF metadata.
+and the architecture's block count and embedding length from GGUF metadata. For the float and int8 layouts,
+qtool.validate.vllm_schemes adds which vLLM scheme each compressed-tensors group loads as, and the block-shape
+rule of merged FP8 block-scaled layers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ DEFAULTED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "gptq": (("checkpoint_format", "gptq (v1)"),),
 }
 GGUF_REQUIRED = ("general.architecture", "{arch}.block_count", "{arch}.embedding_length")
+# Without --engine, a layer meets the contract when one of these engines runs it on the target: a
+# compressed-tensors or FP8 file is vLLM's, a GPTQ/AWQ file GPTQModel's, and one engine failing a format it
+# never loads is no fault of the file.
+DEFAULT_ENGINES = ("gptqmodel", "vllm")
 
 
 def check(report, quant_raw: dict | None, path: Path, engines: tuple[str, ...], targets: tuple[str, ...]
@@ -38,12 +44,22 @@ def check(report, quant_raw: dict | None, path: Path, engines: tuple[str, ...], 
     if report.container == "gguf":
         out += _gguf_keys(report.metadata)
     elif quantized:
+        from qtool.validate import vllm_schemes
+
         out += _config_keys(quant_raw, report, path)
+        out += vllm_schemes.check(quant_raw, report, path)
     if not quantized:
         return out + [CheckResult(NAME, None, "skip", "no quantized module: no kernel to select")]
-    for engine in engines:
-        for target in targets:
-            out += _select(report, path, engine, target)
+    if not engines and report.container == "gguf":
+        return out + [CheckResult(NAME, None, "skip", "GGUF is llama.cpp's format, whose kernels are not declared "
+                                                     "here (its metadata keys are checked above); --engine "
+                                                     "gptqmodel or vllm plans their GGUF kernels")]
+    for target in targets:
+        if engines:
+            for engine in engines:
+                out += _select(report, path, (engine,), target)
+        else:
+            out += _select(report, path, DEFAULT_ENGINES, target)
     return out
 
 
@@ -113,24 +129,39 @@ def _gguf_keys(kv: dict[str, Any]) -> list[CheckResult]:
     return [CheckResult(NAME, None, "pass", f"GGUF metadata has {', '.join(keys)}")]
 
 
-def _select(report, path: Path, engine: str, target: str) -> list[CheckResult]:
+def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[CheckResult]:
+    """Every quantized layer must get a kernel on `target` from the engine (one named: that one; several: the
+    first that reads the checkpoint's formats at all, since an engine that never loads a format says nothing
+    about the file)."""
     from qtool.errors import QtoolError
     from qtool.kernels.devices import resolve_device
     from qtool.select.plan import path_groups, plan_select
 
-    where = f"{engine} on {target}"
+    plans = []
     try:
         groups, _ = path_groups(path, modules=report.modules)
-        sel = plan_select(groups, resolve_device(target), engine)
+        for engine in engines:
+            sel = plan_select(groups, resolve_device(target), engine)
+            plans.append((engine, sel))
+            if any(row.selection.candidates for row in sel.layers):
+                break
     except QtoolError as e:
-        return [CheckResult(NAME, None, "fail", f"{where}: cannot plan kernels: {e.problem}")]
+        return [CheckResult(NAME, None, "fail", f"{' or '.join(engines)} on {target}: cannot plan kernels: "
+                                               f"{e.problem}")]
+    engine, sel = plans[-1]
+    if len(engines) > 1 and not any(row.selection.candidates for row in sel.layers):
+        why = "; ".join(f"{e}: {_refusal(p.layers[0].selection)}" for e, p in plans if p.layers)
+        return [CheckResult(NAME, None, "fail", f"none of {', '.join(engines)} reads these layers ({why}); "
+                                               f"--engine names another")]
+    where = f"{engine} on {target}"
     out, picks = [], {}
+    for e, p in plans[:-1]:
+        out.append(CheckResult(NAME, None, "pass", f"{where}: planned with {engine}, since {e} reads none of "
+                                                  f"these layers ({_refusal(p.layers[0].selection)})"))
     for row in sel.layers:
         s = row.selection
         if s.chosen is None:
-            first = next((c for c in s.candidates if not c.ok), None)
-            why = f"{first.kernel}: {first.reason}" if first else "no candidate"
-            out.append(CheckResult(NAME, row.name, "fail", f"{where}: no kernel takes this layer ({why})",
+            out.append(CheckResult(NAME, row.name, "fail", f"{where}: no kernel takes this layer ({_refusal(s)})",
                                    {"engine": engine, "target": target, "layers": row.count}))
         else:
             picks[s.chosen] = picks.get(s.chosen, 0) + row.count
@@ -139,3 +170,11 @@ def _select(report, path: Path, engine: str, target: str) -> list[CheckResult]:
         out.append(CheckResult(NAME, None, "pass", f"{where}: select picks {text}",
                                {"engine": engine, "target": target, "picks": picks}))
     return out
+
+
+def _refusal(s) -> str:
+    """The first reason `select` gives for running nothing: a refusing candidate's, else its note."""
+    first = next((c for c in s.candidates if not c.ok), None)
+    if first is not None:
+        return f"{first.kernel}: {first.reason}"
+    return s.notes[0] if s.notes else "no candidate"

@@ -65,7 +65,7 @@ class ValidateOptions:
     device: str | None = None
     kernels: tuple[str, ...] | None = None
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    engines: tuple[str, ...] = ("gptqmodel",)
+    engines: tuple[str, ...] = ()  # () = each layer by whichever of contract.DEFAULT_ENGINES runs it
     targets: tuple[str, ...] = ()
     against: Path | None = None
 
