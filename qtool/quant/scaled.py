@@ -64,6 +64,15 @@ def _expand(s: torch.Tensor, r: int, i: int, bo: int, bi: int) -> torch.Tensor:
     return s.repeat_interleave(bo, 0)[:r].repeat_interleave(bi, 1)[:, :i]
 
 
+def _finite_scale(amax: torch.Tensor, top: float, scale_type: str, name: str | None) -> torch.Tensor:
+    """_stored_scale, refused with the reason where a block's range needs a scale the type cannot hold."""
+    s = _stored_scale(amax, top, scale_type)
+    if not torch.isfinite(s).all():
+        raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
+                               tensor=name, fix="use --dtype bf16 scales or --exclude this module")
+    return s
+
+
 def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float = 1.0) -> torch.Tensor:
     """absmax -> the scale as stored (scale_type dtype), and 1 where the block is all zeros."""
     dtype = getattr(torch, SCALE_TYPES[scale_type].storage)
@@ -127,10 +136,7 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
                 _refuse_nonfinite(weight, r0, r1, name)
         else:
             amax = tensor_amax
-        s = _stored_scale(amax, top, scale_type)
-        if not torch.isfinite(s).all():
-            raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
-                                   tensor=name, fix="use --dtype bf16 scales or --exclude this module")
+        s = _finite_scale(amax, top, scale_type, name)
         if method == "mse":
             s = _search(x, amax, s, top, element, scale_type, bo if tensor_amax is None else n, bi)
         s32 = s.to(torch.float32)
@@ -192,10 +198,7 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
             amax = got[0] if bo == 1 else _rows_max(got[0], bo)
         else:
             amax = tensor_amax
-        s = _stored_scale(amax, top, scale_type)
-        if not torch.isfinite(s).all():
-            raise NotRepresentable(f"max |w| = {float(amax.max()):.6g} needs a scale beyond {scale_type}'s range",
-                                   tensor=name, fix="use --dtype bf16 scales or --exclude this module")
+        s = _finite_scale(amax, top, scale_type, name)
         s32 = s.to(torch.float32)
         sums = sq.quantize(w, element, r1 - r0 if tensor_amax is not None else bo, bi, s32, torch.reciprocal(s32),
                            codes[r0:r1].view(torch.uint8))
