@@ -31,9 +31,9 @@ DEFAULTED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "gptq": (("checkpoint_format", "gptq (v1)"),),
 }
 GGUF_REQUIRED = ("general.architecture", "{arch}.block_count", "{arch}.embedding_length")
-# Without --engine, a layer meets the contract when one of these engines runs it on the target: a
-# compressed-tensors or FP8 file is vLLM's, a GPTQ/AWQ file GPTQModel's, and one engine failing a format it
-# never loads is no fault of the file.
+# Without --engine, the layers are planned with the first of these that reads them at all: a GPTQ/AWQ file
+# is GPTQModel's, a compressed-tensors or FP8 file vLLM's, and an engine that never loads a format says
+# nothing about the file.
 DEFAULT_ENGINES = ("gptqmodel", "vllm")
 
 
