@@ -357,18 +357,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     except QtoolError as e:
                         raise _located(e, ck.path, name) from None
                     err = relative_error(weight, p)
-                if not math.isfinite(err):
-                    raise InputError(f"the relative error of the packed weight is {err} (not a number)",
-                                     path=ck.path, tensor=name, fix="--exclude this tensor and report it")
-                packed = fmt.pack(p)
-                after = 0
-                for short, t in packed.items():
-                    w.add(f"{plan.module}.{short}", t)
-                    after += t.numel() * t.element_size()
-                o, i = plan.shape
-                report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
-                                                   8 * after / (o * i), err))
-                del weight, p, packed
+                _write_packed(w, fmt, p, plan, err, info, report, ck.path)
+                del weight, p
             files = w.close()
         except BaseException:
             w.abort()  # stop the writer thread before the temporary output is removed
@@ -395,6 +385,22 @@ def _finish(tmp: Path, ck: Checkpoint, job: PackJob, report: PackReport) -> None
         report.evaluation = evaluate(tmp, job.src, device=job.device).to_dict()
     write_json(tmp / "report.json", report.to_dict())
     (tmp / "report.md").write_text(to_markdown(report), encoding="utf-8")
+
+
+def _write_packed(w, fmt, p, plan: ModulePlan, err: float, info: TensorInfo, report: PackReport,
+                  path: Path) -> None:
+    """One quantized weight into the output: its error checked (a NaN is an error, not a report line), its
+    format's tensors written under the module's name, its row added to the report."""
+    if not math.isfinite(err):
+        raise InputError(f"the relative error of the packed weight is {err} (not a number)",
+                         path=path, tensor=plan.weight, fix="--exclude this tensor and report it")
+    after = 0
+    for short, t in fmt.pack(p).items():
+        w.add(f"{plan.module}.{short}", t)
+        after += t.numel() * t.element_size()
+    o, i = plan.shape
+    report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
+                                       8 * after / (o * i), err))
 
 
 def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
@@ -708,20 +714,9 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 else:
                     err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
                                                                                      math.inf)
-                if not math.isfinite(err):
-                    raise InputError(f"the relative error of the packed weight is {err} (not a number)",
-                                     path=ck.path, tensor=name, fix="--exclude this tensor and report it")
-                packed = fmt.pack(p)
-                after = 0
-                for short, t in packed.items():
-                    w.add(f"{plan.module}.{short}", t)
-                    after += t.numel() * t.element_size()
-                packed_meta.append((plan.module, plan.scheme,
-                                    module_meta(p)))
-                o, i = plan.shape
-                report.results.append(TensorResult(plan.module, [o, i], job.bits, plan.group_size, info.nbytes, after,
-                                                   8 * after / (o * i), err))
-                del weight, p, packed
+                _write_packed(w, fmt, p, plan, err, info, report, ck.path)
+                packed_meta.append((plan.module, plan.scheme, module_meta(p)))
+                del weight, p
             files = w.close()
         except BaseException:
             w.abort()

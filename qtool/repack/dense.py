@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qtool.errors import InputError, NotRepresentable, OutputError, UsageError
+from qtool.repack.report import RunReport
 
 # --dtype spellings -> safetensors dtype name; and what each name means for the values written
 DTYPES = {"bf16": "BF16", "bfloat16": "BF16", "fp16": "F16", "float16": "F16", "half": "F16", "fp32": "F32",
@@ -124,18 +125,9 @@ class DensePlan:
 
 
 @dataclass
-class DenseReport:
-    plan: DensePlan
-    written: bool = False
-    files: list[str] = field(default_factory=list)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    seconds: float = 0.0
-
+class DenseReport(RunReport):
     def to_dict(self) -> dict:
-        return self.plan.to_dict() | {"dry_run": self.plan.job.dry_run, "written": self.written, "files": self.files,
-                                      "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                                      "seconds": round(self.seconds, 3)}
+        return self.plan.to_dict() | {"dry_run": self.plan.job.dry_run} | self.outcome()
 
 
 # --- planning ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ line for the dtype, warnings, and the outcome."""
 
 from __future__ import annotations
 
-from qtool.report.common import human_bytes
+from qtool.repack.report import print_outcome
 
 LISTED = 8  # names shown per fate in the terminal before "and N more"
 
@@ -49,11 +49,4 @@ def render(report, console) -> None:
         for why, names in whys.items():
             console.print(f"dropped ({len(names)} tensors, written nowhere; {sanitize(why)}): "
                           f"{sanitize(_names(names))}")
-    for w in plan.warnings:
-        console.print(f"warning: {sanitize(w)}")
-    if plan.job.dry_run:
-        console.print(f"dry run: nothing written (would write {sanitize(str(plan.out))})")
-    else:
-        console.print(f"wrote {sanitize(str(plan.out))}: {human_bytes(report.bytes_in)} -> "
-                      f"{human_bytes(report.bytes_out)} in {report.seconds:.2f} s (config.json: no "
-                      f"quantization_config, torch_dtype {TORCH_NAMES[plan.dtype]})")
+    print_outcome(report, console, f" (config.json: no quantization_config, torch_dtype {TORCH_NAMES[plan.dtype]})")

@@ -2,7 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from qtool.report.common import human_bytes
+
+
+@dataclass
+class RunReport:
+    """What a repack run (any target) did: its plan, whether it wrote, the files, the bytes and the time."""
+
+    plan: Any
+    written: bool = False
+    files: list[str] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    def outcome(self) -> dict:
+        return {"written": self.written, "files": self.files, "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3)}
+
+
+def print_outcome(report: RunReport, console, wrote_extra: str = "") -> None:
+    """The plan's warnings, then what was written (or, on a dry run, would be)."""
+    from qtool.report.text import sanitize
+
+    plan = report.plan
+    for w in plan.warnings:
+        console.print(f"warning: {sanitize(w)}")
+    if plan.job.dry_run:
+        console.print(f"dry run: nothing written (would write {sanitize(str(plan.out))})")
+    else:
+        console.print(f"wrote {sanitize(str(plan.out))}: {human_bytes(report.bytes_in)} -> "
+                      f"{human_bytes(report.bytes_out)} in {report.seconds:.2f} s{wrote_extra}")
 
 _STYLE = {"exact": "green", "near-exact": "cyan", "dropped": "magenta", "lossy": "yellow", "impossible": "red", "keep": "dim"}
 
@@ -61,10 +94,4 @@ def render(report, console, *, refused: bool = False) -> None:
     if lost:
         console.print(f"dropped ({len(lost)} tensors, written nowhere; the plan says why): "
                       f"{sanitize(', '.join(lost))}")
-    for w in plan.warnings:
-        console.print(f"warning: {sanitize(w)}")
-    if plan.job.dry_run:
-        console.print(f"dry run: nothing written (would write {sanitize(str(plan.out))})")
-    else:
-        console.print(f"wrote {sanitize(str(plan.out))}: {human_bytes(report.bytes_in)} -> "
-                      f"{human_bytes(report.bytes_out)} in {report.seconds:.2f} s")
+    print_outcome(report, console)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+from qtool.repack.report import RunReport
 
 
 class Refused(NotRepresentable):
@@ -32,20 +33,10 @@ class Refused(NotRepresentable):
 
 
 @dataclass
-class RepackReport:
-    plan: RepackPlan
-    written: bool = False
-    files: list[str] = field(default_factory=list)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    seconds: float = 0.0
-
+class RepackReport(RunReport):
     def to_dict(self) -> dict:
-        d = self.plan.to_dict()
-        d.update({"dry_run": self.plan.job.dry_run, "allow_lossy": self.plan.job.allow_lossy,
-                  "written": self.written, "files": self.files, "bytes_in": self.bytes_in,
-                  "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3)})
-        return d
+        return (self.plan.to_dict() | {"dry_run": self.plan.job.dry_run, "allow_lossy": self.plan.job.allow_lossy}
+                | self.outcome())
 
 
 def fast_paths() -> dict:
