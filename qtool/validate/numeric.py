@@ -80,25 +80,32 @@ def reference(plain: Plain, weight: torch.Tensor, seed: int = 0) -> tuple[str, s
     if not isinstance(plain, Plain):
         return _reference_scaled(plain, weight, x)
     gi = plain.group_index()
+
+    def unit(sl: slice, d: torch.Tensor) -> torch.Tensor:
+        return plain.scales[sl].to(torch.float64).abs().index_select(1, gi)
+
+    rel, out, max_step = _errors(plain, weight, x, BLOCK_ROWS, unit)
+    return _verdict(rel, out, max_step, bounds(plain.bits, plain.effective_group_size))
+
+
+def _errors(plain, weight: torch.Tensor, x: torch.Tensor, step_rows: int, unit) -> tuple[float, float, float]:
+    """(‖W−Ŵ‖/‖W‖, ‖x(W−Ŵ)ᵀ‖/‖xWᵀ‖, the largest |W−Ŵ| in code steps) over blocks of `step_rows` rows;
+    unit(rows, W−Ŵ) gives each weight's code step there."""
     num = den = onum = oden = 0.0
     max_step = 0.0
-    for r in range(0, plain.out_features, BLOCK_ROWS):
-        sl = slice(r, r + BLOCK_ROWS)
+    for r in range(0, plain.out_features, step_rows):
+        sl = slice(r, r + step_rows)
         w = weight[sl].to(torch.float64)
-        wq = dequantize(plain, torch.float64, sl)
-        d = w - wq
+        d = w - dequantize(plain, torch.float64, sl)
         num += float((d * d).sum())
         den += float((w * w).sum())
         yd, y = x @ d.t(), x @ w.t()
         onum += float((yd * yd).sum())
         oden += float((y * y).sum())
-        s = plain.scales[sl].to(torch.float64).abs().index_select(1, gi)
-        steps = d.abs() / torch.where(s > 0, s, torch.full_like(s, math.inf))
+        u = unit(sl, d)
+        steps = d.abs() / torch.where(u > 0, u, torch.full_like(u, math.inf))
         max_step = max(max_step, float(steps.max()) if steps.numel() else 0.0)
-    rel = math.sqrt(num) / max(math.sqrt(den), 1e-300)
-    out = math.sqrt(onum) / max(math.sqrt(oden), 1e-300)
-    b = bounds(plain.bits, plain.effective_group_size)
-    return _verdict(rel, out, max_step, b)
+    return math.sqrt(num) / max(math.sqrt(den), 1e-300), math.sqrt(onum) / max(math.sqrt(oden), 1e-300), max_step
 
 
 # Float codes round to a relative grid: E4M3 (3 mantissa bits) has RMS relative rounding error 2^-3/sqrt(12)
@@ -112,35 +119,22 @@ def _reference_scaled(plain, weight: torch.Tensor, x: torch.Tensor) -> tuple[str
     for int8 the scale), bounded like the integer layouts' code steps."""
     from qtool.formats.scaled import decode_codes, effective_scales
 
-    num = den = onum = oden = 0.0
-    max_step = 0.0
     bo, bi = plain.block_shape
     step_rows = max(bo, BLOCK_ROWS // bo * bo) if bo < plain.out_features else plain.out_features
     mant = _MANTISSA.get(plain.element)
-    for r in range(0, plain.out_features, step_rows):
-        sl = slice(r, r + step_rows)
-        w = weight[sl].to(torch.float64)
-        wq = dequantize(plain, torch.float64, sl)
-        d = w - wq
-        num += float((d * d).sum())
-        den += float((w * w).sum())
-        yd, y = x @ d.t(), x @ w.t()
-        onum += float((yd * yd).sum())
-        oden += float((y * y).sum())
+
+    def unit(sl: slice, d: torch.Tensor) -> torch.Tensor:
         s = effective_scales(plain, sl).to(torch.float64).abs()
-        s = s.repeat_interleave(bo, 0)[: w.shape[0]].repeat_interleave(bi, 1)[:, : w.shape[1]]
-        if mant is not None:
-            q = decode_codes(plain.codes[sl], plain.element, torch.float64).abs()
-            # the grid step around q: 2^(floor(log2 q) - mantissa bits), the subnormal step below the normals
-            e = torch.floor(torch.log2(torch.where(q > 0, q, torch.ones_like(q))))
-            sub = {"e4m3": -9.0, "e5m2": -16.0, "e2m1": -1.0}[plain.element]
-            unit = torch.exp2(torch.clamp(e - mant, min=sub)) * s
-        else:
-            unit = s
-        steps = d.abs() / torch.where(unit > 0, unit, torch.full_like(unit, math.inf))
-        max_step = max(max_step, float(steps.max()) if steps.numel() else 0.0)
-    rel = math.sqrt(num) / max(math.sqrt(den), 1e-300)
-    out = math.sqrt(onum) / max(math.sqrt(oden), 1e-300)
+        s = s.repeat_interleave(bo, 0)[: d.shape[0]].repeat_interleave(bi, 1)[:, : d.shape[1]]
+        if mant is None:
+            return s
+        q = decode_codes(plain.codes[sl], plain.element, torch.float64).abs()
+        # the grid step around q: 2^(floor(log2 q) - mantissa bits), the subnormal step below the normals
+        e = torch.floor(torch.log2(torch.where(q > 0, q, torch.ones_like(q))))
+        sub = {"e4m3": -9.0, "e5m2": -16.0, "e2m1": -1.0}[plain.element]
+        return torch.exp2(torch.clamp(e - mant, min=sub)) * s
+
+    rel, out, max_step = _errors(plain, weight, x, step_rows, unit)
     if mant is not None:
         b = {"rel_bound": REF_SLACK * 2.0 ** -mant / math.sqrt(3), "step_bound": 1.5}
     else:
