@@ -232,8 +232,9 @@ def test_int_weights_with_int8_activations_are_not_planned_as_w4a16():
     from qtool.select.plan import path_groups, plan_select
 
     mods = [SimpleNamespace(name="model.layers.0.mlp.down_proj", in_features=4096, out_features=4096,
-                            scheme=QuantScheme("ct", 4, 128, sym=True, desc_act=False),
-                            detail="pack-quantized (dense); activations int8, dynamic per-token")]
+                            scheme=QuantScheme("ct", 4, 128, sym=True, desc_act=False,
+                                               extra={"activations": "int8"}),
+                            detail="pack-quantized (dense)")]
     groups, notes = path_groups(None, modules=mods)
     (g,) = groups
     assert (g.layer.format, g.layer.act_dtype) == ("wna8_int8", "int8")

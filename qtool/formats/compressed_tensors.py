@@ -29,6 +29,7 @@ from qtool.formats.detection import (
     Detected,
     Sig,
     activation_detail,
+    activation_dtype,
     ct_activations_for,
     ct_scheme_for,
     exact_div,
@@ -196,9 +197,11 @@ class CompressedTensors(Format):
         if "weight_shape" not in t:
             notes.append(("error", "weight_shape missing: the unpacked [O, I] cannot be recovered"))
         # W4A8 and the like: the layout is pack-quantized's, the config group also quantizes the activations
-        acts = activation_detail(ct_activations_for(c, module)) if c.ct_groups else None
-        detail = f"pack-quantized ({packing})" + (f"; {acts}" if acts else "")
-        return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None, detail=detail, notes=notes)
+        acts = ct_activations_for(c, module) if c.ct_groups else {}
+        text = activation_detail(acts)
+        detail = f"pack-quantized ({packing})" + (f"; {text}" if text else "")
+        return Detected("ct", bits, group, sym, desc, in_f, o, (in_f or 0) * o or None, detail=detail, notes=notes,
+                        activations=activation_dtype(acts))
 
     def pack(self, plain: Plain, *, packing: str | None = None, sym: bool | None = None) -> dict[str, torch.Tensor]:
         """Plain -> tensors. `packing` defaults to what the Plain was read with (meta "ct_packing"), else

@@ -102,14 +102,20 @@ def ct_activations_for(claims: Claims, module: str) -> dict:
     return {}
 
 
-# How a module's detail names the activations its config quantizes (select reads the dtype back from it).
+# compressed-tensors input_activations (type, num_bits) -> the activation dtype select plans for
 ACT_DTYPES = {("float", 8): "fp8", ("int", 8): "int8"}
 
 
+def activation_dtype(acts: dict) -> str | None:
+    """"fp8" / "int8" for a config group's `input_activations`; None when the config quantizes no activations
+    or names a type ACT_DTYPES does not know."""
+    return ACT_DTYPES.get((acts.get("type"), acts.get("num_bits"))) if acts else None
+
+
 def activation_detail(acts: dict) -> str | None:
-    """"activations fp8, dynamic per-token" for a config group's `input_activations`; None when the config
-    quantizes no activations or names a type this table does not know."""
-    name = ACT_DTYPES.get((acts.get("type"), acts.get("num_bits"))) if acts else None
+    """"activations fp8, dynamic per-token" for a config group's `input_activations` (inspect's detail text);
+    None as for activation_dtype."""
+    name = activation_dtype(acts)
     if name is None:
         return None
     how = "dynamic" if acts.get("dynamic") else "static"
@@ -135,6 +141,7 @@ class Detected:
     n_weights: int | None = None
     detail: str | None = None
     notes: list[tuple[str, str]] = field(default_factory=list)
+    activations: str | None = None  # the dtype the config quantizes the module's inputs to ("fp8", "int8")
 
     @property
     def quantized(self) -> bool:

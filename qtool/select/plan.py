@@ -368,15 +368,14 @@ def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
     return None, None
 
 
-_ACT = re.compile(r"(?:^|; )activations (fp8|int8)\b")
 
 
 def act_of(m: Any) -> str | None:
-    """The activation dtype an inspected module's config quantizes its inputs to (inspect says it in
-    `detail`, e.g. a compressed-tensors W4A8 group: "activations fp8, dynamic per-token"); None when the
-    config leaves the activations alone."""
-    hit = _ACT.search(str(getattr(m, "detail", "") or ""))
-    return DTYPES[hit.group(1)] if hit else None
+    """The activation dtype an inspected module's config quantizes its inputs to (inspect keeps it in the
+    scheme's extra facts, e.g. a compressed-tensors W4A8 group: fp8); None when the config leaves the
+    activations alone."""
+    act = m.scheme.extra.get("activations")
+    return DTYPES[act] if act else None
 
 
 def source_method(m: Any) -> str | None:
