@@ -98,10 +98,12 @@ class PackJob:
     calib: Path | None = None  # text or .jsonl; None = the default text (qtool.quant.calib_text)
     calib_samples: int = 128
     calib_seqlen: int = 256
+    calib_seed: int = 0  # the windows' random offsets
     act_order: bool = False
     static_groups: bool = False
     true_sequential: bool = False
     damp: float | None = None  # gptq dampening fraction; None: qtool.quant.gptq.DAMP
+    mse: bool | None = None  # gptq: clip-searched group scales; None: qtool.quant.gptq.MSE
     calib_dtype: str | None = None  # gptq: "bf16"/"fp16"/"fp32" for the calibration forward; None: as loaded
     device: str | None = None  # None: cuda when present, else cpu
     eval: bool = False  # run `qtool eval` against the source at the end; its numbers go into report.md
@@ -498,9 +500,11 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
         extra["meta"] = {"quantizer": [f"qtool:{__version__}"], "method": job.method,
                          "static_groups": job.static_groups, "true_sequential": job.true_sequential}
         if job.method == "gptq":
-            from qtool.quant.gptq import DAMP
+            from qtool.quant.gptq import DAMP, MSE, MSE_NORM
 
             extra["meta"]["damp_percent"] = DAMP if job.damp is None else job.damp
+            # GPTQModel's meta key: the error norm of the scale search, 0 when the scales are min-max
+            extra["meta"]["mse"] = MSE_NORM if (MSE if job.mse is None else job.mse) else 0.0
     qcfg = fmt.config_for(job.bits, job.group_size, job.sym, desc_act, extra or None)
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
@@ -518,15 +522,17 @@ def check_calibration_options(job: PackJob) -> None:
     if job.method not in CALIBRATED:
         used = [f for f, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
                                 ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                                ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None))
+                                ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
+                                ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0))
                 if on]
         if used:
             raise UsageError(f"{', '.join(used)} only apply to --method gptq or awq", fix="add --method gptq")
         return
-    if job.calib_samples < 1 or job.calib_seqlen < 2:
-        raise UsageError("--calib-samples must be >= 1 and --calib-seqlen >= 2")
-    if job.method == "awq" and (job.act_order or job.static_groups or job.damp is not None):
-        raise UsageError("--act-order/--static-groups/--damp are GPTQ options", fix="drop them, or use --method gptq")
+    if job.calib_samples < 1 or job.calib_seqlen < 2 or job.calib_seed < 0:
+        raise UsageError("--calib-samples must be >= 1, --calib-seqlen >= 2 and --calib-seed >= 0")
+    if job.method == "awq" and (job.act_order or job.static_groups or job.damp is not None or job.mse is not None):
+        raise UsageError("--act-order/--static-groups/--damp/--mse are GPTQ options (AWQ always clip-searches)",
+                         fix="drop them, or use --method gptq")
     if job.calib_dtype is not None and (job.method != "gptq" or job.calib_dtype not in CALIB_DTYPES):
         raise UsageError(f"--calib-dtype {job.calib_dtype} needs --method gptq and one of "
                          f"{', '.join(CALIB_DTYPES)}", fix="drop --calib-dtype, or use --method gptq")
@@ -549,13 +555,14 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
     import torch
 
     from qtool.quant.calib import CalibSettings, calibrate_checkpoint
-    from qtool.quant.gptq import DAMP
+    from qtool.quant.gptq import DAMP, MSE
     from qtool.quant.hf import default_device
 
     calib_dtype = None if job.calib_dtype is None else getattr(torch, CALIB_DTYPES[job.calib_dtype])
     settings = CalibSettings(job.method, bool(job.sym), scale_dtype, job.act_order, job.static_groups,
                              job.true_sequential, damp=DAMP if job.damp is None else job.damp,
-                             device=default_device(job.device), forward_dtype=calib_dtype)
+                             device=default_device(job.device), forward_dtype=calib_dtype,
+                             clip=MSE if job.mse is None else job.mse)
     targets = {name: (p.bits, p.group_size) for name, p in to_quantize.items()}
 
     def tick(b: int, n: int) -> None:
@@ -563,11 +570,13 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
             on_progress(f"{job.method} block {b}/{n}", b, n)
 
     res, summary = calibrate_checkpoint(ck.root if ck.root is not None else job.src, list(ck.tensors), targets,
-                                        settings, job.calib, job.calib_samples, job.calib_seqlen, tick)
+                                        settings, job.calib, job.calib_samples, job.calib_seqlen, tick,
+                                        seed=job.calib_seed)
     report.calibration = summary
     if summary["default_text"]:
         report.notes.append(f"calibration: no --calib given, so {summary['text']}")
-    report.notes.append(f"calibration: {summary['samples']} samples of {summary['seqlen']} tokens, seed 0, "
+    report.notes.append(f"calibration: {summary['samples']} samples of {summary['seqlen']} tokens, "
+                        f"seed {summary['seed']}, "
                         f"blocks {summary['blocks']}, device {summary['device']}")
     report.notes.extend(res.notes)
     rest = [n for n in to_quantize if n not in res.layers]
@@ -617,6 +626,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     for flag, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
                      ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
                      ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
+                     ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0),
                      ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
         if on:
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")

@@ -183,6 +183,31 @@ def test_pack_gptq_act_order_llama(tiny_llama, text_file, tmp_path):
     assert len(mods) == 14 and all(m.scheme.desc_act for m in mods)
 
 
+def test_pack_gptq_mse_and_seed_reach_the_quantizer_and_the_records(tiny_bert, text_file, tmp_path):
+    from safetensors.torch import load_file
+
+    common = ("--method", "gptq", "--group-size", "32", "--bits", "3", "--calib", str(text_file),
+              "--calib-samples", "8", "--calib-seqlen", "32", "--device", "cpu")
+    runs = {}
+    for name, extra in (("minmax", ("--no-mse",)), ("mse", ("--mse",)), ("seed1", ("--mse", "--calib-seed", "1"))):
+        _pack(tiny_bert, tmp_path / name, *common, *extra)
+        rep = json.loads((tmp_path / name / "report.json").read_text())
+        cfg = json.loads((tmp_path / name / "config.json").read_text())["quantization_config"]
+        runs[name] = (rep, cfg, load_file(str(tmp_path / name / "model.safetensors")))
+    for name, mse, seed in (("minmax", False, 0), ("mse", True, 0), ("seed1", True, 1)):
+        rep, cfg, _ = runs[name]
+        assert rep["calibration"]["mse"] is mse and rep["calibration"]["seed"] == seed
+        assert cfg["meta"]["mse"] == (2.0 if mse else 0.0)
+        assert any(f"seed {seed}," in n for n in rep["notes"])
+        assert all(lay["loss"] < lay["rtn_loss"] for lay in rep["calibration"]["layers"])
+    scales = [k for k in runs["mse"][2] if k.endswith(".scales")]
+    assert scales and any(not torch.equal(runs["mse"][2][k], runs["minmax"][2][k]) for k in scales)
+    # another seed draws other windows, so other Hessians
+    assert any(not torch.equal(runs["mse"][2][k], runs["seed1"][2][k]) for k in scales)
+    mean = [sum(lay["loss"] for lay in runs[n][0]["calibration"]["layers"]) for n in ("minmax", "mse")]
+    assert mean[1] < mean[0]  # at 3 bits the clip search lowers the calibration loss
+
+
 def test_gptq_bf16_forward_quantizes_the_stored_weights(tiny_llama):
     # the forward runs in bf16, but every linear is quantized from its float32 weight as loaded
     from qtool.formats.plain import dequantize
@@ -242,7 +267,9 @@ def test_calibration_options_need_a_calibrated_method(tiny_bert, tmp_path):
         main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), "--method", "gptq", "--act-order", "--to", "awq"])
     assert e.value.code == 2
     for args in (["--damp", "0.1"], ["--method", "gptq", "--damp", "0"], ["--method", "awq", "--damp", "0.1"],
-                 ["--method", "awq", "--calib-dtype", "bf16"], ["--method", "gptq", "--calib-dtype", "int8"]):
+                 ["--method", "awq", "--calib-dtype", "bf16"], ["--method", "gptq", "--calib-dtype", "int8"],
+                 ["--mse"], ["--no-mse"], ["--method", "awq", "--mse"], ["--calib-seed", "1"],
+                 ["--method", "gptq", "--calib-seed", "-1"], ["--method", "mse", "--mse"]):
         with pytest.raises(SystemExit) as e:
             main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), *args])
         assert e.value.code == 2

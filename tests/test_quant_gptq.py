@@ -8,7 +8,7 @@ import torch
 
 from qtool.formats import get_format
 from qtool.formats.plain import dequantize
-from qtool.quant import quantize
+from qtool.quant import mse, quantize
 from qtool.quant.gptq import Hessian, gptq_quantize, group_aware_order
 from qtool.quant.rtn import group_params
 
@@ -22,9 +22,10 @@ def _layer(o=48, i=128, n=512, seed=0):
     return W, X
 
 
-def reference_gptq(W, X, bits, G, sym, act_order=False, damp=0.01, perm=None):
+def reference_gptq(W, X, bits, G, sym, act_order=False, damp=0.01, perm=None, clip=False):
     """Column by column in float64 with the same conventions (scales rounded to fp16 first, group parameters
-    from the weights as updated so far): returns (dequantized W float64, g_idx or None)."""
+    from the weights as updated so far: min-max, or with `clip` mse.py's clip search): returns (dequantized W
+    float64, g_idx or None)."""
     W = W.double().clone()
     O, I = W.shape
     H = 2 * X.double().T @ X.double() / X.shape[0]
@@ -37,7 +38,9 @@ def reference_gptq(W, X, bits, G, sym, act_order=False, damp=0.01, perm=None):
     maxq = (1 << bits) - 1
     for j in range(I):
         if j % G == 0:
-            s, z = group_params(W[:, j:j + G].float().unsqueeze(1), bits, sym, torch.float16)
+            wg = W[:, j:j + G].float().unsqueeze(1)
+            s, z = mse.quantize_groups(wg, bits, sym, torch.float16)[1:] if clip else \
+                group_params(wg, bits, sym, torch.float16)
             s, z = s[:, 0, 0].double(), z[:, 0, 0].double()
         q = torch.clamp(torch.round(W[:, j] / s) + z, 0, maxq)
         Q[:, j] = s * (q - z)
@@ -128,6 +131,29 @@ def test_clip_with_uncorrelated_inputs_is_the_mse_method(bits, sym):
     assert torch.equal(r.plain.qweight, ref.qweight) and torch.equal(r.plain.scales, ref.scales)
     plain = gptq_quantize(W, H, bits, 32, sym)
     assert not torch.equal(plain.plain.scales, r.plain.scales)  # the search moved some groups' ranges
+
+
+@pytest.mark.parametrize("bits,sym,act", [(3, True, False), (4, False, True)])
+def test_clip_changes_only_how_each_groups_scale_is_chosen(bits, sym, act):
+    # --mse: the same column loop and error feedback, each group's (scale, zero) from the clip search of the
+    # group's weights as updated so far; the float64 reference does exactly that
+    W, X = _layer(seed=6)
+    H = Hessian(W.shape[1])
+    H.add(X)
+    r = gptq_quantize(W, H.H, bits, 32, sym, act_order=act, clip=True)
+    Q = dequantize(r.plain, torch.float64)
+    Qref, g_ref = reference_gptq(W, X, bits, 32, sym, act_order=act, clip=True)
+    assert float((Q == Qref).double().mean()) > 0.98
+    e, e_ref = _out_err(W, Q, X), _out_err(W, Qref, X)
+    assert abs(e - e_ref) <= 0.02 * e_ref, (e, e_ref)
+    assert (r.plain.g_idx is None) == (not act) and (not act or torch.equal(r.plain.g_idx, g_ref))
+    # the first group processed sees the original weights: its parameters are mse.py's, not min-max's
+    c = torch.argsort(torch.diag(H.H), descending=True)[:32] if act else torch.arange(32)
+    _, s0, z0 = mse.quantize_groups(W[:, c].unsqueeze(1), bits, sym, torch.float16)
+    g0 = 0 if not act else int(r.plain.g_idx[c[0]])
+    assert torch.equal(r.plain.scales[:, g0], s0[:, 0, 0].half())
+    assert torch.equal(gptq_quantize(W, H.H, bits, 32, sym, act_order=act).plain.scales[:, g0],
+                       group_params(W[:, c].unsqueeze(1), bits, sym, torch.float16)[0][:, 0, 0].half())
 
 
 def test_group_aware_order_keeps_groups_whole_and_matches_the_reference():

@@ -73,9 +73,10 @@ def pack_cmd(
     calib: Annotated[Path | None, typer.Option(
         "--calib", help="gptq/awq calibration text (UTF-8, or .jsonl with a \"text\" per line). Default: Python "
                         "standard-library docstrings (offline).", show_default=False)] = None,
-    calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration windows (random, seed 0).")]
+    calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration windows (at random offsets, --calib-seed).")]
     = 128,
     calib_seqlen: Annotated[int, typer.Option("--calib-seqlen", help="Tokens per calibration window.")] = 256,
+    calib_seed: Annotated[int, typer.Option("--calib-seed", help="Seed of the calibration windows' offsets.")] = 0,
     act_order: Annotated[bool, typer.Option("--act-order", help="gptq: columns by decreasing activation energy "
                                                                "(desc_act, writes g_idx).")] = False,
     static_groups: Annotated[bool, typer.Option("--static-groups", help="gptq --act-order with groups fixed "
@@ -86,6 +87,11 @@ def pack_cmd(
     damp: Annotated[float | None, typer.Option("--damp", help="gptq: dampening, the fraction of the mean Hessian "
                                                               "diagonal added to it (default 0.01).",
                                                show_default=False)] = None,
+    mse: Annotated[bool | None, typer.Option(
+        "--mse/--no-mse", help="gptq: each group's scale from a clip search (least squared error, as --method mse) "
+                               "on the weights as GPTQ has updated them, instead of their min-max range "
+                               "(GPTQModel's mse, llm-compressor's mse observer). Default: off.",
+        show_default=False)] = None,
     calib_dtype: Annotated[str | None, typer.Option(
         "--calib-dtype", help="gptq: dtype of the calibration forward, bf16, fp16 or fp32 (default: fp32 on the CPU, "
                               "the model's on CUDA). bf16 runs about 4x faster on CPUs with AMX/AVX512-BF16; the "
@@ -124,7 +130,8 @@ def pack_cmd(
                   sym=v["sym"], method=v["method"], include=tuple(v["include"] or ()),
                   exclude=tuple(v["exclude"] or ()), tensor_types=tuple(v["tensor_type"] or ()), dtype=v["dtype"],
                   max_shard_size=v["max_shard_size"], force=v["force"], dry_run=v["dry_run"], calib=v["calib"],
-                  calib_samples=v["calib_samples"], calib_seqlen=v["calib_seqlen"], act_order=v["act_order"],
+                  calib_samples=v["calib_samples"], calib_seqlen=v["calib_seqlen"], calib_seed=v["calib_seed"],
+                  mse=v["mse"], act_order=v["act_order"],
                   static_groups=v["static_groups"], true_sequential=v["true_sequential"], damp=v["damp"], calib_dtype=v["calib_dtype"],
                   device=v["device"],
                   eval=v["eval_"])

@@ -502,7 +502,8 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
 
 def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]], s: CalibSettings,
                          text_file=None, n_samples: int = 128, seqlen: int = 256,
-                         on_block: Callable[[int, int], None] | None = None) -> tuple[CalibResult, dict]:
+                         on_block: Callable[[int, int], None] | None = None, seed: int = 0
+                         ) -> tuple[CalibResult, dict]:
     """Calibrate the model directory `src` for the checkpoint weights in `targets` ({tensor name:
     (bits, group_size)}). Returns the result keyed by checkpoint names (layers by weight name, dense updates
     by tensor name) and a summary of the data and settings for the report."""
@@ -515,7 +516,7 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
         text, source = calib_text.read_text(text_file), str(text_file)
     limit = hf.max_positions(model)
     L = min(seqlen, limit) if limit else seqlen
-    samples, short = token_windows(hf.tokenize(tok, text), n_samples, L, specials=hf.specials(tok))
+    samples, short = token_windows(hf.tokenize(tok, text), n_samples, L, seed, specials=hf.specials(tok))
     names = hf.name_map([n for n, _ in model.named_parameters()], tensor_names)
     back = {c: m for m, c in names.items()}
     model_targets = {}
@@ -537,9 +538,9 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
     if L < seqlen:
         out.notes.append(f"--calib-seqlen {seqlen} is beyond the model's {limit} positions: {L} used")
     summary = {"method": s.method, "text": source, "default_text": text_file is None, "samples": len(samples),
-               "seqlen": int(samples[0].shape[-1]), "seed": 0, "blocks": res.blocks, "device": s.device,
+               "seqlen": int(samples[0].shape[-1]), "seed": seed, "blocks": res.blocks, "device": s.device,
                "act_order": s.act_order, "static_groups": s.static_groups, "true_sequential": s.true_sequential,
-               "damp": s.damp, "causal": causal,
+               "damp": s.damp, "mse": s.clip if s.method == "gptq" else None, "causal": causal,
                "forward_dtype": None if s.forward_dtype is None else str(s.forward_dtype).removeprefix("torch."),
                "layers": [{"module": lr.module, "loss": lr.loss, "rtn_loss": lr.rtn_loss, "note": lr.note}
                           for lr in res.layers.values()]}

@@ -37,6 +37,10 @@ from qtool.quant.rtn import codes, group_params
 
 DAMP = 0.01
 BLOCK = 128
+# clip-searched group scales (`clip`, pack --mse) by default; their search minimises the squared error, which
+# GPTQModel's config records as mse = 2 (the error's exponent; 0 = min-max scales)
+MSE = False
+MSE_NORM = 2.0
 
 
 class Hessian:
