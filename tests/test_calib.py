@@ -111,7 +111,7 @@ def test_awq_folds_leave_the_dense_llama_unchanged(tiny_llama):
         order = [lin for g in groups for lin in g]
         names = [[lin.name.rsplit(".", 1)[-1] for lin in g] for g in groups]
         assert names == [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
-        reference = calib._run(block, inputs, "cpu")
+        reference = calib._run(block, inputs)
         targets = []
         for g in groups:
             cands = calib._fold_candidates(block, g, producer.get(id(g[0].mod)), order)
@@ -132,7 +132,7 @@ def test_post_norm_bert_refuses_the_fold(tiny_bert):
     with torch.no_grad():
         block, inputs, groups, producer = _block_groups(model, tok)
         order = [lin for g in groups for lin in g]
-        reference = calib._run(block, inputs, "cpu")
+        reference = calib._run(block, inputs)
         qkv = groups[0]
         assert [lin.name.rsplit(".", 1)[-1] for lin in qkv] == ["query", "key", "value"]
         # the block's input is also its residual: nothing inside the block produces it
@@ -206,6 +206,48 @@ def test_pack_gptq_mse_and_seed_reach_the_quantizer_and_the_records(tiny_bert, t
     assert any(not torch.equal(runs["mse"][2][k], runs["seed1"][2][k]) for k in scales)
     mean = [sum(lay["loss"] for lay in runs[n][0]["calibration"]["layers"]) for n in ("minmax", "mse")]
     assert mean[1] < mean[0]  # at 3 bits the clip search lowers the calibration loss
+
+
+def test_gptq_driver_hands_each_hessian_to_its_last_linear(tiny_llama, monkeypatch):
+    # q/k/v (gate/up) share one Hessian: the last of them takes it over, so GPTQ can free it while it works
+    from qtool.quant import gptq as gptq_mod
+    from qtool.quant.calib import CalibSettings, calibrate
+
+    calls, real = [], gptq_mod.gptq_quantize
+
+    def spy(W, H, *a, **k):
+        calls.append((k["name"].rsplit(".", 1)[-1], k["consume"], H.device.type))
+        return real(W, H, *a, **k)
+
+    monkeypatch.setattr(gptq_mod, "gptq_quantize", spy)
+    model, tok, _ = _model(tiny_llama)
+    targets = {n: (4, 32) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "layers." in n}
+    calibrate(model, _samples(tok), targets, CalibSettings("gptq", True))
+    taken = {n: c for n, c, _ in calls}
+    assert len(calls) == len(targets) and all(d == "cpu" for *_, d in calls)
+    assert taken == {"q_proj": False, "k_proj": False, "v_proj": True, "o_proj": True, "gate_proj": False,
+                     "up_proj": True, "down_proj": True}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gptq_peak_gpu_memory_is_one_block_and_its_hessians():
+    from qtool.quant.calib import CalibSettings, calibrate
+
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=2048, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(cfg).eval()
+    # 512 x 256 tokens: their hidden states are 256 MiB in fp32, twice (a block's inputs and outputs), more
+    # than the bound below allows: they must stay in host memory
+    samples = [torch.randint(0, 1000, (1, 256)) for _ in range(512)]
+    targets = {n: (4, 128) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    calibrate(model, samples, targets, CalibSettings("gptq", True, act_order=True, device="cuda"))
+    block = sum(p.numel() * p.element_size() for p in model.layers[0].parameters())
+    hessians = 4 * (3 * 512 * 512 + 2048 * 2048)  # fp32: q/k/v, o, gate/up (512) and down (2048)
+    batch = 4096 * 2048 * 4 * 8  # one batch's (4096 tokens) activations in fp32, with room for temporaries
+    assert torch.cuda.max_memory_allocated() - base <= block + hessians + batch
 
 
 def test_gptq_bf16_forward_quantizes_the_stored_weights(tiny_llama):

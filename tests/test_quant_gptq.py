@@ -156,6 +156,20 @@ def test_clip_changes_only_how_each_groups_scale_is_chosen(bits, sym, act):
                        group_params(W[:, c].unsqueeze(1), bits, sym, torch.float16)[0][:, 0, 0].half())
 
 
+@pytest.mark.parametrize("act", [False, True])
+def test_consuming_the_hessian_gives_the_same_result(act):
+    W, X = _layer(seed=7)
+    H = Hessian(W.shape[1])
+    H.add(X)
+    keep = gptq_quantize(W, H.H.clone(), 4, 32, True, act_order=act)
+    taken = H.take()
+    with pytest.raises(ValueError):
+        H.add(X)  # handed over: the Hessian no longer holds it
+    used = gptq_quantize(W, taken, 4, 32, True, act_order=act, consume=True)
+    assert torch.equal(used.plain.qweight, keep.plain.qweight) and torch.equal(used.plain.scales, keep.plain.scales)
+    assert used.loss == keep.loss
+
+
 def test_group_aware_order_keeps_groups_whole_and_matches_the_reference():
     W, X = _layer(seed=4)
     H = Hessian(W.shape[1])

@@ -5,7 +5,9 @@ linears: BERT's encoder.layer, Llama's model.layers, ...) are found by structure
 inputs of the first block are captured by running the model up to it; then, one block at a time, the block
 moves to the device, its linears' inputs are gathered (H = 2xᵀx/n and the mean |x| per channel), the linears
 are quantized, their weights replaced by the dequantized ones, and the block's output with quantized weights
-becomes the next block's input. Peak device memory is one block plus the activations of the samples.
+becomes the next block's input. The samples' block inputs and outputs stay in host memory and move to the
+device one batch per forward, and each Hessian is freed as soon as its last linear is factored, so peak device
+memory is one block, one batch's activations and the block's Hessians.
 With `forward_dtype` (GPTQ; e.g. bfloat16, which CPUs with AMX or AVX512-BF16 multiply about 4x faster than
 float32) the model runs in that dtype while every linear is quantized from its weight as loaded, kept aside;
 only the activations that form H, and the next blocks' inputs, carry the lower precision.
@@ -156,13 +158,16 @@ def batches(samples: list[torch.Tensor], tokens: int = BATCH_TOKENS) -> list[tor
 
 
 def capture_block_inputs(model, blocks, samples: list[torch.Tensor], device: str) -> list[tuple[tuple, dict]]:
-    """(args, kwargs) each batch's forward passes to the first block, moved to `device`. The forward up to
-    the first block (embeddings, position encodings) runs where the model's parameters outside the blocks
-    are, normally the CPU: it is cheap, and the device then holds no embedding or output head."""
+    """(args, kwargs) each batch's forward passes to the first block, kept in host memory: each forward
+    moves its batch to the block's device (`_call`), so the device holds one batch's activations, not every
+    sample's (128 x 2048 tokens of Llama-3-8B's hidden states are 2 GiB, twice: a block's inputs and
+    outputs). The forward up to the first block (embeddings, position encodings) runs where the model's
+    parameters outside the blocks are, normally the CPU: it is cheap, and `device` then holds no embedding
+    or output head."""
     got: list[tuple[tuple, dict]] = []
 
     def pre(_mod, args, kwargs):
-        got.append((_to(args, device), _to({k: v for k, v in kwargs.items()}, device)))
+        got.append((_to(args, "cpu"), _to({k: v for k, v in kwargs.items()}, "cpu")))
         raise _Stop
 
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -181,8 +186,15 @@ def capture_block_inputs(model, blocks, samples: list[torch.Tensor], device: str
     return got
 
 
-def _run(block, inputs, device) -> list[torch.Tensor]:
-    return [_first(block(*a, **k)) for a, k in inputs]
+def _call(block, args: tuple, kwargs: dict):
+    """The block's forward on one batch kept in host memory, moved to where the block is."""
+    dev = next(block.parameters()).device
+    return block(*_to(args, dev), **_to(kwargs, dev))
+
+
+def _run(block, inputs) -> list[torch.Tensor]:
+    """The block's output on every batch, back in host memory."""
+    return [_first(_call(block, a, k)).to("cpu") for a, k in inputs]
 
 
 @dataclass
@@ -221,8 +233,7 @@ def _groups(block, linears: dict[int, _Linear], sample) -> tuple[list[list[_Line
         if m is not block:
             hooks.append(m.register_forward_hook(on_output))
     try:
-        a, k = sample
-        block(*a, **k)
+        _call(block, *sample)
     finally:
         for h in hooks:
             h.remove()
@@ -270,7 +281,7 @@ def _gather(block, groups: list[list[_Linear]], inputs, device, track_mean: bool
     try:
         for a, k in inputs:
             try:
-                block(*a, **k)
+                _call(block, a, k)
             except _Stop:
                 pass
     finally:
@@ -300,7 +311,9 @@ def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) 
     return output_error(fake_quant(W, lin.bits, G, s.sym, s.scale_dtype) - W, H) / den if den > 0 else 0.0
 
 
-def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> LayerResult:
+def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings, last: bool = False) -> LayerResult:
+    """GPTQ of one linear from its group's Hessian; `last`: no other linear needs H, so GPTQ takes it over
+    (Hessian.take) and can free it while it works."""
     W = lin.weight().to(H.H.device)
     if H.n == 0:
         # the calibration forward never reached this linear: no data to calibrate on, so plain RTN
@@ -309,12 +322,12 @@ def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings) -> Layer
         plain = quantize(W.cpu(), lin.bits, lin.group_size, s.sym, "rtn", s.scale_dtype, name=lin.name)
         return LayerResult(lin.name, plain, None, None, relative_error(W.cpu(), plain),
                            "not reached by the calibration forward: quantized with RTN")
-    r = gptq_mod.gptq_quantize(W, H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype, act_order=s.act_order,
-                               static_groups=s.static_groups, damp=s.damp, name=lin.name, clip=s.clip,
-                               group_aware=s.group_aware)
+    rtn_loss = _rtn_loss(W, H.H, lin, s)
+    r = gptq_mod.gptq_quantize(W, H.take() if last else H.H, lin.bits, lin.group_size, s.sym, s.scale_dtype,
+                               act_order=s.act_order, static_groups=s.static_groups, damp=s.damp, name=lin.name,
+                               clip=s.clip, group_aware=s.group_aware, consume=last)
     note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
-    return LayerResult(lin.name, r.plain, r.loss, _rtn_loss(W, H.H, lin, s), _relative_error(W, r.deq), note,
-                       deq=r.deq)
+    return LayerResult(lin.name, r.plain, r.loss, rtn_loss, _relative_error(W, r.deq), note, deq=r.deq)
 
 
 def _fold_candidates(block, group: list[_Linear], producer: str | None, order: list[_Linear]):
@@ -359,7 +372,7 @@ def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: l
     saved = {n: p.detach().clone() for n, p in block.named_parameters()}
     try:
         _apply_fold(block, target, group, s)
-        out = _run(block, probe, None)
+        out = _run(block, probe)
     finally:
         with torch.no_grad():
             for n, p in block.named_parameters():
@@ -374,7 +387,7 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
     order = [lin for g in groups for lin in g]
     stats = _gather(block, groups, inputs, s.device, track_mean=True)
     probe = inputs[: min(2, len(inputs))]
-    reference = _run(block, probe, s.device)
+    reference = _run(block, probe)
     names = {id(m): n for n, m in block.named_modules()}
     scales: dict[int, torch.Tensor] = {}
     folds: list[tuple[str, list[_Linear], torch.Tensor]] = []
@@ -463,7 +476,7 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
                     if s.method == "awq":  # GPTQ put its weights in as it went
                         _set_weight(lins[mid], lr.plain)
                     result.layers[lr.module] = lr
-            outs = _run(block, inputs, s.device)
+            outs = _run(block, inputs)
             for o in outs:
                 if not bool(torch.isfinite(o).all()):
                     raise InputError(f"block {prefix} gives non-finite outputs on the calibration samples",
@@ -488,8 +501,8 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
     for step in steps:
         stats = _gather(block, step, inputs, s.device)
         for g in step:
-            for lin in g:
-                lr = _quantize_gptq(lin, stats[id(lin.mod)], s)
+            for k, lin in enumerate(g):
+                lr = _quantize_gptq(lin, stats[id(lin.mod)], s, last=k == len(g) - 1)
                 out[id(lin.mod)] = lr
                 # the inputs are gathered already, so the weights can change now; the next step's (true-
                 # sequential) forward sees them quantized

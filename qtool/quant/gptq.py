@@ -56,7 +56,13 @@ class Hessian:
         self._scale = 1.0  # _S holds the sum of x xᵀ times this
         self.n = 0
 
+    def _held(self) -> torch.Tensor:
+        if self._S is None:
+            raise ValueError("this Hessian was handed over by take()")
+        return self._S
+
     def add(self, x: torch.Tensor) -> None:
+        self._held()
         x = x.reshape(-1, x.shape[-1]).to(device=self._S.device, dtype=torch.float32)
         if x.shape[0] == 0:
             return
@@ -72,10 +78,18 @@ class Hessian:
     def H(self) -> torch.Tensor:
         """float32 [I, I] = 2 X Xᵀ / n (scaled in place: no second copy)."""
         want = 2.0 / max(self.n, 1)
+        self._held()
         if self._scale != want:
             self._S.mul_(want / self._scale)
             self._scale = want
         return self._S
+
+    def take(self) -> torch.Tensor:
+        """H (as `H`), handing over this object's reference: the caller's is then the only one, so the
+        matrix can be freed as soon as the caller is done with it. `H` and `add` refuse afterwards."""
+        H = self.H
+        self._S = None
+        return H
 
     @property
     def x_mean(self) -> torch.Tensor:
@@ -93,9 +107,12 @@ class GptqResult:
     deq: torch.Tensor  # float32 [O, I] on H's device: exactly dequantize(plain, float32), computed on the way
 
 
-def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[torch.Tensor, float]:
+def _inverse_cholesky(work: list[torch.Tensor], damp: float, name: str | None) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + λI)⁻¹ with λ = damp x mean(diag H), raising damp tenfold until it works.
-    H is consumed (its diagonal is dampened in place); at most two more [I, I] matrices live at once."""
+    `work` holds the only reference to H, which is consumed: its diagonal is dampened in place and it is
+    dropped once factored, so at most two [I, I] matrices are alive at a time beyond torch's own workspace
+    (on CUDA cholesky_inverse builds its result in a fresh identity)."""
+    H = work.pop()
     diag = H.diagonal()
     mean_diag = float(diag.mean())
     d, added = damp, 0.0
@@ -104,11 +121,15 @@ def _inverse_cholesky(H: torch.Tensor, damp: float, name: str | None) -> tuple[t
         added = d * mean_diag
         L, info = torch.linalg.cholesky_ex(H)
         if int(info) == 0:
+            del H, diag
             Hinv = torch.cholesky_inverse(L)
             del L
             U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+            del Hinv
             if int(info) == 0:
                 return U, d
+            raise InputError(f"the inverse of the calibration Hessian is not positive definite (dampening {d:g})",
+                             tensor=name, fix="raise --damp, or give more calibration samples")
         d *= 10
     raise InputError(f"the calibration Hessian is not positive definite even with dampening {d / 10:g}",
                      tensor=name, fix="give more or longer calibration samples (--calib-samples/--calib-seqlen)")
@@ -153,14 +174,18 @@ def _params(wg: torch.Tensor, bits: int, sym: bool, scale_dtype: torch.dtype, cl
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: int, sym: bool,
                   scale_dtype: torch.dtype = torch.float16, act_order: bool = False, static_groups: bool = False,
                   damp: float = DAMP, block: int = BLOCK, name: str | None = None, clip: bool = False,
-                  group_aware: bool = False) -> GptqResult:
+                  group_aware: bool = False, consume: bool = False) -> GptqResult:
     """weight float [O, I], H float32 [I, I] (Hessian.H) -> GptqResult with a Plain (codes uint8 [O, I],
     scales scale_dtype [O, I/G], zeros uint8 or None when sym, g_idx int32 [I] under act-order else None).
 
     group_size must divide I (or be -1); qtool.quant.validate checks that before any work is done.
+    With `consume` the caller holds no other reference to H (Hessian.take): on a GPU it waits in host
+    memory while its working copy is factored, so the device never holds H, its copy and the factor
+    together (down_proj's [14336, 14336] is 0.77 GiB each). The result is the same either way.
     """
     H0 = H
-    W = weight.to(device=H.device, dtype=torch.float32).clone()
+    del H
+    W = weight.to(device=H0.device, dtype=torch.float32).clone()
     n_out, n_in = W.shape
     G = n_in if group_size == -1 else group_size
     n_groups = n_in // G
@@ -181,8 +206,14 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     else:
         H = H0.clone()
     H[dead, dead] = 1
-    U, used_damp = _inverse_cholesky(H, damp, name)
+    device = H0.device
+    parked = None
+    if consume:  # on the CPU the "copy" is H0 itself: nothing moves, and the code path is the same
+        parked = H0.to("cpu")
+        del H0
+    work = [H]
     del H
+    U, used_damp = _inverse_cholesky(work, damp, name)
 
     Q = torch.zeros_like(W)
     q_codes = torch.zeros(n_out, n_in, dtype=torch.uint8, device=W.device)
@@ -221,6 +252,10 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
                 W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
                 Err1[:, i] = err
         W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+    del U, W
+    if parked is not None:
+        H0 = parked.to(device)
+        del parked
 
     g_idx = None
     if perm is not None:
@@ -230,7 +265,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
             g_idx = (inv // G).to(torch.int32)  # column c sits at position inv[c] of the processing order
     if static is not None:
         scales, zeros = static
-    dW = weight.to(device=H0.device, dtype=torch.float32) - Q
+    dW = weight.to(device=device, dtype=torch.float32) - Q
     num = float(torch.sum((dW @ H0) * dW))
     loss = num / den if den > 0 else 0.0
     plain = Plain(q_codes.cpu(), scales.to(scale_dtype).cpu(), None if sym else zeros.to(torch.uint8).cpu(),
