@@ -83,10 +83,17 @@ def main() -> None:
         sync()
         marks.append(time.time())
         print(f"block {b}/{n} at {marks[-1] - marks[0]:.1f} s, peak {peak_now() / 2**30:.2f} GiB", flush=True)
+        if b < n:  # a partial record, so a run stopped by a time limit still says what it measured
+            with open(a.out, "w") as f:
+                json.dump({**head, "complete": False, "blocks_done": b, "elapsed_s": round(marks[-1] - marks[0], 1),
+                           "peak_gpu_gib_so_far": round((peak_now() - base) / 2**30, 3)}, f, indent=1)
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
+    block_bytes_ = sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+    head = {"samples": a.samples, "seqlen": a.seqlen, "act_order": a.act_order, "block_gib": round(block_bytes_ / 2**30, 3),
+            "build_s": round(build_s, 1)}
     t = time.time()
     res = calibrate(model, samples, targets, s, on_block)
     sync()
@@ -104,7 +111,8 @@ def main() -> None:
            "peak_gpu_bytes": peak, "peak_gpu_gib": round(peak / 2**30, 3), "block_bytes": block_bytes,
            "block_gib": round(block_bytes / 2**30, 3),
            "peak_minus_block_gib": round((peak - block_bytes) / 2**30, 3),
-           "loss_mean": sum(losses) / len(losses), "loss_max": max(losses)}
+           "loss_mean": sum(losses) / len(losses), "loss_max": max(losses), "complete": True,
+           "peak_gpu_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3) if cuda else 0}
     print(json.dumps(out, indent=1))
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -170,6 +170,21 @@ def test_consuming_the_hessian_gives_the_same_result(act):
     assert used.loss == keep.loss
 
 
+def test_stacked_rows_are_each_layers_own_gptq():
+    # the driver quantizes q/k/v (one input, one H) as one stacked weight: rows are independent given H
+    W, X = _layer(seed=8)
+    H = Hessian(W.shape[1])
+    H.add(X)
+    a, b = W[:16], W[16:]
+    both = gptq_quantize(torch.cat([a, b]), H.H, 4, 32, True, act_order=True)
+    for rows, w in ((slice(0, 16), a), (slice(16, None), b)):
+        one = gptq_quantize(w, H.H, 4, 32, True, act_order=True)
+        assert torch.equal(one.plain.g_idx, both.plain.g_idx)
+        assert float((one.plain.qweight == both.plain.qweight[rows]).double().mean()) > 0.995
+        part = float(both.row_num[rows].sum() / both.row_den[rows].sum())
+        assert part == pytest.approx(one.loss, rel=1e-3)
+
+
 def test_group_aware_order_keeps_groups_whole_and_matches_the_reference():
     W, X = _layer(seed=4)
     H = Hessian(W.shape[1])

@@ -330,6 +330,33 @@ def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings, last: bo
     return LayerResult(lin.name, r.plain, r.loss, rtn_loss, _relative_error(W, r.deq), note, deq=r.deq)
 
 
+def _quantize_gptq_group(group: list[_Linear], H: gptq_mod.Hessian, s: CalibSettings) -> list[LayerResult]:
+    """GPTQ of linears that read one input (q/k/v, gate/up) as one stacked weight: GPTQ treats rows
+    independently given H and the column order, so this is each linear's GPTQ, with one factorization of
+    H and one column loop for the group instead of one per linear. Rows are split back per linear, each
+    with its own loss."""
+    Ws = [lin.weight().to(H.H.device) for lin in group]
+    rtn = [_rtn_loss(W, H.H, lin, s) for W, lin in zip(Ws, group)]
+    first = group[0]
+    r = gptq_mod.gptq_quantize(torch.cat(Ws), H.take(), first.bits, first.group_size, s.sym, s.scale_dtype,
+                               act_order=s.act_order, static_groups=s.static_groups, damp=s.damp,
+                               name=", ".join(lin.name for lin in group), clip=s.clip, group_aware=s.group_aware,
+                               consume=True)
+    note = f"dampening raised to {r.damp:g}" if r.damp != s.damp else ""
+    out, a = [], 0
+    p = r.plain
+    for W, lin, rl in zip(Ws, group, rtn):
+        b = a + W.shape[0]
+        plain = Plain(p.qweight[a:b], p.scales[a:b], None if p.zeros is None else p.zeros[a:b], p.g_idx, p.bits,
+                      p.group_size, meta=dict(p.meta))
+        den = float(r.row_den[a:b].sum())
+        loss = float(r.row_num[a:b].sum()) / den if den > 0 else 0.0
+        deq = r.deq[a:b]
+        out.append(LayerResult(lin.name, plain, loss, rl, _relative_error(W, deq), note, deq=deq))
+        a = b
+    return out
+
+
 def _fold_candidates(block, group: list[_Linear], producer: str | None, order: list[_Linear]):
     """Ops that may absorb 1/s for this group's input: the producing module when it is a norm-like module
     (a 1-D weight of in_features) or a linear; else linears of the block run before the group whose
@@ -501,13 +528,17 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
     for step in steps:
         stats = _gather(block, step, inputs, s.device)
         for g in step:
-            for k, lin in enumerate(g):
-                lr = _quantize_gptq(lin, stats[id(lin.mod)], s, last=k == len(g) - 1)
+            H = stats[id(g[0].mod)]
+            same = all((lin.bits, lin.group_size) == (g[0].bits, g[0].group_size) for lin in g)
+            done = _quantize_gptq_group(g, H, s) if len(g) > 1 and same and H.n > 0 else \
+                [_quantize_gptq(lin, H, s, last=k == len(g) - 1) for k, lin in enumerate(g)]
+            for lin, lr in zip(g, done):
                 out[id(lin.mod)] = lr
                 # the inputs are gathered already, so the weights can change now; the next step's (true-
                 # sequential) forward sees them quantized
                 _set_weight(lin, lr.plain, lr.deq)
                 lr.deq = None
+            del H
             for lin in g:
                 del stats[id(lin.mod)]
     return out

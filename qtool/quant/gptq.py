@@ -105,31 +105,32 @@ class GptqResult:
     loss: float  # tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)
     damp: float  # the dampening fraction that made H positive definite
     deq: torch.Tensor  # float32 [O, I] on H's device: exactly dequantize(plain, float32), computed on the way
+    row_num: torch.Tensor  # float64 [O] on the CPU: each row's tr(ΔW H ΔWᵀ) part (losses of row slices)
+    row_den: torch.Tensor  # float64 [O]: each row's tr(W H Wᵀ) part
 
 
 def _inverse_cholesky(work: list[torch.Tensor], damp: float, name: str | None) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of (H + λI)⁻¹ with λ = damp x mean(diag H), raising damp tenfold until it works.
-    `work` holds the only reference to H, which is consumed: its diagonal is dampened in place and it is
-    dropped once factored, so at most two [I, I] matrices are alive at a time beyond torch's own workspace
-    (on CUDA cholesky_inverse builds its result in a fresh identity)."""
-    H = work.pop()
-    diag = H.diagonal()
+    """Upper Cholesky factor U of (H + λI)⁻¹ (λ = damp x mean(diag H), raised tenfold until H + λI is
+    positive definite), given `work` = [J H J], H with its rows and columns reversed.
+
+    With R the lower Cholesky factor of J H J, H⁻¹ = J R⁻ᵀ R⁻¹ J = Uᵀ U with U = J R⁻¹ J upper triangular
+    with a positive diagonal: the factor wanted, from one Cholesky and one triangular solve (no inverse of
+    H, no second factorization; torch's cholesky_inverse is slow on the CPU). `work` holds the only
+    reference to its matrix, which is consumed: dampened in place and dropped once factored."""
+    Hr = work.pop()
+    diag = Hr.diagonal()
     mean_diag = float(diag.mean())
     d, added = damp, 0.0
     for _ in range(6):
         diag.add_(d * mean_diag - added)
         added = d * mean_diag
-        L, info = torch.linalg.cholesky_ex(H)
+        R, info = torch.linalg.cholesky_ex(Hr)
         if int(info) == 0:
-            del H, diag
-            Hinv = torch.cholesky_inverse(L)
-            del L
-            U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
-            del Hinv
-            if int(info) == 0:
-                return U, d
-            raise InputError(f"the inverse of the calibration Hessian is not positive definite (dampening {d:g})",
-                             tensor=name, fix="raise --damp, or give more calibration samples")
+            del Hr, diag
+            Rinv = torch.linalg.solve_triangular(R, torch.eye(R.shape[0], dtype=R.dtype, device=R.device),
+                                                 upper=False)
+            del R
+            return Rinv.flip(0, 1), d
         d *= 10
     raise InputError(f"the calibration Hessian is not positive definite even with dampening {d / 10:g}",
                      tensor=name, fix="give more or longer calibration samples (--calib-samples/--calib-seqlen)")
@@ -189,7 +190,8 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     n_out, n_in = W.shape
     G = n_in if group_size == -1 else group_size
     n_groups = n_in // G
-    den = float(torch.sum((W @ H0) * W))
+    row_den = torch.sum((W @ H0) * W, 1).double().cpu()
+    den = float(row_den.sum())
     dead = torch.diag(H0) == 0
     W[:, dead] = 0
 
@@ -202,10 +204,9 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
         key = torch.diag(H0).masked_fill(dead, 1)
         perm = group_aware_order(key, G) if group_aware and static is None else torch.argsort(key, descending=True)
         W, dead = W[:, perm], dead[perm]
-        H = H0.index_select(0, perm).index_select(1, perm)
-    else:
-        H = H0.clone()
-    H[dead, dead] = 1
+    order = torch.arange(n_in - 1, -1, -1, device=H0.device) if perm is None else perm.flip(0)
+    H = H0.index_select(0, order).index_select(1, order)  # J H J (permuted), as _inverse_cholesky takes it
+    H[dead.flip(0), dead.flip(0)] = 1
     device = H0.device
     parked = None
     if consume:  # on the CPU the "copy" is H0 itself: nothing moves, and the code path is the same
@@ -266,9 +267,10 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     if static is not None:
         scales, zeros = static
     dW = weight.to(device=device, dtype=torch.float32) - Q
-    num = float(torch.sum((dW @ H0) * dW))
+    row_num = torch.sum((dW @ H0) * dW, 1).double().cpu()
+    num = float(row_num.sum())
     loss = num / den if den > 0 else 0.0
     plain = Plain(q_codes.cpu(), scales.to(scale_dtype).cpu(), None if sym else zeros.to(torch.uint8).cpu(),
                   None if g_idx is None else g_idx.cpu().contiguous(), bits, group_size,
                   meta={"method": "gptq"})
-    return GptqResult(plain, loss, used_damp, Q)
+    return GptqResult(plain, loss, used_damp, Q, row_num, row_den)
