@@ -335,10 +335,14 @@ def _quantize_gptq_group(group: list[_Linear], H: gptq_mod.Hessian, s: CalibSett
     independently given H and the column order, so this is each linear's GPTQ, with one factorization of
     H and one column loop for the group instead of one per linear. Rows are split back per linear, each
     with its own loss."""
-    Ws = [lin.weight().to(H.H.device) for lin in group]
+    W_all = torch.cat([lin.weight().to(H.H.device) for lin in group])
+    bounds = [0]
+    for lin in group:
+        bounds.append(bounds[-1] + lin.mod.out_features)
+    Ws = [W_all[a:b] for a, b in zip(bounds, bounds[1:])]  # views: one copy of the stacked weight
     rtn = [_rtn_loss(W, H.H, lin, s) for W, lin in zip(Ws, group)]
     first = group[0]
-    r = gptq_mod.gptq_quantize(torch.cat(Ws), H.take(), first.bits, first.group_size, s.sym, s.scale_dtype,
+    r = gptq_mod.gptq_quantize(W_all, H.take(), first.bits, first.group_size, s.sym, s.scale_dtype,
                                act_order=s.act_order, static_groups=s.static_groups, damp=s.damp,
                                name=", ".join(lin.name for lin in group), clip=s.clip, group_aware=s.group_aware,
                                consume=True)
