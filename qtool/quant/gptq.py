@@ -216,10 +216,14 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     del H
     U, used_damp = _inverse_cholesky(work, damp, name)
 
-    Q = torch.zeros_like(W)
-    q_codes = torch.zeros(n_out, n_in, dtype=torch.uint8, device=W.device)
-    scales = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
-    zeros = torch.zeros(n_out, n_groups, dtype=torch.float32, device=W.device)
+    # the loop works on Wᵀ [I, O]: a column of W is then a contiguous row, and reading, updating and
+    # storing it touches O consecutive floats instead of O cache lines (3x faster on the CPU at O = 3072)
+    Wt = W.t().contiguous()
+    del W
+    Qt = torch.zeros_like(Wt)
+    codes_t = torch.zeros(n_in, n_out, dtype=torch.uint8, device=Wt.device)
+    scales = torch.zeros(n_out, n_groups, dtype=torch.float32, device=Wt.device)
+    zeros = torch.zeros(n_out, n_groups, dtype=torch.float32, device=Wt.device)
     s_col = z_col = None
     # static groups: the natural group of the column at each position (a list: no device sync per column)
     static_of = ((perm if perm is not None else torch.arange(n_in)) // G).tolist() if static is not None else None
@@ -230,10 +234,10 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     block = G * max(1, block // G)
     for i1 in range(0, n_in, block):
         i2 = min(i1 + block, n_in)
-        W1 = W[:, i1:i2].clone()
+        W1 = Wt[i1:i2].clone()  # [b, O]: columns i1..i2 of W
         Err1 = torch.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
-        with _one_thread(W.device):
+        with _one_thread(Wt.device):
             for i in range(i2 - i1):
                 j = i1 + i  # position in processing order
                 if static is not None:
@@ -241,19 +245,19 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
                     s_col, z_col = static[0][:, g], static[1][:, g]
                 elif j % G == 0:
                     g = j // G if gar_group is None else gar_group[j // G]
-                    s, z = _params(W1[:, i:i + G].unsqueeze(1), bits, sym, scale_dtype, clip)
+                    s, z = _params(W1[i:i + G].t().contiguous().unsqueeze(1), bits, sym, scale_dtype, clip)
                     s_col, z_col = s[:, 0, 0], z[:, 0, 0]
                     scales[:, g], zeros[:, g] = s_col, z_col
-                w = W1[:, i]
+                w = W1[i]
                 q = codes(w.unsqueeze(-1), s_col.unsqueeze(-1), z_col.unsqueeze(-1), bits).squeeze(-1)
                 deq = (q - z_col) * s_col
-                q_codes[:, j] = q.to(torch.uint8)
-                Q[:, j] = deq
+                codes_t[j] = q.to(torch.uint8)
+                Qt[j] = deq
                 err = (w - deq) / U1[i, i]
-                W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-                Err1[:, i] = err
-        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
-    del U, W
+                W1[i:].addr_(U1[i, i:], err, alpha=-1)  # one fused rank-1 update, no [b, O] temporary
+                Err1[i] = err
+        Wt[i2:] -= U[i1:i2, i2:].t() @ Err1
+    del U, Wt
     if parked is not None:
         H0 = parked.to(device)
         del parked
@@ -261,9 +265,11 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int, group_size: 
     g_idx = None
     if perm is not None:
         inv = torch.argsort(perm)
-        Q, q_codes = Q[:, inv], q_codes[:, inv]
+        Qt, codes_t = Qt[inv], codes_t[inv]
         if static is None and not gar:
             g_idx = (inv // G).to(torch.int32)  # column c sits at position inv[c] of the processing order
+    Q, q_codes = Qt.t().contiguous(), codes_t.t().contiguous()
+    del Qt, codes_t
     if static is not None:
         scales, zeros = static
     dW = weight.to(device=device, dtype=torch.float32) - Q
