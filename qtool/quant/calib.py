@@ -304,11 +304,16 @@ def _relative_error(W: torch.Tensor, deq: torch.Tensor) -> float:
 
 
 def _rtn_loss(W: torch.Tensor, H: torch.Tensor, lin: _Linear, s: CalibSettings) -> float:
-    from qtool.quant.awq import fake_quant, output_error
+    """The report's RTN reference for a layer's loss, measured as GPTQ measures its own: float32 products,
+    summed in float64 (a float64 product would cost more than the layer's GPTQ on the CPU)."""
+    from qtool.quant.awq import fake_quant
+
+    def err(d: torch.Tensor) -> float:
+        return float(torch.sum((d @ H) * d, dtype=torch.float64))
 
     G = W.shape[1] if lin.group_size == -1 else lin.group_size
-    den = output_error(W, H)
-    return output_error(fake_quant(W, lin.bits, G, s.sym, s.scale_dtype) - W, H) / den if den > 0 else 0.0
+    den = err(W)
+    return err(fake_quant(W, lin.bits, G, s.sym, s.scale_dtype) - W) / den if den > 0 else 0.0
 
 
 def _quantize_gptq(lin: _Linear, H: gptq_mod.Hessian, s: CalibSettings, last: bool = False) -> LayerResult:
