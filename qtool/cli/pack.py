@@ -85,12 +85,12 @@ def pack_cmd(
                                                                            "in order, each seeing the ones before "
                                                                            "quantized.")] = False,
     damp: Annotated[float | None, typer.Option("--damp", help="gptq: dampening, the fraction of the mean Hessian "
-                                                              "diagonal added to it (default 0.01).",
+                                                              "diagonal added to it (default 0.1).",
                                                show_default=False)] = None,
     mse: Annotated[bool | None, typer.Option(
         "--mse/--no-mse", help="gptq: each group's scale from a clip search (least squared error, as --method mse) "
                                "on the weights as GPTQ has updated them, instead of their min-max range "
-                               "(GPTQModel's mse, llm-compressor's mse observer). Default: off.",
+                               "(GPTQModel's mse, llm-compressor's mse observer). Default: on.",
         show_default=False)] = None,
     calib_dtype: Annotated[str | None, typer.Option(
         "--calib-dtype", help="gptq: dtype of the calibration forward, bf16, fp16 or fp32 (default: fp32 on the CPU, "

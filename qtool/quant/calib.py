@@ -48,7 +48,7 @@ class CalibSettings:
     true_sequential: bool = False
     damp: float = gptq_mod.DAMP
     device: str = "cpu"
-    clip: bool = False  # gptq: each group's scale from a clip search (gptq.py)
+    clip: bool = gptq_mod.MSE  # gptq: each group's scale from a clip search (gptq.py)
     group_aware: bool = False  # gptq --act-order: natural groups kept whole (gptq.py), no g_idx
     # gptq: dtype the model's forward runs in (None: as loaded); the weights are quantized from their values
     # as loaded either way
