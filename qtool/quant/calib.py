@@ -487,6 +487,10 @@ def calibrate(model, samples: list[torch.Tensor], targets: dict[str, tuple[int, 
         model.to(s.forward_dtype)
     result = CalibResult(blocks=block_name, n_samples=len(samples), seqlen=int(samples[0].shape[-1]))
     model.eval()
+    if getattr(getattr(model, "config", None), "use_cache", False):
+        # a KV cache captured with the first block's inputs would grow with every forward of every block
+        # (and its past keys would leak between batches)
+        model.config.use_cache = False
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(block_name + ".")} \
         if s.method == "awq" else {}
     with torch.no_grad():
