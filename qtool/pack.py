@@ -577,7 +577,9 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
         report.notes.append(f"calibration: no --calib given, so {summary['text']}")
     report.notes.append(f"calibration: {summary['samples']} samples of {summary['seqlen']} tokens, "
                         f"seed {summary['seed']}, "
-                        f"blocks {summary['blocks']}, device {summary['device']}")
+                        f"blocks {summary['blocks']}, device {summary['device']}"
+                        + (f", damp {summary['damp']:g}, {'clip-searched (--mse)' if summary['mse'] else 'min-max'} "
+                           "group scales" if job.method == "gptq" else ""))
     report.notes.extend(res.notes)
     rest = [n for n in to_quantize if n not in res.layers]
     if rest:

@@ -198,7 +198,8 @@ def test_pack_gptq_mse_and_seed_reach_the_quantizer_and_the_records(tiny_bert, t
         rep, cfg, _ = runs[name]
         assert rep["calibration"]["mse"] is mse and rep["calibration"]["seed"] == seed
         assert cfg["meta"]["mse"] == (2.0 if mse else 0.0)
-        assert any(f"seed {seed}," in n for n in rep["notes"])
+        scales = "clip-searched (--mse)" if mse else "min-max"
+        assert any(f"seed {seed}," in n and f"{scales} group scales" in n for n in rep["notes"])
         assert all(lay["loss"] < lay["rtn_loss"] for lay in rep["calibration"]["layers"])
     scales = [k for k in runs["mse"][2] if k.endswith(".scales")]
     assert scales and any(not torch.equal(runs["mse"][2][k], runs["minmax"][2][k]) for k in scales)
