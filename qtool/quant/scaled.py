@@ -84,11 +84,15 @@ def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float 
 def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[int, int] = (128, 128),
                     scale_type: str = "fp32", compute: str = "float32", out_dtype: str = "bfloat16",
                     method: str = "rtn", name: str | None = None, meta: dict | None = None,
-                    stats: dict | None = None) -> ScaledPlain:
+                    stats: dict | None = None, codes: torch.Tensor | None = None,
+                    threads: int | None = None) -> ScaledPlain:
     """Quantize weight [O, I] (fp16/bf16/fp32) into a ScaledPlain (module docstring). name: for errors only.
 
     stats: when a dict, receives "err2" = sum (W - Ŵ)^2 and "ref2" = sum W^2 (float32 work, float64 sums),
     measured while each chunk is in cache (pack reports sqrt(err2 / ref2) without a second pass).
+    codes: a contiguous [O, I] tensor of the element's storage dtype to write the codes into (a caller that
+    reuses one saves the page faults of fresh memory), or None for a new one. threads: how many threads the
+    C++ loops use (None: torch's count); the torch path uses torch's.
     """
     if weight.dim() != 2 or not weight.is_floating_point():
         raise UsageError(f"can only quantize 2-D float weights [out, in], got {weight.dtype} "
@@ -105,13 +109,18 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
         raise UsageError(f"block {block} must hold positive sizes or -1")
     top = ELEMENTS[element].max
     sdtype = getattr(torch, SCALE_TYPES[scale_type].storage)
-    codes = torch.empty(o, i, dtype=getattr(torch, ELEMENTS[element].storage))
+    storage = getattr(torch, ELEMENTS[element].storage)
+    if codes is None:
+        codes = torch.empty(o, i, dtype=storage)
+    elif codes.dtype != storage or tuple(codes.shape) != (o, i) or not codes.is_contiguous():
+        raise ValueError(f"codes must be a contiguous {storage} [{o}, {i}] tensor")
     scales = torch.empty(scale_grid(o, i, block), dtype=sdtype)
     meta = {"method": method, **(meta or {})}
     if o == 0 or i == 0:
         return ScaledPlain(codes, element, scales.fill_(1), scale_type, tuple(block), compute, out_dtype,
                            meta=meta)
-    if method == "rtn" and _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name):
+    if method == "rtn" and _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name,
+                                            threads):
         return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
     tensor_amax = None
     if bo == o and bi == i and o > 1:  # per-tensor: one amax first, then the codes chunk by chunk like per-channel
@@ -161,7 +170,7 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
 
 
-def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name) -> bool:
+def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name, threads=None) -> bool:
     """The rtn codes, scales and error sums of quantize_scaled through the C++ loops (qtool.packing.scaled_quant),
     NATIVE_CHUNK weights of whole block rows at a time; False (nothing written) where they do not apply. The
     scales come from _stored_scale here as on the torch path, so only the block maxima and the codes are made
@@ -178,7 +187,7 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
     if per_tensor:  # one amax over every row first
         parts = []
         for r0 in range(0, o, step):
-            got = sq.row_amax(weight[r0:r0 + step], i)
+            got = sq.row_amax(weight[r0:r0 + step], i, threads)
             if got is None:
                 return False
             if got[1]:
@@ -190,18 +199,18 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
         r1 = min(o, r0 + step)
         w = weight[r0:r1]
         if tensor_amax is None:
-            got = sq.row_amax(w, bi)
+            got = sq.row_amax(w, bi, threads, bo=bo)
             if got is None:
                 return False
             if got[1]:
                 _refuse_nonfinite(weight, r0, r1, name)
-            amax = got[0] if bo == 1 else _rows_max(got[0], bo)
+            amax = got[0]
         else:
             amax = tensor_amax
         s = _finite_scale(amax, top, scale_type, name)
         s32 = s.to(torch.float32)
         sums = sq.quantize(w, element, r1 - r0 if tensor_amax is not None else bo, bi, s32, torch.reciprocal(s32),
-                           codes[r0:r1].view(torch.uint8))
+                           codes[r0:r1].view(torch.uint8), threads)
         if sums is None:
             return False
         if tensor_amax is None:
@@ -213,15 +222,6 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
     if stats is not None:
         stats.update(err2=err2, ref2=ref2)
     return True
-
-
-def _rows_max(m: torch.Tensor, bo: int) -> torch.Tensor:
-    """[R, nc] row maxima -> [ceil(R / bo), nc] block maxima (a ragged last block row padded with zeros)."""
-    r, nc = m.shape
-    nr = -(-r // bo)
-    if nr * bo != r:
-        m = torch.nn.functional.pad(m, (0, 0, 0, nr * bo - r))
-    return m.view(nr, bo, nc).amax(1)
 
 
 def _block_err2(e: torch.Tensor, s32: torch.Tensor, bo: int, bi: int) -> float:
