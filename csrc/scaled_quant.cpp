@@ -173,6 +173,10 @@ QTOOL_AVX512 int row_amax_512(const void* w, int64_t base, int64_t cols, int64_t
   return bad;
 }
 
+// E4M3 by one rounding add: |x| + C - C with C = 2^(e + 20), e the exponent of |x| (at least -6, the least
+// normal's), rounds |x| to nearest-even at 2^(e - 3), E4M3's step in that binade (subnormals included, and a
+// carry into the next binade lands on its first value); the code is then the value's exponent and top three
+// mantissa bits, or below 2^-6 its count of 2^-9 steps. The same codes as e4m3() above, in fewer steps.
 template <int kElement>
 QTOOL_AVX512 inline __m512i code_512(__m512 xc, __m512* value) {
   if (kElement == 1) {
@@ -182,20 +186,17 @@ QTOOL_AVX512 inline __m512i code_512(__m512 xc, __m512* value) {
     return _mm512_cvttps_epi32(v);
   }
   const __m512i u = _mm512_castps_si512(xc);
-  const __m512i sign = _mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), odd),
-                                     _mm512_set1_epi32(static_cast<int>(0xFFF00000u)));
-  const __m512 two23 = _mm512_set1_ps(8388608.0f);
-  const __m512 sub = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
-                                                 two23), two23);
-  const __mmask16 normal = _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x3C800000));
-  const __m512i code = _mm512_mask_blend_epi32(normal, _mm512_cvttps_epi32(sub),
-                                               _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(960)));
-  const __m512i vbits = _mm512_mask_blend_epi32(
-      normal, _mm512_castps_si512(_mm512_mul_ps(sub, _mm512_set1_ps(1.0f / 512.0f))), r);
-  *value = _mm512_castsi512_ps(_mm512_or_si512(vbits, sign));
+  const __m512i sign = _mm512_xor_si512(u, a);
+  const __m512i e = _mm512_max_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x7F800000)),
+                                     _mm512_set1_epi32(0x3C800000));
+  const __m512 c = _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_set1_epi32(20 << 23)));
+  const __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), c), c);
+  const __m512i vb = _mm512_castps_si512(v);
+  const __mmask16 sub = _mm512_cmplt_epi32_mask(vb, _mm512_set1_epi32(0x3C800000));
+  const __m512i code = _mm512_mask_mov_epi32(_mm512_sub_epi32(_mm512_srli_epi32(vb, 20), _mm512_set1_epi32(960)),
+                                             sub, _mm512_cvttps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(512.0f))));
+  *value = _mm512_castsi512_ps(_mm512_or_si512(vb, sign));
   return _mm512_or_si512(code, _mm512_srli_epi32(sign, 24));
 }
 
@@ -278,7 +279,7 @@ QTOOL_AVX2 int row_amax_256(const void* w, int64_t base, int64_t cols, int64_t g
 }
 
 template <int kElement>
-QTOOL_AVX2 inline __m256i code_256(__m256 xc, __m256* value) {
+QTOOL_AVX2 inline __m256i code_256(__m256 xc, __m256* value) {  // code_512's steps
   if (kElement == 1) {
     const __m256 big = _mm256_set1_ps(12582912.0f);
     const __m256 v = _mm256_sub_ps(_mm256_add_ps(xc, big), big);
@@ -286,20 +287,17 @@ QTOOL_AVX2 inline __m256i code_256(__m256 xc, __m256* value) {
     return _mm256_cvttps_epi32(v);
   }
   const __m256i u = _mm256_castps_si256(xc);
-  const __m256i sign = _mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
   const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7FFFF)), odd),
-                                     _mm256_set1_epi32(static_cast<int>(0xFFF00000u)));
-  const __m256 two23 = _mm256_set1_ps(8388608.0f);
-  const __m256 sub = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)),
-                                                 two23), two23);
-  const __m256i normal = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x3C800000 - 1));
-  const __m256i code = _mm256_blendv_epi8(_mm256_cvttps_epi32(sub),
-                                          _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(960)), normal);
-  const __m256i vbits = _mm256_blendv_epi8(_mm256_castps_si256(_mm256_mul_ps(sub, _mm256_set1_ps(1.0f / 512.0f))),
-                                           r, normal);
-  *value = _mm256_castsi256_ps(_mm256_or_si256(vbits, sign));
+  const __m256i sign = _mm256_xor_si256(u, a);
+  const __m256i e = _mm256_max_epi32(_mm256_and_si256(a, _mm256_set1_epi32(0x7F800000)),
+                                     _mm256_set1_epi32(0x3C800000));
+  const __m256 c = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(20 << 23)));
+  const __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), c), c);
+  const __m256i vb = _mm256_castps_si256(v);
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), vb);
+  const __m256i code = _mm256_blendv_epi8(_mm256_sub_epi32(_mm256_srli_epi32(vb, 20), _mm256_set1_epi32(960)),
+                                          _mm256_cvttps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(512.0f))), sub);
+  *value = _mm256_castsi256_ps(_mm256_or_si256(vb, sign));
   return _mm256_or_si256(code, _mm256_srli_epi32(sign, 24));
 }
 

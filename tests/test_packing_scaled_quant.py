@@ -36,18 +36,20 @@ def test_every_e4m3_rounding_case_equals_torchs_cast(extension):
     x = _e4m3_values().clamp(-448, 448)
     x = torch.cat([x, torch.zeros(-x.numel() % 64)]).reshape(-1, 64)
     ones = torch.ones(1, 1)
-    codes = torch.empty(x.shape, dtype=torch.uint8)
-    assert sq.quantize(x, "e4m3", x.shape[0], 64, ones, ones, codes) is not None
     ref = x.to(torch.float8_e4m3fn).view(torch.uint8)
-    assert torch.equal(codes, ref), x.reshape(-1)[(codes != ref).reshape(-1)][:8]
+    for level in range(sq.isa() + 1):  # every build of the loops this CPU runs
+        codes = torch.empty(x.shape, dtype=torch.uint8)
+        assert sq.quantize(x, "e4m3", x.shape[0], 64, ones, ones, codes, level=level) is not None
+        assert torch.equal(codes, ref), (level, x.reshape(-1)[(codes != ref).reshape(-1)][:8])
 
 
 def test_int8_rounds_half_to_even_like_torch(extension):
     x = torch.arange(-128.0, 128, 0.25).reshape(-1, 16)  # every half-integer tie, and past +-127
     ones = torch.ones(1, 1)
-    codes = torch.empty(x.shape, dtype=torch.uint8)
-    sq.quantize(x, "int8", x.shape[0], 16, ones, ones, codes)
-    assert torch.equal(codes.view(torch.int8), x.clamp(-127, 127).round().to(torch.int8))
+    for level in range(sq.isa() + 1):
+        codes = torch.empty(x.shape, dtype=torch.uint8)
+        sq.quantize(x, "int8", x.shape[0], 16, ones, ones, codes, level=level)
+        assert torch.equal(codes.view(torch.int8), x.clamp(-127, 127).round().to(torch.int8)), level
 
 
 @pytest.mark.parametrize("o,i,block", [(300, 520, (128, 128)), (257, 384, (1, -1)), (200, 136, (-1, -1)),
