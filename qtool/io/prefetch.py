@@ -10,7 +10,9 @@ VMs as much as copying the bytes from the page cache.
     reader.close()
 
 The reads are read_tensor's (checked for length, never mapped): errors are its InputError, raised by get()
-for the tensor they belong to.
+for the tensor they belong to. `read` replaces read_tensor with a function (info, buffer) -> anything that
+reads the tensor into the numpy uint8 buffer and may do more on the reader thread while the bytes are in its
+cache (pack takes the block maxima there); get() returns what it returns.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ SLOTS = 2  # the tensor being converted and the one being read
 
 
 class Prefetcher:
-    def __init__(self, infos: list[TensorInfo]):
+    def __init__(self, infos: list[TensorInfo], read=None):
         self._infos = list(infos)
+        self._read = read
         self._next = 0  # index of the tensor the next get() returns
         self._size = max((i.nbytes for i in self._infos), default=0)
         self._bufs: list = [None] * SLOTS
@@ -44,7 +47,11 @@ class Prefetcher:
 
         k = self._next
         if k < len(self._infos):
-            self._pending = self._pool.submit(read_tensor, self._infos[k], False, self._buffer(k % SLOTS))
+            buf = self._buffer(k % SLOTS)
+            if self._read is None:
+                self._pending = self._pool.submit(read_tensor, self._infos[k], False, buf)
+            else:
+                self._pending = self._pool.submit(self._read, self._infos[k], buf)
 
     def get(self, name: str):
         """The next tensor of the sequence, which must be `name` (a caller that skips one is a bug)."""
