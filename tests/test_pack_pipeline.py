@@ -38,7 +38,7 @@ def _files(d) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name not in ("report.json", "report.md")}
 
 
-@pytest.mark.parametrize("to,extra", [("fp8", ()), ("ct_fp8", ("channel",)), ("ct_int8", ())])
+@pytest.mark.parametrize("to,extra", [("fp8", ()), ("fp8", ("tensor",)), ("ct_fp8", ("channel",)), ("ct_int8", ())])
 def test_the_staged_pack_writes_the_torch_paths_bytes(model, tmp_path, monkeypatch, to, extra):
     strategy = extra[0] if extra else None
     monkeypatch.delenv("QTOOL_SCALED_QUANT_EXT", raising=False)
@@ -77,3 +77,17 @@ def test_a_read_error_names_its_tensor(model, tmp_path):
     with Prefetcher([last]) as reader, pytest.raises(InputError, match="file ends after") as e:
         reader.get(last.name)
     assert e.value.tensor == last.name
+
+
+def test_a_nan_weight_found_while_reading_is_refused_with_its_place(model, tmp_path):
+    src = tmp_path / "nan"
+    src.mkdir()
+    from safetensors.torch import load_file
+
+    t = load_file(model / "model.safetensors")
+    t["model.layers.0.mlp.down_proj.weight"][700, 5] = float("nan")  # a weight the C++ loops take (>= 1 M)
+    save_file(t, src / "model.safetensors", metadata={"format": "pt"})
+    (src / "config.json").write_bytes((model / "config.json").read_bytes())
+    with pytest.raises(InputError, match=r"at \[700, 5\]") as e:
+        run_pack(PackJob(src, tmp_path / "out", to="fp8", bits=8))
+    assert e.value.tensor == "model.layers.0.mlp.down_proj.weight" and not (tmp_path / "out").exists()
