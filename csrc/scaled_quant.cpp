@@ -200,33 +200,48 @@ QTOOL_AVX512 inline __m512i code_512(__m512 xc, __m512* value) {
   return _mm512_or_si512(code, _mm512_srli_epi32(sign, 24));
 }
 
+// 16 weights from p (kFull: all 16, else the lanes of k; lanes past them read 0: no code, no error).
+template <int kDtype, int kElement, bool kFull>
+QTOOL_AVX512 inline void step_512(const void* p, uint8_t* q, __mmask16 k, __m512 rc, __m512 sc, __m512* fe,
+                                  __m512* fr) {
+  const __m512 top = _mm512_set1_ps(kElement == 0 ? 448.0f : 127.0f);
+  const __m512 ntop = _mm512_set1_ps(kElement == 0 ? -448.0f : -127.0f);
+  __m512 wv;
+  if (kDtype == 1) {
+    const __m256i h = kFull ? _mm256_loadu_si256(static_cast<const __m256i*>(p))
+                            : _mm256_maskz_loadu_epi16(k, p);
+    wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    wv = kFull ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p);
+  }
+  const __m512 x = _mm512_mul_ps(wv, rc);
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, ntop), top);  // x is finite: the maxima were checked
+  __m512 value;
+  const __m512i code = code_512<kElement>(xc, &value);
+  if (kFull) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(code));
+  } else {
+    _mm512_mask_cvtepi32_storeu_epi8(q, k, code);
+  }
+  const __m512 d = _mm512_mul_ps(_mm512_sub_ps(value, x), sc);
+  *fe = _mm512_fmadd_ps(d, d, *fe);
+  *fr = _mm512_fmadd_ps(wv, wv, *fr);
+}
+
 template <int kDtype, int kElement>
 QTOOL_AVX512 void row_codes_512(const void* w, int64_t base, int64_t cols, int64_t group, const float* s,
                                 const float* rs, uint8_t* q, double* err2, double* ref2) {
-  const __m512 top = _mm512_set1_ps(kElement == 0 ? 448.0f : 127.0f);
-  const __m512 ntop = _mm512_set1_ps(kElement == 0 ? -448.0f : -127.0f);
+  const int64_t esz = kDtype == 1 ? 2 : 4;
+  const char* row = static_cast<const char*>(w) + base * esz;
   __m512 fe = _mm512_setzero_ps(), fr = _mm512_setzero_ps();
   for (int64_t c0 = 0, g = 0; c0 < cols; c0 += group, ++g) {
     const int64_t c1 = (c0 + group < cols) ? c0 + group : cols;
     const __m512 sc = _mm512_set1_ps(s[g]), rc = _mm512_set1_ps(rs[g]);
-    for (int64_t c = c0; c < c1; c += 16) {
-      const int64_t n = c1 - c < 16 ? c1 - c : 16;
-      const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);  // lanes past the group read 0: no code, no error
-      __m512 wv;
-      if (kDtype == 1) {
-        const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(w) + base + c);
-        wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      } else {
-        wv = _mm512_maskz_loadu_ps(k, static_cast<const float*>(w) + base + c);
-      }
-      const __m512 x = _mm512_mul_ps(wv, rc);
-      const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, ntop), top);  // x is finite: the maxima were checked
-      __m512 value;
-      const __m512i code = code_512<kElement>(xc, &value);
-      _mm512_mask_cvtepi32_storeu_epi8(q + c, k, code);
-      const __m512 d = _mm512_mul_ps(_mm512_sub_ps(value, x), sc);
-      fe = _mm512_fmadd_ps(d, d, fe);
-      fr = _mm512_fmadd_ps(wv, wv, fr);
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) step_512<kDtype, kElement, true>(row + c * esz, q + c, 0, rc, sc, &fe, &fr);
+    if (c < c1) {
+      const __mmask16 k = static_cast<__mmask16>((1u << (c1 - c)) - 1);
+      step_512<kDtype, kElement, false>(row + c * esz, q + c, k, rc, sc, &fe, &fr);
     }
   }
   alignas(64) float le[16], lr[16];
