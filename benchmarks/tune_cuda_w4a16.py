@@ -425,16 +425,23 @@ CURVE_FAMILIES = {
                                    if 8 < m <= 32 else None),
     "xr nt4 r4 w8 2/sm": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=2.0, pdl=True)
                                         if 8 < m <= 32 else None),
-    "mma nt4": lambda m, st: Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0) if 8 < m <= 64 else None,
+    "sk 1/sm": lambda m, st: (Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
+                              if m <= SK_MAX_M else None),
+    "sk whole tiles": lambda m, st: launch._sk_whole_tiles(st) if m <= SK_MAX_M else None,
+    "sk tile/cta": lambda m, st: Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True) if m <= SK_MAX_M else None,
+    "mma m8": lambda m, st: Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0) if m <= 8 else None,
+    "mma nt4": lambda m, st: Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0) if 8 < m else None,
     "wgmma bn64": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=8)
                                  if 16 < m <= 64 else None),
     "wgmma bn128": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
-                                  if 32 < m <= 128 else None),
+                                  if 32 < m else None),
+    "wgmma bn128 s4": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+                                     if 64 < m else None),
 }
 
 
 def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None,
-          families: list[str] | None = None) -> int:
+          families: list[str] | None = None, seconds: float = 1.0) -> int:
     """Every family of CURVE_FAMILIES over the models' distinct shapes (weighted by how often each occurs in a
     layer) and batch sizes: each launch checked against the float64 oracle (output poisoned), then timed as
     `qtool bench --graphs` does. Prints, per model and M, each family's layer sum and the best family per shape."""
@@ -457,7 +464,8 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                 xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(max(len(states), len(w16s)))]
                 ref = xs[0].double() @ w64.t()
                 base = float((F.linear(xs[0], w16s[0]).double() - ref).norm() / ref.norm())
-                td = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev, graphs=True)
+                td = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev, graphs=True,
+                                max_seconds=seconds)
                 rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family="dense", us=td.median_s * 1e6))
                 for fam, make in fams.items():
                     cfg = make(m, states[0])
@@ -482,7 +490,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                                          base_err=base, us=None))
                         continue
                     tq = time_calls([(lambda x=x, s=s: kern.forward(x, s)) for x, s in zip(xs, states)], dev,
-                                    graphs=True)
+                                    graphs=True, max_seconds=seconds)
                     rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
                                      base_err=base, us=tq.median_s * 1e6))
                     print(f"row {model} {k}x{n} M={m} {fam}: {tq.median_s * 1e6:.1f} us (dense "
@@ -539,6 +547,7 @@ def main() -> int:
     ap.add_argument("--curve", metavar="MODELS",
                     help="time every CURVE_FAMILIES launch over these models' shapes (comma-separated) and M")
     ap.add_argument("--families", nargs="+", help="of CURVE_FAMILIES, only these (--curve)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="longest time per timed launch (--curve)")
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"device {props.name} cc {props.major}.{props.minor} sms {props.multi_processor_count}, torch "
@@ -548,7 +557,7 @@ def main() -> int:
         scaling({"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json)
     if a.curve:
         rc |= curve(a.curve, a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json,
-                    a.families)
+                    a.families, a.seconds)
     if a.tune:
         tune(a.batch_sizes, {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype], a.json,
              not a.defaults_above_8, a.variants_only, a.only, a.variants)

@@ -87,6 +87,19 @@ def test_fixture_deep_stats_match_reference(name, fixtures_dir):
         assert any("whole-word" in a.message and a.severity == "info" for a in r.anomalies)
 
 
+def test_quantized_activations_are_shown(fixtures_dir):
+    """compressed-tensors' own W4A8 file (int4 weights, fp8 inputs): the JSON module and the summary say fp8;
+    a weight-only file shows neither."""
+    res, code = cli("inspect", str(fixture_path("ct-w4a8/compressed-tensors-w4afp8")), "--json")
+    assert code == 0 and {m["activations"] for m in json.loads(res.stdout)["modules"]} == {"fp8"}
+    res, _ = cli("inspect", str(fixture_path("ct-w4a8/compressed-tensors-w4afp8")))
+    assert "activations     fp8" in res.stdout
+    res, _ = cli("inspect", str(fixture_path("compressed-tensors-w4a16-g128")), "--json")
+    assert all("activations" not in m for m in json.loads(res.stdout)["modules"])
+    res, _ = cli("inspect", str(fixture_path("compressed-tensors-w4a16-g128")))
+    assert "activations" not in res.stdout
+
+
 def test_gguf_fixture(fixtures_dir):
     r = inspect_path(fixture_path(GGUF_FIXTURE), deep=True)
     got = {m.name: (m.scheme.format, m.scheme.bits, m.scheme.group_size, m.scheme.sym, (m.out_features, m.in_features)) for m in r.modules}

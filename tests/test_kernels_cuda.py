@@ -101,18 +101,18 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (one.nt, one.r, one.warps, one.depth, one.t, one.bias, one.cluster) == (1, 8, 8, 3, 1, False, False)
     assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
-    # M 17-32: four batch tiles of x in registers (4 blocks a warp) where K holds a K group of 8 x 4 blocks
-    for m, (k, n) in ((17, (8192, 1024)), (32, (28672, 8192)), (24, (2048, 768))):
+    # M 17-32: four batch tiles of x in registers (4 blocks a warp), at any K
+    for m, (k, n) in ((17, (8192, 1024)), (32, (28672, 8192)), (24, (2048, 768)), (32, (768, 2048))):
         four = choose(m, state(k, n))
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
-    assert choose(32, state(768, 2048)).kind == MMA and choose(33, state(8192, 8192)).kind == WGMMA
-    # M = 9-16, groups of >= 128, on the H200: x in registers on layers of >= 4 units (K group x tile) per SM
-    # (q/o, gate/up, down), 8 warps of 8 blocks, units of two tiles with >= 8 such units per SM (gate/up, down);
-    # x streamed, 3 CTAs of 8 warps per SM, on k/v (128 units)
+    assert choose(33, state(8192, 8192)).kind == WGMMA
+    # M = 9-16, groups of >= 128, on the H200: x in registers, 8 warps of 8 blocks, on every layer (k/v too),
+    # units of two tiles with >= 8 such units per SM (gate/up, down)
     q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
                                                                       (8192, 28672)))
-    assert (q16.kind, q16.r, q16.warps, q16.t, q16.depth, kv16.kind, kv16.warps) == (XR, 8, 8, 1, 3, XS, 8)
+    assert (q16.kind, q16.r, q16.warps, q16.t, q16.depth) == (kv16.kind, kv16.r, kv16.warps, kv16.t, kv16.depth) == (
+        XR, 8, 8, 1, 3)
     assert (down16.kind, down16.r, down16.warps, down16.t, down16.depth) == (XR, 8, 8, 2, 2)
     assert (gate16.kind, gate16.t) == (XR, 2)
     # two K groups (gate/up): the weights biased and the K groups summed in a cluster; seven (down) and q/o plain
@@ -132,7 +132,8 @@ def test_small_m_takes_stream_k_where_x_fits():
     p = plan(down16, 16, state(28672, 8192))
     assert p["grid"] == (32, 4, 1) and p["kbps"] == 112 and p["name"] == "qt_xs_{dt}_nt2_tn1_d6_x2"
     assert p["smem"] == 4 * 16 * (2 * 64 + 8) * 2 + 16 * 6 * (512 + 48)  # 4 x chunks, 16 rings of 6 blocks
-    assert plan(kv16, 16, state(8192, 1024))["grid"] == (8, 16, 1)  # 8 blocks per warp: 16 splits
+    xs_small = Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8)  # groups of 64 on k/v
+    assert plan(xs_small, 16, state(8192, 1024))["grid"] == (8, 16, 1)  # 8 blocks per warp: 16 splits
     # groups under a block: the mma kernel, a small layer (k/v) one tile per warp with 12-slot rings
     kv16 = choose(16, state(8192, 1024, post=False))
     assert (kv16.kind, kv16.tn, kv16.depth) == (MMA, 1, 12)
@@ -493,7 +494,7 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
             if m == 16 and k == 8192:  # --scaling's launches (K 8192)
                 configs += [c for mm, c in tune.SCALING if mm == m and isinstance(c, Config)]
             for cfg in configs:
-                if cfg.kind == SK and (m > 8 or not launch.sk_fits(1, st)):
+                if cfg.kind == SK and not launch.sk_fits(m, st):
                     continue  # the scripts only force stream-K where it takes the layer
                 try:
                     p = plan(cfg, m, st)

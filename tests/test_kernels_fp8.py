@@ -203,6 +203,14 @@ def test_act_quant_per_token_reconstructs_within_e4m3_rounding(dtype):
     assert bool((err <= bound * (1 + 1e-6)).all())
 
 
+def test_act_quant_of_no_rows_is_one_padded_row_at_the_floor_scale():
+    x = torch.empty(0, 256, dtype=torch.float16)
+    for act in ("token", "tensor", "group"):
+        q, s = quantize_activations(x, act)
+        assert q.shape == (1, 256) and torch.equal(q.float(), torch.zeros(1, 256)), act
+        assert bool((s > 0).all()) and bool(torch.isfinite(s).all()), act
+
+
 def test_act_quant_tensor_and_group_layouts():
     x = torch.randn(5, 384, dtype=torch.bfloat16)
     q, s = quantize_activations(x, "tensor")

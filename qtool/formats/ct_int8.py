@@ -54,4 +54,4 @@ class CtInt8(CtNaive):
             notes.append(("error", f"config says {claims.format} but the tensors are compressed-tensors INT8"))
         per = "tensor" if prod(t["weight_scale"][1]) == 1 else "channel"
         return Detected("ct_int8", 8, -1, "weight_zero_point" not in t, False, i, o, i * o,
-                        detail=f"per-{per} scale, int8 weight", notes=notes)
+                        detail=f"per-{per} scale, int8 weight", notes=notes, weight_scale=per)

@@ -142,6 +142,8 @@ class Detected:
     detail: str | None = None
     notes: list[tuple[str, str]] = field(default_factory=list)
     activations: str | None = None  # the dtype the config quantizes the module's inputs to ("fp8", "int8")
+    weight_scale: str | None = None  # FP8 / INT8 weight-scale grid: "tensor", "channel" or "block"
+    block: tuple[int, int] | None = None  # the [out, in] block of a "block" grid
 
     @property
     def quantized(self) -> bool:

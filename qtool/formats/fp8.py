@@ -156,21 +156,25 @@ def detect_fp8(t: Mapping[str, Sig], c: Claims) -> Detected | None:
     numel = 1
     for d in scale:
         numel *= d
+    grid, grid_block = None, None
     if numel == 1:
-        group, detail = -1, "per-tensor scale"
+        group, detail, grid = -1, "per-tensor scale", "tensor"
     elif tuple(scale) in ((o, 1), (o,)):
-        group, detail = -1, "per-channel scale"
+        group, detail, grid = -1, "per-channel scale", "channel"
     elif len(scale) == 2:
         block = infer_block(o, i, tuple(scale))
         bo, bi = c.block_size if c.block_size else block if block else (None, None)
         group, detail = bi, f"block {bo}x{bi} scales"
+        if bo is not None and bi is not None:
+            grid, grid_block = "block", (int(bo), int(bi))
         if c.block_size and (-(-o // bo) != scale[0] or -(-i // bi) != scale[1]):
             notes.append(("error", f"weight_block_size {list(c.block_size)} does not match scales {list(scale)} "
                                    f"for weight [{o}, {i}]"))
         if block is not None and block[0] == 1:
-            group, detail = block[1], f"per-{block[1]} group scales"
+            group, detail, grid, grid_block = block[1], f"per-{block[1]} group scales", None, None
     else:
         group, detail = None, f"scale shape {list(scale)}"
     if c.format not in (None, fmt, "ct_fp8", "fp8"):
         notes.append(("error", f"config says {c.format} but the tensors are FP8 ({w[0]})"))
-    return Detected(fmt, 8, group, True, False, i, o, i * o, detail=detail, notes=notes)
+    return Detected(fmt, 8, group, True, False, i, o, i * o, detail=detail, notes=notes, weight_scale=grid,
+                    block=grid_block)

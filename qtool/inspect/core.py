@@ -130,8 +130,13 @@ def _finish(report: InspectReport) -> None:
 def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tensor_names: tuple[str, ...]
                    ) -> ModuleReport:
     n = (d.n_weights or 0) + extra_params or None
+    extra = {"activations": d.activations} if d.activations else {}
+    if d.weight_scale:
+        extra["weight_scale"] = d.weight_scale
+        if d.block:
+            extra["block"] = d.block
     scheme = QuantScheme(format=d.format, bits=d.bits, group_size=d.group_size, sym=d.sym, desc_act=d.desc_act,
-                         extra={"activations": d.activations} if d.activations else {})
+                         extra=extra)
     return ModuleReport(name=name, scheme=scheme, in_features=d.in_features, out_features=d.out_features,
                         bytes=nbytes, n_weights=n, detail=d.detail, tensor_names=tensor_names)
 

@@ -6,7 +6,8 @@ JSON schema (README "qtool inspect --json"); keys marked (opt) appear only with 
     container    str          "safetensors" | "gguf"
     format       str          dominant module format ("gptq", "gptq_v2", "awq", "ct", "gguf:Q4_0", "dense", ...)
     modules      list[obj]    one per linear weight: name, format, bits, group_size, sym, desc_act,
-                              in_features, out_features, bytes (+ stats {mean, std, absmax} (opt, --deep))
+                              in_features, out_features, bytes (+ activations "fp8" | "int8" where the
+                              config quantizes the module's inputs; + stats {mean, std, absmax} (opt, --deep))
     tensor_count int
     bytes_total  int          sum of tensor data bytes (what the headers declare)
     bpw          float|null   8 * bytes_total / logical parameter count
@@ -75,8 +76,15 @@ class ModuleReport:
     def quantized(self) -> bool:
         return self.scheme.format not in ("dense", "unknown")
 
+    @property
+    def activations(self) -> str | None:
+        """The quantized activations' type the config names ("fp8", "int8"); None for weight-only."""
+        return self.scheme.extra.get("activations")
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self.scheme if k in _SCHEME_KEYS else self, k) for k in MODULE_KEYS}
+        if self.activations is not None:
+            d["activations"] = self.activations
         if self.stats is not None:
             d["stats"] = dict(self.stats)
         return d
@@ -240,6 +248,9 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
         s.add_row("group size", _b(g) + (" (per channel)" if g == -1 else ""))
         s.add_row("sym", _b(report.summary_value("sym")))
         s.add_row("act-order", _b(report.summary_value("desc_act")))
+        acts = {m.activations or "16-bit" for m in report.quantized_modules}
+        if acts != {"16-bit"}:  # weight-only checkpoints need no row
+            s.add_row("activations", " / ".join(sorted(acts)) + " (the config's input_activations)")
     nq = len(report.quantized_modules)
     nu = sum(1 for m in report.modules if m.scheme.format == "unknown")
     unknown = f", {nu} unknown quantized layout" if nu else ""

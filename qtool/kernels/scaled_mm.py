@@ -119,7 +119,8 @@ def quantize_activations(x: torch.Tensor, act: str, *, pad_rows: int = 1,
         group, scales = k, torch.empty((mp, 1), dtype=torch.float32, device=x.device)
     elif act == "tensor":
         group, scales = k, torch.empty((), dtype=torch.float32, device=x.device)
-        amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
+        amax = (torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32) if x.numel()
+                else torch.zeros((), dtype=torch.float32, device=x.device))  # no rows: the floor scale
     elif act == "group":
         group = BLOCK
         scales = torch.empty((k // BLOCK, mp), dtype=torch.float32, device=x.device).t()

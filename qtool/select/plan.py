@@ -351,22 +351,12 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     return out, notes
 
 
-_BLOCK = re.compile(r"^block (\d+)x(\d+) scales")
-
-
 def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
-    """Weight-scale granularity of an inspected FP8 / INT8 module (inspect says it in `detail`); None for
-    group-quantized formats, whose group_size says it."""
-    detail = str(getattr(m, "detail", "") or "")
-    if detail.startswith("per-tensor scale"):
-        return "tensor", None
-    if detail.startswith("per-channel scale"):
-        return "channel", None
-    hit = _BLOCK.match(detail)
-    if hit:
-        return "block", (int(hit.group(1)), int(hit.group(2)))
-    return None, None
-
+    """Weight-scale granularity of an inspected FP8 / INT8 module (inspect keeps it in the scheme's extra facts)
+    and a block grid's [out, in] block; None for group-quantized formats, whose group_size says it."""
+    grid = m.scheme.extra.get("weight_scale")
+    block = m.scheme.extra.get("block")
+    return grid, (tuple(block) if grid == "block" and block else None)
 
 
 

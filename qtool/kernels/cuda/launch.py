@@ -175,13 +175,13 @@ def _wg_tiles(m: int, st) -> int:
 
 
 def _xr_m16(m: int, st) -> bool:
-    """M 9-16 on sm_90 with groups of >= 128 (or one group) and at least 4 x-in-registers units per SM."""
-    return 8 < m <= 16 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0) and xr_units(st) >= 4 * st.n_sm
+    """M 9-16 on sm_90 with groups of >= 128 (or one group)."""
+    return 8 < m <= 16 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0)
 
 
-# Least K of the one- and four-batch-tile x-in-registers rows: 6 of the 8 warps of a K group of 8 x 8 blocks busy
-# (one tile), a whole K group of 8 x 4 blocks (four tiles); below, too few warps stream each tile.
-XR1_MIN_K, XR4_MIN_K = 3072, 2048
+# Least K of the one-batch-tile x-in-registers row at M <= 8: 6 of the 8 warps of a K group of 8 x 8 blocks busy;
+# below, too few warps stream each tile and stream-K (which stages all of x) takes the layer.
+XR1_MIN_K = 3072
 
 
 def _xr_m8(m: int, st) -> bool:
@@ -192,8 +192,8 @@ def _xr_m8(m: int, st) -> bool:
 
 
 def _xr_m32(m: int, st) -> bool:
-    """M 17-32 on sm_90, one group per 64-k block or coarser, K >= XR4_MIN_K."""
-    return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0) and st.K >= XR4_MIN_K
+    """M 17-32 on sm_90, one group per 64-k block or coarser."""
+    return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0)
 
 
 def _xs_m16(m: int, st) -> bool:
@@ -201,9 +201,19 @@ def _xs_m16(m: int, st) -> bool:
     return m <= 16 and st.gshift_blk >= 0 and _n16(st) < 8 * st.n_sm
 
 
+def _sk_tpc(st) -> int:
+    """Whole tiles per CTA of the stream-K whole-tile grid: about one CTA per SM."""
+    return max(1, round(_n16(st) / st.n_sm))
+
+
+def _sk_one_wave(st) -> bool:
+    """Whether the whole-tile grid fits one wave (no CTA waits for an SM while the others stream)."""
+    return -(-_n16(st) // _sk_tpc(st)) <= st.n_sm
+
+
 def _sk_whole_tiles(st) -> Config:
     long_k = st.K >= 2 * st.N
-    return Config(kind=SK, warps=16, tpc=max(1, round(_n16(st) / st.n_sm)), zsub=True, depth=6 if long_k else 0)
+    return Config(kind=SK, warps=16, tpc=_sk_tpc(st), zsub=True, depth=6 if long_k else 0)
 
 
 def _xr_two_tiles(st) -> Config:
@@ -252,15 +262,18 @@ ROWS = (
         "block, which beats stream-K on layers of one K group (Llama-3-8B at M = 3: q/o 6.3 against 10.4 us, "
         "gate/up 11.8 against 13.7) and, where x is too long for stream-K (70B at M >= 4), the split-K mma kernel "
         "(q/o 14.2 against 25.4 us) and the two-tile M = 16 forms (q/o 14.2 against 16.3, k/v 5.7 against 6.9)."),
-    Row("stream-K tile per CTA", lambda m, st: sk_fits(m, st) and small_layer(st),
+    Row("stream-K tile per CTA", lambda m, st: sk_fits(m, st) and small_layer(st) and _n16(st) <= st.n_sm,
         Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True),
-        "A small layer (k/v) puts its whole weight in flight with one 16-warp CTA of 6-slot rings per tile, each "
-        "tile summed in shared memory."),
-    Row("stream-K whole tiles", lambda m, st: (sk_fits(m, st) and _n16(st) >= st.n_sm
+        "A small layer of at most one tile per SM (k/v, MoE experts) puts its whole weight in flight with one "
+        "16-warp CTA of 6-slot rings per tile, each tile summed in shared memory; with more tiles than SMs the "
+        "CTAs queue in waves (Llama-3-70B's TP=4 o_proj, 2048 x 8192: 15.5 us against 5.8 with whole tiles)."),
+    Row("stream-K whole tiles", lambda m, st: (sk_fits(m, st) and _n16(st) >= st.n_sm and _sk_one_wave(st)
                                                and (st.K >= 2 * st.N or _n16(st) <= 4 * st.n_sm)),
         _sk_whole_tiles,
         "A long-K layer (down, with 6-slot rings) or one of at most 4 tiles per SM (q/o) is faster with whole "
-        "tiles per CTA, every hand-over in shared memory, than with the equal-range grid."),
+        "tiles per CTA, every hand-over in shared memory, than with the equal-range grid, as long as the CTAs fit "
+        "one wave: a second wave runs its tiles after the first (Qwen2.5-32B's down_proj, 320 tiles in 160 CTAs: "
+        "36.2 us against 26.2 with equal ranges)."),
     Row("stream-K 1/SM", lambda m, st: sk_fits(m, st),
         Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start"),
         "Wide layers (gate/up) stream best as one 16-warp CTA per SM over equal ranges, the next layer launched at "
@@ -271,8 +284,9 @@ ROWS = (
         "exchange per two tiles; with exactly two K groups (gate/up), biased weights summed in a cluster of 2."),
     Row("x in registers", _xr_m16,
         lambda st: Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
-        "A layer of 4-8 units per SM (q/o) is fastest with x in registers, one tile a unit, neither biased nor "
-        "clustered."),
+        "Any other layer (q/o, k/v, MoE experts, TP shards) is fastest with x in registers, one tile a unit, "
+        "neither biased nor clustered: on the 11 bench shapes the x-streaming kernel took before, 1.07-1.38x "
+        "faster (Qwen2.5-7B k/v at M = 16: 4.7 against 6.2 us)."),
     Row("x streamed, small layer", lambda m, st: _xs_m16(m, st) and small_layer(st),
         lambda st: Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8, pdl=pdl_enabled()),
         "A small layer (k/v) at M 9-16 is fastest with x streamed by three 8-warp CTAs per SM, 8 blocks a warp at "
@@ -295,8 +309,9 @@ ROWS = (
     Row("x in registers, four batch tiles", _xr_m32,
         lambda st: Config(kind=XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "At M 17-32 four batch tiles of x in registers (4 blocks a warp) stream each weight byte once, which beats "
-        "the split-K mma kernel and wgmma bn64 (a half-empty tile) on every Llama shape (70B layer at M = 32: "
-        "1.34x dense against 0.86x and 1.09x; 8B 1.26x against 0.83x and 1.07x)."),
+        "the split-K mma kernel and wgmma bn64 (a half-empty tile) on every bench shape (70B layer at M = 32: "
+        "1.34x dense against 0.86x and 1.09x; 8B 1.26x against 0.83x and 1.07x; the MoE expert's down_proj, "
+        "K = 768: 4.5 against 8.6 us)."),
     Row("mma", lambda m, st: True,
         Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0),
         "M 17-32, and any larger M without wgmma: four batch tiles per CTA, two tiles per warp."),
@@ -477,6 +492,14 @@ def plan(cfg: Config, m: int, st) -> dict:
     """Grid, block, shared memory, split, kernel name ("{dt}" stands for x's dtype), whether x goes by the tensor
     memory accelerator (tma: one more argument, x's tensor map) and the workspace the call needs (ws_floats fp32
     partials, counters per-tile arrival counters; 0 when it finishes in place)."""
+    p = _plan(cfg, m, st)
+    if p["smem"] > smem_per_sm(st.cc):
+        raise ValueError(f"{cfg.label()} needs {p['smem']} bytes of shared memory at M {m}, K {st.K}; "
+                         f"sm_{st.cc[0]}{st.cc[1]} has {smem_per_sm(st.cc)} per CTA")
+    return p
+
+
+def _plan(cfg: Config, m: int, st) -> dict:
     n16 = -(-st.N // 16)
     kb = -(-st.K // 64)
     post = st.gshift_blk >= 0  # one group per 64-k block, found by a shift
