@@ -18,6 +18,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 // The 256 E4M3 (fn) values: sign bit 7, exponent bits 6..3 (bias 7), mantissa bits 2..0; exponent 0 is
@@ -83,17 +87,89 @@ QTOOL_CLONES int64_t row(const uint8_t* q, const float* s, void* out, int64_t co
   return nans;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same row with AVX-512 intrinsics, 16 codes a step: the value formed from the code's bits instead of the
+// table (the table's lookups compile to gathers, about 1.3 ns a code): the magnitude's exponent and mantissa
+// moved into fp32's place and rebiased (+120 in the exponent), below the least normal m * 2^-9, NaN codes
+// torch's 0x7FF00000, then the sign; the product with the scale and its bf16 rounding are to_bf16's integer
+// steps, so subnormal products round as the portable loop rounds them (the CPU's bf16 conversion would flush
+// them to zero).
+template <bool kBf16>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) int64_t row_512(const uint8_t* q, const float* s,
+                                                                             void* out, int64_t cols,
+                                                                             int64_t group) {
+  const __m512i low7 = _mm512_set1_epi32(0x7F), bias = _mm512_set1_epi32(120 << 23);
+  const __m512i nan_bits = _mm512_set1_epi32(0x7FF00000), eight = _mm512_set1_epi32(8);
+  const __m512 step = _mm512_set1_ps(1.0f / 512.0f);
+  __m512i nans = _mm512_setzero_si512();
+  for (int64_t c0 = 0; c0 < cols; c0 += group) {
+    const __m512 sg = _mm512_set1_ps(s[c0 / group]);
+    const int64_t c1 = (c0 + group < cols) ? c0 + group : cols;
+    for (int64_t c = c0; c < c1; c += 16) {
+      const int64_t n = c1 - c < 16 ? c1 - c : 16;
+      const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, q + c));
+      const __m512i mag = _mm512_and_si512(b, low7);
+      __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), bias);
+      const __mmask16 sub = _mm512_cmplt_epi32_mask(mag, eight);
+      bits = _mm512_mask_mov_epi32(bits, sub, _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), step)));
+      const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, low7);
+      bits = _mm512_mask_mov_epi32(bits, nan, nan_bits);
+      nans = _mm512_mask_add_epi32(nans, nan & k, nans, _mm512_set1_epi32(1));
+      bits = _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_andnot_si512(low7, b), 24));
+      const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), sg);
+      if (kBf16) {
+        const __m512i u = _mm512_castps_si512(v);
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
+                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
+        const __mmask16 isnan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        r = _mm512_mask_mov_epi32(r, isnan, _mm512_set1_epi32(0xFFFF));
+        _mm512_mask_cvtepi32_storeu_epi16(static_cast<uint16_t*>(out) + c, k, r);
+      } else {
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + c, k, v);
+      }
+    }
+  }
+  return _mm512_reduce_add_epi32(nans);
+}
+
+bool has_avx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return yes;
+}
+#define QTOOL_ROW_512 1
+#endif
+
+// level: 1 the AVX-512 loop where the CPU has it, 0 the portable one (tests compare the two)
 template <bool kBf16>
 int64_t run(const uint8_t* codes, const float* scales, void* out, int64_t rows, int64_t cols, int64_t group,
-            int64_t bo, int64_t first, int threads) {
+            int64_t bo, int64_t first, int threads, int level) {
   const int64_t groups = (cols + group - 1) / group;
   const int64_t osz = kBf16 ? 2 : 4;
   int64_t nans = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : nans)
+#ifdef QTOOL_ROW_512
+  const bool wide = level != 0 && has_avx512();
+#else
+  const bool wide = false;
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : nans) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
-    nans += row<kBf16>(codes + r * cols, scales + ((first + r) / bo) * groups,
-                       static_cast<char*>(out) + r * cols * osz, cols, group);
+    const float* sr = scales + ((first + r) / bo) * groups;
+    void* o = static_cast<char*>(out) + r * cols * osz;
+#ifdef QTOOL_ROW_512
+    if (wide) {
+      nans += row_512<kBf16>(codes + r * cols, sr, o, cols, group);
+      continue;
+    }
+#endif
+    nans += row<kBf16>(codes + r * cols, sr, o, cols, group);
   }
+  (void)wide;
   return nans;
 }
 
@@ -101,7 +177,7 @@ int64_t run(const uint8_t* codes, const float* scales, void* out, int64_t rows, 
 
 extern "C" {
 
-int qtool_e4m3_dequant_abi() { return 3; }
+int qtool_e4m3_dequant_abi() { return 4; }
 
 // How many of n bytes have (b & mask) == value: E4M3 NaN codes are mask 0x7F, value 0x7F (E5M2 NaN and inf:
 // 0x7C, 0x7C). One read of the bytes, for the check that refuses NaN codes before they become NaN weights.
@@ -113,15 +189,24 @@ QTOOL_CLONES int64_t qtool_count_masked(const uint8_t* bytes, int64_t n, int mas
   return count;
 }
 
-// Both return the number of NaN codes met.
+// Both return the number of NaN codes met. level: 0 the portable loop, anything else the best this CPU runs.
 int64_t qtool_e4m3_dequant_f32(const uint8_t* codes, const float* scales, float* out, int64_t rows, int64_t cols,
-                               int64_t group, int64_t bo, int64_t first, int threads) {
-  return run<false>(codes, scales, out, rows, cols, group, bo, first, threads);
+                               int64_t group, int64_t bo, int64_t first, int threads, int level) {
+  return run<false>(codes, scales, out, rows, cols, group, bo, first, threads, level);
 }
 
 int64_t qtool_e4m3_dequant_bf16(const uint8_t* codes, const float* scales, uint16_t* out, int64_t rows,
-                                int64_t cols, int64_t group, int64_t bo, int64_t first, int threads) {
-  return run<true>(codes, scales, out, rows, cols, group, bo, first, threads);
+                                int64_t cols, int64_t group, int64_t bo, int64_t first, int threads, int level) {
+  return run<true>(codes, scales, out, rows, cols, group, bo, first, threads, level);
+}
+
+// 1 where the AVX-512 loop runs, else 0.
+int qtool_e4m3_dequant_isa() {
+#ifdef QTOOL_ROW_512
+  return has_avx512() ? 1 : 0;
+#else
+  return 0;
+#endif
 }
 
 }  // extern "C"

@@ -7,6 +7,7 @@ byte; other files of the source directory (tokenizer, ...) are copied.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -668,9 +669,85 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     return report
 
 
+def _read_with_maxima(info: TensorInfo, buf, block: tuple[int, int], element: str):
+    """(the weight read into buf, its block maxima or None): on the reader thread, a piece of whole block rows
+    at a time, each piece's maxima taken right after its read, while its bytes are in this core's cache (so
+    the quantizer reads the weight once, and a core each does the reading and the codes)."""
+    import torch
+
+    from qtool.io.checkpoint import read_bytes, read_tensor
+    from qtool.packing import scaled_quant as sq
+    from qtool.quant.scaled import block_maxima, block_rows_per_piece
+
+    o, i = info.shape
+    dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}.get(info.dtype)
+    if dtype is None or not info.nbytes:
+        return read_tensor(info, False, buf), None
+    w = torch.from_numpy(buf[:info.nbytes]).view(dtype).reshape(o, i)
+    if not sq.applies(w, element):
+        return read_tensor(info, False, buf), None
+    per_tensor = (block[0] in (-1, o)) and (block[1] in (-1, i)) and o > 1
+    row_bytes = info.nbytes // o
+    step = block_rows_per_piece((o, i), block, 1 << 20)
+    parts, bad = [], 0
+    for r0 in range(0, o, step):
+        r1 = min(o, r0 + step)
+        read_bytes(info.file, info.start + r0 * row_bytes, (r1 - r0) * row_bytes, info.name, buf[r0 * row_bytes:])
+        got = block_maxima(w[r0:r1], block, (o, i), threads=1) if parts is not None else None
+        if got is None:
+            parts = None  # the loops are unavailable: read the rest, the quantizer takes its own maxima
+            continue
+        parts.append(got[0])
+        bad += got[1]
+    if parts is None:
+        return w, None
+    grid = torch.stack(parts).amax(0) if per_tensor else torch.cat(parts)
+    return w, (grid, bad)
+
+
+class _CodeBuffers:
+    """The codes of each weight go into one of POOL reused buffers, sized for the largest weight: fresh memory
+    costs a page fault per 4 KiB, as much as quantizing into it. A buffer comes back once the writer thread has
+    written the codes in it, so while one weight is written the next is quantized into the other buffer."""
+
+    POOL = 2
+
+    def __init__(self, plans, element: str):
+        import queue
+
+        import torch
+
+        from qtool.formats.scaled import ELEMENTS
+
+        self.dtype = getattr(torch, ELEMENTS[element].storage)
+        self.size = max(p.shape[0] * p.shape[1] for p in plans) * torch.empty((), dtype=self.dtype).element_size()
+        self.free: queue.Queue = queue.Queue()
+        self.made = 0
+        self.last = None
+
+    def take(self, shape: tuple[int, int]):
+        """A [O, I] codes tensor in a free buffer (waits for the writer when both are in its queue)."""
+        import torch
+
+        if self.free.empty() and self.made < self.POOL:
+            self.made += 1
+            self.free.put(torch.empty(self.size, dtype=torch.uint8))
+        self.last = self.free.get()
+        o, i = shape
+        return self.last[:o * i * self.dtype.itemsize].view(self.dtype).view(o, i)
+
+    def give_back_when_written(self, writer) -> None:
+        """The buffer last taken returns once the writer has written everything queued before this call."""
+        buf, self.last = self.last, None
+        writer.after_written(lambda: self.free.put(buf))
+
+
 def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progress) -> None:
+    import torch
+
     from qtool import __version__
     from qtool.formats.scaled_format import module_meta
+    from qtool.io.prefetch import Prefetcher
     from qtool.io.writer import (
         BackgroundWriter,
         ShardedWriter,
@@ -688,9 +765,16 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
     element = SCALED_PACK[job.to]
     packed_meta: list[tuple[str, QuantScheme, dict]] = []
     dtypes = {"F16": ("fp16", "float16"), "BF16": ("bf16", "bfloat16"), "F32": ("fp32", "float32")}
+    # Three stages, a thread each: the next weight is read (Prefetcher) while this one is quantized, and the
+    # writer thread writes the codes before. The quantizer's C++ loops take one thread fewer than torch's
+    # count, so the reader and the writer keep a core (on two cores, OpenMP's second thread only waited).
+    threads = max(1, torch.get_num_threads() - 1)
+    codes = None if job.to in MICRO_PACK else _CodeBuffers(to_quantize.values(), element)
     with atomic_output(job.out, job.force) as tmp:
         w = BackgroundWriter(ShardedWriter(tmp, parse_size(job.max_shard_size), meta,
                                            expected_tensors=len(names) + 2 * len(to_quantize)))
+        read = None if codes is None else functools.partial(_read_with_maxima, block=block, element=element)
+        reader = Prefetcher([ck.tensors[n] for n in names if n in to_quantize], read)
         try:
             for k, name in enumerate(names):
                 info: TensorInfo = ck.tensors[name]
@@ -700,7 +784,7 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                 if plan is None:
                     w.add_raw(name, info)
                     continue
-                weight = ck.get(name)
+                weight, maxima = reader.get(name) if codes is not None else (reader.get(name), None)
                 # scales in the weight's dtype where the layout keeps it (compressed-tensors' observers do)
                 stype, model = dtypes.get(info.dtype, ("fp32", "float32"))
                 if stype not in fmt.scale_types:
@@ -715,8 +799,10 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                                              f"{block}", fix="drop --strategy/--group-size/--block")
                         p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
                     else:
+                        buf = codes.take(plan.shape) if codes is not None else None
                         p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
-                                            method=job.method, name=name, stats=st)
+                                            method=job.method, name=name, stats=st, codes=buf, threads=threads,
+                                            maxima=maxima)
                 except QtoolError as e:
                     raise _located(e, ck.path, name) from None
                 if not st:  # the micro-float quantizers measure nothing on the way
@@ -727,10 +813,14 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                     err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
                                                                                      math.inf)
                 _write_packed(w, fmt, p, plan, err, info, report, ck.path)
+                if codes is not None:
+                    codes.give_back_when_written(w)
                 packed_meta.append((plan.module, plan.scheme, module_meta(p)))
                 del weight, p
+            reader.close()
             files = w.close()
         except BaseException:
+            reader.close()
             w.abort()
             raise
         report.bytes_out = sum(f.stat().st_size for f in files)

@@ -322,29 +322,34 @@ def test_mapped_read_equals_read_and_checks_the_file(tmp_path):
         read_tensor(dataclasses.replace(info, file=cut), mapped=True)
 
 
-def test_large_tensors_written_through_a_map_or_not_give_the_same_file(tmp_path, monkeypatch):
-    """Tensors >= 4 MiB go through fallocate + a shared map; where either is unavailable the writer falls
-    back to write(2) at the same offset. Both give the file a plain writer gives."""
-    import qtool.io.writer as w
+def test_tensors_copied_in_the_kernel_or_not_give_the_same_file(tmp_path, monkeypatch):
+    """add_raw copies a source tensor with copy_file_range(2) where it can, else by reads and writes; both give
+    the bytes a plain writer gives, between tensors written by add, and a source cut short is an InputError."""
+    import os
 
     g = torch.Generator().manual_seed(1)
-    t = {"small": torch.randn(10, generator=g), "big": torch.randint(-9, 9, (5 << 20,), dtype=torch.int8, generator=g),
-         "after": torch.randn(7, generator=g).half(), "big2": torch.randn(1 << 20, generator=g)}
+    src = {"big": torch.randint(-9, 9, (5 << 20,), dtype=torch.int8, generator=g), "small": torch.randn(10, generator=g),
+           "big2": torch.randn(1 << 20, generator=g)}
+    save_file(src, tmp_path / "src.safetensors")
+    ck = open_checkpoint(tmp_path / "src.safetensors")
     outs = {}
-    for name, patch in (("mapped", None), ("nofalloc", "_fallocate"), ("nomap", "mmap")):
-        if patch == "_fallocate":
-            monkeypatch.setattr(w, "_fallocate", lambda fd, off, n: False)
-        if patch == "mmap":
-            import mmap
-
-            monkeypatch.setattr(mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError(19, "no map")))
+    for name in ("kernel", "read"):
+        if name == "read":
+            monkeypatch.delattr(os, "copy_file_range", raising=False)
         with atomic_output(tmp_path / name) as tmp:
             sw = ShardedWriter(tmp)
-            for k, v in t.items():
-                sw.add(k, v)
+            sw.add("first", torch.randn(7, generator=torch.Generator().manual_seed(2)).half())
+            for k in src:
+                sw.add_raw(k, ck.tensors[k])
+            sw.add("last", torch.arange(5))
             sw.close()
         monkeypatch.undo()
         outs[name] = (tmp_path / name / "model.safetensors").read_bytes()
-    assert outs["mapped"] == outs["nofalloc"] == outs["nomap"]
-    got = load_file(tmp_path / "mapped" / "model.safetensors")
-    assert all(torch.equal(got[k], v) for k, v in t.items())
+    assert outs["kernel"] == outs["read"]
+    got = load_file(tmp_path / "kernel" / "model.safetensors")
+    assert all(torch.equal(got[k], v) for k, v in src.items()) and torch.equal(got["last"], torch.arange(5))
+    info = ck.tensors["big2"]
+    with open(tmp_path / "src.safetensors", "r+b") as f:
+        f.truncate(info.start + 100)
+    with atomic_output(tmp_path / "cut") as tmp, pytest.raises(InputError, match="file ends after 100 of"):
+        ShardedWriter(tmp).add_raw("big2", info)

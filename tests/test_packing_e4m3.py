@@ -38,6 +38,19 @@ def test_extension_equals_torch_bit_for_bit(extension, monkeypatch, o, i, block,
         ref = dequantize(p, dtype, rows)
         monkeypatch.setenv("QTOOL_E4M3_EXT", "1")
         assert torch.equal(fast.view(INT[dtype]), ref.view(INT[dtype])), (rows, dtype)
+        for level in range(e4m3.isa() + 1):  # the portable loop and, where the CPU has it, the AVX-512 one
+            r = p.codes[rows]
+            bo, group = p.block_shape
+            got = e4m3.dequant_counted(r, _scales_of(p, rows), group, dtype, bo=bo,
+                                       first=(rows.start or 0) % bo, level=level)
+            assert torch.equal(got[0].view(INT[dtype]), ref.view(INT[dtype])), (rows, dtype, level)
+            assert got[1] == int(((r.view(torch.uint8) & 0x7F) == 0x7F).sum())
+
+
+def _scales_of(p, rows):
+    from qtool.formats.scaled import effective_scales
+
+    return effective_scales(p, rows)
 
 
 def test_extension_declines_what_it_does_not_compute(extension):

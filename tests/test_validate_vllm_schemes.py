@@ -71,6 +71,7 @@ def edit_group(d: Path, **changes) -> None:
     (["--to", "ct_int8"], "CompressedTensorsW8A8Int8 (dynamic per-token activations)"),
     (["--to", "nvfp4"], "CompressedTensorsW4A16Fp4"),
     (["--to", "mxfp4"], "CompressedTensorsW4A16Mxfp4"),
+    (["--to", "mxfp8"], "CompressedTensorsW8A8Mxfp8"),
 ])
 def test_qtool_packs_load_as_a_vllm_scheme(dense, tmp_path, to, scheme):
     rows, code = contract(pack(dense[128], tmp_path / "q", *to))
@@ -89,6 +90,10 @@ def test_qtool_packs_load_as_a_vllm_scheme(dense, tmp_path, to, scheme):
     (["--to", "nvfp4"], {"group_size": 32}, "no NVFP4 (tensor_group of 16) or MXFP4"),
     # MXFP4 stored asymmetric
     (["--to", "mxfp4"], {"symmetric": False}, "no NVFP4 (tensor_group of 16) or MXFP4"),
+    # MXFP8 whose config does not say its scales are E8M0 bytes
+    (["--to", "mxfp8"], {"scale_dtype": None}, "load as MXFP8 only with scale_dtype torch.uint8"),
+    # MXFP8 codes per group of 64: no MXFP8, and FP8 groups are no W8A8/W8A16 strategy
+    (["--to", "mxfp8"], {"group_size": 64}, "FP8 weight strategy 'group'"),
 ])
 def test_groups_vllm_has_no_scheme_for_fail(dense, tmp_path, to, edit, why):
     d = pack(dense[128], tmp_path / "q", *to)
@@ -126,3 +131,11 @@ def test_scheme_rules_follow_vllms_order_and_defaults():
     assert (w.num_bits, w.type, w.symmetric, w.dynamic, w.strategy) == (8, "int", True, False, "tensor")
     assert scheme_for(w, _args({"strategy": "tensor"}), "int-quantized") == \
         "CompressedTensorsW8A8Int8 (static activations)"
+
+
+@pytest.mark.parametrize("to, method", [("modelopt_nvfp4", "modelopt"), ("gptoss_mxfp4", "mxfp4")])
+def test_a_config_whose_loader_keys_are_not_recorded_is_not_checked_not_passed(dense, tmp_path, to, method):
+    d = pack(dense[128], tmp_path / "q", "--to", to)
+    res, _ = cli("validate", d, "--checks", "contract", "--engine", "qtool", "--target", "cpu", "--json")
+    rows = [c for c in json.loads(res.stdout)["checks"] if f"quant_method {method}" in c["detail"]]
+    assert [r["status"] for r in rows] == ["skip"] and "not checked" in rows[0]["detail"]

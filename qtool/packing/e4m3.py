@@ -4,8 +4,8 @@ codes (qtool.formats.scaled.dequantize), which calls `dequant` first and keeps i
 The torch arithmetic (codes.to(float32) * scale, then one rounding to bf16) is four passes over memory and
 torch's scalar float8 conversion; on two cores that dequantized an FP8 checkpoint several times slower than
 copying it (benchmarks/results/fp.md). The C++ loop reads each code byte once, looks its value up in a
-256-entry table (every E4M3 value is exact in fp32; the table measured faster than forming the value from its
-bits), multiplies by its block's scale in fp32 and rounds once to the output: the same IEEE operations in the
+256-entry table (every E4M3 value is exact in fp32), or where the CPU has AVX-512 forms it from its bits 16
+codes at a time (the same values; the table's lookups are gathers there), multiplies by its block's scale in fp32 and rounds once to the output: the same IEEE operations in the
 same order, so the same bits (tests compare them). It reads the block scales as stored (no per-row copy) and
 counts the NaN codes on the way, so a caller that refuses them needs no second pass. It is built on first use
 by torch.utils.cpp_extension (plain C ABI, called through ctypes), like csrc/marlin_repack.cpp; any failure to
@@ -22,7 +22,7 @@ from qtool.packing.cext import CExtension
 torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
 _MIN_CODES = 1 << 20  # below ~1 M codes torch is fast enough and no compiler is needed
-_EXT = CExtension("e4m3_dequant.cpp", abi=3, env="QTOOL_E4M3_EXT")
+_EXT = CExtension("e4m3_dequant.cpp", abi=4, env="QTOOL_E4M3_EXT")
 
 
 def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype, bo: int = 1,
@@ -38,8 +38,11 @@ def dequant(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: to
 
 
 def dequant_counted(codes: torch.Tensor, scales: torch.Tensor, group: int, out_dtype: torch.dtype, bo: int = 1,
-                    first: int = 0) -> tuple[torch.Tensor, int] | None:
-    """`dequant` and the number of NaN codes (S.1111.111) it met, or None where it does not apply."""
+                    first: int = 0, threads: int | None = None, level: int = -1,
+                    out: torch.Tensor | None = None) -> tuple[torch.Tensor, int] | None:
+    """`dequant` and the number of NaN codes (S.1111.111) it met, or None where it does not apply. threads: the
+    loop's threads (None: torch's count); level: 0 the portable loop, else the best this CPU runs (isa());
+    out: a contiguous [R, C] tensor of out_dtype to write into (None: a new one)."""
     if (out_dtype not in (torch.float32, torch.bfloat16) or codes.dtype != torch.float8_e4m3fn
             or scales.dtype != torch.float32 or codes.device.type != "cpu" or codes.dim() != 2
             or codes.numel() < _MIN_CODES and _EXT.mode != "on"):
@@ -52,10 +55,20 @@ def dequant_counted(codes: torch.Tensor, scales: torch.Tensor, group: int, out_d
         return None
     q = codes.contiguous().view(torch.uint8)
     s = scales.contiguous()
-    out = torch.empty(rows, cols, dtype=out_dtype)
+    if out is None:
+        out = torch.empty(rows, cols, dtype=out_dtype)
+    elif out.dtype != out_dtype or tuple(out.shape) != (rows, cols) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {out_dtype} [{rows}, {cols}] tensor")
     fn = lib.qtool_e4m3_dequant_bf16 if out_dtype == torch.bfloat16 else lib.qtool_e4m3_dequant_f32
-    nans = fn(q.data_ptr(), s.data_ptr(), out.data_ptr(), rows, cols, group, bo, first, torch.get_num_threads())
+    nans = fn(q.data_ptr(), s.data_ptr(), out.data_ptr(), rows, cols, group, bo, first,
+              max(1, torch.get_num_threads() if threads is None else threads), level)
     return out, int(nans)
+
+
+def isa() -> int | None:
+    """1 where the AVX-512 loop runs, 0 the portable one; None where the library is unavailable."""
+    lib = _library()
+    return None if lib is None else int(lib.qtool_e4m3_dequant_isa())
 
 
 def count_masked(codes: torch.Tensor, mask: int, value: int) -> int | None:
@@ -82,7 +95,8 @@ def _library():
             fn = getattr(lib, name)
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        lib.qtool_e4m3_dequant_isa.restype = ctypes.c_int
         lib.qtool_count_masked.restype = ctypes.c_int64
         lib.qtool_count_masked.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                            ctypes.c_int]

@@ -20,7 +20,8 @@ torch = lazy_module("torch")  # packing loads without torch (qtool/lazy.py)
 
 MIN_WEIGHTS = 1 << 20  # below ~1 M weights torch is fast enough and no compiler is needed
 ELEMENTS = {"e4m3": 0, "int8": 1}
-_EXT = CExtension("scaled_quant.cpp", abi=1, env="QTOOL_SCALED_QUANT_EXT")
+_EXT = CExtension("scaled_quant.cpp", abi=2, env="QTOOL_SCALED_QUANT_EXT")
+ISAS = {2: "AVX-512", 1: "AVX2", 0: "portable C++"}
 
 
 def applies(weight: torch.Tensor, element: str) -> bool:
@@ -38,21 +39,23 @@ def _source(w: torch.Tensor) -> tuple[torch.Tensor, int]:
     return w.contiguous(), 1 if w.dtype == torch.bfloat16 else 0
 
 
-def row_amax(w: torch.Tensor, group: int) -> tuple[torch.Tensor, int] | None:
-    """(max |w| over each row's groups of `group` columns, float32 [R, ceil(C / group)]; how many rows hold a
-    NaN or infinite weight), or None where the library is unavailable."""
+def row_amax(w: torch.Tensor, group: int, threads: int | None = None, level: int = -1, bo: int = 1
+             ) -> tuple[torch.Tensor, int] | None:
+    """(max |w| over each block of `bo` rows and `group` columns, float32 [ceil(R / bo), ceil(C / group)]; how
+    many rows hold a NaN or infinite weight), or None where the library is unavailable. threads: OpenMP threads
+    (None: torch's count); level: the loops to run (ISAS; -1 the best this CPU has)."""
     lib = _library()
     if lib is None:
         return None
     src, code = _source(w)
     rows, cols = src.shape
-    out = torch.empty(rows, -(-cols // group), dtype=torch.float32)
-    bad = lib.qtool_row_amax(src.data_ptr(), code, rows, cols, group, out.data_ptr(), torch.get_num_threads())
+    out = torch.empty(-(-rows // bo), -(-cols // group), dtype=torch.float32)
+    bad = lib.qtool_row_amax(src.data_ptr(), code, rows, cols, bo, group, out.data_ptr(), _threads(threads), level)
     return out, int(bad)
 
 
 def quantize(w: torch.Tensor, element: str, bo: int, group: int, scales: torch.Tensor, recips: torch.Tensor,
-             codes: torch.Tensor) -> tuple[float, float] | None:
+             codes: torch.Tensor, threads: int | None = None, level: int = -1) -> tuple[float, float] | None:
     """codes[r, c] = the element code of w[r, c] * recips[r // bo, c // group], clamped and rounded to nearest
     even (written into `codes`, uint8 view of [R, C]); returns (sum ((code - w * recip) * scale)^2, sum w^2), or
     None where the library is unavailable. scales, recips: float32 [ceil(R / bo), ceil(C / group)]."""
@@ -66,13 +69,24 @@ def quantize(w: torch.Tensor, element: str, bo: int, group: int, scales: torch.T
         raise ValueError("codes must be a contiguous uint8 [rows, cols] view")
     sums = (ctypes.c_double * 2)(0.0, 0.0)
     lib.qtool_scaled_quant(src.data_ptr(), code, rows, cols, bo, group, s.data_ptr(), r.data_ptr(),
-                           ELEMENTS[element], codes.data_ptr(), sums, torch.get_num_threads())
+                           ELEMENTS[element], codes.data_ptr(), sums, _threads(threads), level)
     return float(sums[0]), float(sums[1])
+
+
+def isa() -> int | None:
+    """The best loops this CPU runs (a key of ISAS), or None where the library is unavailable."""
+    lib = _library()
+    return None if lib is None else int(lib.qtool_scaled_quant_isa())
 
 
 def status() -> str:
     """One line for reports: which path quantizes E4M3 / INT8 codes."""
-    return _EXT.status()
+    level = isa() if _EXT.lib is not None else None
+    return _EXT.status() + (f", {ISAS[level]} loops" if level is not None else "")
+
+
+def _threads(threads: int | None) -> int:
+    return max(1, torch.get_num_threads() if threads is None else threads)
 
 
 def _library():
@@ -80,11 +94,12 @@ def _library():
     if lib is not None and not hasattr(lib, "_qtool_typed"):
         lib.qtool_row_amax.restype = ctypes.c_int64
         lib.qtool_row_amax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                       ctypes.c_void_p, ctypes.c_int]
+                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.qtool_scaled_quant_isa.restype = ctypes.c_int
         lib.qtool_scaled_quant.restype = None
         lib.qtool_scaled_quant.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                            ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_double),
-                                           ctypes.c_int]
+                                           ctypes.c_int, ctypes.c_int]
         lib._qtool_typed = True
     return lib

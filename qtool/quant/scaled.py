@@ -84,11 +84,17 @@ def _stored_scale(amax: torch.Tensor, top: float, scale_type: str, ratio: float 
 def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[int, int] = (128, 128),
                     scale_type: str = "fp32", compute: str = "float32", out_dtype: str = "bfloat16",
                     method: str = "rtn", name: str | None = None, meta: dict | None = None,
-                    stats: dict | None = None) -> ScaledPlain:
+                    stats: dict | None = None, codes: torch.Tensor | None = None,
+                    threads: int | None = None, maxima: tuple[torch.Tensor, int] | None = None) -> ScaledPlain:
     """Quantize weight [O, I] (fp16/bf16/fp32) into a ScaledPlain (module docstring). name: for errors only.
 
     stats: when a dict, receives "err2" = sum (W - Ŵ)^2 and "ref2" = sum W^2 (float32 work, float64 sums),
     measured while each chunk is in cache (pack reports sqrt(err2 / ref2) without a second pass).
+    codes: a contiguous [O, I] tensor of the element's storage dtype to write the codes into (a caller that
+    reuses one saves the page faults of fresh memory), or None for a new one. threads: how many threads the
+    C++ loops use (None: torch's count); the torch path uses torch's. maxima: block_maxima(weight, block) made
+    beforehand (pack makes it as it reads the weight), so the C++ path reads the weight once more, not twice;
+    the torch path ignores it.
     """
     if weight.dim() != 2 or not weight.is_floating_point():
         raise UsageError(f"can only quantize 2-D float weights [out, in], got {weight.dtype} "
@@ -105,13 +111,18 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
         raise UsageError(f"block {block} must hold positive sizes or -1")
     top = ELEMENTS[element].max
     sdtype = getattr(torch, SCALE_TYPES[scale_type].storage)
-    codes = torch.empty(o, i, dtype=getattr(torch, ELEMENTS[element].storage))
+    storage = getattr(torch, ELEMENTS[element].storage)
+    if codes is None:
+        codes = torch.empty(o, i, dtype=storage)
+    elif codes.dtype != storage or tuple(codes.shape) != (o, i) or not codes.is_contiguous():
+        raise ValueError(f"codes must be a contiguous {storage} [{o}, {i}] tensor")
     scales = torch.empty(scale_grid(o, i, block), dtype=sdtype)
     meta = {"method": method, **(meta or {})}
     if o == 0 or i == 0:
         return ScaledPlain(codes, element, scales.fill_(1), scale_type, tuple(block), compute, out_dtype,
                            meta=meta)
-    if method == "rtn" and _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name):
+    if method == "rtn" and _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name,
+                                            threads, maxima):
         return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
     tensor_amax = None
     if bo == o and bi == i and o > 1:  # per-tensor: one amax first, then the codes chunk by chunk like per-channel
@@ -161,7 +172,32 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     return ScaledPlain(codes, element, scales, scale_type, tuple(block), compute, out_dtype, meta=meta)
 
 
-def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name) -> bool:
+def block_maxima(rows: torch.Tensor, block: tuple[int, int], shape: tuple[int, int], threads: int | None = None
+                 ) -> tuple[torch.Tensor, int] | None:
+    """(max |w| per block, float32 [ceil(R / bo), ceil(I / bi)]; how many rows hold a NaN or inf weight) of `rows`,
+    whole block rows of a weight of `shape` quantized in `block` (-1: the whole dimension; per tensor: one
+    [1, 1] maximum of these rows), by the C++ loops; None where they do not apply. Maxima of consecutive pieces
+    of whole block rows, concatenated (per tensor: their maximum), are the weight's."""
+    from qtool.packing import scaled_quant as sq
+
+    o, i = shape
+    bo, bi = (o if block[0] == -1 else block[0]), (i if block[1] == -1 else block[1])
+    if bo == o and bi == i and o > 1:
+        got = sq.row_amax(rows, i, threads)
+        return None if got is None else (got[0].max().reshape(1, 1), got[1])
+    return sq.row_amax(rows, bi, threads, bo=bo)
+
+
+def block_rows_per_piece(shape: tuple[int, int], block: tuple[int, int], weights: int = NATIVE_CHUNK) -> int:
+    """Rows of a piece of about `weights` weights that holds whole block rows (see block_maxima)."""
+    o, i = shape
+    bo, bi = (o if block[0] == -1 else block[0]), (i if block[1] == -1 else block[1])
+    step_bo = 1 if bo == o and bi == i and o > 1 else bo
+    return max(step_bo, weights // max(i, 1) // step_bo * step_bo)
+
+
+def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, stats, name, threads=None,
+                     maxima=None) -> bool:
     """The rtn codes, scales and error sums of quantize_scaled through the C++ loops (qtool.packing.scaled_quant),
     NATIVE_CHUNK weights of whole block rows at a time; False (nothing written) where they do not apply. The
     scales come from _stored_scale here as on the torch path, so only the block maxima and the codes are made
@@ -172,13 +208,17 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
         return False
     o, i = weight.shape
     per_tensor = bo == o and bi == i and o > 1
-    step_bo = 1 if per_tensor else bo
-    step = max(step_bo, NATIVE_CHUNK // max(i, 1) // step_bo * step_bo)
+    step = block_rows_per_piece((o, i), (bo, bi))
     tensor_amax = None
-    if per_tensor:  # one amax over every row first
+    if maxima is not None:
+        if maxima[1]:
+            _refuse_nonfinite(weight, 0, o, name)
+        if per_tensor:
+            tensor_amax = maxima[0].reshape(1, 1)
+    elif per_tensor:  # one amax over every row first
         parts = []
         for r0 in range(0, o, step):
-            got = sq.row_amax(weight[r0:r0 + step], i)
+            got = sq.row_amax(weight[r0:r0 + step], i, threads)
             if got is None:
                 return False
             if got[1]:
@@ -189,19 +229,21 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
     for r0 in range(0, o, step):
         r1 = min(o, r0 + step)
         w = weight[r0:r1]
-        if tensor_amax is None:
-            got = sq.row_amax(w, bi)
+        if tensor_amax is None and maxima is not None:
+            amax = maxima[0][r0 // bo:-(-r1 // bo)]
+        elif tensor_amax is None:
+            got = sq.row_amax(w, bi, threads, bo=bo)
             if got is None:
                 return False
             if got[1]:
                 _refuse_nonfinite(weight, r0, r1, name)
-            amax = got[0] if bo == 1 else _rows_max(got[0], bo)
+            amax = got[0]
         else:
             amax = tensor_amax
         s = _finite_scale(amax, top, scale_type, name)
         s32 = s.to(torch.float32)
         sums = sq.quantize(w, element, r1 - r0 if tensor_amax is not None else bo, bi, s32, torch.reciprocal(s32),
-                           codes[r0:r1].view(torch.uint8))
+                           codes[r0:r1].view(torch.uint8), threads)
         if sums is None:
             return False
         if tensor_amax is None:
@@ -213,15 +255,6 @@ def _quantize_native(weight, element, bo, bi, top, scale_type, codes, scales, st
     if stats is not None:
         stats.update(err2=err2, ref2=ref2)
     return True
-
-
-def _rows_max(m: torch.Tensor, bo: int) -> torch.Tensor:
-    """[R, nc] row maxima -> [ceil(R / bo), nc] block maxima (a ragged last block row padded with zeros)."""
-    r, nc = m.shape
-    nr = -(-r // bo)
-    if nr * bo != r:
-        m = torch.nn.functional.pad(m, (0, 0, 0, nr * bo - r))
-    return m.view(nr, bo, nc).amax(1)
 
 
 def _block_err2(e: torch.Tensor, s32: torch.Tensor, bo: int, bi: int) -> float:

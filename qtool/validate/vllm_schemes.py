@@ -7,6 +7,10 @@ Facts (vLLM main, vllm/model_executor/layers/quantization/compressed_tensors/com
   `input_activations` arguments; a group no rule takes fails the load with "No compressed-tensors compatible
   scheme was found". The rules are SCHEMES below, in vLLM's order. The W8A8 and W8A16 rules (and W4A4 NVFP4)
   apply only when the group's format is one of ACTIVATION_FORMATS (`is_activation_quantization_format`).
+- MXFP8 (vLLM 0.19, PR 38815: `_is_mxfp8`, CompressedTensorsW8A8Mxfp8 for linear and MoE layers): a group whose
+  weights are 8-bit symmetric floats with strategy group, group_size 32 and scale_dtype torch.uint8 (E8M0 bytes)
+  loads as that scheme whatever its format and input activations (the rule comes before the activation-format
+  ones); 8-bit float weights per group of 32 with another scale dtype match no rule.
 - Block-scaled FP8 weights (`quant_method: fp8` with `weight_block_size`, compressed-tensors strategy
   `block`): when vLLM merges layers into one (q/k/v -> qkv_proj, gate/up -> gate_up_proj), every part but
   the last must have out_features a multiple of the block's rows, or weight creation raises ("is not divisible
@@ -29,8 +33,8 @@ from qtool.report.validate import CheckResult
 
 NAME = "contract"
 ACTIVATION_FORMATS = ("naive-quantized", "int-quantized", "float-quantized", "nvfp4-pack-quantized")
-# the formats whose groups SCHEMES judge (mxfp8-quantized is left out: its rule is newer than the facts here)
-JUDGED_FORMATS = ACTIVATION_FORMATS + ("mxfp4-pack-quantized",)
+# the formats whose groups SCHEMES judge
+JUDGED_FORMATS = ACTIVATION_FORMATS + ("mxfp4-pack-quantized", "mxfp8-quantized")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Args:
     dynamic: bool
     strategy: str
     group_size: int | None
+    scale_dtype: str | None = None  # as serialized ("torch.uint8"); None when absent
 
 
 def _args(raw: Any) -> Args | None:
@@ -54,12 +59,18 @@ def _args(raw: Any) -> Args | None:
         strategy = "tensor" if g is None else "channel" if g == -1 else "group"
     return Args(int(raw.get("num_bits", 8)), str(raw.get("type", "int")).lower(), bool(raw.get("symmetric", True)),
                 bool(raw.get("dynamic", False)) if raw.get("dynamic") != "local" else True, str(strategy).lower(),
-                g if isinstance(g, int) else None)
+                g if isinstance(g, int) else None,
+                str(raw["scale_dtype"]) if raw.get("scale_dtype") is not None else None)
 
 
 def _nvfp4(a: Args | None) -> bool:
     return (a is not None and a.strategy == "tensor_group" and a.type == "float" and a.num_bits == 4
             and a.group_size == 16 and a.symmetric)
+
+
+def _mxfp8(w: Args) -> bool:
+    return (w.strategy == "group" and w.type == "float" and w.num_bits == 8 and w.group_size == 32 and w.symmetric
+            and w.scale_dtype in ("torch.uint8", "uint8"))
 
 
 def _static_fp8_weights(w: Args) -> bool:
@@ -76,6 +87,7 @@ SCHEMES = (
     ("CompressedTensorsW4A16Mxfp4", False,
      lambda w, a: w.strategy == "group" and w.type == "float" and w.num_bits == 4 and w.group_size == 32
      and w.symmetric),
+    ("CompressedTensorsW8A8Mxfp8", False, lambda w, a: _mxfp8(w)),
     ("CompressedTensorsW4A4Fp4", True, lambda w, a: _nvfp4(w) and _nvfp4(a)),
     ("CompressedTensorsW8A8Fp8", True,
      lambda w, a: a is not None and a.type == "float" and _static_fp8_weights(w)
@@ -103,7 +115,10 @@ def _why_not(w: Args, a: Args | None, fmt: str) -> str:
     if w.type == "float" and w.num_bits == 8:
         if not w.symmetric or w.dynamic:
             return "FP8 weights must be symmetric and static"
-        return f"FP8 weight strategy '{w.strategy}': vLLM reads tensor, channel or block"
+        if w.strategy == "group" and w.group_size == 32:
+            return (f"FP8 weights per group of 32 load as MXFP8 only with scale_dtype torch.uint8 (E8M0), not "
+                    f"{w.scale_dtype or 'none'}")
+        return f"FP8 weight strategy '{w.strategy}': vLLM reads tensor, channel or block (or MXFP8's group of 32)"
     if w.type == "int":
         if a is None:
             return "INT8 weights need input_activations (W8A8): vLLM has no W8A16 int8 scheme"
