@@ -13,7 +13,8 @@ float32) the model runs in that dtype while every linear is quantized from its w
 only the activations that form H, and the next blocks' inputs, carry the lower precision.
 
 Linears that read the same input tensor form a group (q/k/v; gate/up); groups are found by running the block
-once with hooks, in execution order. `true_sequential` quantizes group by group, each group's inputs taken
+once with hooks, in execution order; GPTQ quantizes a group as one stacked weight (one Hessian, one
+factorization, one column loop). `true_sequential` quantizes group by group, each group's inputs taken
 with the groups before it already quantized. AWQ folds a group's scales into the op that produces the
 group's input: a module whose output tensor is that input (a norm: weight and bias divided by s) or a linear
 of the block whose outputs feed it (rows divided by s). A fold is used only when a trial with random scales
