@@ -335,8 +335,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
         calibrated = _calibrate(ck, job, to_quantize, scale_dtype, report, on_progress)
     with atomic_output(job.out, job.force) as tmp:
         # every packed module writes at most 4 tensors in place of its weight
-        w = BackgroundWriter(ShardedWriter(tmp, max_shard, meta, expected_tensors=len(names) + 3 * len(to_quantize)))
-        try:
+        with BackgroundWriter(ShardedWriter(tmp, max_shard, meta,
+                                            expected_tensors=len(names) + 3 * len(to_quantize))) as w:
             for k, name in enumerate(names):
                 info: TensorInfo = ck.tensors[name]
                 if on_progress:
@@ -362,10 +362,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     err = relative_error(weight, p)
                 _write_packed(w, fmt, p, plan, err, info, report, ck.path)
                 del weight, p
-            files = w.close()
-        except BaseException:
-            w.abort()  # stop the writer thread before the temporary output is removed
-            raise
+        files = w.files
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
         _write_configs(tmp, ck, job, plans, fmt)
@@ -771,58 +768,55 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
     threads = max(1, torch.get_num_threads() - 1)
     codes = None if job.to in MICRO_PACK else _CodeBuffers(to_quantize.values(), element)
     with atomic_output(job.out, job.force) as tmp:
-        w = BackgroundWriter(ShardedWriter(tmp, parse_size(job.max_shard_size), meta,
-                                           expected_tensors=len(names) + 2 * len(to_quantize)))
         read = None if codes is None else functools.partial(_read_with_maxima, block=block, element=element)
-        reader = Prefetcher([ck.tensors[n] for n in names if n in to_quantize], read)
-        try:
-            for k, name in enumerate(names):
-                info: TensorInfo = ck.tensors[name]
-                if on_progress:
-                    on_progress(name, k, len(names))
-                plan = to_quantize.get(name)
-                if plan is None:
-                    w.add_raw(name, info)
-                    continue
-                weight, maxima = reader.get(name) if codes is not None else (reader.get(name), None)
-                # scales in the weight's dtype where the layout keeps it (compressed-tensors' observers do)
-                stype, model = dtypes.get(info.dtype, ("fp32", "float32"))
-                if stype not in fmt.scale_types:
-                    stype = "fp32"
-                try:
-                    # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
-                    out = fmt.compute_for(stype) if fmt.compute == "scale" else model
-                    st: dict = {}
-                    if job.to in MICRO_PACK:
-                        if block != tuple(fmt.default_block):
-                            raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per "
-                                             f"{block}", fix="drop --strategy/--group-size/--block")
-                        p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
-                    else:
-                        buf = codes.take(plan.shape) if codes is not None else None
-                        p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
-                                            method=job.method, name=name, stats=st, codes=buf, threads=threads,
-                                            maxima=maxima)
-                except QtoolError as e:
-                    raise _located(e, ck.path, name) from None
-                if not st:  # the micro-float quantizers measure nothing on the way
-                    from qtool.formats.scaled import relative_error
+        with BackgroundWriter(ShardedWriter(tmp, parse_size(job.max_shard_size), meta,
+                                            expected_tensors=len(names) + 2 * len(to_quantize))) as w:
+            reader = Prefetcher([ck.tensors[n] for n in names if n in to_quantize], read)
+            try:
+                for k, name in enumerate(names):
+                    info: TensorInfo = ck.tensors[name]
+                    if on_progress:
+                        on_progress(name, k, len(names))
+                    plan = to_quantize.get(name)
+                    if plan is None:
+                        w.add_raw(name, info)
+                        continue
+                    weight, maxima = reader.get(name) if codes is not None else (reader.get(name), None)
+                    # scales in the weight's dtype where the layout keeps it (compressed-tensors' observers do)
+                    stype, model = dtypes.get(info.dtype, ("fp32", "float32"))
+                    if stype not in fmt.scale_types:
+                        stype = "fp32"
+                    try:
+                        # compressed-tensors returns the scale's dtype; HF fp8 readers round to the model's
+                        out = fmt.compute_for(stype) if fmt.compute == "scale" else model
+                        st: dict = {}
+                        if job.to in MICRO_PACK:
+                            if block != tuple(fmt.default_block):
+                                raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per "
+                                                 f"{block}", fix="drop --strategy/--group-size/--block")
+                            p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
+                        else:
+                            buf = codes.take(plan.shape) if codes is not None else None
+                            p = quantize_scaled(weight, element, block, stype, fmt.compute_for(stype), out,
+                                                method=job.method, name=name, stats=st, codes=buf, threads=threads,
+                                                maxima=maxima)
+                    except QtoolError as e:
+                        raise _located(e, ck.path, name) from None
+                    if not st:  # the micro-float quantizers measure nothing on the way
+                        from qtool.formats.scaled import relative_error
 
-                    err = relative_error(weight, p)
-                else:
-                    err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
-                                                                                     math.inf)
-                _write_packed(w, fmt, p, plan, err, info, report, ck.path)
-                if codes is not None:
-                    codes.give_back_when_written(w)
-                packed_meta.append((plan.module, plan.scheme, module_meta(p)))
-                del weight, p
-            reader.close()
-            files = w.close()
-        except BaseException:
-            reader.close()
-            w.abort()
-            raise
+                        err = relative_error(weight, p)
+                    else:
+                        err = math.sqrt(st["err2"] / st["ref2"]) if st["ref2"] > 0 else (0.0 if st["err2"] == 0 else
+                                                                                         math.inf)
+                    _write_packed(w, fmt, p, plan, err, info, report, ck.path)
+                    if codes is not None:
+                        codes.give_back_when_written(w)
+                    packed_meta.append((plan.module, plan.scheme, module_meta(p)))
+                    del weight, p
+            finally:
+                reader.close()
+        files = w.files
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
         report.dtype = ",".join(sorted({m[2]["scale_type"] for m in packed_meta}))

@@ -251,6 +251,29 @@ def test_background_writer_batches_and_callbacks_run_after_earlier_writes(tmp_pa
     assert ran == [1]
 
 
+def test_background_writer_as_a_block_closes_or_aborts(tmp_path):
+    """A block that ends closes the files (`files` lists them); one that raises, or whose close raises, stops
+    the thread and aborts the shard in progress, and the error reaches the caller."""
+    from qtool.io.writer import BackgroundWriter
+
+    with atomic_output(tmp_path / "ok") as tmp, BackgroundWriter(ShardedWriter(tmp)) as w:
+        w.add("x", torch.zeros(2))
+    assert [f.name for f in w.files] == ["model.safetensors"] and not w._thread.is_alive()
+    assert (tmp_path / "ok" / "model.safetensors").is_file()
+
+    aborted = []
+    for name, body in (("raises", lambda w: 1 / 0), ("close-raises", lambda w: w.add("x", torch.zeros(2)))):
+        (tmp_path / name).mkdir()
+        sw = ShardedWriter(tmp_path / name)
+        sw.abort = lambda sw=sw, name=name: aborted.append(name) or ShardedWriter.abort(sw)
+        with pytest.raises((ZeroDivisionError, OutputError)):
+            with BackgroundWriter(sw) as w:
+                w.add("x", torch.zeros(2))
+                body(w)  # "close-raises": x twice, found when the block's end closes the files
+        assert w.files is None and not w._thread.is_alive()
+    assert aborted == ["raises", "close-raises"]
+
+
 def test_fsync_only_when_replacing_unless_asked(tmp_path, monkeypatch):
     """A new destination is published without waiting for the disk; a replaced one (or sync=True) is
     fsynced before the swap, so the old output is never given up for one that is not on disk."""

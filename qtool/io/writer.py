@@ -832,7 +832,9 @@ class BackgroundWriter:
     next module overlaps writing the previous one (file I/O and torch ops release the GIL).
 
     At most `depth` tensors wait in the queue, so memory stays a small multiple of the largest tensor. An
-    error on the writer thread is raised in the caller at its next call.
+    error on the writer thread is raised in the caller at its next call. As a context manager it closes the
+    files when the block ends (`files` then lists them) and aborts when the block or the close raises, after
+    stopping the thread, so the caller's temporary output is never removed under a running write.
     """
 
     _STOP = object()
@@ -842,6 +844,7 @@ class BackgroundWriter:
         import threading
 
         self.w = writer
+        self.files: list[Path] | None = None  # the shards written, once closed
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="qtool-writer", daemon=True)
@@ -904,7 +907,23 @@ class BackgroundWriter:
 
     def close(self) -> list[Path]:
         self._join()
-        return self.w.close()
+        self.files = self.w.close()
+        return self.files
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.files is not None:
+            return
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         try:

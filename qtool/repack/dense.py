@@ -499,10 +499,9 @@ def _write_files(source, plan, report, on_progress, dtype, g2h, position, by_fir
     )
 
     with atomic_output(plan.out, plan.job.force) as tmp:
-        w = BackgroundWriter(ShardedWriter(tmp, parse_size(plan.job.max_shard_size), meta,
-                                           expected_tensors=len(source.order), writeback=replacing),
-                             depth=QUEUE_DEPTH)
-        try:
+        with BackgroundWriter(ShardedWriter(tmp, parse_size(plan.job.max_shard_size), meta,
+                                            expected_tensors=len(source.order), writeback=replacing),
+                              depth=QUEUE_DEPTH) as w:
             for k, name in enumerate(source.order):
                 if on_progress:
                     on_progress(name, k, total)
@@ -515,10 +514,7 @@ def _write_files(source, plan, report, on_progress, dtype, g2h, position, by_fir
                 if t is None or t.fate == "dropped":
                     continue  # a module's layout tensor (written with its module) or a --drop
                 _write_other(w, source, g2h, t, dtype)
-            files = w.close()
-        except BaseException:
-            w.abort()
-            raise
+        files = w.files
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
         cfg = source.config

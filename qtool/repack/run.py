@@ -334,10 +334,9 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     replacing = plan.out.exists() or plan.out.is_symlink()  # then the output is fsynced before the swap
     with atomic_output(plan.out, plan.job.force) as tmp:
         # a converted module writes at most 6 tensors (marlin: qweight, scales, qzeros, g_idx, perm, shape)
-        w = BackgroundWriter(ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan),
-                                           expected_tensors=len(source.order) + 6 * len(plans),
-                                           writeback=replacing))
-        try:
+        with BackgroundWriter(ShardedWriter(tmp, parse_size(plan.job.max_shard_size), _target_metadata(plan),
+                                            expected_tensors=len(source.order) + 6 * len(plans),
+                                            writeback=replacing)) as w:
             for k, name in enumerate(source.order):
                 if on_progress:
                     on_progress(name, k, total)
@@ -370,10 +369,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                             for short, t in conv.convert(m, mp, scratch=buf).items()])
                 if buf is not None:
                     w.after_written(lambda b=buf: pool.give(b))
-            files = w.close()
-        except BaseException:
-            w.abort()
-            raise
+        files = w.files
         report.files = [f.name for f in files]
         report.bytes_out = sum(f.stat().st_size for f in files)
         base_cfg = None
