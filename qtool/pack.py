@@ -771,8 +771,7 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
         read = None if codes is None else functools.partial(_read_with_maxima, block=block, element=element)
         with BackgroundWriter(ShardedWriter(tmp, parse_size(job.max_shard_size), meta,
                                             expected_tensors=len(names) + 2 * len(to_quantize))) as w:
-            reader = Prefetcher([ck.tensors[n] for n in names if n in to_quantize], read)
-            try:
+            with Prefetcher([ck.tensors[n] for n in names if n in to_quantize], read) as reader:
                 for k, name in enumerate(names):
                     info: TensorInfo = ck.tensors[name]
                     if on_progress:
@@ -814,8 +813,6 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                         codes.give_back_when_written(w)
                     packed_meta.append((plan.module, plan.scheme, module_meta(p)))
                     del weight, p
-            finally:
-                reader.close()
         files = w.files
         report.bytes_out = sum(f.stat().st_size for f in files)
         report.files = [f.name for f in files]
