@@ -104,29 +104,37 @@ CHECKPOINTS = {
 }
 
 
+def write_checkpoint(out: Path, folder: str, fmt: str, modules: list[tuple[QuantizationScheme, dict, dict]]
+                     ) -> list[str]:
+    """out/folder/{config.json, model.safetensors, reference.safetensors} from (scheme, compressed tensors,
+    reference weight) per module, each module a config group of its own; the files' SHA256SUMS lines."""
+    d = out / folder
+    d.mkdir(parents=True, exist_ok=True)
+    groups, tensors, refs = {}, {}, {}
+    for k, (scheme, t, r) in enumerate(modules):
+        scheme.format = fmt
+        groups[f"group_{k}"] = scheme
+        tensors.update(t)
+        refs.update(r)
+    cfg = QuantizationConfig(config_groups=groups, format=fmt, quantization_status="compressed").to_dict()
+    cfg["quant_method"] = "compressed-tensors"
+    cfg["version"] = compressed_tensors.__version__
+    config = {"architectures": ["QtoolFixture"], "model_type": "qtool-fixture", "torch_dtype": "bfloat16",
+              "quantization_config": cfg}
+    (d / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    meta = {"writer": f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}"}
+    save_file(tensors, d / "model.safetensors", metadata=meta)
+    save_file(refs, d / "reference.safetensors", metadata=meta)
+    return [f"{hashlib.sha256((d / f).read_bytes()).hexdigest()}  ./{folder}/{f}"
+            for f in ("config.json", "model.safetensors", "reference.safetensors")]
+
+
 def main(out: Path) -> None:
     sums = []
     for folder, (fmt, compressor, mods) in CHECKPOINTS.items():
-        d = out / folder
-        d.mkdir(parents=True, exist_ok=True)
-        groups, tensors, refs = {}, {}, {}
-        for k, (name, wargs, iargs, dtype) in enumerate(mods):
-            scheme, t, r = module(name, weight(k + 10 * len(folder), dtype), wargs, iargs, compressor, k)
-            scheme.format = fmt
-            groups[f"group_{k}"] = scheme
-            tensors.update(t)
-            refs.update(r)
-        cfg = QuantizationConfig(config_groups=groups, format=fmt, quantization_status="compressed").to_dict()
-        cfg["quant_method"] = "compressed-tensors"
-        cfg["version"] = compressed_tensors.__version__
-        config = {"architectures": ["QtoolFixture"], "model_type": "qtool-fixture", "torch_dtype": "bfloat16",
-                  "quantization_config": cfg}
-        (d / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        meta = {"writer": f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}"}
-        save_file(tensors, d / "model.safetensors", metadata=meta)
-        save_file(refs, d / "reference.safetensors", metadata=meta)
-        for f in ("config.json", "model.safetensors", "reference.safetensors"):
-            sums.append(f"{hashlib.sha256((d / f).read_bytes()).hexdigest()}  ./{folder}/{f}")
+        sums += write_checkpoint(out, folder, fmt, [
+            module(name, weight(k + 10 * len(folder), dtype), wargs, iargs, compressor, k)
+            for k, (name, wargs, iargs, dtype) in enumerate(mods)])
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
 
 

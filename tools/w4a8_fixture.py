@@ -15,18 +15,15 @@ files: compressed-tensors-w4afp8/{config.json, model.safetensors, reference.safe
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from pathlib import Path
 
-import compressed_tensors
 import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+from compressed_tensors.quantization import QuantizationScheme
 from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 from compressed_tensors.quantization.utils import calculate_qparams
-from safetensors.torch import save_file
+from ct_fixtures import write_checkpoint  # the same checkpoint writer (tools/ is the script's folder)
 
 MODULES = (("model.layers.0.self_attn.q_proj", (256, 256)), ("model.layers.0.mlp.down_proj", (256, 512)))
 FOLDER = "compressed-tensors-w4afp8"
@@ -51,27 +48,8 @@ def module(name: str, w: torch.Tensor) -> tuple[QuantizationScheme, dict, dict]:
 
 
 def main(out: Path) -> None:
-    d = out / FOLDER
-    d.mkdir(parents=True, exist_ok=True)
-    groups, tensors, refs = {}, {}, {}
-    for k, (name, shape) in enumerate(MODULES):
-        scheme, t, r = module(name, weight(k + 40, shape))
-        scheme.format = "pack-quantized"
-        groups[f"group_{k}"] = scheme
-        tensors.update(t)
-        refs.update(r)
-    cfg = QuantizationConfig(config_groups=groups, format="pack-quantized",
-                             quantization_status="compressed").to_dict()
-    cfg["quant_method"] = "compressed-tensors"
-    cfg["version"] = compressed_tensors.__version__
-    config = {"architectures": ["QtoolFixture"], "model_type": "qtool-fixture", "torch_dtype": "bfloat16",
-              "quantization_config": cfg}
-    (d / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    meta = {"writer": f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}"}
-    save_file(tensors, d / "model.safetensors", metadata=meta)
-    save_file(refs, d / "reference.safetensors", metadata=meta)
-    sums = [f"{hashlib.sha256((d / f).read_bytes()).hexdigest()}  ./{FOLDER}/{f}"
-            for f in ("config.json", "model.safetensors", "reference.safetensors")]
+    sums = write_checkpoint(out, FOLDER, "pack-quantized",
+                            [module(name, weight(k + 40, shape)) for k, (name, shape) in enumerate(MODULES)])
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
 
 
