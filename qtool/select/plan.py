@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -380,23 +380,35 @@ def source_method(m: Any) -> str | None:
 # vLLM's fused layers
 # ------------------------------------------------------------------------------------------------------
 
+def fused_rules(config_dir: Path | None = None) -> list[dict]:
+    """configs/models.yaml's `fused` entries of every architecture: {name, parts}."""
+    return [f for arch in load_models(config_dir)["architectures"].values() for f in arch.get("fused", ())]
+
+
+def fused_parts(name: str, rule: dict, lookup: Mapping[str, Any]) -> tuple[str, list[Any]] | None:
+    """Where `name` is the rule's first part: the prefix before it and each part of the rule looked up by its
+    full name (None where absent); None where `name` is not the first part."""
+    first = rule["parts"][0]
+    if not (name == first or name.endswith("." + first)):
+        return None
+    prefix = name[: len(name) - len(first)]
+    return prefix, [lookup.get(prefix + p) for p in rule["parts"]]
+
+
 def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None,
                 engine: str = "vLLM") -> tuple[list[LayerGroup], list[str]]:
     """Merge groups vLLM builds as one layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj): same K, same
     quantization, N summed. Parts that are missing or differ stay separate."""
-    data = load_models(config_dir)
-    rules = [f for arch in data["architectures"].values() for f in arch.get("fused", ())]
     by_pattern = {g.pattern: g for g in groups}
     used: set[str] = set()
     merged: dict[str, LayerGroup] = {}
     notes = []
-    for rule in rules:
+    for rule in fused_rules(config_dir):
         for g in groups:
-            first = rule["parts"][0]
-            if not (g.pattern == first or g.pattern.endswith("." + first)):
+            found = fused_parts(g.pattern, rule, by_pattern)
+            if found is None:
                 continue
-            prefix = g.pattern[: len(g.pattern) - len(first)]
-            parts = [by_pattern.get(prefix + p) for p in rule["parts"]]
+            prefix, parts = found
             if any(p is None or p.pattern in used for p in parts):
                 continue
             lay = [p.layer for p in parts]

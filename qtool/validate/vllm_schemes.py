@@ -197,9 +197,9 @@ def _merged_block_rows(report, blocks: list[tuple[list[str], tuple[int, int]]]) 
     """Every part of a layer vLLM merges but the last must hold whole block rows (validate_fp8_block_shape);
     one row per failing layer pattern (layers numbered alike collapse to `#`)."""
     from qtool.inspect.detect import collapse_layers
-    from qtool.select.plan import load_models
+    from qtool.select.plan import fused_parts, fused_rules
 
-    rules = [f for arch in load_models()["architectures"].values() for f in arch.get("fused", ())]
+    rules = fused_rules()
     by_name = {m.name: m for m in report.modules if m.quantized}
     out, checked, seen = [], 0, set()
     for m in by_name.values():
@@ -207,13 +207,10 @@ def _merged_block_rows(report, blocks: list[tuple[list[str], tuple[int, int]]]) 
         if block is None:
             continue
         for rule in rules:
-            first = rule["parts"][0]
-            if not (m.name == first or m.name.endswith("." + first)):
+            found = fused_parts(m.name, rule, by_name)
+            if found is None or any(p is None for p in found[1]):
                 continue
-            prefix = m.name[: len(m.name) - len(first)]
-            parts = [by_name.get(prefix + p) for p in rule["parts"]]
-            if any(p is None for p in parts):
-                continue
+            prefix, parts = found
             checked += 1
             bad = [p for p in parts[:-1] if p.out_features is not None and p.out_features % block[0]]
             where = collapse_layers(prefix + rule["name"])
