@@ -30,6 +30,28 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
+def write_llama(d: Path, tensors: dict, torch_dtype: str) -> Path:
+    """A dense Llama-style checkpoint the commands read: d/model.safetensors and a minimal config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": torch_dtype}))
+    return d
+
+
+def require_extension(monkeypatch, env: str, module) -> None:
+    """Force a C++ extension on (small tensors too, a build failure an error); skip where it cannot be built
+    (no compiler: the torch path is then the only one)."""
+    monkeypatch.setenv(env, "1")
+    try:
+        module._library()
+    except RuntimeError as e:
+        pytest.skip(f"C++ extension unavailable: {e}")
+    assert module.status().startswith("C++")
+
+
 def fixture_path(name: str) -> Path:
     p = FIXTURES / name
     if not p.exists():

@@ -37,6 +37,7 @@ from qtool.errors import OutputError
 from qtool.io import writer
 from qtool.io.writer import TMP_TAG, atomic_output, clean_stale
 from tests.attacks.runner import REPO, child_env, limit_memory, run_qtool
+from tests.conftest import write_llama
 
 LAYERS, HIDDEN = 4, 1024
 SEED = int(os.environ.get("QTOOL_ATOMICITY_SEED", random.randrange(1 << 30)))
@@ -51,8 +52,7 @@ def dense_model(root: Path) -> Path:
     t = {f"model.layers.{k}.{m}.weight": torch.randn(HIDDEN, HIDDEN, generator=g).half()
          for k in range(LAYERS) for m in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")}
     t["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.float16)
-    save_file(t, root / "model.safetensors", metadata={"format": "pt"})
-    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    write_llama(root, t, "float16")
     return root
 
 

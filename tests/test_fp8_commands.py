@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qtool.cli.main import main
+from tests.conftest import write_llama
 
 
 def qtool(*args) -> tuple[int, str]:
@@ -44,8 +45,7 @@ def dense(tmp_path_factory):
         t[p + "self_attn.q_proj.weight"] = torch.randn(192, 128, generator=g).bfloat16()
         t[p + "mlp.down_proj.weight"] = torch.randn(128, 192, generator=g).bfloat16()
         t[p + "mlp.down_proj.bias"] = torch.randn(128, generator=g).bfloat16()
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    write_llama(d, t, "bfloat16")
     (d / "tokenizer.json").write_text('{"vocab": {}}')
     return d
 

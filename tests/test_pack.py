@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.errors import InputError, OutputError, SpecError, UsageError
+from tests.conftest import write_llama
 from tests.oracles.layouts import awq_unpack_cols, awq_weight, gptq_weight
 
 O, I = 128, 256
@@ -39,8 +40,7 @@ def make_model(root, seed=0, heavy=False):
         t[p + "self_attn.o_proj.bias"] = torch.randn(I, generator=g).half()
         t[p + "mlp.down_proj.weight"] = w(I, 128)
         t[p + "input_layernorm.weight"] = torch.ones(I, dtype=torch.float16)
-    save_file(t, root / "model.safetensors", metadata={"format": "pt"})
-    (root / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    write_llama(root, t, "float16")
     (root / "tokenizer.json").write_text('{"vocab": {}}')
     return t
 

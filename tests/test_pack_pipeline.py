@@ -5,8 +5,6 @@ surfaces for its tensor; the prefetcher hands tensors out in order and refuses a
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -15,6 +13,7 @@ from qtool.errors import InputError
 from qtool.io.checkpoint import open_checkpoint
 from qtool.io.prefetch import Prefetcher
 from qtool.pack import PackJob, run_pack
+from tests.conftest import write_llama
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +28,7 @@ def model(tmp_path_factory):
          "model.layers.0.self_attn.q_proj.weight": torch.randn(256, 256, generator=g).bfloat16(),
          "model.layers.0.mlp.down_proj.weight": torch.randn(1056, 1024, generator=g).bfloat16(),
          "model.layers.1.self_attn.o_proj.weight": torch.randn(200, 256, generator=g).bfloat16()}
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    write_llama(d, t, "bfloat16")
     return d
 
 

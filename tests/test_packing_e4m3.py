@@ -9,18 +9,14 @@ import torch
 
 from qtool.formats.scaled import ScaledPlain, dequantize, scale_grid
 from qtool.packing import e4m3
+from tests.conftest import require_extension
 
 INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
 
 @pytest.fixture
 def extension(monkeypatch):
-    monkeypatch.setenv("QTOOL_E4M3_EXT", "1")  # small tensors too, and a build failure is an error
-    try:
-        e4m3._library()
-    except RuntimeError as e:  # no compiler here: the torch path is the only one
-        pytest.skip(f"C++ extension unavailable: {e}")
-    assert e4m3.status().startswith("C++")
+    require_extension(monkeypatch, "QTOOL_E4M3_EXT", e4m3)
 
 
 @pytest.mark.parametrize("o,i,block", [(300, 520, (128, 128)), (200, 256, (-1, -1)), (130, 136, (1, -1)),

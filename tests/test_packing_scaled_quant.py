@@ -11,16 +11,12 @@ import torch
 from qtool.errors import InputError
 from qtool.packing import scaled_quant as sq
 from qtool.quant.scaled import quantize_scaled
+from tests.conftest import require_extension
 
 
 @pytest.fixture
 def extension(monkeypatch):
-    monkeypatch.setenv("QTOOL_SCALED_QUANT_EXT", "1")  # small tensors too, and a build failure is an error
-    try:
-        sq._library()
-    except RuntimeError as e:  # no compiler here: the torch path is the only one
-        pytest.skip(f"C++ extension unavailable: {e}")
-    assert sq.status().startswith("C++")
+    require_extension(monkeypatch, "QTOOL_SCALED_QUANT_EXT", sq)
 
 
 def _e4m3_values() -> torch.Tensor:

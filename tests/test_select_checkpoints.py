@@ -18,7 +18,7 @@ from qtool.cli.app import app
 from qtool.formats import get_format
 from qtool.formats.plain import dequantize
 from qtool.scheme import QuantScheme
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, write_llama
 
 runner = CliRunner()
 W4A8 = FIXTURES / "ct-w4a8" / "compressed-tensors-w4afp8"
@@ -134,8 +134,7 @@ def packed(tmp_path_factory):
         p = f"model.layers.{layer}."
         t[p + "self_attn.o_proj.weight"] = torch.randn(256, 256, generator=g).bfloat16()
         t[p + "mlp.down_proj.weight"] = torch.randn(256, 512, generator=g).bfloat16()
-    save_file(t, dense / "model.safetensors", metadata={"format": "pt"})
-    (dense / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    write_llama(dense, t, "bfloat16")
     out = {}
     for to in ("fp8", "ct_fp8", "ct_int8"):
         r = runner.invoke(app, ["pack", str(dense), "-o", str(root / to), "--to", to, "-q"])

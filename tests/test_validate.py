@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.errors import InputError, UsageError
-from tests.conftest import fixture_path
+from tests.conftest import fixture_path, write_llama
 
 Q = "model.layers.0.self_attn.q_proj"
 
@@ -52,8 +52,7 @@ def make_dense(d: Path, seed: int = 0) -> dict:
         p = f"model.layers.{layer}."
         t[p + "self_attn.q_proj.weight"] = torch.randn(64, 128, generator=g).half()
         t[p + "mlp.down_proj.weight"] = torch.randn(128, 64, generator=g).half()
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float16"}))
+    write_llama(d, t, "float16")
     return t
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import qtool.cli.main  # noqa: F401  (registers the commands)
 from qtool.cli.app import app
 from qtool.validate.vllm_schemes import _args, scheme_for
+from tests.conftest import write_llama
 
 
 def cli(*args):
@@ -39,8 +39,7 @@ def make_llama(d: Path, kv_rows: int) -> Path:
     t = {f"model.layers.0.{n}.weight": (torch.randn(*s, generator=g) * 0.02).to(torch.bfloat16)
          for n, s in shapes.items()}
     t["model.norm.weight"] = torch.ones(128, dtype=torch.bfloat16)
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    (d / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    write_llama(d, t, "bfloat16")
     return d
 
 
