@@ -272,8 +272,14 @@ def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
     (src / "w4a16.cu").write_text((src / "w4a16.cu").read_text() + "\n// edited\n")
     b = build.cubin_path((9, 0))
     assert b != a  # an edited kernel is never served from a stale cubin
+    f = build.cubin_path((9, 0), "fp8_gemv.cu")
+    assert f.name.startswith("fp8_gemv-") and f != b
+    (src / "fp8_gemv.cu").write_text((src / "fp8_gemv.cu").read_text() + "\n// edited\n")
+    assert build.cubin_path((9, 0)) == b and build.cubin_path((9, 0), "fp8_gemv.cu") != f  # each unit its own key
+    f = build.cubin_path((9, 0), "fp8_gemv.cu")
     (src / "xr.cuh").write_text((src / "xr.cuh").read_text() + "\n// edited\n")
     assert build.cubin_path((9, 0)) != b  # nor an edited header
+    assert build.cubin_path((9, 0), "fp8_gemv.cu") != f  # which any unit may include
     (src / "notes.txt").write_text("not a source")
     assert build.sources() == sorted(build.sources()) and "notes.txt" not in build.sources()
     a.parent.mkdir(parents=True)
@@ -281,6 +287,23 @@ def test_cache_key_follows_the_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
     with pytest.raises(Exception, match="nvcc"):
         build.cubin_for((9, 0))
+
+
+@pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("cc", [(8, 9), (9, 0)])
+def test_nvcc_builds_the_fp8_gemv_without_spills(cc, tmp_path):
+    from qtool.kernels import cuda_fp8
+
+    res = subprocess.run([build.find_nvcc(), *build.FLAGS, "-gencode", build.gencode(cc), "-Xptxas", "-v",
+                          "-o", str(tmp_path / "k.cubin"), str(build.CSRC / cuda_fp8.UNIT)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert set(re.findall(r"Compiling entry function '(\w+)'", res.stderr)) == cuda_fp8.entry_points()
+    assert "warning" not in res.stderr.lower()
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert len(spills) == len(cuda_fp8.entry_points()) and max(spills) == 0
+    if cc == (9, 0):  # the plan's occupancy: 64 registers a thread, 32 warps an SM
+        regs = [int(v) for v in re.findall(r"Used (\d+) registers", res.stderr)]
+        assert max(regs) <= 65536 // (32 * cuda_fp8.WARPS_PER_SM)
 
 
 @pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc")

@@ -31,7 +31,7 @@ from qtool.scheme import QuantScheme
 from qtool.validate import kernelcheck
 
 CPU = torch.device("cpu")
-FP8_KERNELS = ("scaled-mm-fp8", "scaled-mm-fp8-tensor", "scaled-mm-fp8-block")
+FP8_KERNELS = ("scaled-mm-fp8", "scaled-mm-fp8-tensor", "scaled-mm-fp8-block", "cuda-fp8", "cuda-fp8-block")
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -150,6 +150,54 @@ def test_fp8_kernels_refuse_what_they_cannot_run_with_the_reason():
         assert "runs on cuda, not cpu" in get_kernel(kid).available(CPU)
 
 
+def test_cuda_fp8_refuses_what_its_w8a8_path_cannot_run():
+    """cuda-fp8 takes every M, so it keeps the scaled-mm kernel's refusals for the M > 8 path."""
+    cuda = torch.device("cuda")
+    block = ScaledLayer(random_scaled(256, 200, strategy="block"))
+    assert any("K=200 is not a multiple of 128" in w for w in get_kernel("cuda-fp8-block").check(block, torch.bfloat16, cuda))
+    tensor = ScaledLayer(random_scaled(64, 200, strategy="tensor"))
+    assert any("K=200 is not a multiple of 16" in w for w in get_kernel("cuda-fp8").check(tensor, torch.bfloat16, cuda))
+    assert get_kernel("cuda-fp8").error_factor(torch.bfloat16) == get_kernel("scaled-mm-fp8").error_factor(torch.bfloat16)
+
+
+@pytest.mark.parametrize("n,k", [(1024, 8192), (8192, 8192), (28672, 8192), (8192, 28672), (1024, 4096),
+                                 (14336, 4096), (48, 144), (5120, 27648), (16, 128)])
+@pytest.mark.parametrize("n_sm", [132, 78, 16])
+def test_fp8_gemv_plan_covers_k_once_and_fills_its_waves(n, k, n_sm):
+    from qtool.kernels.cuda_fp8 import WARPS_PER_SM, plan
+
+    pl = plan(1, n, k, n_sm)
+    nsteps = -(-k // 128)
+    assert pl.tiles * 16 >= n > (pl.tiles - 1) * 16
+    assert (pl.splits - 1) * pl.steps < nsteps <= pl.splits * pl.steps  # every step once, no empty split
+    assert pl.warps in (4, 8)
+    wave = n_sm * WARPS_PER_SM
+    warps = pl.tiles * pl.splits * pl.warps
+    fill = warps / wave / -(-warps // wave)
+    for w in (4, 8):  # no other width (with its own splits) fills the waves better
+        other = plan(1, n, k, n_sm, warps=w)
+        ow = other.tiles * other.splits * w
+        assert round(ow / wave / -(-ow // wave), 2) <= round(fill, 2)
+    if pl.splits > 1:  # split only where the tiles alone leave most of a wave idle
+        assert pl.tiles * pl.warps * 2 <= wave
+    forced = plan(1, n, k, n_sm, warps=8, splits=3)
+    assert (forced.warps, forced.splits) == (8, min(3, nsteps))
+
+
+def test_fp8_gemv_plan_on_the_h200_shapes():
+    """The H200 choices the tuning run measured as best or within 3 % (benchmarks/results/fp.md)."""
+    from qtool.kernels.cuda_fp8 import plan
+
+    def got(n, k):
+        p = plan(1, n, k, 132)
+        return p.warps, p.splits
+
+    assert got(8192, 28672) == (8, 1)   # Llama-3-70B down: 512 tiles x 8 warps, 0.97 of a wave
+    assert got(5120, 27648) == (4, 3)   # Qwen2.5-32B down: 4 warps x 3 splits, 0.91 (8 x 1: 0.61)
+    assert got(28672, 8192) == (4, 1)   # 70B gate/up: 1.7 waves either way, fewer CTAs
+    assert got(1024, 8192) == (8, 8)    # 70B k/v: 64 tiles, K split 8 ways
+
+
 def test_fp8_error_bound_is_derived_from_the_unit_roundoffs():
     k = get_kernel("scaled-mm-fp8")
     # 2 * u(e4m3) / u(dtype): 2 * 2^-4 / 2^-8 and 2 * 2^-4 / 2^-11
@@ -169,16 +217,22 @@ def test_fp8_declarations_and_select():
         return LayerQuant("l", K, N, QuantScheme("fp8", 8, -1, True, False), act_dtype="bfloat16", scale=scale, **kw)
 
     h100, a100, l40s, b200 = (profile(n) for n in ("h100", "a100", "l40s", "b200"))
-    assert select_kernel(fp8("tensor"), h100, "qtool").chosen == "scaled-mm-fp8"
-    assert select_kernel(fp8("channel"), l40s, "qtool").chosen == "scaled-mm-fp8"
+    # cuda-fp8 (the GEMV at M <= 8, else the scaled-mm path) ranks above the scaled-mm kernel it extends
+    assert q.kernel("cuda-fp8").formats["fp8"] > row.formats["fp8"] > q.kernel("scaled-mm-fp8-tensor").formats["fp8"]
+    sel = select_kernel(fp8("tensor"), h100, "qtool")
+    ok = [c.kernel for c in sel.candidates if c.ok]
+    assert sel.chosen == "cuda-fp8" and ok[:2] == ["cuda-fp8", "scaled-mm-fp8"]
+    assert select_kernel(fp8("channel"), l40s, "qtool").chosen == "cuda-fp8"
     sel = select_kernel(fp8("block", block=(128, 128)), h100, "qtool")
-    assert sel.chosen == "scaled-mm-fp8-block"
+    assert sel.chosen == "cuda-fp8-block"
     sel = select_kernel(fp8("block", block=(128, 128)), b200, "qtool")
     assert sel.chosen == "torch-ref"
-    assert "CC 10.0 != 9.0" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8-block")
+    for kid in ("cuda-fp8-block", "scaled-mm-fp8-block"):
+        assert "CC 10.0 != 9.0" in next(c.reason for c in sel.candidates if c.kernel == kid)
     sel = select_kernel(fp8("tensor"), a100, "qtool")
     assert sel.chosen == "torch-ref"
-    assert "CC 8.0 < 8.9" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8")
+    for kid in ("cuda-fp8", "scaled-mm-fp8"):
+        assert "CC 8.0 < 8.9" in next(c.reason for c in sel.candidates if c.kernel == kid)
     sel = select_kernel(fp8("tensor", N=1000), h100, "qtool")
     assert sel.chosen == "torch-ref"
     assert "N 1000 % 16 != 0" in next(c.reason for c in sel.candidates if c.kernel == "scaled-mm-fp8")

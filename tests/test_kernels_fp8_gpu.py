@@ -1,4 +1,5 @@
-"""GPU tests of the FP8 scaled-matmul kernels against the float64 oracle (skipped without CUDA or FP8 GEMMs).
+"""GPU tests of the FP8 kernels (scaled matmul, and cuda-fp8's GEMV at M <= 8) against the float64 oracle (skipped
+without CUDA or FP8 GEMMs).
 
 Each kernel, each activation dtype, awkward M and shapes: error within the kernel's declared k times the
 dense same-precision baseline's, every element of a NaN-poisoned output written, a second call and a CUDA
@@ -7,6 +8,8 @@ error ratio is printed (-s) so the bound's margin is on record.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,8 +31,15 @@ CASES = [
     ("scaled-mm-fp8", "channel", [(272, 208), (4096, 1040)]),
     ("scaled-mm-fp8-tensor", "tensor", [(144, 48), (4096, 1040)]),
     ("scaled-mm-fp8-block", "block", [(384, 256), (1280, 640), (7168, 1536)]),
+    # the GEMV: one partial 64-k step (K 144, 272), K split across CTAs (N 48 and 1024: few tiles), a 16-row
+    # tile past N's last 128-row block (N 1040)
+    ("cuda-fp8", "tensor", [(144, 48), (4096, 1040), (8192, 1024)]),
+    ("cuda-fp8", "channel", [(272, 208), (4096, 1040)]),
+    ("cuda-fp8-block", "block", [(384, 256), (1280, 640), (7168, 1536)]),
 ]
-MS = (1, 3, 17, 64, 130)
+MS = (1, 3, 8, 17, 64, 130)
+# every CTA width csrc/fp8_gemv.cu builds
+GEMV_WARPS = (4, 8)
 
 
 def _runs_here(kid: str, layer: ScaledLayer, dtype: torch.dtype) -> list[str]:
@@ -51,7 +61,10 @@ def test_fp8_kernel_vs_oracle(kid, strategy, shapes, dt):
         if why:
             pytest.skip("; ".join(why))
         st = kern.prepare(layer)
-        assert st.w_t.data_ptr() == plain.codes.data_ptr()  # the stored codes, not a copy
+        mm = getattr(st, "mm", st)
+        assert mm.w_t.data_ptr() == plain.codes.data_ptr()  # the stored codes, not a copy
+        if kid.startswith("cuda-fp8"):
+            assert st.gemv is not None, st.why_not
         w64 = dequantize(plain, torch.float64)
         wd = dequantize(plain, dtype)
         for m in MS:
@@ -76,6 +89,82 @@ def test_fp8_kernel_vs_oracle(kid, strategy, shapes, dt):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(gout, out), (kid, K, N, m, "graph replay differs")
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("kid,strategy", [("cuda-fp8", "tensor"), ("cuda-fp8", "channel"),
+                                          ("cuda-fp8-block", "block")])
+def test_fp8_gemv_decodes_every_code_exactly(kid, strategy, dt):
+    """Every finite E4M3 code (subnormals, both zeros, +-448) in every row: the GEMV's sums are the float64
+    product rounded once (fp32 accumulation), so its error is the dense baseline's at most (same rounding of
+    the output, exact weights in both), on one CTA per tile and with K split across CTAs."""
+    from qtool.kernels.cuda_fp8 import gemv, plan
+
+    dtype = DTYPES[dt]
+    kern = get_kernel(kid)
+    if kern.available(DEV):
+        pytest.skip(kern.available(DEV))
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8, device=DEV)
+    for K, N in ((256, 128), (8192, 128)):
+        plain = random_scaled(N, K, strategy=strategy, dtype=dtype, device=DEV, seed=K)
+        gen = torch.Generator(device=DEV).manual_seed(K)
+        idx = torch.randint(0, finite.numel(), (N, K), generator=gen, device=DEV)
+        idx[:, : finite.numel()] = torch.arange(finite.numel(), device=DEV)  # each row has every code
+        plain = replace(plain, codes=finite[idx].view(torch.float8_e4m3fn))
+        layer = ScaledLayer(plain)
+        st = kern.prepare(layer)
+        assert st.gemv is not None, st.why_not
+        w64 = dequantize(plain, torch.float64)
+        for m in (1, 2, 5, 8):
+            x = torch.randn(m, K, device=DEV).to(dtype)
+            ref = x.double() @ w64.t()
+            base = float((F.linear(x, dequantize(plain, dtype)).double() - ref).norm() / ref.norm())
+            for splits in {1, plan(m, N, K, st.gemv.n_sm).splits, 3}:
+                for warps in GEMV_WARPS:
+                    pl = plan(m, N, K, st.gemv.n_sm, warps=warps, splits=splits)
+                    y = gemv(x, st.gemv, pl=pl)
+                    err = float((y.double() - ref).norm() / ref.norm())
+                    assert err <= 1.5 * base + 1e-7, (K, N, m, pl.label(), err, base)
+        assert "gemv" in kern.describe(st, 8) and "x as given" in kern.describe(st, 8)
+        assert "act quant" in kern.describe(st, 9) and "gemv" not in kern.describe(st, 9)
+
+
+def test_fp8_gemv_chained_calls_read_each_others_outputs():
+    """Each call lets the next launch early (programmatic dependent launch) and reads x only after its
+    dependency wait: a chain of calls, each reading the last one's output, gives the bits of separate calls."""
+    from qtool.kernels.cuda_fp8 import gemv, plan
+
+    kern = get_kernel("cuda-fp8")
+    if kern.available(DEV):
+        pytest.skip(kern.available(DEV))
+    for n, splits in ((1024, 1), (1024, 4)):
+        st = kern.prepare(ScaledLayer(random_scaled(n, n, strategy="channel", dtype=torch.bfloat16, device=DEV, seed=n)))
+        pl = plan(2, n, n, st.gemv.n_sm, splits=splits)
+        x = torch.randn(2, n, device=DEV, dtype=torch.bfloat16)
+        want = [x]
+        for _ in range(6):
+            want.append(gemv(want[-1], st.gemv, pl=pl))
+            torch.cuda.synchronize()
+        ys = [x]
+        for _ in range(6):
+            ys.append(gemv(ys[-1], st.gemv, pl=pl))
+        torch.cuda.synchronize()
+        for a, b in zip(ys, want):
+            assert torch.equal(a, b)
+
+
+def test_fp8_gemv_leaves_nan_codes_to_the_w8a8_path():
+    kern = get_kernel("cuda-fp8")
+    if kern.available(DEV):
+        pytest.skip(kern.available(DEV))
+    plain = random_scaled(64, 256, strategy="channel", device=DEV, seed=3)
+    codes = plain.codes.clone().view(torch.uint8)
+    codes[5, 7] = 0xFF
+    st = kern.prepare(ScaledLayer(replace(plain, codes=codes.view(torch.float8_e4m3fn))))
+    assert st.gemv is None and "1 E4M3 NaN codes" in st.why_not
+    assert "GEMV not used: the weight holds 1 E4M3 NaN codes" in kern.describe(st, 1)
+    y = kern.forward(torch.randn(1, 256, device=DEV, dtype=torch.bfloat16), st)
+    assert torch.isnan(y[0, 5]) and torch.isfinite(y[0, :5]).all()
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])

@@ -33,7 +33,7 @@ from qtool.packing.bitstream import pack_stream, unpack_stream
 
 # Implementation modules, imported on first use of the registry.
 KERNEL_MODULES = ("qtool.kernels.torch_ref", "qtool.kernels.torch_int4_cpu", "qtool.kernels.triton",
-                  "qtool.kernels.cuda", "qtool.kernels.scaled_mm")
+                  "qtool.kernels.cuda", "qtool.kernels.scaled_mm", "qtool.kernels.cuda_fp8")
 
 ACT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

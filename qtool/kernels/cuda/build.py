@@ -1,10 +1,12 @@
-"""Build csrc/w4a16.cu (and the headers it includes) into a cubin for one GPU architecture, once, cached by content.
+"""Build a csrc/*.cu translation unit (and the headers it may include) into a cubin for one GPU architecture, once,
+cached by content.
 
-    cubin_for((9, 0)) -> bytes     # nvcc -cubin -gencode arch=compute_90a,code=sm_90a (wgmma kernels included)
+    cubin_for((9, 0)) -> bytes     # csrc/w4a16.cu: nvcc -cubin -gencode arch=compute_90a,code=sm_90a (wgmma kernels)
     cubin_for((8, 0)) -> bytes     # arch=compute_80,code=sm_80 (mma.sync kernels only)
+    cubin_for((9, 0), "fp8_gemv.cu")   # the FP8 weight-only GEMV (qtool/kernels/fp8_gemv.py)
 
-The cache key is the SHA-256 of every csrc/*.cu and *.cuh file plus the nvcc command, so an edited kernel or
-header is rebuilt and a stale cubin is never loaded. Cache folder: $QTOOL_CUDA_CACHE, else ~/.cache/qtool/cuda. A cubin built elsewhere (same
+The cache key is the SHA-256 of the unit, every csrc/*.cuh header and the nvcc command, so an edited kernel or
+header is rebuilt and a stale cubin is never loaded; an edit to one unit leaves the other units' cubins valid. Cache folder: $QTOOL_CUDA_CACHE, else ~/.cache/qtool/cuda. A cubin built elsewhere (same
 sources, same key) can be copied into the cache: that is how the benchmarks carry a build to a GPU machine.
 """
 
@@ -20,7 +22,8 @@ from pathlib import Path
 from qtool.errors import DeviceError
 
 CSRC = Path(__file__).resolve().parents[3] / "csrc"
-MAIN = "w4a16.cu"  # the translation unit; it includes the csrc/*.cuh headers
+MAIN = "w4a16.cu"  # cuda-w4a16's translation unit; it includes the csrc/*.cuh headers
+UNITS = (MAIN, "fp8_gemv.cu")
 FLAGS = ("-cubin", "-O3", "-std=c++17", "-lineinfo")
 
 
@@ -45,47 +48,48 @@ def cache_dir() -> Path:
 
 
 def sources() -> list[str]:
-    """Every file the build can include: csrc/*.cu and csrc/*.cuh (all hashed into the cache key)."""
+    """Every file a build can read: csrc/*.cu and csrc/*.cuh."""
     return sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh"))
 
 
-def cache_key(cc: tuple[int, int]) -> str:
+def cache_key(cc: tuple[int, int], unit: str = MAIN) -> str:
+    """Hash of `unit`, every header (any unit may include any of them) and the nvcc command."""
     h = hashlib.sha256()
-    for name in sources():
+    for name in [unit, *(n for n in sources() if n.endswith(".cuh"))]:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(" ".join((*FLAGS, gencode(cc))).encode())
     return h.hexdigest()[:20]
 
 
-def cubin_path(cc: tuple[int, int]) -> Path:
-    return cache_dir() / f"w4a16-{cache_key(cc)}-sm{cc[0]}{cc[1]}.cubin"
+def cubin_path(cc: tuple[int, int], unit: str = MAIN) -> Path:
+    return cache_dir() / f"{Path(unit).stem}-{cache_key(cc, unit)}-sm{cc[0]}{cc[1]}.cubin"
 
 
-def sources_present() -> bool:
-    return CSRC.is_dir() and (CSRC / MAIN).is_file()
+def sources_present(unit: str = MAIN) -> bool:
+    return CSRC.is_dir() and (CSRC / unit).is_file()
 
 
-def cubin_for(cc: tuple[int, int]) -> bytes:
-    """The cubin for compute capability `cc`, built with nvcc on first use."""
-    if not sources_present():
-        raise DeviceError(f"{CSRC}/w4a16.cu not found (qtool installed without csrc/)",
+def cubin_for(cc: tuple[int, int], unit: str = MAIN) -> bytes:
+    """The cubin of csrc/`unit` for compute capability `cc`, built with nvcc on first use."""
+    if not sources_present(unit):
+        raise DeviceError(f"{CSRC}/{unit} not found (qtool installed without csrc/)",
                           fix="install qtool from its source tree (pip install -e .)")
-    path = cubin_path(cc)
+    path = cubin_path(cc, unit)
     if path.is_file():
         return path.read_bytes()
     nvcc = find_nvcc()
     if nvcc is None:
-        raise DeviceError("cuda-w4a16 needs nvcc once to build its kernels, and none was found",
-                          fix="install the CUDA toolkit (or set QTOOL_NVCC), or use --kernels triton-w4a16")
+        raise DeviceError(f"csrc/{unit} needs nvcc once to build its kernels, and none was found",
+                          fix="install the CUDA toolkit (or set QTOOL_NVCC), or choose another kernel with --kernels")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        cmd = [nvcc, *FLAGS, "-gencode", gencode(cc), "-o", str(out), str(CSRC / MAIN)]
+        cmd = [nvcc, *FLAGS, "-gencode", gencode(cc), "-o", str(out), str(CSRC / unit)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["?"])[-1]
-            raise DeviceError(f"nvcc failed building csrc/w4a16.cu for sm_{cc[0]}{cc[1]}: {last}",
-                              fix="check the CUDA toolkit version (12.4+ for sm_90a), or use --kernels triton-w4a16")
+            raise DeviceError(f"nvcc failed building csrc/{unit} for sm_{cc[0]}{cc[1]}: {last}",
+                              fix="check the CUDA toolkit version (12.4+ for sm_90a), or choose another kernel with --kernels")
         os.replace(out, path)  # atomic: a concurrent build never sees half a file
     return path.read_bytes()
