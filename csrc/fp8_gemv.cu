@@ -1,7 +1,7 @@
 // FP8 E4M3 weight-only GEMV for small batches (M <= 8): y[M, N] = x[M, K] @ (s * W[N, K])^T, with W the
 // checkpoint's E4M3 codes exactly as stored (row-major, K contiguous), x fp16 or bf16 as given (no activation
 // quantization), fp32 accumulation on the tensor core, one rounding to x's dtype. Launched by
-// qtool/kernels/fp8_gemv.py (which plans the grid); compiled by qtool/kernels/cuda/build.py like csrc/w4a16.cu.
+// qtool/kernels/cuda_fp8.py (which plans the grid); compiled by qtool/kernels/cuda/build.py like csrc/w4a16.cu.
 //
 // Why a GEMV of its own: at M <= 8 an FP8 layer is a stream of weight bytes. The W8A8 path (x quantized to E4M3
 // per call, then cuBLAS's FP8 GEMM) pays one more launch for the quantizer and a GEMM tiled for large M; this
@@ -41,7 +41,7 @@ struct Fp8Args {
   int* cnt;           // [ceil(N / 16)] arrival counters, zero between calls
   int M, N, K, KS;    // KS: the block scales' row stride (ceil(K / 128))
   int steps;          // 128-k steps per split
-  int flags;          // QT_PDL_EARLY | QT_EVICT_FIRST (common.cuh)
+  int flags;          // for pdl_wait (common.cuh); the launch passes 0: the next grid may start after the wait
 };
 
 // Two codes of each 16-bit half of q (bytes 1 and 3) -> their exact 16-bit floats (sign and magnitude spliced
