@@ -9,6 +9,7 @@ them. The kernels themselves are declared for CUDA only: on the CPU they refuse,
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -342,3 +343,72 @@ def test_validate_runs_torch_ref_on_compressed_tensors_fp8_and_int8(fixtures_dir
         runs = [c for c in rep.checks if c.name == "kernels" and c.status == "pass"]
         assert runs and all("torch-ref" in c.detail for c in runs), [c.detail for c in rep.checks]
         assert not [c for c in rep.checks if c.status == "fail"]
+
+
+# --- csrc/fp8_gemv.cu emulated lane by lane (its arithmetic and fragment order, on the CPU) ------------
+
+def _e4m3_hi_pair(q: np.ndarray, bf16: bool) -> np.ndarray:
+    """e4m3_hi_pair: the codes in bytes 1 and 3 of q spliced into 16-bit floats, then times 2^8 / 2^120."""
+    from tests.test_mma_tiles import _fma_bf16, _fma_f16
+
+    q = q.astype(np.uint32)
+    h = (q & np.uint32(0x80008000)) | ((q & np.uint32(0x7F007F00)) >> np.uint32(4 if bf16 else 1))
+    return (_fma_bf16 if bf16 else _fma_f16)(h, np.uint32(0x7B807B80 if bf16 else 0x5C005C00), np.uint32(0x80008000))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fp8_gemv_splice_is_exact_for_every_finite_code(bf16):
+    from tests.test_mma_tiles import _pair_values
+
+    codes = np.arange(256, dtype=np.uint32)
+    finite = (codes & 0x7F) != 0x7F
+    want = torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e4m3fn).double().numpy()
+    for shift in (8, 24):  # the code as byte 1 (low half) or byte 3 (high half) of the word
+        got = _pair_values([_e4m3_hi_pair(codes << np.uint32(shift), bf16)], bf16)[0 if shift == 8 else 1]
+        assert np.array_equal(got[finite], want[finite])  # subnormals and both zeros included
+        assert np.array_equal(np.signbit(got[finite]), np.signbit(want[finite]))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fp8_gemv_lane_fragments_reproduce_a_tile_step(bf16):
+    """One warp, one 128-k step: each lane's loads (32 codes of rows r and r + 8 at k = 32 g, x of batch row r
+    at the same k), the splice, the x permutation and eight m16n8k16 mmas as PTX lays out their fragments give
+    the tile's product W[16, 128] @ x[M, 128]^T."""
+    from tests.test_mma_tiles import _pair_values, fragment_coords
+
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 256, (16, 128), generator=gen, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # NaN codes: the GEMV leaves such weights to the W8A8 path
+    m = 5
+    xdt = torch.bfloat16 if bf16 else torch.float16
+    x = torch.randn(m, 128, generator=gen).to(xdt)
+    want = x.double().numpy() @ codes.view(torch.float8_e4m3fn).double().numpy().T  # [M, 16]
+    cb = codes.numpy().astype(np.uint32)
+    xb = np.zeros((8, 128), dtype=np.uint32)
+    xb[:m] = x.view(torch.int16).numpy().astype(np.uint16)
+    d = np.zeros((16, 8))
+    for h in range(2):
+        for s in range(4):
+            a_mat, b_mat = np.zeros((16, 16)), np.zeros((16, 8))
+            for lane in range(32):
+                r, g = lane >> 2, lane & 3
+                k0 = 32 * g + 16 * h + 4 * s  # the lane's four codes (one word) of this mma
+
+                def word(row, k0=k0):
+                    return cb[row, k0] | cb[row, k0 + 1] << 8 | cb[row, k0 + 2] << 16 | cb[row, k0 + 3] << 24
+
+                fa = [_e4m3_hi_pair(np.array([v]), bf16) for v in (word(r) << 8, word(r + 8) << 8, word(r), word(r + 8))]
+                vals = _pair_values(fa, bf16)[:, 0]
+                for (row, kk), v in zip(fragment_coords(r, g), vals):
+                    a_mat[row, kk] = v
+                xa = xb[r, k0] | xb[r, k0 + 1] << 16
+                xbw = xb[r, k0 + 2] | xb[r, k0 + 3] << 16
+                b0 = (xa & 0xFFFF) | (xbw & 0xFFFF) << 16  # __byte_perm(xa, xb, 0x5410): (x0, x2)
+                b1 = (xa >> 16) | (xbw & 0xFFFF0000)  # 0x7632: (x1, x3)
+                bv = _pair_values([np.array([b0]), np.array([b1])], bf16)[:, 0]
+                # PTX B fragment of lane 4 n + t: b0, b1 = B[2t, n], B[2t+1, n]; b2, b3 = B[2t+8, n], B[2t+9, n]
+                for i, kk in enumerate((2 * g, 2 * g + 1, 2 * g + 8, 2 * g + 9)):
+                    b_mat[kk, r] = bv[i]
+            d += a_mat @ b_mat
+    assert np.allclose(d[:, :m].T, want, rtol=1e-12, atol=1e-12)
+    assert not d[:, m:].any()  # batch columns past M stay zero
