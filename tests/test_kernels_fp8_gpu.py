@@ -31,7 +31,7 @@ CASES = [
     ("scaled-mm-fp8", "channel", [(272, 208), (4096, 1040)]),
     ("scaled-mm-fp8-tensor", "tensor", [(144, 48), (4096, 1040)]),
     ("scaled-mm-fp8-block", "block", [(384, 256), (1280, 640), (7168, 1536)]),
-    # the GEMV: one partial 64-k step (K 144, 272), K split across CTAs (N 48 and 1024: few tiles), a 16-row
+    # the GEMV: a partial 128-k step (K 144, 272), K split across CTAs (N 48 and 1024: few tiles), a 16-row
     # tile past N's last 128-row block (N 1040)
     ("cuda-fp8", "tensor", [(144, 48), (4096, 1040), (8192, 1024)]),
     ("cuda-fp8", "channel", [(272, 208), (4096, 1040)]),
@@ -130,8 +130,9 @@ def test_fp8_gemv_decodes_every_code_exactly(kid, strategy, dt):
 
 
 def test_fp8_gemv_chained_calls_read_each_others_outputs():
-    """Each call lets the next launch early (programmatic dependent launch) and reads x only after its
-    dependency wait: a chain of calls, each reading the last one's output, gives the bits of separate calls."""
+    """Each call is a programmatic dependent launch that streams its first weights before its dependency wait
+    and reads x only after it: a chain of calls, each reading the last one's output, gives the bits of
+    separate calls."""
     from qtool.kernels.cuda_fp8 import gemv, plan
 
     kern = get_kernel("cuda-fp8")

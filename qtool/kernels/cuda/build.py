@@ -23,7 +23,6 @@ from qtool.errors import DeviceError
 
 CSRC = Path(__file__).resolve().parents[3] / "csrc"
 MAIN = "w4a16.cu"  # cuda-w4a16's translation unit; it includes the csrc/*.cuh headers
-UNITS = (MAIN, "fp8_gemv.cu")
 FLAGS = ("-cubin", "-O3", "-std=c++17", "-lineinfo")
 
 
