@@ -8,7 +8,7 @@ above it torch's scaled matmul (the scaled-mm kernels' W8A8 path).
 
 Why two paths: at small M an FP8 layer is a stream of weight bytes, and the W8A8 path spends a launch on the
 activation quantizer and runs a GEMM tiled for large M; the GEMV reads each weight byte once (H200,
-Llama-3-70B layer at M = 1: 1.79-1.84x bf16 against the W8A8 path's 1.68-1.72x, 2x being the bytes' ratio;
+Llama-3-70B layer at M = 1: 1.79-1.82x bf16 against the W8A8 path's 1.67-1.72x, 2x being the bytes' ratio;
 benchmarks/results/fp.md). At large M the tensor-core FP8 GEMM is the right tool. The GEMV is also the more
 accurate path (x is not rounded to E4M3), so the error bound stays the W8A8 one (scaled_mm.py's docstring).
 
