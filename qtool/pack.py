@@ -639,6 +639,9 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
                          fix="add --strategy group, or drop --group-size")
     fmt = get_format(job.to)
     block = scaled_block(job, fmt)
+    if job.to in MICRO_PACK and block != tuple(fmt.default_block):
+        raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per {block}",
+                         fix="drop --strategy/--group-size/--block")
     ck = open_checkpoint(job.src)
     if ck.quant_config is not None:
         raise InputError("the source is already quantized", path=ck.path,
@@ -790,9 +793,6 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                         out = fmt.compute_for(stype) if fmt.compute == "scale" else model
                         st: dict = {}
                         if job.to in MICRO_PACK:
-                            if block != tuple(fmt.default_block):
-                                raise UsageError(f"{job.to} stores scales per {fmt.default_block[1]} inputs, not per "
-                                                 f"{block}", fix="drop --strategy/--group-size/--block")
                             p = quantize_for(job.to, weight, job.method, out_dtype=model, name=name)
                         else:
                             buf = codes.take(plan.shape) if codes is not None else None

@@ -58,3 +58,7 @@ def test_pack_refusals(dense, tmp_path):  # noqa: F811
                  ("--to", "mxfp8", "--method", "gptq")):
         code, text = qtool("pack", dense, "-o", tmp_path / "x", *args)
         assert code == 2 and "Traceback" not in text and not (tmp_path / "x").exists(), text
+    # a block the layout cannot store is refused before any tensor is read, a dry run included
+    code, text = qtool("pack", dense, "-o", tmp_path / "x", "--to", "mxfp4", "--strategy", "group", "--group-size", "16",
+                       "--dry-run")
+    assert code == 2 and "stores scales per 32 inputs" in text, text

@@ -116,7 +116,7 @@ def gemv_built(device: torch.device) -> str | None:
 @dataclass
 class GemvState:
     """The codes as bytes [N, K], the scales as fp32 (tensor [1], channel [N], block [ceil(N/128), ceil(K/128)]),
-    and the split-K workspace (grown, never freed: a captured CUDA graph keeps the buffers it saw)."""
+    and the split-K workspace (cuda.launch.grow_workspace)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -154,7 +154,7 @@ def gemv_state(layer: ScaledLayer) -> GemvState | str:
 
 def gemv(x: torch.Tensor, st: GemvState, out: torch.Tensor | None = None, pl: GemvPlan | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ (s * W)^T for M <= 8, x fp16/bf16 on the state's device; `pl` forces a launch."""
-    from qtool.kernels.cuda.launch import pdl_enabled
+    from qtool.kernels.cuda.launch import grow_workspace, pdl_enabled
 
     m, k = x.shape
     n = st.codes.shape[0]
@@ -168,16 +168,7 @@ def gemv(x: torch.Tensor, st: GemvState, out: torch.Tensor | None = None, pl: Ge
     pl = pl or plan(m, n, k, st.n_sm)
     ws = cnt = y
     if pl.splits > 1:
-        need = pl.splits * m * n
-        if st.ws is None or st.ws.numel() < need:
-            if st.ws is not None:
-                st.retired.append(st.ws)
-            st.ws = torch.empty(max(need, 2 * st.ws.numel() if st.ws is not None else need),
-                                dtype=torch.float32, device=x.device)
-        if st.counters is None or st.counters.numel() < pl.tiles:
-            if st.counters is not None:
-                st.retired.append(st.counters)
-            st.counters = torch.zeros(pl.tiles, dtype=torch.int32, device=x.device)
+        grow_workspace(st, pl.splits * m * n, pl.tiles, x.device)
         ws, cnt = st.ws, st.counters
     args = Fp8Args(st.codes.data_ptr(), x.data_ptr(), y.data_ptr(), st.scales.data_ptr(), ws.data_ptr(),
                    cnt.data_ptr(), m, n, k, -(-k // BLOCK), pl.steps, 0)
@@ -206,7 +197,7 @@ class _CudaFp8:
         return CudaFp8State(mm, None, g) if isinstance(g, str) else CudaFp8State(mm, g)
 
     def forward(self, x: torch.Tensor, state: CudaFp8State, out: torch.Tensor | None = None) -> torch.Tensor:
-        if state.gemv is not None and x.shape[0] <= MAX_M and x.dtype in (torch.float16, torch.bfloat16):
+        if state.gemv is not None and x.shape[0] <= MAX_M:
             return gemv(x, state.gemv, out)
         return super().forward(x, state.mm, out)
 

@@ -584,6 +584,21 @@ def x_map(st, x: torch.Tensor, box_rows: int):
     return maps[key]
 
 
+def grow_workspace(st, floats: int, counters: int, device: torch.device) -> None:
+    """Make st.ws hold >= `floats` fp32 partial sums and st.counters >= `counters` zeroed arrival counters. Grown,
+    never freed: a CUDA graph captured at another M keeps pointing at the buffers it saw (st.retired keeps the
+    old ones alive)."""
+    if st.ws is None or st.ws.numel() < floats:
+        if st.ws is not None:
+            st.retired.append(st.ws)
+        size = max(floats, 2 * st.ws.numel()) if st.ws is not None else floats
+        st.ws = torch.empty(size, dtype=torch.float32, device=device)
+    if st.counters is None or st.counters.numel() < counters:
+        if st.counters is not None:
+            st.retired.append(st.counters)
+        st.counters = torch.zeros(counters, dtype=torch.int32, device=device)
+
+
 def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W^T for x fp16/bf16 [M, K] on the state's device."""
     m, k = x.shape
@@ -607,18 +622,7 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
     name = p["name"].replace("{dt}", dt)
     shared = p["ws_floats"] > 0  # partial sums in the workspace, finished in the same launch
     if shared:
-        # Grown, never freed: a CUDA graph captured at another M keeps pointing at the buffers it saw.
-        need = p["ws_floats"]
-        if st.ws is None or st.ws.numel() < need:
-            if st.ws is not None:
-                st.retired.append(st.ws)
-            size = max(need, 2 * st.ws.numel()) if st.ws is not None else need
-            st.ws = torch.empty(size, dtype=torch.float32, device=x.device)
-        ntiles = p["counters"]
-        if st.counters is None or st.counters.numel() < ntiles:
-            if st.counters is not None:
-                st.retired.append(st.counters)
-            st.counters = torch.zeros(max(ntiles, 1024), dtype=torch.int32, device=x.device)
+        grow_workspace(st, p["ws_floats"], max(p["counters"], 1024), x.device)
     ws = st.ws if shared else y
     cnt = st.counters if shared else y
     scales, fresh = _scales(st, x.dtype)
