@@ -75,7 +75,7 @@ class EvalReport:
         lines = [f"eval on {self.text}"]
         if self.kind == "causal":
             lines.append(f"perplexity over {self.windows} windows of {self.seqlen} tokens: dense "
-                         f"{self.ppl_dense:.3f}, quantized {self.ppl_quant:.3f} (+{self.ppl_increase:.3f})")
+                         f"{self.ppl_dense:.3f}, quantized {self.ppl_quant:.3f} ({self.ppl_increase:+.3f})")
         else:
             lines.append(f"embedding cosine to dense over {self.sentences} sentences: mean {self.cos_mean:.4f}, "
                          f"min {self.cos_min:.4f}; similarity-matrix drift max {self.sim_drift_max:.4f}")

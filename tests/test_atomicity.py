@@ -469,3 +469,60 @@ def test_refuse_overwriting_input_covers_every_file_the_source_resolves_to(tmp_p
         with pytest.raises(OutputError, match="overlaps"):
             refuse_overwriting_input(src, dest)
     refuse_overwriting_input(src, tmp_path / "out")  # a sibling is fine
+
+
+def test_signal_during_a_heavy_import_is_held_not_lost(tmp_path):
+    """A signal that lands while a large package is first imported (the commands import torch after the
+    handlers are set) is held to the import's end and raised there: C code that imports a dependency would
+    discard the exception (the run went on and published, exit 0), or the package would be left half
+    initialised. `swallower` stands for such a package: it catches everything raised inside it."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "swallower"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import os, signal\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    for _ in range(10000):\n"
+        "        pass\n"
+        "except BaseException:\n"
+        "    pass  # as C code that imports a dependency does with an exception raised in it\n"
+        "import builtins\n"
+        "builtins.SWALLOWER_DONE = True  # the whole body ran\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "from qtool import signals\n"
+            "def run(held):\n"
+            "    if held:\n"
+            "        signals.HEAVY = signals.HEAVY | {'swallower'}\n"
+            "    signals.install()\n"
+            "    try:\n"
+            "        import swallower\n"
+            "    except signals.Terminated as e:\n"
+            "        return f'terminated {e.signum} after the import: {swallower_ready()}'\n"
+            "    return 'swallowed'\n"
+            "def swallower_ready():\n"
+            "    import builtins\n"
+            "    return getattr(builtins, 'SWALLOWER_DONE', False)\n"
+            "print(run(sys.argv[1] == 'held'))\n")
+    out = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=60,
+                                cwd=REPO).stdout.strip() for mode in ("held", "plain")}
+    assert out == {"held": f"terminated {int(signal.SIGTERM)} after the import: True", "plain": "swallowed"}
+
+
+def test_read_only_file_system_is_an_output_error(tmp_path, monkeypatch):
+    """A file output on a read-only file system: writing the temporary file fails with EROFS, and so does
+    unlinking the file that was never created (EROFS, not ENOENT); the user gets the output error (exit 2),
+    not the cleanup's OSError (exit 3)."""
+    import errno
+    from pathlib import Path as P
+
+    from qtool.errors import OutputError
+
+    def ro(self, *a, **k):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    monkeypatch.setattr(P, "unlink", ro)
+    with pytest.raises(OutputError) as e, atomic_output(tmp_path / "x.gguf", directory=False) as tmp:
+        ro(tmp)
+    assert e.value.exit_code == 2 and not leftovers(tmp_path / "x.gguf")

@@ -319,3 +319,26 @@ def test_calibration_options_need_a_calibrated_method(tiny_bert, tmp_path):
             main(["pack", str(tiny_bert), "-o", str(tmp_path / "x"), *args])
         assert e.value.code == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_eval_refuses_a_reference_with_holes_and_bad_devices(tiny_bert, tmp_path):
+    """transformers fills a parameter the files lack with random values: a reference with a hole (or a
+    quantized "reference") is refused, not compared; a device name torch does not know is a usage error."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from qtool.cli.main import main
+
+    q = tmp_path / "q"
+    _pack(tiny_bert, q, "--bits", "8", "--group-size", "32")
+    holed = tmp_path / "holed"
+    shutil.copytree(tiny_bert, holed)
+    t = load_file(holed / "model.safetensors")
+    gone = next(n for n in t if n.endswith("intermediate.dense.weight"))
+    del t[gone]
+    save_file(t, holed / "model.safetensors", metadata={"format": "pt"})
+    for ref, device in ((holed, "cpu"), (q, "cpu"), (tiny_bert, "bogus"), (tiny_bert, "mps")):
+        with pytest.raises(SystemExit) as e:
+            main(["eval", str(q), "--reference", str(ref), "--device", device, "-q"])
+        assert e.value.code == 2, (ref, device)

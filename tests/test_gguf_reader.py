@@ -141,7 +141,9 @@ def test_truncated_header_reports_partial(gfile, tmp_path, cut):
     assert not h.complete and h.truncated and h.tensors_complete == 0
     assert h.problems and h.problems[0][0] == "error"
     msg = h.truncation_message()
-    assert msg.startswith(f"truncated: {cut} of at least ") and f"0 of {len(TENSORS)} tensors complete" in msg
+    assert msg.startswith(f"header unreadable from byte {h.header_end} of the {cut}-byte file (cut short or "
+                          "corrupt)") and f"0 of {len(TENSORS)} tensors complete" in msg
+    assert h.header_end <= cut
     # what was parsed before the cut is right
     for k, v in h.kv.items():
         assert repr(v) == repr(full.kv[k])

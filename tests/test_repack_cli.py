@@ -104,3 +104,66 @@ def test_group_size_zero_or_negative_is_a_usage_error(tmp_path, g):
     make_checkpoint(tmp_path / "m", "gptq_v2", 4, 128, True)
     with pytest.raises(UsageError, match=f"--group-size {g} is not a group size"):
         invoke(tmp_path / "m", "--to", "ct", "--group-size", g, "--dry-run")
+
+
+def test_weight_files_left_out_are_named(tmp_path):
+    """A .safetensors file the model does not include (not model.safetensors, not in an index) and a pickle
+    are never copied into an output; pack, repack and repack --to dense each say so."""
+    import torch
+    from safetensors.torch import save_file
+
+    make_checkpoint(tmp_path / "m", "gptq_v2", 4, 64, False)
+    save_file({"x": torch.zeros(2)}, tmp_path / "m" / "adapter_model.safetensors")
+    (tmp_path / "m" / "training_args.bin").write_bytes(b"pickle")
+    want = {"adapter_model.safetensors: not copied: weights that are not part of the model read (not "
+            "model.safetensors, not in the index)", "training_args.bin: not copied: a pickle, never loaded"}
+    for to in ("ct", "dense"):
+        rep = json.loads(invoke(tmp_path / "m", "--to", to, "-o", tmp_path / to, "--json").stdout)
+        assert want <= set(rep["warnings"]), rep["warnings"]
+        assert not (tmp_path / to / "adapter_model.safetensors").exists()
+        assert not (tmp_path / to / "training_args.bin").exists()
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "dense"), "-o", str(tmp_path / "p"), "--to", "gptq", "-q"])
+    assert r.exit_code == 0, r.output
+    assert not {w for w in json.loads((tmp_path / "p" / "report.json").read_text())["warnings"]
+                if "not copied" in w}  # the dense output carried neither
+    save_file({"x": torch.zeros(2)}, tmp_path / "dense" / "extra.safetensors")
+    r = CliRunner().invoke(app, ["pack", str(tmp_path / "dense"), "-o", str(tmp_path / "p2"), "--to", "gptq", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "extra.safetensors: not copied: weights that are not part of the model read (not model.safetensors, " \
+           "not in the index)" in json.loads((tmp_path / "p2" / "report.json").read_text())["warnings"]
+
+
+@pytest.mark.parametrize("to,key", [("gptq_v2", "dynamic"), ("gptq_p", "dynamic"), ("awq", "modules_to_not_convert"),
+                                    ("ct", "ignore"), ("marlin", "dynamic")])
+def test_linears_kept_dense_stay_excluded(tmp_path, to, key):
+    """A linear the pack kept dense (--exclude) is excluded in the repacked config too: loaders would look
+    for its packed tensors. The engine contract of the output holds as the source's does."""
+    from tests.test_validate import make_dense
+
+    make_dense(tmp_path / "dense")
+    src = tmp_path / "src"
+    assert CliRunner().invoke(app, ["pack", str(tmp_path / "dense"), "-o", str(src), "--to", "gptq", "--group-size",
+                                    "32", "--exclude", r"layers\.0\.mlp", "-q"]).exit_code == 0
+    out = tmp_path / to
+    invoke(src, "--to", to, "-o", out, "--allow-lossy", "-q")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    kept = "model.layers.0.mlp.down_proj"
+    assert kept in (list(qc[key]) if key != "dynamic" else [k[3:-1].replace("\\", "") for k in qc[key]]), qc
+    target = ["--target", "h100"] if to == "marlin" else []  # gptqmodel's Marlin kernels run on CUDA only
+    r = CliRunner().invoke(app, ["validate", str(out), "--checks", "contract", "--device", "cpu", *target, "-q"])
+    assert r.exit_code == 0, r.output
+
+
+def test_one_shard_of_a_sharded_model_is_named(tmp_path):
+    from tests.test_validate import make_dense
+
+    make_dense(tmp_path / "dense")
+    src = tmp_path / "src"
+    assert CliRunner().invoke(app, ["pack", str(tmp_path / "dense"), "-o", str(src), "--to", "gptq", "--group-size",
+                                    "32", "--max-shard-size", "20KB", "-q"]).exit_code == 0
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    rep = json.loads(invoke(shard, "--to", "gptq_v2", "-o", tmp_path / "one", "--json").stdout)
+    assert any(w.startswith(f"{shard.name} is one of the 2 shards model.safetensors.index.json names: only its")
+               for w in rep["warnings"]), rep["warnings"]
+    rep = json.loads(invoke(src, "--to", "gptq_v2", "-o", tmp_path / "all", "--json").stdout)
+    assert not any("is one of the" in w for w in rep["warnings"])

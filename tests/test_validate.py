@@ -416,3 +416,52 @@ def test_kernel_with_no_batch_size_run_does_not_pass():
     assert status == "fail" and "no batch size ran" in detail
     status, detail, numbers = kernelcheck.run_kernel(kernel, layer, plain, torch.device("cpu"), (1, 3))
     assert status == "pass" and numbers["worst_err"] <= numbers["worst_bound"], detail
+
+
+# --- the reference check checks, or says why not ---------------------------------------------------------------
+
+def test_reference_with_holes_or_changed_copies_fails(packed, tmp_path):
+    dense, q = packed
+    rep, code = run_json(q, "--checks", "reference", "--reference", dense)
+    assert code == 0, fails(rep)
+    passed = {(c["module"], c["detail"]) for c in rep["checks"] if c["status"] == "pass"}
+    assert {(None, "1 tensor outside the linear modules, equal to the reference's"),
+            ("model.embed_tokens.weight", "identical")} <= passed
+    # a reference without a module's weight: a failure naming it, never a pass that compared nothing
+    holed = tmp_path / "holed"
+    t = make_dense(holed)
+    del t[f"{Q}.weight"]
+    t["model.embed_tokens.weight"][0, 0] += 1  # and an embedding that is not the one the pack copied
+    write_llama(holed, t, "float16")
+    rep, code = run_json(q, "--checks", "reference", "--reference", holed)
+    assert code == 1 and set(fails(rep)) == {("reference", Q), ("reference", "model.embed_tokens.weight")}
+    # a quantized checkpoint is no reference
+    rep, code = run_json(q, "--checks", "reference", "--reference", q)
+    assert code == 1 and len(fails(rep)) == 4
+
+
+@pytest.mark.parametrize("args", [["--checks", "reference"], ["--engine", "bogus"], ["--target", "bogus"],
+                                  ["--kernels", "bogus"], ["--device", "bogus"], ["--device", "mps"]])
+def test_mistyped_names_are_usage_errors(packed, args):
+    from qtool.errors import QtoolError
+
+    with pytest.raises(QtoolError) as e:
+        cli("validate", packed[1], *args)
+    assert e.value.exit_code == 2, e.value
+
+
+def test_asymmetric_zeros_under_a_sym_config_fail(packed, copy):
+    """Engines that trust sym: true drop the zero points, those that read them do not: the file is wrong
+    whichever checks run (the integrity check's no-decode shortcut included)."""
+    d = copy()
+    assert json.loads((d / "config.json").read_text())["quantization_config"]["sym"] is True
+
+    def flip(z):
+        z[0, 0] ^= 0x1
+        return z
+    edit_tensor(d, f"{Q}.qzeros", flip)
+    for checks in ("integrity", "integrity,contract", "integrity,roundtrip,reference"):
+        rep, code = run_json(d, "--checks", checks, *(["--reference", packed[0]] if "reference" in checks else []))
+        assert code == 1 and ("integrity", Q) in fails(rep), (checks, fails(rep))
+        detail = next(c["detail"] for c in rep["checks"] if c["status"] == "fail" and c["module"] == Q)
+        assert detail.count("config says sym but the zero points vary") == 1, detail

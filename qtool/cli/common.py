@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -211,7 +212,7 @@ def stderr_console():
 
 def emit_json(obj: Any) -> None:
     """The only thing written to stdout under --json."""
-    text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+    text = json.dumps(_plain(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -219,11 +220,22 @@ def emit_json(obj: Any) -> None:
         silence()
 
 
-def _json_default(o: Any) -> Any:
+def _plain(o: Any) -> Any:
+    """`o` as strict JSON values. A non-finite float read from a file (a GGUF float key, a config's NaN) is
+    written as the string "nan", "inf" or "-inf": bare NaN/Infinity are not JSON, and strict parsers reject the
+    whole document. Numbers qtool computes are checked where they are made."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else repr(o)
+    if isinstance(o, dict):
+        return {str(k) if not isinstance(k, str) else k: _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if o is None or isinstance(o, (str, int, bool)):
+        return o
     if isinstance(o, Path):
         return str(o)
     if hasattr(o, "to_dict"):
-        return o.to_dict()
+        return _plain(o.to_dict())
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 

@@ -48,7 +48,7 @@ EPILOG = """Examples:
 
 
 @app.command("pack", help="Quantize the linear weights of a dense safetensors model into a packed layout "
-                          "(gptq, gptq_v2, gptq_p, awq, fp8, ct_fp8, ct_int8).", epilog=EPILOG)
+                          f"({format_names(PACK_FORMATS, aliases=False)}).", epilog=EPILOG)
 def pack_cmd(
     ctx: typer.Context,
     src: Annotated[Path, typer.Argument(help="Dense .safetensors file, HF directory or index.json.",

@@ -93,6 +93,7 @@ def validate_cmd(
         from qtool.errors import UsageError
 
         raise UsageError(f"--report {v['report']}: is not a directory", fix="name a directory (it is created)")
+    _names_exist(v)
     opt = ValidateOptions(checks=_split(v["checks"]) or CHECKS, reference=v["reference"], device=v["device"],
                           kernels=_split(v["kernels"]) or None,
                           batch_sizes=tuple(v["batch_sizes"] or DEFAULT_BATCH_SIZES),
@@ -109,6 +110,26 @@ def validate_cmd(
     elif not v["quiet"]:
         render(result, stdout_console(), verbose=v["verbose"])
     return 1 if result.failed else 0
+
+
+def _names_exist(v: dict) -> None:
+    """A mistyped engine, target or kernel is a usage error (exit 2), never a failed check of the checkpoint
+    (exit 1): a CI job would read that as a broken file."""
+    from qtool.errors import UsageError
+    from qtool.kernels.base import get_kernel
+    from qtool.kernels.decls import ENGINES
+    from qtool.kernels.devices import resolve_device
+
+    if "reference" in _split(v["checks"]) and v["reference"] is None:
+        raise UsageError("--checks reference compares against the dense model, and no --reference was given",
+                         fix="add --reference DENSE, or leave reference out of --checks")
+    for e in _split(v["engine"]):
+        if e not in ENGINES:
+            raise UsageError(f"--engine {e}: unknown engine", fix=f"use one of: {', '.join(ENGINES)}")
+    for t in _split(v["target"]):
+        resolve_device(t)
+    for k in _split(v["kernels"]):
+        get_kernel(k)
 
 
 def _write(folder: Path, result, markdown: str) -> None:

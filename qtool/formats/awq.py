@@ -129,8 +129,8 @@ class AwqGemm(Format):
                "version": "gemm", "format": "gemm", "desc_act": False, "sym": sym, "meta": quantizer_meta()}
         return cfg | (extra or {})
 
-    def quantization_config(self, modules) -> dict:
-        return gptqmodel_config(self, modules)
+    def quantization_config(self, modules, dense=None) -> dict:
+        return gptqmodel_config(self, modules, dense or ())
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """{"qweight", "qzeros", "scales"} -> Plain (4-bit, true zeros, trivial g_idx)."""

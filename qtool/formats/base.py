@@ -97,10 +97,13 @@ class Format:
                        f"out_features is {plain.out_features}")
         return why
 
-    def quantization_config(self, modules: Sequence[tuple[str, QuantScheme, dict | None]]) -> dict | None:
+    def quantization_config(self, modules: Sequence[tuple[str, QuantScheme, dict | None]],
+                            dense: Sequence[str] | None = None) -> dict | None:
         """config.json `quantization_config` the engines read for a checkpoint of this layout, from its
-        converted modules: (module name, scheme written, the module's `module_meta` or None). A pure dict
-        (io writes it); None when the layout's container carries no such config (GGUF)."""
+        converted modules: (module name, scheme written, the module's `module_meta` or None), and `dense`, the
+        linear modules kept unquantized, which the config must exclude (loaders would look for their packed
+        tensors). A pure dict (io writes it); None when the layout's container carries no such config
+        (GGUF)."""
         return None
 
     def require(self, plain: Plain) -> None:

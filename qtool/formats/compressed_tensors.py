@@ -262,9 +262,9 @@ class CompressedTensors(Format):
             meta["ct_version"] = str(params.extra["version"])
         return Plain(qweight, scales, zeros, g_idx, bits, group_size, meta)
 
-    def quantization_config(self, modules) -> dict:
+    def quantization_config(self, modules, dense=None) -> dict:
         """One config group per (bits, group size, sym, act-order) scheme, targeting its modules by exact
-        name, largest group first."""
+        name, largest group first; `ignore` names the linear modules kept dense."""
         groups: dict[tuple, list[str]] = {}
         for name, s, _meta in modules:
             groups.setdefault((s.bits, s.group_size, bool(s.sym), bool(s.desc_act)), []).append(name)
@@ -281,7 +281,8 @@ class CompressedTensors(Format):
             }
         return {"quant_method": "compressed-tensors", "format": "pack-quantized",
                 "version": ".".join(map(str, DENSE_SINCE)) + ".0", "quantization_status": "compressed",
-                "config_groups": config_groups, "ignore": [], "kv_cache_scheme": None, "sparsity_config": {},
+                "config_groups": config_groups, "ignore": list(dense or ()), "kv_cache_scheme": None,
+                "sparsity_config": {},
                 "transform_config": {}, "global_compression_ratio": None}
 
     # --- helpers -------------------------------------------------------------------------------------

@@ -179,6 +179,9 @@ def bits_note(c: Claims, bits: int | None) -> list[tuple[str, str]]:
 
 
 INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+# Element types of codes rather than weights: a "weight" of one of them that no detector claims is packed
+# data of a layout qtool does not read (an FP4 or FP8 weight whose scales are missing), never nothing
+CODE_DTYPES = INT_DTYPES | FP8_DTYPES | {"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"}
 # Names other layouts give their codes or quantization state. Any of them in a module that no detector
 # below claims makes the module an unknown quantized layout (an error), never a dense one.
 SIDECARS = frozenset({
@@ -191,13 +194,13 @@ SIDECARS = frozenset({
 def unclaimed(t: dict[str, Sig]) -> Detected | None:
     """What is left after every detector: None for a module with nothing quantized-looking (norms, biases,
     float weights of other ranks), else "unknown" with an error naming the tensors no detector reads."""
-    ints = sorted(k for k, (dt, _shape) in t.items() if dt in INT_DTYPES and "weight" in k.lower())
+    ints = sorted(k for k, (dt, _shape) in t.items() if dt in CODE_DTYPES and "weight" in k.lower())
     side = sorted(set(t) & SIDECARS)
     if not ints and not side:
         return None
     seen = ", ".join(f"{k} {t[k][0]} {list(t[k][1])}" for k in sorted(set(ints) | set(side)))
     if ints:
-        why = "integer weight tensors"
+        why = "weight tensors of integer or packed element types"
     elif "weight" in t:
         why = "a float weight beside quantization sidecars"
     else:

@@ -210,20 +210,27 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
     return g.to(torch.int32).contiguous()
 
 
-def gptqmodel_config(fmt: Format, modules) -> dict:
+def gptqmodel_config(fmt: Format, modules, dense=()) -> dict:
     """The majority scheme of `modules` as the base config, GPTQModel `dynamic` overrides ("+:^name$")
-    for modules that differ (the GPTQ family and AWQ share this shape)."""
+    for modules that differ and exclusions ("-:^name$") for the linear modules kept dense (the GPTQ family
+    and AWQ share this shape)."""
     def key(s: QuantScheme):
         return (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))
 
     base = Counter(key(s) for _n, s, _m in modules).most_common(1)[0][0]
-    dynamic = {}
+    dynamic = dense_exclusions(dense)
     for name, s, _meta in modules:
         if key(s) != base:
             over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), key(s), base, strict=True)
                     if v != b}
             dynamic[f"+:^{re.escape(name)}$"] = over
     return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None)
+
+
+def dense_exclusions(dense) -> dict:
+    """GPTQModel / vLLM `dynamic` entries that keep linear modules out of quantization ("-:^name$"). The
+    lm_head needs none: those loaders quantize only the decoder blocks' linears."""
+    return {f"-:^{re.escape(m)}$": {} for m in dense if m.rpartition(".")[2] != "lm_head"}
 
 
 def quantizer_meta() -> dict:
@@ -359,8 +366,8 @@ class GptqFamily(Format):
                "meta": quantizer_meta()}
         return cfg | (extra or {})
 
-    def quantization_config(self, modules) -> dict:
-        return gptqmodel_config(self, modules)
+    def quantization_config(self, modules, dense=None) -> dict:
+        return gptqmodel_config(self, modules, dense or ())
 
     # --- unpack ------------------------------------------------------------------------------------
     def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):

@@ -234,8 +234,15 @@ class Marlin(Format):
         out["shape"] = torch.tensor([p.n, p.k], dtype=torch.int64)
         return out
 
-    def quantization_config(self, modules) -> dict:
-        return quantization_config(summarize({name: meta for name, _s, meta in modules if meta}))
+    def quantization_config(self, modules, dense=None) -> dict:
+        from qtool.formats.gptq import dense_exclusions
+
+        cfg = quantization_config(summarize({name: meta for name, _s, meta in modules if meta}))
+        if dense and dense_exclusions(dense):
+            cfg["dynamic"] = dense_exclusions(dense)
+        if dense and cfg["quant_method"] == "awq":
+            cfg["modules_to_not_convert"] = list(dense)
+        return cfg
 
     # --- unpack ----------------------------------------------------------------------------------------
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:

@@ -64,14 +64,19 @@ def inspect_path(path: str | Path, deep: bool = False,
     deep: also read tensor data and check it (deep.py); on_progress(done, total) is called per module then.
     Raises InputError only when nothing can be read; every other problem is an anomaly in the report.
     """
-    from qtool.inspect.loadable import gguf_anomalies, hf_anomalies
+    from qtool.inspect.loadable import gguf_anomalies, hf_anomalies, unread_files
 
     p = Path(path)
     report, handle, claims = open_inspected(p)
     if report.container == "gguf":
         report.anomalies += gguf_anomalies(handle.kv)
+        if p.is_dir():
+            report.anomalies += unread_files(p, [h.path for h in handle.headers])
     elif p.is_dir():
         report.anomalies += hf_anomalies(handle.root)
+        wm = handle.index.get("weight_map") if isinstance(handle.index, dict) else None
+        named = [handle.root / str(v) for v in wm.values()] if isinstance(wm, dict) else []  # reported if bad
+        report.anomalies += unread_files(handle.root, [*handle.files, *named])
     if deep:
         if report.container == "gguf":
             from qtool.inspect.deep import deep_gguf

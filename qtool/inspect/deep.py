@@ -22,23 +22,31 @@ from qtool.inspect.report import InspectReport, ModuleReport, merge_notes
 Notes = list[tuple[str, str, str]]   # (severity, module, message)
 
 _SCALE_NAMES = ("scales", "weight_scale", "s", "weight_scale_inv")
+# Engines that trust a sym config drop the zero points (vLLM's GPTQ Marlin path reads uint4b8, no zeros) and
+# those that read them (GPTQModel, exllama) compute other weights: the file means two things
+ERR_SYM = ("error", "config says sym but the zero points vary (asymmetric data): engines that trust the config "
+                    "ignore them; fix: sym: false")
 _GIDX_NAMES = ("g_idx", "weight_g_idx")
 
 
-def _stats(w) -> dict[str, float]:
+def _stats(w) -> dict[str, float] | None:
+    """Mean, std and absmax of the finite values; None when there are none (the caller notes why)."""
     import torch
 
     w = w.to(torch.float64)
     finite = torch.isfinite(w)
     v = w[finite] if not bool(finite.all()) else w.reshape(-1)
     if v.numel() == 0:
-        return {"mean": float("nan"), "std": float("nan"), "absmax": float("nan")}
+        return None
     return {"mean": float(v.mean()), "std": float(v.std(unbiased=False)), "absmax": float(v.abs().max())}
 
 
-def _check_weight(w, mod: str, notes: Notes) -> dict[str, float]:
+def _check_weight(w, mod: str, notes: Notes) -> dict[str, float] | None:
     import torch
 
+    if w.numel() == 0:
+        notes.append(("warning", mod, "weight has no elements (a dimension is 0)"))
+        return None
     bad = int((~torch.isfinite(w)).sum())
     if bad:
         notes.append(("error", mod, "dequantized weight has NaN/Inf values"))
@@ -102,7 +110,9 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
             notes.append(("error", m.name, "data truncated: module not checked"))
         elif m.scheme.format != "unknown":
             try:
-                deep_module(m, load_module(m, src), claims, notes, src)
+                t = load_module(m, src)
+                _check_side(t, m.name, notes)
+                deep_module(m, t, claims, notes, src)
             except Exception as e:  # noqa: BLE001 - a module that cannot be decoded is a finding, not a crash
                 from qtool.errors import QtoolError
 
@@ -110,8 +120,33 @@ def deep_safetensors(report: InspectReport, src, claims: Claims | None,
                 notes.append(("error", m.name, f"cannot decode as {m.scheme.format}: {msg}"))
         if on_progress:
             on_progress(k + 1, total)
+    in_modules = {n for m in report.modules for n in m.tensor_names}
+    for name, info in src.tensors.items():  # norms, loose tensors: one at a time
+        if name not in in_modules and name not in src.incomplete and info.dtype in _FLOAT_DTYPES:
+            _check_finite(src.get(name), name, notes)
     src.close()
     report.anomalies += merge_notes(notes)
+
+
+_FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+# The tensors of a module whose values the format's own checks cover (codes, scales, zero points, group maps)
+_DECODED = frozenset({"weight", "qweight", "qzeros", "g_idx", "weight_packed", "weight_shape", "weight_zero_point",
+                      "weight_g_idx", "weight_blocks", "weight_scales", "weight_global_scale", "weight_scale_2", "B",
+                      "s", "zeros", *_SCALE_NAMES})
+
+
+def _check_finite(t, name: str, notes: Notes) -> None:
+    import torch
+
+    if t.is_floating_point() and t.element_size() >= 2 and not bool(torch.isfinite(t).all()):
+        notes.append(("error", name, "has NaN/Inf values"))
+
+
+def _check_side(t: dict, mod: str, notes: Notes) -> None:
+    """A module's other float tensors (bias, activation scales): finite."""
+    for short, v in t.items():
+        if short not in _DECODED:
+            _check_finite(v, f"{mod}.{short}" if mod else short, notes)
 
 
 def _params(m: ModuleReport, claims: Claims | None, fmt: str, src=None):
@@ -203,8 +238,8 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
     for p in plain.check_ranges():
         notes.append(("error", m.name, p))
     sym = plain.sym
-    if claims is not None and claims.sym is True and not sym:
-        notes.append(("warning", m.name, "config says sym but the zero points vary (asymmetric data)"))
+    if claims is not None and claims.sym is True and not sym and (ERR_SYM[0], m.name, ERR_SYM[1]) not in notes:
+        notes.append((ERR_SYM[0], m.name, ERR_SYM[1]))
     m.scheme = replace(m.scheme, sym=sym, desc_act=plain.desc_act)
     if stats:
         # In the scales' dtype, as the format's own dequantizer returns it (the fixtures' references), so the
@@ -251,6 +286,8 @@ def _gptq_convention(m: ModuleReport, t: dict, claims: Claims | None, notes: Not
     mid = 1 << (m.scheme.bits - 1)
     claimed = "v2" if m.scheme.format == "gptq_v2" else "v1"
     said = claims is not None and claims.format in ("gptq", "gptq_v2")
+    if ev.verdict is None and claims is not None and claims.sym is True:
+        notes.append((ERR_SYM[0], m.name, ERR_SYM[1]))
     if ev.verdict is None:
         if claimed == "v1" and ev.word_field_diff:
             notes.append(("info", m.name, "v1 zero fields read differently by the whole-word (GPTQModel) and "
@@ -283,22 +320,53 @@ _LEADING_D = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"})
 
 
 def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], None] | None = None) -> None:
-    by_name = {t.name: t for t in gset.tensors}
+    by_name: dict = {}
+    for t in gset.tensors:  # the first of two entries of one name, as the header report reads it
+        by_name.setdefault(t.name, t)
     notes: Notes = []
     total = len(report.modules)
+    weights = set()
     for k, m in enumerate(report.modules):
-        deep_gguf_module(m, by_name.get(f"{m.name}.weight" if m.name else "weight"), notes)
+        wname = f"{m.name}.weight" if m.name else "weight"
+        weights.add(wname)
+        deep_gguf_module(m, by_name.get(wname), notes)
         if on_progress:
             on_progress(k + 1, total)
+    for name, t in by_name.items():  # norms and other tensors outside the modules
+        if name not in weights and t.complete and t.nbytes:
+            _gguf_finite(t, notes)
     report.anomalies += merge_notes(notes)
+
+
+def _gguf_finite(t, notes: Notes) -> None:
+    import numpy as np
+
+    try:
+        with np.errstate(all="ignore"):
+            w = _gguf_tensor(t, notes, t.name)
+    except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
+        notes.append(("error", t.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
+        return
+    if w is not None and not bool(np.isfinite(w).all()):
+        notes.append(("error", t.name, "has NaN/Inf values"))
 
 
 def deep_gguf_module(m: ModuleReport, t, notes: Notes) -> None:
     """Check one GGUF module's weight tensor `t` (a GGUFTensor, or None when absent), appending findings."""
     import numpy as np
 
-    if t is None or not t.complete:
+    if t is None:
+        notes.append(("error", m.name, "weight tensor not found: module not checked"))
+        return
+    if t.nbytes is None:  # the header findings say why (an unknown type id, a row that is not whole blocks)
+        notes.append(("error", m.name, f"size of a {t.type_name} tensor of shape {list(t.shape)} unknown: "
+                                       "module not checked"))
+        return
+    if not t.complete:
         notes.append(("error", m.name, "data truncated: module not checked"))
+        return
+    if t.nbytes == 0:
+        notes.append(("warning", m.name, "weight has no elements (a dimension is 0)"))
         return
     try:
         with np.errstate(all="ignore"):  # NaN/Inf scales are reported below, not warned about

@@ -1,15 +1,22 @@
 """Would the tools that load this checkpoint accept it? Warnings for what llama.cpp needs in a GGUF file
 (a known architecture, a tokenizer, the hyperparameters every graph reads) and what transformers and
 sentence-transformers need in a Hugging Face directory (config.json with a model_type, every folder
-modules.json names). Header facts only; warnings, not errors: the tensors may still be right."""
+modules.json names), and which weight files in a directory the report does not cover. Header facts only;
+warnings, not errors: the tensors may still be right."""
 
 from __future__ import annotations
 
-import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from qtool.errors import InputError
 from qtool.inspect.report import Anomaly
+from qtool.io.checkpoint import PICKLE_SUFFIXES, read_json
+
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", *PICKLE_SUFFIXES)
+MAX_ENTRIES = 10_000  # directory entries looked at, per folder: the scan is bounded by what is there
 
 # `<arch>.*` keys llama.cpp's model loader requires of every architecture (llama-model.cpp reads them without
 # a default); the names are gguf's Keys.LLM templates
@@ -52,14 +59,14 @@ def hf_anomalies(root: Path) -> list[Anomaly]:
     """A Hugging Face directory: config.json and model_type (transformers), modules.json's folders
     (sentence-transformers)."""
     out = []
-    cfg = _json(root / "config.json")
+    cfg = _json(root / "config.json", out)
     if cfg is None:
         out.append(Anomaly("warning", None, "transformers will not load it: no config.json (it names the model "
                                             "type); fix: copy the source model's config.json beside the weights"))
     elif not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         out.append(Anomaly("warning", None, "transformers will not load it: config.json has no model_type; fix: "
                                             "add the source model's model_type and architectures"))
-    modules = _json(root / "modules.json")
+    modules = _json(root / "modules.json", out)
     if isinstance(modules, list):
         for m in modules:
             path = m.get("path") if isinstance(m, dict) else None
@@ -70,11 +77,50 @@ def hf_anomalies(root: Path) -> list[Anomaly]:
     return out
 
 
-def _json(p: Path):
-    try:
-        with open(p, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
+def _json(p: Path, out: list[Anomaly]):
+    """The parsed file, None when absent, {} when unreadable (with a warning naming why)."""
+    if not os.path.lexists(p):
         return None
-    except (OSError, ValueError):
-        return {}  # unreadable: other checks report it
+    try:
+        return read_json(p)
+    except InputError as e:
+        out.append(Anomaly("warning", None, f"{p.name} not read: {e.problem}"))
+        return {}
+
+
+def unread_files(root: Path, read: Iterable[Path]) -> list[Anomaly]:
+    """A warning for each weight file in `root` the report does not cover, and for each sub-folder holding
+    weight files (sentence-transformers' 2_Dense, a second model): the report speaks for what it read."""
+    done = {Path(f).name for f in read if Path(f).parent == root}
+    files, folders = [], []
+    for e in _entries(root):
+        if e.name in done:
+            continue
+        if e.is_dir(follow_symlinks=False):
+            held = [x.name for x in _entries(Path(e.path)) if x.name.endswith(WEIGHT_SUFFIXES)]
+            if held:
+                folders.append((e.name, held))
+        elif e.name.endswith(WEIGHT_SUFFIXES):
+            files.append(e.name)
+    out = []
+    for name in sorted(files):
+        why = "a pickle, never loaded" if name.endswith(PICKLE_SUFFIXES) else "not part of the model read here"
+        out.append(Anomaly("warning", None, f"{name} not read ({why}); fix: inspect it on its own, or remove it"))
+    for name, held in sorted(folders):
+        out.append(Anomaly("warning", None, f"sub-folder '{name}' holds weights ({', '.join(sorted(held)[:3])}"
+                                            f"{' ...' if len(held) > 3 else ''}) this report does not cover; fix: "
+                                            f"qtool inspect {root / name}"))
+    return out
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            out = []
+            for e in it:
+                out.append(e)
+                if len(out) >= MAX_ENTRIES:
+                    break
+            return out
+    except OSError:
+        return []

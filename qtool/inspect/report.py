@@ -40,13 +40,17 @@ class Anomaly:
 
 
 def merge_notes(notes: list[tuple[str, str, str]]) -> list[Anomaly]:
-    """(severity, module, message) -> one anomaly per distinct finding, naming the first module and a count."""
+    """(severity, module, message) -> one anomaly per distinct finding, naming the first module, a count and
+    the next few (a finding on 80 layers stays one line)."""
     seen: dict[tuple[str, str], list[str]] = {}
     for sev, mod, msg in notes:
         seen.setdefault((sev, msg), []).append(mod)
     out = []
     for (sev, msg), mods in seen.items():
-        more = f" ({len(mods)} modules)" if len(mods) > 1 else ""
+        more = ""
+        if len(mods) > 1:
+            also = ", ".join(f"'{m}'" for m in mods[1:4]) + (", ..." if len(mods) > 4 else "")
+            more = f" ({len(mods)} modules; also {also})"
         out.append(Anomaly(sev, mods[0], msg + more))
     return out
 
@@ -85,6 +89,8 @@ class ModuleReport:
         d = {k: getattr(self.scheme if k in _SCHEME_KEYS else self, k) for k in MODULE_KEYS}
         if self.activations is not None:
             d["activations"] = self.activations
+        if self.scheme.extra.get("weight_scale"):  # "tensor" | "channel" | "block": group_size -1 is either
+            d["weight_scale"] = self.scheme.extra["weight_scale"]
         if self.stats is not None:
             d["stats"] = dict(self.stats)
         return d
@@ -219,6 +225,14 @@ def _b(v: Any) -> str:
     return str(v)
 
 
+def _whole_rows(report: InspectReport) -> str:
+    """What group size -1 means here: one scale per output channel, or one for the whole tensor."""
+    kinds = {m.scheme.extra.get("weight_scale") or "channel" for m in report.quantized_modules
+             if m.scheme.group_size == -1}
+    return " (per tensor)" if kinds == {"tensor"} else " (per channel)" if kinds == {"channel"} else \
+        " (per tensor or per channel)"
+
+
 def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     """Rich renderables for the terminal: summary, [GGUF type histogram], pattern table, [deep stats],
     [tensors], anomalies. Every string read from the file goes through `sanitize`."""
@@ -245,7 +259,7 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     if report.quantized_modules:
         s.add_row("bits", _b(report.summary_value("bits")))
         g = report.summary_value("group_size")
-        s.add_row("group size", _b(g) + (" (per channel)" if g == -1 else ""))
+        s.add_row("group size", _b(g) + (_whole_rows(report) if g == -1 else ""))
         s.add_row("sym", _b(report.summary_value("sym")))
         s.add_row("act-order", _b(report.summary_value("desc_act")))
         acts = {m.activations or "16-bit" for m in report.quantized_modules}

@@ -115,6 +115,32 @@ class Checkpoint:
                       if (p.is_symlink() or p.is_file()) and p.name not in skip
                       and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
 
+    def shard_note(self) -> str | None:
+        """A warning when the user named one shard of a sharded model: only its tensors are read."""
+        if not (self.path.is_file() and self.path.suffix == ".safetensors"):
+            return None
+        index = self.root / INDEX_NAME
+        try:
+            wm = read_json(index).get("weight_map") if index.is_file() else None
+        except (InputError, AttributeError):
+            return None
+        if not isinstance(wm, dict) or self.path.name not in set(wm.values()):
+            return None
+        n = len(set(wm.values()))
+        return (f"{self.path.name} is one of the {n} shards {INDEX_NAME} names: only its {len(self.tensors)} "
+                f"tensors are read; give the directory to convert the whole model")
+
+    def left_out_files(self) -> list[Path]:
+        """Weight files of a directory checkpoint that are not part of the model read (a .safetensors file
+        beside model.safetensors or outside the index, pickles): never copied into an output, named in a
+        warning."""
+        if self.path.is_file() and self.path.suffix == ".safetensors":
+            return []
+        read = {f.name for f in self.files}
+        return sorted(p for p in self.root.iterdir()
+                      if (p.is_symlink() or p.is_file()) and p.name not in read
+                      and p.suffix in (".safetensors",) + PICKLE_SUFFIXES)
+
     def sub_directories(self) -> list[Path]:
         """Sub-directories of a directory checkpoint (never copied into an output; named in a warning)."""
         if self.path.is_file() and self.path.suffix == ".safetensors":

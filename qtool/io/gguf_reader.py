@@ -217,16 +217,16 @@ class GGUFHeader:
     def truncation_message(self) -> str | None:
         if not self.truncated:
             return None
-        at_least = "" if self.complete else "at least "
-        msg = (f"truncated: {self.file_size} of {at_least}{self.expected_size} bytes; "
+        if not self.complete:  # parsing stopped inside the header: the file ends there, or a value is corrupt
+            return (f"header unreadable from byte {self.header_end} of the {self.file_size}-byte file (cut short "
+                    f"or corrupt): {len(self.kv)} of {self.kv_count} metadata keys and {len(self.tensors)} of "
+                    f"{self.tensor_count} tensor entries read; {self.tensors_complete} of {self.tensor_count} "
+                    "tensors complete")
+        msg = (f"truncated: {self.file_size} of {self.expected_size} bytes; "
                f"{self.tensors_complete} of {self.tensor_count} tensors complete")
-        if not self.complete:
-            msg += f" (header cut after {len(self.kv)} of {self.kv_count} metadata keys and " \
-                   f"{len(self.tensors)} of {self.tensor_count} tensor entries)"
-        else:
-            first = next((t.name for t in self.tensors if not t.complete), None)
-            if first is not None:
-                msg += f"; first incomplete tensor '{first}'"
+        first = next((t.name for t in self.tensors if not t.complete), None)
+        if first is not None:
+            msg += f"; first incomplete tensor '{first}'"
         return msg
 
 

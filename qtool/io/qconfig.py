@@ -89,6 +89,11 @@ def parse_quant_config(raw: dict | None, source: object = None) -> QuantConfig |
         fmt = method
     elif method == "fp8":
         fmt, bits = "fp8", bits or 8
+        bs = raw.get("weight_block_size")
+        if bs is not None and not (isinstance(bs, list) and len(bs) == 2 and
+                                   all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in bs)):
+            raise InputError(f"quantization config 'weight_block_size' must be two positive integers [rows, "
+                             f"columns] or null, got {str(bs)[:40]}", path=source)
     elif method == "modelopt":
         nested = raw.get("quantization") if isinstance(raw.get("quantization"), dict) else {}
         algo = str(raw.get("quant_algo") or nested.get("quant_algo") or "").upper()

@@ -4,7 +4,8 @@ File layout: u64 little-endian N, then N bytes of UTF-8 JSON {name: {dtype, shap
 {str: str}}, then the data buffer; offsets are relative to the buffer start (8 + N).
 Everything read from the file is checked before it is used: the header length against the file size and a
 100 MB cap (the limit the safetensors library itself enforces), dtype names, shapes, the byte count implied
-by dtype x shape against the offsets, offsets within the file, and overlaps.
+by dtype x shape against the offsets, offsets within the file, that the tensors tile the data exactly (no
+overlap, gap or trailing bytes), and that no name appears twice.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     except OSError as e:  # EIO, ELOOP, ENAMETOOLONG ...: unreadable, not a bug
         raise InputError(f"cannot read ({e.strerror or type(e).__name__})", path=p) from None
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
+    except _Duplicate as e:
+        raise InputError("the header names this entry twice (readers would disagree on which one counts)",
+                         path=p, tensor=_short(e.args[0]), fix="the file is corrupt or hostile") from None
     # ValueError also covers integers past Python's 4300-digit conversion limit ("shape": [999...]);
     # MemoryError: a 100 MB header of millions of tiny entries under a tight address-space limit.
     except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as e:
@@ -112,7 +116,31 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
         if s1 < e0:
             raise InputError(f"data of '{n1}' overlaps '{n0}'", path=p, tensor=n1,
                              fix="the file is corrupt or hostile")
+    # The safetensors library reads only files whose tensors tile the data buffer exactly, from its start to
+    # the end of the file; so does every loader built on it.
+    end = base
+    for s0, e0, name in spans:
+        if s0 != end:
+            raise InputError(f"{s0 - end} bytes before this tensor's data belong to no tensor (the safetensors "
+                             "library refuses the file)", path=p, tensor=name, fix="the file is corrupt; rewrite it")
+        end = e0
+    if end != size:
+        raise InputError(f"{size - end} bytes after the last tensor's data belong to no tensor (the safetensors "
+                         "library refuses the file)", path=p, fix="the file is corrupt or was appended to; rewrite it")
     return infos, meta
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
 
 
 def _short(v: object, limit: int = 60) -> str:

@@ -104,6 +104,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove(p: Path) -> None:
+    if not os.path.lexists(p):  # never created: on a read-only file system unlink says EROFS, not ENOENT
+        return
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
@@ -370,10 +372,12 @@ def refuse_overwriting_input(src: str | Path, dest: str | Path) -> None:
 
 
 # --- files copied from the source directory ----------------------------------------------------------------
-def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] = ()) -> list[str]:
+def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] = (),
+                left_out: list[Path] = ()) -> list[str]:
     """Copy a source directory's extra files (tokenizer, generation config, ...) and its sub-directories
     (sentence-transformers modules such as 1_Pooling/, which modules.json names) into the output `out`.
-    Returns a warning for everything not copied as it is; nothing is left out silently.
+    Returns a warning for everything not copied as it is, `left_out` (weight files that are not part of the
+    model read: Checkpoint.left_out_files) included; nothing is left out silently.
 
     The rule: no link is followed out of the source directory.
     - a regular file is copied; a sub-directory is copied with everything in it, by the same rule;
@@ -384,6 +388,10 @@ def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] =
     - anything else (FIFO, socket, device) is not copied."""
     base = os.path.realpath(root)
     warnings: list[str] = []
+    for p in left_out:
+        why = "a pickle, never loaded" if p.suffix != ".safetensors" else \
+            "weights that are not part of the model read (not model.safetensors, not in the index)"
+        warnings.append(f"{p.name}: not copied: {why}")
     links: list[tuple[Path, Path]] = []
     _copy_entries(files, Path(root), base, out, warnings, links)
     for d in sub_dirs:

@@ -228,7 +228,11 @@ def torch_device(spec: str | None) -> torch.device:  # noqa: F821 - torch loads 
     also takes profile names."""
     import torch
 
-    dev = torch.device(spec or ("cuda" if torch.cuda.is_available() else "cpu"))
+    spec = spec.strip().lower() if spec else spec
+    try:
+        dev = torch.device(spec or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:  # torch's own message lists every backend it knows; the kernels run on two
+        raise DeviceError(f"'{spec}' is not a device name", fix="use --device cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(f"device '{spec}' requested but torch sees no CUDA device",

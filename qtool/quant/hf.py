@@ -7,6 +7,7 @@ calibrated method or `qtool eval` runs. Loading is local only (`local_files_only
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from qtool.errors import InputError, UsageError
@@ -36,9 +37,16 @@ def default_device(device: str | None = None) -> str:
     import torch
 
     if device:
-        if device.startswith("cuda") and not torch.cuda.is_available():
+        dev = device.strip().lower()
+        m = re.fullmatch(r"cpu|cuda(?::(\d{1,4}))?", dev)
+        if m is None:
+            raise UsageError(f"--device {device}: not a device name", fix="use --device cpu, cuda or cuda:N")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
             raise UsageError(f"--device {device}: CUDA is not available here", fix="use --device cpu")
-        return device
+        if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                             fix=f"use --device cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        return dev
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -80,7 +88,16 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
     if config.model_type and hasattr(config, "use_cache"):
         config.use_cache = False
     if weights is None:
-        model = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True)
+        # transformers fills parameters the files lack with random values and only logs it: a reference
+        # or calibration model with holes would give numbers that mean nothing
+        model, info = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True,
+                                          output_loading_info=True)
+        tied = getattr(model, "_tied_weights_keys", None) or {}
+        missing = [n for n in info.get("missing_keys") or () if n not in tied]
+        if missing:
+            raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
+                             f"'{sorted(missing)[0]}'", path=path,
+                             fix="give the complete dense model (a quantized checkpoint is not one)")
     else:
         model = cls.from_config(config, dtype=dtype)
         missing = [n for n, _ in model.named_parameters() if n not in weights]

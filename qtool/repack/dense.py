@@ -529,7 +529,8 @@ def _write_files(source, plan, report, on_progress, dtype, g2h, position, by_fir
         write_json(tmp / "config.json", dense_config(cfg, plan.dtype))
         subdirs = source._ck.sub_directories() if source._ck is not None else []
         extras = [f for f in source.other_files if f.name not in QUANT_CONFIG_FILES]
-        plan.warnings.extend(copy_extras(extras, source.root, tmp, subdirs) if source._ck is not None else [])
+        plan.warnings.extend(copy_extras(extras, source.root, tmp, subdirs, source._ck.left_out_files())
+                             if source._ck is not None else [])
         write_json(tmp / "qtool_repack.json", report.to_dict() | {"written": True})
     if on_progress:
         on_progress("", total, total)

@@ -384,7 +384,8 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
         from qtool.io.writer import copy_extras
 
         subdirs = source._ck.sub_directories() if source._ck is not None else []
-        plan.warnings.extend(copy_extras(source.other_files, source.root, tmp, subdirs))
+        left_out = source._ck.left_out_files() if source._ck is not None else []
+        plan.warnings.extend(copy_extras(source.other_files, source.root, tmp, subdirs, left_out))
         write_json(tmp / "qtool_repack.json", report.to_dict() | {"written": True})
     if on_progress:
         on_progress("", total, total)
@@ -414,16 +415,14 @@ def _write_configs(tmp: Path, source, plan: RepackPlan, dst, rename=None, base: 
 
         conv = renamed(conv, rename)
     modules = [(m.module, m.target_scheme(), m.target_meta) for m in conv]
-    from qtool.repack.scaled import dense_linears, is_scaled
+    from qtool.repack.scaled import dense_linears
 
-    if is_scaled(dst):
-        qcfg = dst.quantization_config(modules, dense=dense_linears(source, plan))
-    else:
-        qcfg = dst.quantization_config(modules)
+    dense = dense_linears(source, plan)
+    qcfg = dst.quantization_config(modules, dense=dense)
     if qcfg is not None and qcfg.get("quant_method") in ("gptq", "awq"):
         from qtool.io.hf_gguf import loader_keys
 
-        qcfg.update(loader_keys(plan.target, [m.module for m in conv]))
+        qcfg.update(loader_keys(plan.target, [m.module for m in conv], dense))
     cfg = dict(base if base is not None else source.config or {})
     if qcfg is not None:
         cfg["quantization_config"] = qcfg

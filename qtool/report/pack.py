@@ -47,7 +47,7 @@ def _evaluation_lines(report) -> list[str]:
         return []
     if e["kind"] == "causal":
         lines = [f"eval: perplexity over {e['windows']} windows of {e['seqlen']} tokens: dense {e['ppl_dense']:.3f}, "
-                 f"quantized {e['ppl_quant']:.3f} (+{e['ppl_increase']:.3f})"]
+                 f"quantized {e['ppl_quant']:.3f} ({e['ppl_increase']:+.3f})"]
     else:
         lines = [f"eval: embedding cosine to dense over {e['sentences']} sentences: mean {e['cos_mean']:.4f}, "
                  f"min {e['cos_min']:.4f}; similarity-matrix drift max {e['sim_drift_max']:.4f}"]

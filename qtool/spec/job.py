@@ -28,6 +28,21 @@ def _no_alias_loader():
                                                         "spec", event.start_mark)
             return super().compose_node(parent, index)
 
+        def construct_mapping(self, node, deep=False):
+            # PyYAML keeps the last of two equal keys; which one the user meant is unknowable
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if dup:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {str(key)[:40]!r} appears twice",
+                                                            key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
     return NoAliasLoader
 
 

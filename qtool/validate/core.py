@@ -363,8 +363,32 @@ class _Run:
                 self._by_name.setdefault(t.name, t)
         return self._by_name.get(name)
 
+    def _copied(self, name: str, t) -> tuple[str, str]:
+        """(status, detail) of a tensor that quantizing leaves alone (a dense module, a norm, an embedding)
+        against the reference: the same values, or the reference's rounded to this tensor's dtype."""
+        import torch
+
+        from qtool.errors import QtoolError
+
+        if name not in self.ref.tensors:
+            return "skip", "not in the reference"
+        try:
+            r = self.ref.get(name)
+        except QtoolError as e:
+            return "fail", f"reference unreadable: {e.problem}"
+        if tuple(r.shape) != tuple(t.shape):
+            return "fail", f"the reference's is {list(r.shape)}, this one {list(t.shape)}"
+        if r.dtype == t.dtype:
+            return ("pass", "identical") if torch.equal(r, t) else \
+                ("fail", f"differs from the reference (max |diff| {_max_diff(r, t):.3g})")
+        if r.is_floating_point() and t.is_floating_point() and torch.equal(r.to(t.dtype), t):
+            return "pass", f"the reference's values rounded to {str(t.dtype).removeprefix('torch.')}"
+        return "fail", (f"differs from the reference ({str(r.dtype).removeprefix('torch.')} -> "
+                        f"{str(t.dtype).removeprefix('torch.')}, max |diff| {_max_diff(r, t):.3g})")
+
     def _others(self, names: list[str]) -> None:
         bad = 0
+        same, absent = 0, []
         for n in names:
             if (self.gguf and not getattr(self._gguf_tensor(n), "complete", False)) or \
                     (not self.gguf and n in self.handle.incomplete):
@@ -381,12 +405,26 @@ class _Run:
                 if not bool(torch.isfinite(t).all()):
                     self.add("integrity", n, "fail", "has NaN/Inf values")
                     bad += 1
+            if not self.gguf and self.ref is not None:
+                status, detail = self._copied(n, t)
+                if status == "pass":
+                    same += 1
+                elif status == "skip":
+                    absent.append(n)
+                else:
+                    self.add("reference", n, status, detail)
             del t
             self._settle()
             self._drain(PENDING_BYTES)
         if not bad:
             self.add("integrity", None, "pass", f"{len(names)} tensors outside the linear modules readable and "
                                                 "complete")
+        if same:
+            self.add("reference", None, "pass", f"{same} tensor{'s' if same > 1 else ''} outside the linear modules, "
+                                                "equal to the reference's")
+        if absent:
+            self.add("reference", None, "skip", f"{len(absent)} tensor{'s' if len(absent) > 1 else ''} outside the "
+                                                f"linear modules not in the reference (e.g. '{absent[0]}')")
 
     def _module(self, m) -> None:
         from qtool.inspect.deep import deep_gguf_module, deep_module
@@ -439,10 +477,15 @@ class _Run:
         if decoded is False:
             return
         if decoded is None:
-            why = "dense module: nothing quantized" if m.scheme.format == "dense" else \
+            dense = m.scheme.format == "dense"
+            why = "dense module: nothing quantized" if dense else \
                 f"format {m.scheme.format}: qtool has no decoder to a canonical Plain"
-            for c in ("roundtrip", "reference", "kernels"):
+            for c in ("roundtrip", "kernels") if dense and self.ref is not None else \
+                    ("roundtrip", "reference", "kernels"):
                 self.add(c, m.name, "skip", why)
+            if dense and self.ref is not None:
+                for n, t in tensors.items():
+                    self.add("reference", n, *self._copied(n, t))
             return
         fmt_id, _params, plain, stored = decoded
         if errs:
@@ -484,8 +527,11 @@ class _Run:
             self.add("roundtrip", m.name, *numeric.round_trip(get_format(fmt_id), plain, stored))
         if "reference" in self.on and self.ref is not None:
             name = f"{m.name}.weight" if m.name else "weight"
-            if name not in self.ref.tensors:
-                self.add("reference", m.name, "skip", f"the reference has no tensor '{name}'")
+            if self.gguf:  # llama.cpp's tensor names (blk.N.attn_q) are not the reference's
+                self.add("reference", m.name, "skip", "a GGUF module: its names are not the reference's")
+            elif name not in self.ref.tensors:
+                self.add("reference", m.name, "fail", f"the reference has no tensor '{name}'; fix: give the "
+                                                      "dense model this checkpoint was made from")
             else:
                 from qtool.errors import QtoolError
 
@@ -522,3 +568,9 @@ class _Run:
             status, detail, numbers = kernelcheck.run_kernel(kernel, layer, plain, self.device,
                                                              self.opt.batch_sizes)
             self.add("kernels", m.name, status, f"{shape}: {detail}", {"kernel": kernel.id, **numbers})
+
+
+def _max_diff(a, b) -> float:
+    import torch
+
+    return float((a.to(torch.float64) - b.to(torch.float64)).abs().max()) if a.numel() else 0.0

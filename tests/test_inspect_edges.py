@@ -1,0 +1,255 @@
+"""`qtool inspect` at the edges: what it does not read is named, what it reads is checked whole (biases, norms,
+loose tensors), JSON stays strict JSON, and files the safetensors library refuses are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from qtool.errors import InputError
+from qtool.inspect import inspect_path
+from qtool.io.safetensors_header import read_header
+from tests.conftest import write_llama
+from tests.test_fp8_commands import qtool
+
+
+def _strict_json(text: str):
+    """json.loads that refuses NaN / Infinity, as strict parsers (JavaScript, jq, Go) do."""
+    def bad(c):
+        raise ValueError(f"non-JSON constant {c}")
+    return json.loads(text, parse_constant=bad)
+
+
+def _model(d: Path, **extra: torch.Tensor) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    t = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=g).half(),
+         "model.layers.0.self_attn.q_proj.bias": torch.randn(64, generator=g).half(),
+         "model.norm.weight": torch.ones(64).half(), **extra}
+    return write_llama(d, t, "float16")
+
+
+def _messages(r) -> list[tuple[str, str | None, str]]:
+    return [(a.severity, a.tensor, a.message) for a in r.anomalies]
+
+
+def test_unread_files_and_folders_are_named(tmp_path):
+    d = _model(tmp_path / "m")
+    save_file({"x": torch.zeros(2)}, d / "extra.safetensors")
+    (d / "pytorch_model.bin").write_bytes(b"not loaded")
+    (d / "2_Dense").mkdir()
+    save_file({"linear.weight": torch.zeros(2, 2)}, d / "2_Dense" / "model.safetensors")
+    (d / "1_Pooling").mkdir()  # no weights: nothing to say
+    (d / "1_Pooling" / "config.json").write_text("{}")
+    msgs = [m for s, _, m in _messages(inspect_path(d)) if s == "warning"]
+    assert any(m.startswith("extra.safetensors not read") for m in msgs), msgs
+    assert any(m.startswith("pytorch_model.bin not read (a pickle, never loaded)") for m in msgs), msgs
+    assert any(m.startswith("sub-folder '2_Dense' holds weights (model.safetensors)") for m in msgs), msgs
+    assert not any("1_Pooling" in m for m in msgs)
+    # a file the user names is the whole request: nothing beside it is reported
+    assert not any("not read" in m for _, _, m in _messages(inspect_path(d / "model.safetensors")))
+
+
+def test_shards_outside_the_index_and_safetensors_beside_gguf(tmp_path):
+    d = _model(tmp_path / "m")
+    (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
+    save_file({"x": torch.zeros(2)}, d / "model-00002-of-00002.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.layers.0.self_attn.q_proj.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.self_attn.q_proj.bias": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00001-of-00002.safetensors"}}))
+    msgs = [m for _, _, m in _messages(inspect_path(d))]
+    assert any(m.startswith("model-00002-of-00002.safetensors not read") for m in msgs), msgs
+
+    from tests.test_gguf_reader import write_gguf
+
+    g = tmp_path / "g"
+    g.mkdir()
+    write_gguf(g / "m.gguf")
+    save_file({"x": torch.zeros(2)}, g / "weights.safetensors")
+    r = inspect_path(g)
+    assert r.container == "gguf"
+    assert any(m.startswith("weights.safetensors not read") for _, _, m in _messages(r))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_config_fifo_and_device_do_not_block(tmp_path):
+    d = _model(tmp_path / "m")
+    os.symlink("/dev/zero", d / "modules.json")
+    r = inspect_path(d)
+    assert any(m.startswith("modules.json not read: is not a regular file") for _, _, m in _messages(r))
+    (d / "modules.json").unlink()
+    os.mkfifo(d / "modules.json")  # a read would block for ever
+    r = inspect_path(d)
+    assert any(m.startswith("modules.json not read") for _, _, m in _messages(r))
+
+
+def test_deep_checks_biases_norms_and_loose_tensors(tmp_path):
+    d = _model(tmp_path / "m", **{"extra_scale": torch.tensor([1.0, float("inf")])})
+    from safetensors.torch import load_file
+
+    t = load_file(d / "model.safetensors")
+    t["model.layers.0.self_attn.q_proj.bias"][3] = float("nan")
+    t["model.norm.weight"][:] = float("nan")
+    save_file(t, d / "model.safetensors")
+    header_only = inspect_path(d)
+    assert not any("NaN" in m for _, _, m in _messages(header_only))
+    got = [(s, n, m) for s, n, m in _messages(inspect_path(d, deep=True)) if m.startswith("has NaN/Inf values")]
+    assert len(got) == 1 and got[0][0] == "error", got
+    named = {got[0][1], *(x.strip("'") for x in got[0][2].split("also ")[1].rstrip(")").split(", "))}
+    assert named == {"model.layers.0.self_attn.q_proj.bias", "model.norm.weight", "extra_scale"}
+    code, out = qtool("inspect", d, "--deep", "--strict", "-q")
+    assert code == 1
+
+
+def _gguf(path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    for name, x in tensors.items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_deep_gguf_checks_norms_and_reads_the_first_duplicate(tmp_path):
+    q = np.ones((8, 32), dtype=np.float32)
+    p = _gguf(tmp_path / "nan.gguf", {"blk.0.attn_q.weight": q, "blk.0.attn_norm.weight": np.full(32, np.nan,
+                                                                                                 dtype=np.float32)})
+    assert ("error", "blk.0.attn_norm.weight", "has NaN/Inf values") in _messages(inspect_path(p, deep=True))
+    p = _gguf(tmp_path / "ok.gguf", {"blk.0.attn_q.weight": q, "blk.0.attn_norm.weight": np.ones(32, np.float32)})
+    assert not [a for a in inspect_path(p, deep=True).anomalies if a.severity == "error"]
+
+    # a second entry of one name (attn_k renamed in place): the header report ignores it, and --deep reads
+    # the first too, so the NaN data of the second is not charged to the module
+    p = _gguf(tmp_path / "two.gguf", {"blk.0.attn_q.weight": q, "blk.0.attn_k.weight": np.full_like(q, np.nan)})
+    raw = p.read_bytes()
+    assert raw.count(b"blk.0.attn_k.weight") == 1
+    dup = tmp_path / "dup.gguf"
+    dup.write_bytes(raw.replace(b"blk.0.attn_k.weight", b"blk.0.attn_q.weight"))
+    msgs = _messages(inspect_path(dup, deep=True))
+    assert any("appears twice" in m for _, _, m in msgs), msgs
+    assert not any("NaN" in m for _, _, m in msgs), msgs
+
+
+def test_json_is_strict_json(tmp_path):
+    p = tmp_path / "zero.safetensors"
+    save_file({"a.weight": torch.zeros(0, 4)}, p)
+    code, out = qtool("inspect", p, "--deep", "--json")
+    d = _strict_json(out)
+    assert code == 0 and "stats" not in d["modules"][0]
+    assert any(a["message"] == "weight has no elements (a dimension is 0)" for a in d["anomalies"])
+
+    import gguf
+
+    g = tmp_path / "inf.gguf"
+    w = gguf.GGUFWriter(str(g), "llama")
+    w.add_float32("llama.rope.freq_base", float("inf"))
+    w.add_tensor("blk.0.attn_q.weight", np.ones((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, out = qtool("inspect", g, "--json")
+    assert _strict_json(out)["metadata"]["llama.rope.freq_base"] == "inf"
+
+    from qtool.cli.common import _plain
+
+    assert _plain({"a": [1.5, math.nan, -math.inf, (2, None)], 3: Path("x")}) == \
+        {"a": [1.5, "nan", "-inf", [2, None]], "3": "x"}
+
+
+def _raw_safetensors(path: Path, header: bytes, data: bytes) -> Path:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+def test_header_refuses_what_the_safetensors_library_refuses(tmp_path):
+    dup = _raw_safetensors(tmp_path / "dup.safetensors",
+                           b'{"a.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},'
+                           b'"a.weight":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}}', bytes(20))
+    with pytest.raises(InputError, match="names this entry twice") as e:
+        read_header(dup)
+    assert e.value.tensor == "a.weight"
+    gap = _raw_safetensors(tmp_path / "gap.safetensors",
+                           b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', bytes(16))
+    with pytest.raises(InputError, match="8 bytes before this tensor's data belong to no tensor"):
+        read_header(gap)
+    tail = _raw_safetensors(tmp_path / "tail.safetensors",
+                            b'{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}', bytes(56))
+    with pytest.raises(InputError, match="40 bytes after the last tensor's data"):
+        read_header(tail)
+    ok = _raw_safetensors(tmp_path / "ok.safetensors",
+                          b'{"b":{"dtype":"F32","shape":[0],"data_offsets":[16,16]},'
+                          b'"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}', bytes(16))
+    assert set(read_header(ok)[0]) == {"a", "b"}
+    for p in (dup, gap, tail):
+        code, out = qtool("inspect", p)
+        assert code == 2 and len(out.strip().splitlines()) == 1 and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("bs", [[0, 128], [-64, 64], "128x128", [128], [True, 128]])
+def test_bad_weight_block_size_is_an_error(tmp_path, bs):
+    d = tmp_path / "dense"
+    _model(d)
+    code, out = qtool("pack", d, "-o", tmp_path / "fp8", "--to", "fp8", "--block", "32x32", "-q")
+    assert code == 0, out
+    cfg = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = bs
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(cfg))
+    r = inspect_path(tmp_path / "fp8")
+    assert any(s == "error" and "'weight_block_size' must be two positive integers" in m
+               for s, _, m in _messages(r)), _messages(r)
+
+
+def test_per_tensor_scales_are_not_called_per_channel(tmp_path):
+    d = tmp_path / "dense"
+    _model(d)
+    for strategy, said in (("tensor", "per tensor"), ("channel", "per channel")):
+        out_dir = tmp_path / strategy
+        code, out = qtool("pack", d, "-o", out_dir, "--to", "ct_fp8", "--strategy", strategy, "-q")
+        assert code == 0, out
+        code, out = qtool("inspect", out_dir)
+        assert code == 0 and f"-1 ({said})" in out, out
+        code, out = qtool("inspect", out_dir, "--json")
+        assert {m.get("weight_scale") for m in json.loads(out)["modules"] if m["format"] != "dense"} == {strategy}
+
+
+def test_gguf_header_messages_do_not_contradict_the_file(tmp_path):
+    from qtool.io.gguf_reader import read_gguf_header
+    from tests.test_gguf_reader import write_gguf
+
+    write_gguf(tmp_path / "m.gguf")
+    raw = bytearray((tmp_path / "m.gguf").read_bytes())
+    raw[16:24] = struct.pack("<Q", 999_999)  # kv count: far more keys than the file holds
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(bytes(raw))
+    h = read_gguf_header(p)
+    msg = h.truncation_message()
+    assert msg.startswith(f"header unreadable from byte {h.header_end} of the {len(raw)}-byte file"), msg
+    assert "of at least" not in msg
+
+
+@pytest.mark.parametrize("dtype,nbytes", [("F4", 32), ("F8_E8M0", 64), ("F8_E4M3", 64)])
+def test_packed_weight_without_its_scales_is_unknown_not_empty(tmp_path, dtype, nbytes):
+    """An FP4/FP8 weight that no layout claims (its scales are missing) is an unknown layout (an error), never
+    a checkpoint with nothing in it."""
+    p = _raw_safetensors(tmp_path / "w.safetensors",
+                         json.dumps({"lin.weight": {"dtype": dtype, "shape": [8, 8],
+                                                    "data_offsets": [0, nbytes]}}).encode(), bytes(nbytes))
+    r = inspect_path(p)
+    assert r.format == "unknown" and [m.scheme.format for m in r.modules] == ["unknown"]
+    want = "FP8 weight without weight_scale" if dtype == "F8_E4M3" else "unknown quantized layout"
+    assert any(s == "error" and m.startswith(want) for s, _, m in _messages(r)), _messages(r)
