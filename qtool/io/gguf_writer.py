@@ -68,18 +68,23 @@ def resolve_arch(config: dict | None, gguf_arch: str | None = None) -> str | Non
 
 
 def name_mapper(arch: str | None, n_blocks: int | None) -> Callable[[str], str]:
-    """HF tensor name -> GGUF tensor name via the gguf package's map for `arch` (identity when unknown)."""
+    """HF tensor name -> GGUF tensor name via the gguf package's map for `arch` (identity when unknown).
+    The names the map lacks (kept as they are) collect in the mapper's `unmapped` list."""
     import gguf
 
     enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch or "")
     if enum is None:
         return lambda n: n
     tmap = gguf.get_tensor_name_map(enum, n_blocks or 0)
+    misses: list[str] = []
 
     def mapped(name: str) -> str:
         got = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        if not got and name not in misses:
+            misses.append(name)
         return got if got else name
 
+    mapped.unmapped = misses  # type: ignore[attr-defined]
     return mapped
 
 

@@ -217,6 +217,13 @@ def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None)
                 raise InputError(f"config.json {key} = {v!r} is not an integer in [0, 2^32), which GGUF stores "
                                  "it as", path=root, fix="correct config.json")
             getattr(w, method)(v)
+    head_dim, heads, hidden = config.get("head_dim"), cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    if _ints(head_dim, heads, hidden) and heads > 0 and head_dim != hidden // heads:
+        # llama.cpp takes a head's width as hidden / heads unless these keys say otherwise (and refuses the
+        # rope dimension count when they disagree)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    warnings += _rope_scaling(w, cfg)
     if row is not None:
         w.add_causal_attention(row.causal)
         if row.gguf_arch == "bert":
@@ -226,10 +233,74 @@ def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None)
         if pool is not None:
             w.add_pooling_type(gguf.PoolingType[pool])
         with _gguf_log() as said:
-            warnings += _add_tokenizer(w, arch, root, cfg)
+            warnings += _add_tokenizer(w, arch, root, cfg, n_vocab)
         warnings += [f"tokenizer: {m}" for m in said if "No handler for special token type" not in m]
     return {k: (int(v.type), v.value, None if v.sub_type is None else int(v.sub_type))
             for k, v in w.kv_data[0].items()}, warnings
+
+
+def _rope_scaling(w, cfg: dict) -> list[str]:
+    """The rope.scaling keys llama.cpp reads for linear and YaRN scaling (llama3 scaling is a tensor:
+    `rope_factors`); a warning for a scaling GGUF cannot carry."""
+    import math
+
+    import gguf
+
+    rs = cfg.get("rope_scaling")
+    if not isinstance(rs, dict):
+        return []
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind in (None, "default", "llama3"):
+        return []
+    factor = rs.get("factor")
+    ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor) and factor > 0
+    if kind in ("linear", "yarn") and ok:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(factor))
+        orig = rs.get("original_max_position_embeddings")
+        if kind == "yarn" and isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig < 1 << 32:
+            w.add_rope_scaling_orig_ctx_len(orig)
+        return []
+    return [f"config.json rope_scaling {str(kind)[:40]!r} (factor {str(factor)[:20]}) is not written into the GGUF: "
+            "llama.cpp would run plain RoPE, whose outputs differ at long positions"]
+
+
+def _ints(*vs) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in vs)
+
+
+def rope_factors(arch: str | None, cfg: dict):
+    """Llama 3.1-style RoPE scaling ("rope_type": "llama3") as llama.cpp reads it: a float32 tensor
+    `rope_freqs.weight` [head_dim / 2] by which each rotary frequency is divided. Wavelengths shorter than
+    original_context / high_freq_factor keep their frequency, those longer than original_context /
+    low_freq_factor are divided by `factor`, and the band between is interpolated smoothly. None when the
+    config asks for no such scaling."""
+    import numpy as np
+
+    rs = cfg.get("rope_scaling")
+    row = arch_row(arch)
+    if row is None or not row.permute_qk or not isinstance(rs, dict) or \
+            (rs.get("rope_type") or rs.get("type")) != "llama3":
+        return None
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    dim = cfg.get("head_dim") or (hidden // heads if _ints(heads, hidden) and heads > 0 else 0)
+    try:
+        base = float(cfg.get("rope_theta", 10000.0))
+        factor, low, high = (float(rs.get(k, d)) for k, d in (("factor", 8.0), ("low_freq_factor", 1.0),
+                                                              ("high_freq_factor", 4.0)))
+        old = float(rs.get("original_max_position_embeddings", 8192))
+    except (TypeError, ValueError):
+        raise InputError("config.json rope_scaling (llama3) holds a value that is not a number",
+                         fix="correct config.json") from None
+    if not (_ints(dim) and dim > 0 and dim % 2 == 0 and base > 0 and factor > 0 and 0 < low < high and old > 0):
+        raise InputError(f"config.json rope_scaling (llama3) cannot be computed for head_dim {dim}: {rs}",
+                         fix="correct config.json")
+    freqs = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (old / wavelen - low) / (high - low)
+    out = np.where(wavelen < old / high, 1.0,
+                   np.where(wavelen > old / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
 
 
 @contextlib.contextmanager
@@ -265,7 +336,14 @@ def _special_tokens(tok_json: dict | None) -> dict[str, bool]:
     return out
 
 
-def _add_tokenizer(w, arch: str, root: Path, cfg: dict) -> list[str]:
+def _fits(tokens: list, n_vocab: int | None, root: Path) -> None:
+    """llama.cpp sizes the vocabulary by the token list and refuses an embedding table of other rows."""
+    if n_vocab is not None and len(tokens) > n_vocab:
+        raise InputError(f"the tokenizer has {len(tokens)} tokens but the embedding table {n_vocab} rows; llama.cpp "
+                         "refuses such a file", path=root, fix="put this model's own tokenizer beside it")
+
+
+def _add_tokenizer(w, arch: str, root: Path, cfg: dict, n_vocab: int | None = None) -> list[str]:
     import gguf
 
     tok_json = _read_json(root / "tokenizer.json")
@@ -289,6 +367,7 @@ def _add_tokenizer(w, arch: str, root: Path, cfg: dict) -> list[str]:
                 ty = gguf.TokenType.NORMAL
             types.append(int(ty))
             out.append(t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##") else PHANTOM + t)
+        _fits(out, n_vocab, root)
         w.add_tokenizer_model("bert")
         w.add_tokenizer_pre(pre or "default")
         w.add_token_list(out)
@@ -311,6 +390,7 @@ def _add_tokenizer(w, arch: str, root: Path, cfg: dict) -> list[str]:
         for i in range(len(tokens), n if isinstance(n, int) and n > len(tokens) else len(tokens)):
             tokens.append(f"[PAD{i}]")
             types.append(int(gguf.TokenType.UNUSED))
+        _fits(tokens, n_vocab, root)
         w.add_tokenizer_model("gpt2")
         warnings = []
         if pre is None:
@@ -360,6 +440,16 @@ def hf_config(arch: str, kv: dict, tensor_names: list[str]) -> dict:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             # GGUF holds float32: its shortest decimal (1e-05, not 9.999999747378752e-06) reads back the same
             cfg[key] = float(str(np.float32(v))) if key in FLOAT_HPARAMS else int(v)
+    klen = kv.get(gguf_key(arch, "add_key_length"))
+    if isinstance(klen, int) and not isinstance(klen, bool):
+        cfg["head_dim"] = klen
+    kind = kv.get(f"{arch}.rope.scaling.type")
+    factor = kv.get(f"{arch}.rope.scaling.factor")
+    if kind in ("linear", "yarn") and isinstance(factor, float):
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": float(str(np.float32(factor)))}
+        orig = kv.get(f"{arch}.rope.scaling.original_context_length")
+        if kind == "yarn" and isinstance(orig, int) and not isinstance(orig, bool):
+            cfg["rope_scaling"]["original_max_position_embeddings"] = orig
     tokens = kv.get("tokenizer.ggml.tokens")
     if "vocab_size" not in cfg:
         n = _count(tokens)

@@ -234,6 +234,8 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
         if f.name in QUANT_CONFIG_FILES:
             warnings.append(f"{f.name}: not copied: it describes the source's quantization, which the dense model "
                             "does not have")
+    if g2h:  # every name is resolved above: the names the map lacks are known now (--dry-run shows them)
+        warnings += g2h.warnings()
     out = Path(job.out) if job.out else default_out(job.src, "dense")
     fmts = sorted({m.scheme.format for m in source.modules})
     return DensePlan(job, out, st, explicit, modules, fates, ",".join(fmts), source.container, warnings)
@@ -520,7 +522,6 @@ def _write_files(source, plan, report, on_progress, dtype, g2h, position, by_fir
         cfg = source.config
         if g2h:
             plan.warnings.extend(g2h.write_files(tmp))
-            plan.warnings.extend(g2h.warnings())
             cfg = getattr(g2h, "config", None)
             n_rot = sum(1 for m in source.modules if g2h.rows(m.layout["weight"]) is not None)
             if n_rot:

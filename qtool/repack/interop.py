@@ -180,25 +180,34 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
     from collections import Counter
 
     from qtool.errors import NotRepresentable
-    from qtool.io.gguf_writer import resolve_arch
-    from qtool.io.hf_gguf import skip_reason
+    from qtool.io.gguf_writer import name_mapper, resolve_arch
+    from qtool.io.hf_gguf import blocks_present, skip_reason
 
     job = plan.job
     rules = parse_tensor_types(job.tensor_type)
     by_name = {m.name: m for m in source.modules}
     gguf_src = source.container == "gguf"
     arch = None if gguf_src else resolve_arch(source.config, None)
+    # a rule may name a tensor by its source name or by its GGUF one
+    mapped = (lambda n: n) if gguf_src or not rules else name_mapper(arch, blocks_present(source.order, source.path))
     dominant = Counter(m.scheme.format for m in source.modules).most_common(1)[0][0] if source.modules else None
     # tensors llama.cpp does not load are left out (the writer names each one); the count says what is copied
     plan.passthrough -= sum(1 for n in source.passthrough if skip_reason(arch, n))
     for mp in plan.modules:
         m = by_name[mp.module]
         why = skip_reason(arch, f"{m.name}.weight")
-        if why:
+        if mp.kind == "keep" and not gguf_src and not why:
+            # GGUF has no form for the source's packed layout: the module is written as the float tensor its
+            # dequantization gives, in its scales' dtype (the writer's "dense" job)
+            sd = {"F16": "F16", "BF16": "BF16"}.get(m.scale_dtype or "F16", "F32")
+            mp.copy, mp.steps, mp.target_meta = False, [f"dequantize to {sd}"], {"dense_type": sd}
+            mp.reasons = [f"not selected by --include/--exclude: GGUF cannot hold its {m.scheme.format} layout, so "
+                          f"it is written as its dequantized weight in {sd}"]
+            continue
             mp.kind, mp.copy, mp.steps, mp.reasons = "dropped", False, [], [f"left out of the GGUF: {why}"]
             mp.dropped = [n for n in m.layout.values()]
             continue
-        typ = type_for(rules, f"{m.name}.weight", m.layout.get("weight", ""))
+        typ = type_for(rules, f"{m.name}.weight", m.layout.get("weight", ""), mapped(f"{m.name}.weight"))
         if typ is None:
             if gguf_src and m.scheme.format != dominant and not mp.copy and mp.kind != "impossible":
                 own = m.scheme.extra.get("gguf_type", m.scheme.format)
@@ -226,11 +235,6 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
                                                    "the values change (requantized)")]
     floats: dict[str, str] = {}
     if rules:
-        from qtool.io.gguf_writer import name_mapper, resolve_arch
-        from qtool.io.hf_gguf import blocks_present
-
-        mapped = (lambda n: n) if gguf_src else name_mapper(resolve_arch(source.config, None),
-                                                           blocks_present(source.order, source.path))
         in_modules = {n for m in source.modules for n in [*m.layout.values(), *m.others, *m.extra]}
         for name in source.passthrough:
             typ = type_for(rules, name, mapped(name))

@@ -486,6 +486,10 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
                 add(GGUFTensorSpec(mapped(name), tuple(info.shape), float_types[name],
                                    type_nbytes(float_types[name], tuple(info.shape))), ("encode_raw", name,
                                                                                      float_types[name]))
+            elif len(info.shape) <= 1 and info.dtype in ("F16", "BF16"):
+                # llama.cpp's binary ops (the norms' multiply, the biases' add) take F32 operands only; the
+                # widening is exact
+                add(GGUFTensorSpec(mapped(name), tuple(info.shape), "F32", 4 * info.numel), ("f32", name, None))
             elif info.dtype in _ST_GGML:
                 add(GGUFTensorSpec(mapped(name), tuple(info.shape), _ST_GGML[info.dtype], info.nbytes),
                     ("raw", name, None))
@@ -504,8 +508,8 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             info = source.tensor_info(m.layout["weight"])
             add(GGUFTensorSpec(out_name, (o, i), info.type_name, info.nbytes), ("raw", m.layout["weight"], None))
         elif mp.kind == "keep":
-            # GGUF cannot hold the source's integer layout: write what it decodes to, exactly, as a float tensor
-            sd = {"F16": "F16", "BF16": "BF16"}.get(m.scale_dtype or "F16", "F32")
+            # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
+            sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
             add(GGUFTensorSpec(out_name, (o, i), sd, o * i * (4 if sd == "F32" else 2)), ("dense", m, mp))
             plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
         else:
@@ -513,6 +517,10 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     if any(r is not None for r in rows):
         plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "
                              "rotary pair order (exact; transformers reorders them back on load)")
+    unmapped = getattr(mapped, "unmapped", [])
+    if unmapped:
+        plan.warnings.append(f"{len(unmapped)} tensors have no llama.cpp name for {arch} (e.g. '{unmapped[0]}'): "
+                             "written under their own names, which llama.cpp refuses (wrong number of tensors)")
 
     def data():
         tdt = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
@@ -522,6 +530,10 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             if kind == "raw":
                 t = source.gguf_bytes(a) if gguf_src else source.get(a)
                 t = t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t
+            elif kind == "f32":
+                t = source.get(a).float()
+            elif kind == "array":
+                t = torch.from_numpy(a)
             elif kind == "dense":
                 w = dequantize(conv.source_plain(a), tdt[specs[k].type_name])
                 t = w.view(torch.uint8) if w.dtype == torch.bfloat16 else w
@@ -537,11 +549,19 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     kv = carried_kv(source.gguf_header) if gguf_src else []
     extra: dict = {}
     if not gguf_src and arch:
-        from qtool.io.hf_gguf import hf_metadata
+        from qtool.io.hf_gguf import arch_row, hf_metadata, rope_factors
 
         n_vocab = next((s.shape[0] for s in specs if s.name == "token_embd.weight"), None)
         extra, warns = hf_metadata(arch, cfg, source.root, n_vocab)
         plan.warnings.extend(warns)
+        if arch_row(arch) is None:
+            plan.warnings.append(f"architecture {arch}: qtool writes the hyperparameters every llama.cpp graph "
+                                 f"reads, not those only {arch}'s reads, nor its row orders; check that llama.cpp "
+                                 "loads the file")
+        factors = rope_factors(arch, cfg)
+        if factors is not None:
+            add(GGUFTensorSpec("rope_freqs.weight", (len(factors),), "F32", 4 * len(factors)), ("array", factors, None))
+            plan.warnings.append("rope_freqs.weight: llama3 RoPE scaling written as llama.cpp's per-frequency factors")
     elif not gguf_src:
         plan.warnings.append("architecture unknown (config.json model_type): the GGUF has no hyperparameters or "
                              "tokenizer, and llama.cpp will not load it")

@@ -1,0 +1,127 @@
+"""GGUF files llama.cpp loads: 1-D tensors in F32 (its norms and bias adds take no F16), RoPE scaling and head
+widths carried as its keys and tensor, every tensor named or the file flagged, --tensor-type by GGUF names,
+a tokenizer that fits the embedding table, and the record of a module kept out of the conversion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from qtool.errors import InputError
+from qtool.io.hf_gguf import hf_config, hf_metadata, rope_factors
+from qtool.pack import PackJob, run_pack
+from qtool.repack.plan import RepackJob
+from qtool.repack.run import run_repack
+from tests.test_interop import H, _kv, _llama_dir
+
+
+def _fp16_llama(root: Path, **cfg_changes) -> Path:
+    """test_interop's tiny Llama in fp16, with biases on q/k and config changes."""
+    src = _llama_dir(root)
+    t = {k: v.half() if v.is_floating_point() else v for k, v in load_file(src / "model.safetensors").items()}
+    g = torch.Generator().manual_seed(3)
+    t["model.layers.0.self_attn.q_proj.bias"] = torch.randn(H, generator=g).half()
+    t["model.layers.0.input_layernorm.weight"] = (torch.rand(H, generator=g) + 0.5).half()
+    save_file(t, src / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text()) | cfg_changes
+    (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+def _gguf(path: Path) -> dict[str, gguf.ReaderTensor]:
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+def test_one_dimensional_tensors_are_f32(tmp_path):
+    src = _fp16_llama(tmp_path / "llama")
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
+    ts = _gguf(tmp_path / "m.gguf")
+    ones = {n: t for n, t in ts.items() if len(t.shape) == 1}
+    assert {"output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.bias"} <= set(ones)
+    assert {t.tensor_type for t in ones.values()} == {gguf.GGMLQuantizationType.F32}
+    dense = load_file(src / "model.safetensors")
+    norm = np.array(ones["blk.0.attn_norm.weight"].data)
+    assert np.array_equal(norm, dense["model.layers.0.input_layernorm.weight"].float().numpy())  # exact widening
+
+
+def test_rope_scaling_and_head_width_are_carried(tmp_path):
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    src = _fp16_llama(tmp_path / "l3", rope_scaling=llama3)
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    r = run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "l3.gguf"))
+    freqs = _gguf(tmp_path / "l3.gguf")["rope_freqs.weight"]
+    want = rope_factors("llama", json.loads((src / "config.json").read_text()))
+    assert freqs.tensor_type == gguf.GGMLQuantizationType.F32 and np.array_equal(np.array(freqs.data), want)
+    assert want[0] == 1.0 and want[-1] == 8.0 and len(want) == H // 4 // 2  # short waves kept, long ones / factor
+    assert any(w.startswith("rope_freqs.weight: llama3 RoPE scaling") for w in r.plan.warnings)
+
+    base = {"hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1}
+    kv, warns = hf_metadata("llama", base | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                              "original_max_position_embeddings": 4096},
+                                             "head_dim": 64}, None, None)
+    got = {k: v[1] for k, v in kv.items()}
+    assert got["llama.rope.scaling.type"] == "yarn" and got["llama.rope.scaling.factor"] == 4.0
+    assert got["llama.rope.scaling.original_context_length"] == 4096
+    assert got["llama.attention.key_length"] == got["llama.attention.value_length"] == 64 and warns == []
+    back = hf_config("llama", got, [])
+    assert back["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    assert back["head_dim"] == 64
+    kv, warns = hf_metadata("llama", base | {"head_dim": 32}, None, None)  # 128 / 4: llama.cpp's own default
+    assert "llama.attention.key_length" not in kv and warns == []
+    _, warns = hf_metadata("llama", base | {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, None, None)
+    assert len(warns) == 1 and warns[0].startswith("config.json rope_scaling 'dynamic' (factor 2.0) is not written")
+    with pytest.raises(InputError, match="rope_scaling"):
+        rope_factors("llama", base | {"rope_scaling": {"rope_type": "llama3", "factor": "x"}})
+
+
+def test_unmapped_tensors_type_rules_and_kept_modules_are_told(tmp_path):
+    src = _fp16_llama(tmp_path / "llama")
+    t = load_file(src / "model.safetensors")
+    t["model.layers.0.self_attn.q_norm.weight"] = torch.ones(H // 4).half()
+    save_file(t, src / "model.safetensors")
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    r = run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf", allow_lossy=True,
+                             tensor_type=("attn_q=Q8_0",), exclude=("mlp\\.down_proj",)))
+    assert any(w.startswith("1 tensors have no llama.cpp name for llama (e.g. 'model.layers.0.self_attn.q_norm.weight')")
+               for w in r.plan.warnings), r.plan.warnings
+    ts = _gguf(tmp_path / "m.gguf")
+    assert ts["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0  # named by its GGUF name
+    assert ts["blk.0.attn_k.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    kept = next(m for m in r.plan.modules if m.module == "model.layers.0.mlp.down_proj")
+    assert (kept.kind, kept.copy, kept.steps) == ("keep", False, ["dequantize to F16"])
+    assert "written as its dequantized weight in F16" in kept.reasons[0]
+    assert ts["blk.0.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+
+
+def test_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path):
+    src = _fp16_llama(tmp_path / "llama")
+    t = load_file(src / "model.safetensors")
+    t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"][:-3].contiguous()
+    save_file(t, src / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["vocab_size"] -= 3
+    (src / "config.json").write_text(json.dumps(cfg))
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    with pytest.raises(InputError, match="the tokenizer has 40 tokens but the embedding table 37 rows"):
+        run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_gguf_to_dense_names_what_transformers_will_not_read(tmp_path):
+    src = _fp16_llama(tmp_path / "llama", rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                        "original_max_position_embeddings": 32})
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
+    from qtool.repack.dense import DenseJob, plan_dense
+
+    _, plan = plan_dense(DenseJob(tmp_path / "m.gguf", tmp_path / "d", dry_run=True))
+    assert any("rope_freqs.weight" in w and "no transformers name" in w for w in plan.warnings), plan.warnings
+    assert _kv(tmp_path / "m.gguf")["llama.rope.dimension_count"] == H // 4
