@@ -266,6 +266,9 @@ def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
         raise UsageError(f"{fmt.spec.id} cannot hold {b}-bit codes",
                          fix=f"use --bits in {list(fmt.spec.bits)} or another --to", **where)
     if g != -1 and (g <= 0 or i % g):
+        if fmt.spec.id in MICRO_PACK:  # the layout's own group: no --group-size changes it
+            raise UsageError(f"{fmt.spec.id}'s group of {g} does not divide in_features {i}",
+                             fix="--exclude this module", **where)
         raise UsageError(f"group size {g} does not divide in_features {i}",
                          fix="use a group size that divides it, -1, or --exclude this module", **where)
     # Layout divisibility: ask the format about a stand-in Plain of the real shape (no data, no memory).
@@ -803,7 +806,9 @@ def _pack_scaled_files(ck, job, fmt, block, plans, to_quantize, report, on_progr
                                                 maxima=maxima)
                     except QtoolError as e:
                         raise _located(e, ck.path, name) from None
-                    if not st:  # the micro-float quantizers measure nothing on the way
+                    # the micro-float quantizers measure nothing on the way, and the sums the others keep
+                    # overflow float32 squares on weights past ~1e19: then the error is measured in float64
+                    if not st or not (math.isfinite(st["err2"]) and math.isfinite(st["ref2"])):
                         from qtool.formats.scaled import relative_error
 
                         err = relative_error(weight, p)

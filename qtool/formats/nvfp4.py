@@ -148,6 +148,10 @@ class _Nvfp4(ScaledFormat):
             why.append(f"{self.spec.id} {'divides by' if self.op == 'div' else 'multiplies by'} its global scale; "
                        f"the source's {float(plain.global_scale.reshape(()))!r} is no power of two, so its "
                        f"reciprocal is not exact in fp32")
+        act = plain.meta.get("input_scale")
+        if act is not None and plain.global_op != self.op and not is_power_of_two(act):
+            why.append(f"{self.spec.id} stores the activation's global scale the other way up; the source's "
+                       f"{float(act.reshape(()))!r} is no power of two, so its reciprocal is not exact in fp32")
         if plain.in_features % GROUP:
             why.append(f"{self.spec.id} needs in_features to be a multiple of {GROUP}, not {plain.in_features}")
         if plain.compute != "float32":

@@ -152,6 +152,15 @@ def quantize_mx(weight: torch.Tensor, element: str = "e2m1", method: str = "rtn"
         better = e2 < err
         k = torch.where(better, k2, k)
         codes = torch.where(better.unsqueeze(-1), c2, codes)
+    # Rounding up to the top code can pass the model dtype's largest value (60000 in fp16: 4 * 2^14); such a
+    # block takes the OCP exponent one lower, whose top code clips below amax, so every value stays finite
+    fmax = torch.finfo(getattr(torch, out_dtype)).max
+    over = _decode(codes, element).abs().amax(-1).double() * torch.pow(2.0, k.double()) > fmax
+    if bool(over.any()):
+        k2 = (k - 1).clamp(-127, 127)
+        c2, _ = codes_for(k2)
+        k = torch.where(over, k2, k)
+        codes = torch.where(over.unsqueeze(-1), c2, codes)
     fid = "mxfp4" if element == "e2m1" else "mxfp8"
     return ScaledPlain(codes.reshape(o, i), element, e8m0_from_exponent(k), "e8m0", (1, MX_GROUP), "float32",
                        out_dtype, meta={"method": method, "format": fid})
