@@ -246,8 +246,10 @@ def _embed(model, tok, sentences: list[str], dev: str):
     import torch
 
     out = []
+    # at most 256 tokens, and never past the positions the model has (a small encoder has 128)
+    limit = min(256, getattr(model.config, "max_position_embeddings", None) or 256)
     for s in sentences:
-        enc = tok(s, truncation=True, max_length=256, return_tensors="pt").to(dev)
+        enc = tok(s, truncation=True, max_length=limit, return_tensors="pt").to(dev)
         out.append(model(**enc).last_hidden_state.float()[0].mean(0))
     return torch.nn.functional.normalize(torch.stack(out), dim=-1)
 

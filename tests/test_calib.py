@@ -289,6 +289,16 @@ def test_pack_awq_llama_writes_folded_norms_consistently(tiny_llama, text_file, 
     # its layers read rescaled inputs, so eval says it cannot compare them one by one
     assert ev["layers"] == [] and "AWQ scales folded" in ev["notes"][0]
     assert all(lay["loss"] < lay["rtn_loss"] * 1.0001 for lay in rep["calibration"]["layers"])
+    # validate against the dense model: the folded norms differ by design (skipped, saying why), not failures
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qtool", "validate", str(out), "--reference", str(tiny_llama),
+                        "--checks", "reference", "--device", "cpu", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    skips = [c["detail"] for c in json.loads(r.stdout)["checks"] if c["status"] == "skip"]
+    assert any("differ from the reference as AWQ makes them" in d for d in skips), skips
 
 
 def test_eval_numbers_on_tiny_bert(tiny_bert, text_file, tmp_path):
@@ -342,3 +352,63 @@ def test_eval_refuses_a_reference_with_holes_and_bad_devices(tiny_bert, tmp_path
         with pytest.raises(SystemExit) as e:
             main(["eval", str(q), "--reference", str(ref), "--device", device, "-q"])
         assert e.value.code == 2, (ref, device)
+
+
+def test_short_text_windows_overlap_is_said():
+    import torch as t
+
+    s, note = calib.token_windows(t.arange(40), 16, 32)
+    assert len(s) == 16 and "the calibration text has 40 tokens, fewer than the 16 x 32 asked for" in note
+    s, note = calib.token_windows(t.arange(10_000), 4, 32)
+    assert note == ""
+
+
+def test_eval_of_an_encoder_with_few_positions(tiny_bert, tmp_path):
+    """A paragraph longer than the encoder's 128 positions is cut to them (it was cut to 256 and crashed)."""
+    q = tmp_path / "q"
+    _pack(tiny_bert, q, "--bits", "8", "--group-size", "32")
+    long = tmp_path / "long.txt"
+    long.write_text(" ".join(WORDS[k % len(WORDS)] for k in range(400)) + ".\n\n" + TEXT)
+    ev = _eval(q, tiny_bert, "--text", str(long))
+    assert ev["kind"] == "encoder" and ev["cos_mean"] > 0.99
+
+
+def test_gptq_fp16_overflow_is_named(tiny_llama, text_file, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from qtool.cli.main import main
+
+    big = tmp_path / "big"
+    shutil.copytree(tiny_llama, big)
+    t = load_file(big / "model.safetensors")
+    for k in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        t[k] = t[k] * 3000
+    save_file(t, big / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(big), "-o", str(tmp_path / "o"), "--method", "gptq", "--group-size", "32", "--calib",
+              str(text_file), "--calib-samples", "4", "--calib-seqlen", "32", "--calib-dtype", "fp16", "-q"])
+    assert e.value.code == 2 and not (tmp_path / "o").exists()
+    # the overflow is named, not blamed on the samples (a Hessian "not positive definite")
+    err = capsys.readouterr().err
+    assert "model.layers.0.mlp.down_proj" in err and "hold NaN/Inf" in err and "--calib-dtype fp32" in err, err
+
+
+def test_awq_layers_the_forward_never_reaches_are_rtn_and_said(tmp_path, text_file):
+    """A decoder BERT with cross-attention run without encoder states never calls its cross-attention linears:
+    they get RTN, no loss, and no scale fold (GPTQ did this already)."""
+    d = tmp_path / "xbert"
+    tok = _tokenizer(tmp_path)
+    cfg = transformers.BertConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=4, max_position_embeddings=128, is_decoder=True,
+                                  add_cross_attention=True, architectures=["BertLMHeadModel"])
+    torch.manual_seed(0)
+    _save(transformers.BertLMHeadModel(cfg), tok, d)
+    out = tmp_path / "awq"
+    _pack(d, out, "--method", "awq", "--to", "awq", "--group-size", "32", "--calib", str(text_file),
+          "--calib-samples", "4", "--calib-seqlen", "32")
+    rep = json.loads((out / "report.json").read_text())
+    cross = [lay for lay in rep["calibration"]["layers"] if "crossattention" in lay["module"]]
+    assert cross and all(lay["loss"] is None and "not reached" in lay["note"] for lay in cross), cross
+    assert not any("crossattention" in n and "folded" in n for n in rep["notes"])

@@ -120,7 +120,12 @@ def token_windows(ids: torch.Tensor, n: int, seqlen: int, seed: int = 0,
                             f"sample of {T} tokens used"
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, T - body + 1, (n,), generator=g).tolist()
-    return [wrap(ids[s:s + body]) for s in starts], ""
+    note = ""
+    if n * body > T:  # random windows of a short text overlap: the samples are not n * body distinct tokens
+        note = (f"the calibration text has {T} tokens, fewer than the {n} x {body} asked for: the windows "
+                f"overlap ({len(set(starts))} distinct starts), so tokens repeat; give a longer --calib text for "
+                "more distinct data")
+    return [wrap(ids[s:s + body]) for s in starts], note
 
 
 def _first(out):
@@ -268,9 +273,15 @@ def _gather(block, groups: list[list[_Linear]], inputs, device, track_mean: bool
     stats: dict[int, gptq_mod.Hessian] = {}
     hooks = []
     last = groups[-1][0].mod if groups else None
+    names = {id(lin.mod): lin.name for g in groups for lin in g}
 
     def hook(mod, args):
-        stats[id(mod)].add(args[0].detach())
+        x = args[0].detach()
+        if not bool(torch.isfinite(x).all()):  # a Hessian of them would only fail later, blaming the samples
+            raise InputError(f"the inputs of '{names[id(mod)]}' hold NaN/Inf on the calibration samples (an "
+                             f"overflow in {str(x.dtype).removeprefix('torch.')})", tensor=names[id(mod)],
+                             fix="--calib-dtype fp32 (or bf16), or check the source weights")
+        stats[id(mod)].add(x)
         if mod is last:  # groups are in execution order: the rest of the block's forward is not needed
             raise _Stop
 
@@ -438,6 +449,8 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
         target = next((t for t in _fold_candidates(block, g, producer.get(id(first.mod)), order)
                        if _fold_is_exact(block, t, g, probe, reference)), None)
         what = ", ".join(names[id(x.mod)] for x in g)
+        if stats[id(first.mod)].n == 0:  # never run: no activations to weigh, and the fold test proves nothing
+            continue
         if target is None:
             result.notes.append(f"AWQ: {block_name}: no op before {what} can absorb scales exactly; "
                                 "clip search only")
@@ -454,6 +467,14 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
                             f"folded into {target}")
     out: dict[int, LayerResult] = {}
     for lin in order:
+        if stats[id(lin.mod)].n == 0:
+            from qtool.quant import quantize
+
+            W = lin.mod.weight.detach().float().cpu()
+            plain = quantize(W, lin.bits, lin.group_size, s.sym, "rtn", s.scale_dtype, name=lin.name)
+            out[id(lin.mod)] = LayerResult(lin.name, plain, None, None, relative_error(W, plain),
+                                           "not reached by the calibration forward: quantized with RTN")
+            continue
         Hs = stats[id(lin.mod)].H
         sc = scales.get(id(lin.mod))
         if sc is not None:  # the input is now x / s

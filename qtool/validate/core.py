@@ -23,6 +23,7 @@ from qtool.validate.hashing import ALGORITHM, Hasher, compare, model_digest
 DEFAULT_BATCH_SIZES = (1, 7, 32)
 DATA_CHECKS = frozenset({"integrity", "roundtrip", "reference", "kernels", "hashes"})
 NEEDS_PLAIN = frozenset({"roundtrip", "reference", "kernels"})
+ABSENT = "not in the reference"
 # Tensors read but not yet hashed (the hash pool runs behind the reader by at most this much).
 PENDING_BYTES = 1 << 30
 
@@ -371,24 +372,37 @@ class _Run:
         from qtool.errors import QtoolError
 
         if name not in self.ref.tensors:
-            return "skip", "not in the reference"
+            return "skip", ABSENT
         try:
             r = self.ref.get(name)
         except QtoolError as e:
             return "fail", f"reference unreadable: {e.problem}"
         if tuple(r.shape) != tuple(t.shape):
             return "fail", f"the reference's is {list(r.shape)}, this one {list(t.shape)}"
-        if r.dtype == t.dtype:
-            return ("pass", "identical") if torch.equal(r, t) else \
-                ("fail", f"differs from the reference (max |diff| {_max_diff(r, t):.3g})")
-        if r.is_floating_point() and t.is_floating_point() and torch.equal(r.to(t.dtype), t):
+        if r.dtype == t.dtype and torch.equal(r, t):
+            return "pass", "identical"
+        if r.dtype != t.dtype and r.is_floating_point() and t.is_floating_point() and torch.equal(r.to(t.dtype), t):
             return "pass", f"the reference's values rounded to {str(t.dtype).removeprefix('torch.')}"
-        return "fail", (f"differs from the reference ({str(r.dtype).removeprefix('torch.')} -> "
-                        f"{str(t.dtype).removeprefix('torch.')}, max |diff| {_max_diff(r, t):.3g})")
+        diff = f"max |diff| {_max_diff(r, t):.3g}"
+        if self._awq_folded():
+            return "skip", f"differs from the reference ({diff}) as AWQ makes it: the input scales of the next " \
+                           "layer are folded into it"
+        return "fail", f"differs from the reference ({diff})"
+
+    def _awq_folded(self) -> bool:
+        """AWQ calibration folds each layer's input scales into the op before it (a norm, a linear), so those
+        tensors differ from the dense model by design: qtool records the method; AutoAWQ files always fold."""
+        if self.gguf:
+            return False
+        method = self.handle.metadata.get("qtool.method")
+        if method is not None:
+            return method == "awq"
+        raw = self.handle.quant_raw
+        return isinstance(raw, dict) and str(raw.get("quant_method", "")).lower() == "awq"
 
     def _others(self, names: list[str]) -> None:
         bad = 0
-        same, absent = 0, []
+        same, absent, folded = 0, [], []
         for n in names:
             if (self.gguf and not getattr(self._gguf_tensor(n), "complete", False)) or \
                     (not self.gguf and n in self.handle.incomplete):
@@ -410,7 +424,7 @@ class _Run:
                 if status == "pass":
                     same += 1
                 elif status == "skip":
-                    absent.append(n)
+                    (absent if detail == ABSENT else folded).append(n)
                 else:
                     self.add("reference", n, status, detail)
             del t
@@ -425,6 +439,10 @@ class _Run:
         if absent:
             self.add("reference", None, "skip", f"{len(absent)} tensor{'s' if len(absent) > 1 else ''} outside the "
                                                 f"linear modules not in the reference (e.g. '{absent[0]}')")
+        if folded:
+            self.add("reference", None, "skip", f"{len(folded)} tensor{'s' if len(folded) > 1 else ''} outside the "
+                                                "linear modules differ from the reference as AWQ makes them (the "
+                                                f"next layer's input scales folded in; e.g. '{folded[0]}')")
 
     def _module(self, m) -> None:
         from qtool.inspect.deep import deep_gguf_module, deep_module
@@ -529,6 +547,10 @@ class _Run:
             name = f"{m.name}.weight" if m.name else "weight"
             if self.gguf:  # llama.cpp's tensor names (blk.N.attn_q) are not the reference's
                 self.add("reference", m.name, "skip", "a GGUF module: its names are not the reference's")
+            elif self._awq_folded():
+                self.add("reference", m.name, "skip", "AWQ scales this weight by its input scales and folds their "
+                                                      "inverse into the op before: it is not comparable alone "
+                                                      "(qtool eval compares the whole model)")
             elif name not in self.ref.tensors:
                 self.add("reference", m.name, "fail", f"the reference has no tensor '{name}'; fix: give the "
                                                       "dense model this checkpoint was made from")
