@@ -253,3 +253,15 @@ def test_packed_weight_without_its_scales_is_unknown_not_empty(tmp_path, dtype, 
     assert r.format == "unknown" and [m.scheme.format for m in r.modules] == ["unknown"]
     want = "FP8 weight without weight_scale" if dtype == "F8_E4M3" else "unknown quantized layout"
     assert any(s == "error" and m.startswith(want) for s, _, m in _messages(r)), _messages(r)
+
+
+def test_a_normalize_module_needs_no_folder(tmp_path):
+    """sentence-transformers' Normalize reads no file (all-MiniLM-L6-v2 ships no 2_Normalize/); a Pooling
+    module without its folder is still a loader failure."""
+    d = _model(tmp_path / "m")
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    msgs = [m for _, _, m in _messages(inspect_path(d))]
+    assert any("modules.json names '1_Pooling'" in m for m in msgs)
+    assert not any("2_Normalize" in m for m in msgs), msgs

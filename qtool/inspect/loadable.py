@@ -16,6 +16,9 @@ from qtool.inspect.report import Anomaly
 from qtool.io.checkpoint import PICKLE_SUFFIXES, read_json
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", *PICKLE_SUFFIXES)
+# sentence-transformers modules whose load reads no file: their folder may be absent (all-MiniLM-L6-v2 ships
+# no 2_Normalize/)
+FILELESS = frozenset({"sentence_transformers.models.Normalize"})
 MAX_ENTRIES = 10_000  # directory entries looked at, per folder: the scan is bounded by what is there
 
 # `<arch>.*` keys llama.cpp's model loader requires of every architecture (llama-model.cpp reads them without
@@ -70,6 +73,8 @@ def hf_anomalies(root: Path) -> list[Anomaly]:
     if isinstance(modules, list):
         for m in modules:
             path = m.get("path") if isinstance(m, dict) else None
+            if isinstance(m, dict) and m.get("type") in FILELESS:
+                continue
             if isinstance(path, str) and path and not (root / path).is_dir():
                 out.append(Anomaly("warning", None, f"sentence-transformers will not load it: modules.json names "
                                                     f"'{path}', which is not here; fix: copy that folder from "
