@@ -125,3 +125,17 @@ def test_gguf_to_dense_names_what_transformers_will_not_read(tmp_path):
     _, plan = plan_dense(DenseJob(tmp_path / "m.gguf", tmp_path / "d", dry_run=True))
     assert any("rope_freqs.weight" in w and "no transformers name" in w for w in plan.warnings), plan.warnings
     assert _kv(tmp_path / "m.gguf")["llama.rope.dimension_count"] == H // 4
+
+
+def test_a_quantized_module_llama_cpp_does_not_load_is_left_out(tmp_path):
+    """BERT's pooler, quantized on request, has no place in llama.cpp's graph: it is planned dropped and
+    absent from the file (not written dequantized, not converted)."""
+    from tests.test_interop import _bert_dir
+
+    src = _bert_dir(tmp_path / "bert")
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True,
+                     include=(r"pooler\.dense", r"encoder\.")))
+    r = run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
+    pooler = next(m for m in r.plan.modules if m.module == "pooler.dense")
+    assert pooler.kind == "dropped" and pooler.reasons[0].startswith("left out of the GGUF")
+    assert not any("pooler" in n for n in _gguf(tmp_path / "m.gguf"))

@@ -204,6 +204,7 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
             mp.reasons = [f"not selected by --include/--exclude: GGUF cannot hold its {m.scheme.format} layout, so "
                           f"it is written as its dequantized weight in {sd}"]
             continue
+        if why:
             mp.kind, mp.copy, mp.steps, mp.reasons = "dropped", False, [], [f"left out of the GGUF: {why}"]
             mp.dropped = [n for n in m.layout.values()]
             continue
