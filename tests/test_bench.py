@@ -172,3 +172,31 @@ def test_cpu_bench_fp8_layers(run_cli):
     assert r.returncode == 2 and "--bits 8 --format fp8" in r.stderr
     r = run_cli("--device", "cpu", "--bits", "8", "--format", "fp8", "--strategy", "rows", check=False)
     assert r.returncode == 2 and "--strategy" in r.stderr
+
+
+def test_bench_refuses_what_would_make_its_numbers_or_files_wrong(tmp_path, run_cli):
+    """A shape or kernel named twice (the layer sums paired kernel rows with another shape's dense row, or
+    counted a kernel twice), an existing file as a report (a model was replaced), and an anchor whose rows
+    carry more fields than its header or whose ratio is not finite: usage errors before the sweep."""
+    base = ("--device", "cpu", "--batch-sizes", "1", "--seconds", "0.01", "-q")
+    for args, said in ((("--shapes", "256x128,256x128"), "names '256x128' twice"),
+                       (("--shapes", "256x128", "--kernels", "torch-ref,torch-ref"), "names 'torch-ref' twice")):
+        r = run_cli(*base, *args, check=False)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00xx")
+    r = run_cli(*base, "--shapes", "256x128", "--kernels", "torch-ref", "--json", str(model), check=False)
+    assert r.returncode == 2 and "the file exists" in r.stderr and model.read_bytes() == b"GGUF\x03\x00\x00\x00xx"
+    head = "model,shape,K,N,M,fp16_us,marlin_orig_us\n"
+    for body, said in (("m,s,256,128,1,2.0,1.0,extra\n", "beyond the header"),
+                       ("m,s,256,128,1,1e308,1e-308\n", "positive and finite")):
+        anchor = tmp_path / "a.csv"
+        anchor.write_text(head + body)
+        r = run_cli(*base, "--shapes", "256x128", "--anchor", str(anchor), check=False)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    # two models name their layers alike: the names say whose, and every layer sum pairs its own dense rows
+    r = run_cli(*base, "--shapes", "llama-3-8b@tp8,qwen2.5-7b@tp8", "--kernels", "torch-ref", "--json", "-",
+                "--seconds", "0.002")
+    d = json.loads(r.stdout)
+    assert d["summary"]["per_m"]["dense"]["1"]["total_speedup_vs_dense"] == 1.0
+    assert all(":" in x["shape"] for x in d["results"])

@@ -52,6 +52,9 @@ def load_anchor(path: Path) -> Anchor:
                          fix=fix) from None
     reader = csv.DictReader(text.splitlines())
     cols = reader.fieldnames or []
+    if len(set(cols)) != len(cols):
+        raise InputError(f"anchor file names column '{next(c for c in cols if cols.count(c) > 1)}' twice",
+                         path=path, fix=fix)
     missing = [c for c in REQUIRED if c not in cols]
     kernel_cols = [c for c in cols if c.endswith("_us") and c != "fp16_us"]
     if missing or len(kernel_cols) != 1:
@@ -61,13 +64,18 @@ def load_anchor(path: Path) -> Anchor:
     kcol = kernel_cols[0]
     sums: dict[tuple[int, int, int], tuple[float, float, int]] = {}
     for line, row in enumerate(reader, start=2):
+        if None in row or None in row.values():  # more or fewer fields than the header names
+            raise InputError(f"anchor file line {line}: {len(row.get(None) or ())} field(s) beyond the header's "
+                             f"{len(cols)}" if None in row else f"anchor file line {line}: fewer fields than the "
+                             f"header's {len(cols)}", path=path, fix=fix)
         try:
             k, n, m = int(row["K"]), int(row["N"]), int(row["M"])
             fp16, kern = float(row["fp16_us"]), float(row[kcol])
         except (TypeError, ValueError):
             raise InputError(f"anchor file line {line}: K, N, M must be integers and fp16_us, {kcol} numbers",
                              path=path, fix=fix) from None
-        if min(k, n, m) <= 0 or not (math.isfinite(fp16) and math.isfinite(kern)) or fp16 <= 0 or kern <= 0:
+        if min(k, n, m) <= 0 or not (math.isfinite(fp16) and math.isfinite(kern)) or fp16 <= 0 or kern <= 0 \
+                or not 0 < fp16 / kern < math.inf:
             raise InputError(f"anchor file line {line}: sizes and times must be positive and finite",
                              path=path, fix=fix)
         a, b, c = sums.get((k, n, m), (0.0, 0.0, 0))

@@ -17,10 +17,14 @@ PLOT_FORMATS = ("png", "pdf", "svg")
 
 def check_report_path(flag: str, path: Path) -> None:
     """Refuse, before the sweep runs, a report destination that cannot be a file: a directory, a path
-    under a file, or (for --plot) a suffix matplotlib does not write. A missing parent is fine: it is
-    created when the report is written."""
+    under a file, an existing file (a report never replaces one: it may be anything, a model too), or (for
+    --plot) a suffix matplotlib does not write or a missing matplotlib. A missing parent is fine: it is
+    created when the report is written. A terminal, pipe or /dev/null is written in place."""
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a directory", fix=f"name a file, e.g. {path / 'bench'}")
+    if path.is_symlink() or path.is_file():
+        raise UsageError(f"{flag} {path}: the file exists, and a report does not replace one",
+                         fix="remove it, or name another file")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -30,17 +34,24 @@ def check_report_path(flag: str, path: Path) -> None:
     if flag == "--plot" and plot_format(path) not in PLOT_FORMATS:
         raise UsageError(f"--plot {path}: cannot write a '{path.suffix}' image",
                          fix=f"use a name ending in {', '.join('.' + f for f in PLOT_FORMATS)}")
+    if flag == "--plot":
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot draws with matplotlib, which is not installed",
+                             fix="pip install 'qtool[plot]', or drop --plot")
 
 
 def plot_format(path: Path) -> str:
     return path.suffix[1:].lower() or "png"
 
 
-def write_report(flag: str, path: Path, fill: Callable[[Path], None]) -> None:
+def write_report(flag: str, path: Path, fill: Callable[[Path], None], replace: bool = True) -> None:
     """Write a report file: `fill(p)` writes the whole report to p. A regular file (or a new one) is
     written under a temporary name and renamed into place, creating missing parent directories; anything
-    else that exists there (a terminal, a pipe, /dev/null) is written in place and never replaced. Any
-    write error becomes a one-line error naming the file."""
+    else that exists there (a terminal, a pipe, /dev/null) is written in place and never replaced. With
+    replace=False a file that appeared since check_report_path is not replaced either (the run fails).
+    Any write error becomes a one-line error naming the file."""
     from qtool.io.writer import atomic_output
 
     def fail(e: OSError) -> OutputError:
@@ -65,7 +76,7 @@ def write_report(flag: str, path: Path, fill: Callable[[Path], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise fail(e) from None
-    with atomic_output(path, force=True, directory=False) as tmp:
+    with atomic_output(path, force=replace, directory=False) as tmp:
         try:
             fill(tmp)
         except OSError as e:

@@ -140,9 +140,9 @@ def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
         spec = "llama-3-8b" if device_type == "cuda" else CPU_DEFAULT
     table = _model_table()
     out: list[Shape] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    for part in parts:
+        before = len(out)
         m = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", part)
         if m:
             k, n = int(m.group(1)), int(m.group(2))
@@ -161,6 +161,13 @@ def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
             raise UsageError(f"--shapes: unknown model or shape '{part}'",
                              fix=f"use KxN (e.g. 4096x14336), MODEL or MODEL@tpN with a model of: "
                                  f"{', '.join(sorted(table))}")
+        if len(parts) > 1 and not m:  # several models name their layers alike (q_proj/tp8): say whose
+            out[before:] = [Shape(f"{part.lower()}:{s.name}", s.K, s.N) for s in out[before:]]
     if not out:
         raise UsageError("--shapes is empty", fix="give a model name or KxN list")
+    seen: set[str] = set()
+    for s in out:  # results pair each kernel's row with the dense row of its shape by name
+        if s.name in seen:
+            raise UsageError(f"--shapes names '{s.name}' twice", fix="give each shape or model once")
+        seen.add(s.name)
     return out

@@ -17,6 +17,7 @@ from qtool.cli.common import (
     check_choice,
     check_range,
     emit_json,
+    json_text,
     progress,
     stderr_console,
     stdout_console,
@@ -133,6 +134,9 @@ def bench_cmd(
     for n in names:
         if n not in known:
             raise UsageError(f"--kernels: unknown kernel '{n}'", fix=f"choose from: {', '.join(sorted(known))}")
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"--kernels names '{twice}' twice", fix="name each kernel once")
     settings = BenchSettings(device=dev, shapes=parse_shapes(v["shapes"], dev.type), batch_sizes=sorted(set(ms)),
                              kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
                              graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"],
@@ -146,16 +150,14 @@ def bench_cmd(
 
         report = run_bench(settings, step)
     if v["json_"] and not to_stdout:
-        import json
-
-        text = json.dumps(report.to_dict(), indent=2) + "\n"
-        write_report("--json", Path(v["json_"]), lambda p: p.write_text(text, encoding="utf-8"))
+        text = json_text(report.to_dict())
+        write_report("--json", Path(v["json_"]), lambda p: p.write_text(text, encoding="utf-8"), replace=False)
     if v["markdown"]:
         md = to_markdown(report)
-        write_report("--markdown", Path(v["markdown"]), lambda p: p.write_text(md, encoding="utf-8"))
+        write_report("--markdown", Path(v["markdown"]), lambda p: p.write_text(md, encoding="utf-8"), replace=False)
     if v["plot"]:
         fmt = plot_format(Path(v["plot"]))
-        write_report("--plot", Path(v["plot"]), lambda p: write_plot(report, p, fmt))
+        write_report("--plot", Path(v["plot"]), lambda p: write_plot(report, p, fmt), replace=False)
     if to_stdout:
         emit_json(report.to_dict())
     elif not v["quiet"]:

@@ -210,9 +210,14 @@ def stderr_console():
     return _console(stderr=True)
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as strict JSON text (see _plain), for stdout and for report files alike."""
+    return json.dumps(_plain(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 def emit_json(obj: Any) -> None:
     """The only thing written to stdout under --json."""
-    text = json.dumps(_plain(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    text = json_text(obj)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -133,10 +133,9 @@ def _names_exist(v: dict) -> None:
 
 
 def _write(folder: Path, result, markdown: str) -> None:
-    import json
-
     from qtool.bench.report import write_report
+    from qtool.cli.common import json_text
 
-    text = json.dumps(result.to_dict(), indent=2) + "\n"
+    text = json_text(result.to_dict())
     write_report("--report", folder / "report.json", lambda p: p.write_text(text, encoding="utf-8"))
     write_report("--report", folder / "report.md", lambda p: p.write_text(markdown, encoding="utf-8"))
