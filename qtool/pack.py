@@ -311,7 +311,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
     warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
-    warnings += [w for w in (ck.shard_note(),) if w]
+    warnings += ck.shard_notes()
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, notes=notes, warnings=warnings)
     to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
@@ -656,7 +656,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
         if p.action == "quantize":
             p.scheme = QuantScheme(job.to, bits, job.group_size, True, False)
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
-    warnings += [w for w in (ck.shard_note(),) if w]
+    warnings += ck.shard_notes()
     report = PackReport(str(job.src), str(job.out), job.to, job.method, True, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, warnings=warnings)
     report.notes.append(f"{job.to}: {SCALED_PACK[job.to]} codes, scales per "

@@ -82,6 +82,21 @@ def test_rope_scaling_and_head_width_are_carried(tmp_path):
         rope_factors("llama", base | {"rope_scaling": {"rope_type": "llama3", "factor": "x"}})
 
 
+def test_llama3_factors_are_transformers_own():
+    """rope_freqs divides each rotary frequency: the frequencies it leaves are transformers' llama3 ones."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = {"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}}
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](transformers.LlamaConfig(**cfg), "cpu")
+    plain = 1.0 / 500000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)
+    f = rope_factors("llama", cfg)
+    assert f.dtype == np.float32 and len(f) == 64 and {f[0], f[-1]} == {np.float32(1.0), np.float32(8.0)}
+    np.testing.assert_allclose(plain / f, scaled.double().numpy(), rtol=1e-6)
+
+
 def test_unmapped_tensors_type_rules_and_kept_modules_are_told(tmp_path):
     src = _fp16_llama(tmp_path / "llama")
     t = load_file(src / "model.safetensors")

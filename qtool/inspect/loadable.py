@@ -13,13 +13,12 @@ from typing import Any
 
 from qtool.errors import InputError
 from qtool.inspect.report import Anomaly
-from qtool.io.checkpoint import PICKLE_SUFFIXES, read_json
+from qtool.io.checkpoint import PICKLE_SUFFIXES, list_dir, read_json, unread_weight_files
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", *PICKLE_SUFFIXES)
 # sentence-transformers modules whose load reads no file: their folder may be absent (all-MiniLM-L6-v2 ships
 # no 2_Normalize/)
 FILELESS = frozenset({"sentence_transformers.models.Normalize"})
-MAX_ENTRIES = 10_000  # directory entries looked at, per folder: the scan is bounded by what is there
 
 # `<arch>.*` keys llama.cpp's model loader requires of every architecture (llama-model.cpp reads them without
 # a default); the names are gguf's Keys.LLM templates
@@ -96,36 +95,16 @@ def _json(p: Path, out: list[Anomaly]):
 def unread_files(root: Path, read: Iterable[Path]) -> list[Anomaly]:
     """A warning for each weight file in `root` the report does not cover, and for each sub-folder holding
     weight files (sentence-transformers' 2_Dense, a second model): the report speaks for what it read."""
-    done = {Path(f).name for f in read if Path(f).parent == root}
-    files, folders = [], []
-    for e in _entries(root):
-        if e.name in done:
-            continue
-        if e.is_dir(follow_symlinks=False):
-            held = [x.name for x in _entries(Path(e.path)) if x.name.endswith(WEIGHT_SUFFIXES)]
-            if held:
-                folders.append((e.name, held))
-        elif e.name.endswith(WEIGHT_SUFFIXES):
-            files.append(e.name)
     out = []
-    for name in sorted(files):
-        why = "a pickle, never loaded" if name.endswith(PICKLE_SUFFIXES) else "not part of the model read here"
-        out.append(Anomaly("warning", None, f"{name} not read ({why}); fix: inspect it on its own, or remove it"))
-    for name, held in sorted(folders):
-        out.append(Anomaly("warning", None, f"sub-folder '{name}' holds weights ({', '.join(sorted(held)[:3])}"
-                                            f"{' ...' if len(held) > 3 else ''}) this report does not cover; fix: "
-                                            f"qtool inspect {root / name}"))
+    for p in unread_weight_files(root, read, WEIGHT_SUFFIXES):
+        why = "a pickle, never loaded" if p.name.endswith(PICKLE_SUFFIXES) else "not part of the model read here"
+        out.append(Anomaly("warning", None, f"{p.name} not read ({why}); fix: inspect it on its own, or remove it"))
+    for e in sorted(list_dir(root), key=lambda e: e.name):
+        if not e.is_dir(follow_symlinks=False):
+            continue
+        held = sorted(x.name for x in list_dir(Path(e.path)) if x.name.endswith(WEIGHT_SUFFIXES))
+        if held:
+            out.append(Anomaly("warning", None, f"sub-folder '{e.name}' holds weights ({', '.join(held[:3])}"
+                                                f"{' ...' if len(held) > 3 else ''}) this report does not cover; "
+                                                f"fix: qtool inspect {root / e.name}"))
     return out
-
-
-def _entries(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as it:
-            out = []
-            for e in it:
-                out.append(e)
-                if len(out) >= MAX_ENTRIES:
-                    break
-            return out
-    except OSError:
-        return []

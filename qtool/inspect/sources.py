@@ -7,7 +7,6 @@ become anomalies; whatever can still be read is returned. Only headers are read.
 
 from __future__ import annotations
 
-import json
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from qtool.errors import InputError
 from qtool.inspect.report import Anomaly
 from qtool.io.checkpoint import INDEX_NAME, PICKLE_SUFFIXES, SINGLE_NAME, Checkpoint, read_json
-from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, parse_entry, read_header
+from qtool.io.safetensors_header import MAX_HEADER_BYTES, TensorInfo, parse_entry, parse_json, read_header
 
 
 @dataclass
@@ -255,8 +254,9 @@ def _tolerant_header(f: Path):
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 return None
-            header = json.loads(fh.read(n).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # ValueError: bad JSON, 5000-digit ints
+            header = parse_json(fh.read(n))
+    # ValueError: bad JSON, 5000-digit ints, a name given twice (DuplicateName)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(header, dict):
         return None

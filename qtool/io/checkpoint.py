@@ -17,6 +17,7 @@ from qtool.errors import InputError
 from qtool.io.safetensors_header import TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+MAX_ENTRIES = 10_000  # directory entries looked at when listing a folder: bounded by what is there
 SINGLE_NAME = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_JSON_BYTES = 64 << 20
@@ -115,20 +116,20 @@ class Checkpoint:
                       if (p.is_symlink() or p.is_file()) and p.name not in skip
                       and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
 
-    def shard_note(self) -> str | None:
+    def shard_notes(self) -> list[str]:
         """A warning when the user named one shard of a sharded model: only its tensors are read."""
         if not (self.path.is_file() and self.path.suffix == ".safetensors"):
-            return None
+            return []
         index = self.root / INDEX_NAME
         try:
             wm = read_json(index).get("weight_map") if index.is_file() else None
         except (InputError, AttributeError):
-            return None
+            return []
         if not isinstance(wm, dict) or self.path.name not in set(wm.values()):
-            return None
+            return []
         n = len(set(wm.values()))
-        return (f"{self.path.name} is one of the {n} shards {INDEX_NAME} names: only its {len(self.tensors)} "
-                f"tensors are read; give the directory to convert the whole model")
+        return [f"{self.path.name} is one of the {n} shards {INDEX_NAME} names: only its {len(self.tensors)} "
+                f"tensors are read; give the directory to convert the whole model"]
 
     def left_out_files(self) -> list[Path]:
         """Weight files of a directory checkpoint that are not part of the model read (a .safetensors file
@@ -136,16 +137,34 @@ class Checkpoint:
         warning."""
         if self.path.is_file() and self.path.suffix == ".safetensors":
             return []
-        read = {f.name for f in self.files}
-        return sorted(p for p in self.root.iterdir()
-                      if (p.is_symlink() or p.is_file()) and p.name not in read
-                      and p.suffix in (".safetensors",) + PICKLE_SUFFIXES)
+        return unread_weight_files(self.root, self.files, (".safetensors", *PICKLE_SUFFIXES))
 
     def sub_directories(self) -> list[Path]:
         """Sub-directories of a directory checkpoint (never copied into an output; named in a warning)."""
         if self.path.is_file() and self.path.suffix == ".safetensors":
             return []
         return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def list_dir(folder: Path) -> list[os.DirEntry]:
+    """At most MAX_ENTRIES entries of `folder` ([] when it cannot be listed)."""
+    out: list[os.DirEntry] = []
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                out.append(e)
+                if len(out) >= MAX_ENTRIES:
+                    break
+    except OSError:
+        return []
+    return out
+
+
+def unread_weight_files(root: Path, read, suffixes: tuple[str, ...]) -> list[Path]:
+    """Files (or links) in `root` ending in one of `suffixes` that are not among `read`, sorted."""
+    done = {Path(f).name for f in read if Path(f).parent == root}
+    return sorted(Path(e.path) for e in list_dir(root)
+                  if e.name not in done and e.name.endswith(suffixes) and not e.is_dir(follow_symlinks=False))
 
 
 def read_tensor(info: TensorInfo, mapped: bool = False, into=None):

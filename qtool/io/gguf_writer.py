@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,25 +67,29 @@ def resolve_arch(config: dict | None, gguf_arch: str | None = None) -> str | Non
     return next((c for c in cands if c in names), None)
 
 
-def name_mapper(arch: str | None, n_blocks: int | None) -> Callable[[str], str]:
-    """HF tensor name -> GGUF tensor name via the gguf package's map for `arch` (identity when unknown).
-    The names the map lacks (kept as they are) collect in the mapper's `unmapped` list."""
+class NameMap:
+    """HF tensor name -> GGUF tensor name via the gguf package's map (identity without one); the names the
+    map lacks, kept as they are, collect in `unmapped`."""
+
+    def __init__(self, tmap=None) -> None:
+        self.tmap = tmap
+        self.unmapped: list[str] = []
+
+    def __call__(self, name: str) -> str:
+        if self.tmap is None:
+            return name
+        got = self.tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        if not got and name not in self.unmapped:
+            self.unmapped.append(name)
+        return got or name
+
+
+def name_mapper(arch: str | None, n_blocks: int | None) -> NameMap:
+    """The NameMap of `arch` (identity, with nothing unmapped, when the gguf package has no map for it)."""
     import gguf
 
     enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch or "")
-    if enum is None:
-        return lambda n: n
-    tmap = gguf.get_tensor_name_map(enum, n_blocks or 0)
-    misses: list[str] = []
-
-    def mapped(name: str) -> str:
-        got = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
-        if not got and name not in misses:
-            misses.append(name)
-        return got if got else name
-
-    mapped.unmapped = misses  # type: ignore[attr-defined]
-    return mapped
+    return NameMap(None if enum is None else gguf.get_tensor_name_map(enum, n_blocks or 0))
 
 
 @dataclass(frozen=True)

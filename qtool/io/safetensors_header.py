@@ -89,8 +89,8 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     except OSError as e:  # EIO, ELOOP, ENAMETOOLONG ...: unreadable, not a bug
         raise InputError(f"cannot read ({e.strerror or type(e).__name__})", path=p) from None
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
-    except _Duplicate as e:
+        header = parse_json(raw)
+    except DuplicateName as e:
         raise InputError("the header names this entry twice (readers would disagree on which one counts)",
                          path=p, tensor=_short(e.args[0]), fix="the file is corrupt or hostile") from None
     # ValueError also covers integers past Python's 4300-digit conversion limit ("shape": [999...]);
@@ -130,15 +130,21 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     return infos, meta
 
 
-class _Duplicate(ValueError):
-    pass
+class DuplicateName(ValueError):
+    """The header JSON names a key twice (args[0]); JSON readers disagree on which one counts."""
+
+
+def parse_json(raw: bytes):
+    """The header bytes as JSON, refusing a key given twice (DuplicateName); ValueError / UnicodeDecodeError
+    for text that is not JSON."""
+    return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
 
 
 def _unique(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for k, v in pairs:
         if k in out:
-            raise _Duplicate(k)
+            raise DuplicateName(k)
         out[k] = v
     return out
 

@@ -180,7 +180,7 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
     from collections import Counter
 
     from qtool.errors import NotRepresentable
-    from qtool.io.gguf_writer import name_mapper, resolve_arch
+    from qtool.io.gguf_writer import NameMap, name_mapper, resolve_arch
     from qtool.io.hf_gguf import blocks_present, skip_reason
 
     job = plan.job
@@ -189,7 +189,7 @@ def plan_gguf_types(source, plan, conv) -> dict[str, str]:
     gguf_src = source.container == "gguf"
     arch = None if gguf_src else resolve_arch(source.config, None)
     # a rule may name a tensor by its source name or by its GGUF one
-    mapped = (lambda n: n) if gguf_src or not rules else name_mapper(arch, blocks_present(source.order, source.path))
+    mapped = NameMap() if gguf_src or not rules else name_mapper(arch, blocks_present(source.order, source.path))
     dominant = Counter(m.scheme.format for m in source.modules).most_common(1)[0][0] if source.modules else None
     # tensors llama.cpp does not load are left out (the writer names each one); the count says what is copied
     plan.passthrough -= sum(1 for n in source.passthrough if skip_reason(arch, n))

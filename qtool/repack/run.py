@@ -438,7 +438,14 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
 
     from qtool.formats import dequantize
     from qtool.formats.gguf_blocks import BLOCKS
-    from qtool.io.gguf_writer import GGUFTensorSpec, carried_kv, name_mapper, resolve_arch, write_gguf
+    from qtool.io.gguf_writer import (
+        GGUFTensorSpec,
+        NameMap,
+        carried_kv,
+        name_mapper,
+        resolve_arch,
+        write_gguf,
+    )
     from qtool.io.hf_gguf import blocks_present, rotary_heads, rotary_rows, skip_reason
     from qtool.io.writer import atomic_output
     from qtool.repack.interop import encode_as, module_weight, type_nbytes
@@ -447,7 +454,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     arch = resolve_arch(source.config, source.architecture if gguf_src else None)
     # GGUF names stay as they are; Hugging Face names are mapped for the blocks their tensors number (a
     # block count claimed by a file never sizes the map)
-    mapped = (lambda n: n) if gguf_src else name_mapper(arch, blocks_present(source.order, source.path))
+    mapped = NameMap() if gguf_src else name_mapper(arch, blocks_present(source.order, source.path))
     cfg = source.config or {}
     n_head, n_kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     by_first, skip = _module_order(source)
@@ -517,7 +524,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
     if any(r is not None for r in rows):
         plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "
                              "rotary pair order (exact; transformers reorders them back on load)")
-    unmapped = getattr(mapped, "unmapped", [])
+    unmapped = mapped.unmapped
     if unmapped:
         plan.warnings.append(f"{len(unmapped)} tensors have no llama.cpp name for {arch} (e.g. '{unmapped[0]}'): "
                              "written under their own names, which llama.cpp refuses (wrong number of tensors)")

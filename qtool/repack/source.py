@@ -273,7 +273,7 @@ def _open_safetensors(p: Path, report, errors) -> Source:
             others=others, in_features=mr.in_features, out_features=mr.out_features, nbytes=mr.bytes, scale_dtype=sdt, extra=unread))
     order = list(ck.tensors)
     passthrough = [n for n in order if n not in in_module]
-    warnings = [_anomaly_text(a) for a in errors] + [w for w in (ck.shard_note(),) if w]
+    warnings = [_anomaly_text(a) for a in errors] + ck.shard_notes()
     return Source(path=p, container="safetensors", modules=modules, passthrough=passthrough, order=order,
                   config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
                   other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS], warnings=warnings,

@@ -9,6 +9,7 @@ read and hashed too: integrity covers every tensor.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -384,11 +385,12 @@ class _Run:
         if r.dtype != t.dtype and r.is_floating_point() and t.is_floating_point() and torch.equal(r.to(t.dtype), t):
             return "pass", f"the reference's values rounded to {str(t.dtype).removeprefix('torch.')}"
         diff = f"max |diff| {_max_diff(r, t):.3g}"
-        if self._awq_folded():
+        if self._awq_folded:
             return "skip", f"differs from the reference ({diff}) as AWQ makes it: the input scales of the next " \
                            "layer are folded into it"
         return "fail", f"differs from the reference ({diff})"
 
+    @functools.cached_property
     def _awq_folded(self) -> bool:
         """AWQ calibration folds each layer's input scales into the op before it (a norm, a linear), so those
         tensors differ from the dense model by design: qtool records the method; AutoAWQ files always fold."""
@@ -547,7 +549,7 @@ class _Run:
             name = f"{m.name}.weight" if m.name else "weight"
             if self.gguf:  # llama.cpp's tensor names (blk.N.attn_q) are not the reference's
                 self.add("reference", m.name, "skip", "a GGUF module: its names are not the reference's")
-            elif self._awq_folded():
+            elif self._awq_folded:
                 self.add("reference", m.name, "skip", "AWQ scales this weight by its input scales and folds their "
                                                       "inverse into the op before: it is not comparable alone "
                                                       "(qtool eval compares the whole model)")
