@@ -177,6 +177,18 @@ def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
     assert code == 2 and "Traceback" not in err and "lacks column(s) fp16_us" in err
 
 
+def test_cli_markdown_to_stdout_and_no_file_named_dash(tmp_path, run_cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_cli(*FAST, "--markdown", "-")
+    assert code == 0, err[-2000:]
+    assert stdout.startswith("- ") and "| shape | K x N |" in stdout and "\u2501" not in stdout  # no rich table
+    for args, msg in ((("--plot", "-"), "a plot is an image"),
+                      (("--json", "-", "--markdown", "-"), "both ask for standard output")):
+        code, stdout, err = run_cli(*FAST, *args)
+        assert code == 2 and msg in err and stdout == ""
+    assert not (tmp_path / "-").exists()
+
+
 def test_gpu_default_sweep(monkeypatch, run_cli):
     """On a GPU with no --batch-sizes, the sweep is the whole curve (run_bench replaced: no GPU here)."""
     import qtool.bench.run as run_mod

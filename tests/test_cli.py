@@ -84,6 +84,22 @@ def test_config_errors_name_key_and_file(tmp_path, text, msg):
     assert msg in str(r.exception) and "job.yaml" in str(r.exception)
 
 
+def test_a_value_checked_after_the_merge_names_the_config_file(tmp_path, capsys):
+    """`--bits 9` from a job spec is refused after the merge: the line says the file set it."""
+    from qtool.cli.main import main
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("bits: 9\n")
+    with pytest.raises(SystemExit) as e:
+        main(["pack", str(tmp_path / "missing"), "-o", str(tmp_path / "o"), "--config", str(cfg)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "--bits 9 is outside 2..8" in err and f"--bits was set by key 'bits' in {cfg}" in err
+    with pytest.raises(SystemExit):  # given on the command line, the flag is the user's own
+        main(["pack", str(tmp_path / "missing"), "-o", str(tmp_path / "o"), "--bits", "9"])
+    assert "set by key" not in capsys.readouterr().err
+
+
 def test_example_job_specs_are_valid(tmp_path):
     """Every example spec in configs/jobs loads against the command it names."""
     import qtool.cli.main  # noqa: F401  registers commands

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -79,7 +80,7 @@ def bench_cmd(
     = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG: speedup vs M per kernel with the "
                                               "roofline.", metavar="FILE.png", show_default=False)] = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as Markdown.",
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Write the tables as Markdown ('-' = stdout).",
                                                   metavar="FILE.md", show_default=False)] = None,
     seconds: Annotated[float, typer.Option("--seconds", help="Time budget per timed point.")] = 1.0,
     anchor: Annotated[Path | None, typer.Option(
@@ -109,6 +110,12 @@ def bench_cmd(
     for m in v["batch_sizes"] or []:
         check_range("--batch-sizes", m, 1, INT32_MAX)
     check_range("--seconds", v["seconds"], 1e-3, MAX_SECONDS)
+    if v["plot"] is not None and str(v["plot"]) == "-":
+        raise UsageError("--plot - : a plot is an image, not text for standard output", fix="name a file, e.g. "
+                         "--plot bench.png")
+    to_stdout = [flag for flag, key in (("--json", "json_"), ("--markdown", "markdown")) if str(v[key]) == "-"]
+    if len(to_stdout) > 1:
+        raise UsageError("--json - and --markdown - both ask for standard output", fix="write one to a file")
     reports = [(flag, Path(v[key])) for flag, key in (("--json", "json_"), ("--markdown", "markdown"),
                                                       ("--plot", "plot")) if v[key] and str(v[key]) != "-"]
     from qtool.bench.report import check_report_path
@@ -141,25 +148,27 @@ def bench_cmd(
                              kernels=names or None, bits=v["bits"], group_size=v["group_size"], dtype=v["dtype"],
                              graphs=v["graphs"], act_order=v["act_order"], max_seconds=v["seconds"],
                              anchor=anchor_table, format=v["format_"], strategy=v["strategy"])
-    to_stdout = v["json_"] == "-"
-    with progress(v["quiet"] or to_stdout) as bar:
+    with progress(v["quiet"] or bool(to_stdout)) as bar:
         task = bar.add_task("bench", total=len(settings.shapes) * len(settings.batch_sizes))
 
         def step(desc: str) -> None:
             bar.update(task, advance=1, description=f"bench {sanitize(desc)}")
 
         report = run_bench(settings, step)
-    if v["json_"] and not to_stdout:
+    if v["json_"] and "--json" not in to_stdout:
         text = json_text(report.to_dict())
         write_report("--json", Path(v["json_"]), lambda p: p.write_text(text, encoding="utf-8"), replace=False)
-    if v["markdown"]:
+    if v["markdown"] and "--markdown" not in to_stdout:
         md = to_markdown(report)
         write_report("--markdown", Path(v["markdown"]), lambda p: p.write_text(md, encoding="utf-8"), replace=False)
     if v["plot"]:
         fmt = plot_format(Path(v["plot"]))
         write_report("--plot", Path(v["plot"]), lambda p: write_plot(report, p, fmt), replace=False)
-    if to_stdout:
+    if "--json" in to_stdout:
         emit_json(report.to_dict())
+    elif "--markdown" in to_stdout:
+        sys.stdout.write(to_markdown(report))
+        sys.stdout.flush()
     elif not v["quiet"]:
         render_tables(report, stdout_console())
     if report.failed:

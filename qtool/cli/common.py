@@ -46,6 +46,7 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
     command line. Values are checked against the option's annotated type (int, float, bool, str, Path,
     list[...]); nothing is coerced from a wrong type.
     """
+    _FROM_CONFIG.clear()
     _check_paths(values)
     if config is None:
         return values
@@ -67,8 +68,25 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
         if _given_on_command_line(ctx, name):
             continue
         out[name] = _convert(raw, schema[name], key, config)
+        _FROM_CONFIG["--" + name.rstrip("_").replace("_", "-")] = (key, config)
     _check_paths(out)
     return out
+
+
+# The options a --config file set: {"--bits": ("bits", path)}. A value checked after the merge is refused
+# under its flag's name, and the user must learn that the flag came from the file.
+_FROM_CONFIG: dict[str, tuple[str, Path]] = {}
+
+
+def config_origin(message: str) -> str:
+    """" (--bits was set by key 'bits' in job.yaml)" for each option in `message` that a --config file
+    set, or ""."""
+    import re
+
+    named = set(re.findall(r"--[a-z][a-z0-9-]*", message))
+    said = [f"{flag} was set by key '{key}' in {path}" for flag, (key, path) in _FROM_CONFIG.items()
+            if flag in named]
+    return f" ({'; '.join(said)})" if said else ""
 
 
 _PATH_NAMES = {"src": "SRC", "path": "PATH", "out": "-o", "config": "--config"}

@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     except QtoolError as e:
         if debug:
             raise
-        _die(str(e), e.exit_code)
+        from qtool.cli.common import config_origin
+
+        _die(str(e) + config_origin(e.problem), e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
