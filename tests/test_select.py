@@ -189,7 +189,25 @@ def test_three_bit_gptq():
     assert sel.chosen is None
     assert cand(sel, "AutoGPTQConfig").reason == "AutoGPTQConfig: bits 3 not in [4, 8]"
     assert "weight type uint3b4 not in [uint4b8, uint8b128]" in cand(sel, "verify_marlin_supported").reason
-    assert "refused at config time, before any kernel is tried" in sel.notes
+    assert "refused by AutoGPTQConfig at config time, before any kernel is tried" in sel.notes
+
+
+def test_vllm_refuses_bfloat16_below_cc_8_when_it_starts():
+    """vLLM's CUDA platform refuses a bfloat16 model on CC < 8.0 before any layer is read; Marlin's own rows
+    (CC 7.5) would pass, so the plan must not name one."""
+    t4 = profile("t4")
+    bf16 = gptq(4096, 4096)
+    sel = select_kernel(bf16, t4, "vllm")
+    assert sel.chosen is None
+    gate = cand(sel, "check_if_supports_dtype")
+    assert gate.failures == ("bfloat16 needs CC >= 8.0, the device has CC 7.5",)
+    assert gate.hint == "run with --dtype fp16"
+    assert sel.candidates[0] is gate and cand(sel, "MarlinLinearKernel").ok
+    assert "refused by check_if_supports_dtype when the engine starts, before any kernel is tried" in sel.notes
+    assert select_kernel(replace(bf16, act_dtype="float16"), t4, "vllm").chosen == "MarlinLinearKernel"
+    on_a100 = select_kernel(bf16, A100, "vllm")
+    assert on_a100.chosen == "MarlinLinearKernel"
+    assert "check_if_supports_dtype" not in [c.kernel for c in on_a100.candidates]  # listed where it refuses
 
 
 def test_three_bit_fixture_through_inspect():

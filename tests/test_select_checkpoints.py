@@ -88,7 +88,7 @@ def test_w4a8_checkpoint_off_hopper_has_no_scheme(device):
         gate = cand(x, "is_fp8_w4a8_sm90")
         assert not gate["ok"] and "!= 9.0 (exact targets only)" in gate["reason"]
         assert "h100" in gate["hint"]
-        assert "refused at config time, before any kernel is tried" in x["notes"]
+        assert "refused by is_fp8_w4a8_sm90 at config time, before any kernel is tried" in x["notes"]
 
 
 def test_w4a8_checkpoint_under_sglang_names_what_is_missing():

@@ -326,6 +326,16 @@ def test_vllm_refuses_bnb_and_gguf_sglang_loads_them():
         assert select_kernel(layer(4096, 4096, fmt, bits=4), H100, "sglang").chosen is not None
 
 
+def test_bnb_blocks_run_over_the_flattened_weight():
+    """bitsandbytes scales blocks of the flattened weight (the last one partial): a K that is no multiple of
+    the block size splits no block, so SGLang's bnb method takes the layer."""
+    odd = layer(255, 63, "bnb", bits=4)
+    assert odd.group_size == 64
+    assert select_kernel(odd, H100, "sglang").chosen == "BitsAndBytesLinearMethod"
+    gptq = select_kernel(layer(4000, 4096, "gptq", bits=4, group_size=128), H100, "sglang")
+    assert any("% group_size 128 != 0" in f for c in gptq.candidates for f in c.failures)  # rows: still checked
+
+
 def test_sglang_has_no_machete():
     says(SEED002, "There is no Machete in SGLang at this SHA.")
     says(SEED002, "On Hopper, a GPTQ W4A16 checkpoint that vLLM would run through Machete runs through Marlin "

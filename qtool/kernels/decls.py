@@ -207,7 +207,7 @@ KERNEL_ROW = record({
     "group_even": is_bool,
     "group_divides_k": one_of("full", "part"),
     "strict_with_g_idx": record({"k_part_multiple": is_int, "n_part_multiple": is_int}),
-    "group_straddle": one_of("refuse"),
+    "group_straddle": one_of("refuse", "flat"),  # flat: blocks run over the flattened weight (bitsandbytes)
     "tile_padding": one_of("marlin"),
     "qtypes": list_of(is_str),                  # GGUF block qtypes the kernel runs ("Q6_K"), not bit widths
     "scales": list_of(one_of(*SCALES)),         # weight-scale granularity: per tensor / channel / group / block
@@ -219,6 +219,7 @@ KERNEL_ROW = record({
     "exact_cc": list_of(is_cc),
     "cc_range": list_of(is_cc),
     "below_cc": is_cc,                          # only devices below this capability (a fallback for older GPUs)
+    "dtype_min_cc": map_of(one_of(*DTYPES), is_cc),  # activation dtype -> the capability it needs
     "min_smem_optin": is_int,
     "cpu_flags": list_of(is_str),
     "packages": list_of(is_str),
@@ -261,6 +262,7 @@ ENGINE_FILE = record({
     # serialized layout -> {checkpoint source: backends the loader binds it to}
     "serialized": map_of(is_str, map_of(is_str, list_of(is_str))),
     "gates": list_of(KERNEL_ROW),
+    "engine_gates": list_of(KERNEL_ROW),       # checks at engine start: every layer passes them or none runs
     "kernels": list_of(KERNEL_ROW),
 }, required=("schema", "engine", "walk", "kernels"))
 
@@ -318,6 +320,7 @@ class KernelDecl:
     exact_cc: tuple[tuple[int, int], ...] | None = None
     cc_range: tuple[tuple[int, int], ...] | None = None
     below_cc: tuple[int, int] | None = None
+    dtype_min_cc: dict[str, tuple[int, int]] | None = None
     min_smem_optin: int | None = None
     cpu_flags: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
@@ -366,6 +369,7 @@ class EngineDecls:
     methods: tuple[MethodDecl, ...] = ()
     lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
     gates: tuple[KernelDecl, ...] = ()
+    engine_gates: tuple[KernelDecl, ...] = ()
     base_checks: dict[str, bool] = field(default_factory=dict)   # checks the engine applies to every row
     walks: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     serialized: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
@@ -394,6 +398,7 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     d = validate(data, ENGINE_FILE, path)
     kernels = tuple(_kernel_from_row(r) for r in d["kernels"])
     gates = tuple(_kernel_from_row({**r, "kind": "gate"}) for r in d.get("gates", ()))
+    engine_gates = tuple(_kernel_from_row({**r, "kind": "gate"}) for r in d.get("engine_gates", ()))
     names = [k.name for k in kernels]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -430,7 +435,7 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     return EngineDecls(
         engine=d["engine"], walk=d["walk"], path=path, kernels=kernels, source=d.get("source", ""),
         formats=dict(d.get("formats", {})), pack_dtype_by_format=dict(d.get("pack_dtype_by_format", {})),
-        methods=methods, lists=lists, gates=gates, base_checks=dict(d.get("base_checks", {})),
+        methods=methods, lists=lists, gates=gates, engine_gates=engine_gates, base_checks=dict(d.get("base_checks", {})),
         walks=walks, serialized={f: {src: tuple(b) for src, b in m.items()}
                                  for f, m in d.get("serialized", {}).items()},
     )

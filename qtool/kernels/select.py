@@ -191,17 +191,18 @@ def select_kernel(layer: LayerQuant, device: Device, engine: EngineDecls | str,
     alts = tuple(load_profiles().values()) if profiles is None else tuple(profiles)
     facts, method, method_failures = _facts(layer, device, tp, decls)
 
-    candidates: list[Candidate] = []
-    blocked = False
+    # an engine-wide check (the engine's start) is listed where it refuses; it passes for most layers
+    candidates = [c for c in (_evaluate(g, layer, device, tp, disabled, decls, alts)
+                              for g in decls.engine_gates if device.platform in g.platforms) if not c.ok]
     if decls.walk == "list":
         candidates.append(_method_candidate(layer, facts, method, method_failures))
-        blocked = bool(method_failures)
         if method is not None and method.gate is not None:
             gate = next(g for g in decls.gates if g.name == method.gate)
             if device.platform in gate.platforms:
-                c = _evaluate(gate, layer, device, tp, disabled, decls, alts)
-                candidates.append(c)
-                blocked = blocked or not c.ok
+                candidates.append(_evaluate(gate, layer, device, tp, disabled, decls, alts))
+    # the first engine gate, method or config gate that refuses: no kernel is tried after it
+    blocked = next((c.kernel for c in candidates if not c.ok), None)
+    if decls.walk == "list":
         # a format no method reads reaches no kernel: listing the walk would show kernels "passing" for it
         walk = [] if method is None or method.refuse else \
             [decls.kernel(n) for n in _list_for(decls, method, layer).get(device.platform, ())]
@@ -461,7 +462,9 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
             fail("shape_k", f"K {L.in_features} % group_size {g} != 0")
         if k.group_divides_k == "part" and f.k_part % g:
             fail("tp" if f.k_split else "shape_k", f"{f.kl} {f.k_part} % group_size {g} != 0")
-        straddle = k.group_straddle == "refuse" or (f.group_straddle_base and k.kind == "kernel")
+        # blocks of the flattened weight span rows: a K that is no multiple of them splits nothing
+        straddle = k.group_straddle == "refuse" or (f.group_straddle_base and k.kind == "kernel"
+                                                    and k.group_straddle != "flat")
         if straddle and g < L.in_features and f.k_part % g:
             if f.k_split:
                 fail("tp", f"group_size {g} straddles TP shards: K_part {f.k_part} % {g} != 0 "
@@ -495,6 +498,9 @@ def _check(k: KernelDecl, f: _Facts, disabled: frozenset[str]) -> tuple[list[Fai
             fail("device", f"CC {_cc(cc)} outside {_cc(k.cc_range[0])}..{_cc(k.cc_range[-1])}")
         elif k.min_cc is not None and cc < k.min_cc:
             fail("device", f"CC {_cc(cc)} < {_cc(k.min_cc)}")
+        need = (k.dtype_min_cc or {}).get(L.act_dtype)
+        if need is not None and cc < need:
+            fail("act_dtype", f"{L.act_dtype} needs CC >= {_cc(need)}, the device has CC {_cc(cc)}")
         if k.below_cc is not None and cc >= k.below_cc:
             fail("device", f"CC {_cc(cc)} >= {_cc(k.below_cc)}: a fallback for GPUs below {_cc(k.below_cc)} only")
         if k.min_smem_optin is not None:
@@ -734,7 +740,7 @@ def _method_hint(layer: LayerQuant, failures: list[Failure]) -> str | None:
 # Layer notes and small helpers
 # ------------------------------------------------------------------------------------------------------
 
-def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked: bool) -> list[str]:
+def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked: str | None) -> list[str]:
     L = f.layer
     notes = [x.text for x in f.tp_failures]
     g = L.group_size
@@ -749,7 +755,8 @@ def _layer_notes(f: _Facts, decls: EngineDecls, walk: list[KernelDecl], blocked:
         else:
             notes.append(f"no {decls.engine} kernel declares format {f.engine_format}")
     if blocked:
-        notes.append("refused at config time, before any kernel is tried")
+        when = "when the engine starts" if blocked in {g.name for g in decls.engine_gates} else "at config time"
+        notes.append(f"refused by {blocked} {when}, before any kernel is tried")
     return notes
 
 
