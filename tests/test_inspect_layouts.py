@@ -173,13 +173,14 @@ def test_mlx_without_config_is_an_error_not_a_guess(tmp_path):
 
 # --- bitsandbytes NF4 ----------------------------------------------------------------------------------------
 
-def _nf4(o=64, i=256, state=True, bias=False) -> dict:
+def _nf4(o=64, i=256, state=True, bias=False, block=64, scales=None, state_block=True) -> dict:
     n = o * i
-    t = {f"{MOD}.weight": torch.zeros(n // 2, 1, dtype=torch.uint8),
-         f"{MOD}.weight.absmax": torch.ones(n // 64, dtype=torch.float32),
+    t = {f"{MOD}.weight": torch.zeros(-(-n // 2), 1, dtype=torch.uint8),
+         f"{MOD}.weight.absmax": torch.ones(-(-n // block) if scales is None else scales, dtype=torch.float32),
          f"{MOD}.weight.quant_map": torch.linspace(-1, 1, 16)}
     if state:
-        blob = json.dumps({"quant_type": "nf4", "blocksize": 64, "dtype": "float16", "shape": [o, i]}).encode()
+        st = {"quant_type": "nf4", "dtype": "float16", "shape": [o, i]} | ({"blocksize": block} if state_block else {})
+        blob = json.dumps(st).encode()
         t[f"{MOD}.weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(blob), dtype=torch.uint8)
     if bias:
         t[f"{MOD}.bias"] = torch.zeros(o, dtype=torch.float16)
@@ -207,6 +208,20 @@ def test_bnb_nf4_state_that_disagrees_is_an_error(tmp_path):
     t[f"{MOD}.weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(blob), dtype=torch.uint8)
     r = inspect_path(_write(tmp_path / "nf4", t, BNB_CFG))
     assert any("quant state says shape [64, 512] but the weight holds 16384 codes" in m for m in _sev(r, "error"))
+
+
+@pytest.mark.parametrize("kw,group,error", [
+    ({"o": 63, "i": 255}, 64, None),                      # 16065 codes: 252 blocks, the last one partial
+    ({"block": 128}, 128, None),                          # the quant state's own block size
+    ({"block": 256, "state_block": False}, 256, None),    # no block size recorded: the one absmax fits
+    ({"scales": 253}, 64, "weight.absmax holds 253 scales, but 16384 codes in blocks of 64 need 256"),
+    ({"scales": 253, "state_block": False}, None, "weight.absmax holds 253 scales: no bitsandbytes block size"),
+])
+def test_bnb_nf4_block_size_and_absmax_count(tmp_path, kw, group, error):
+    r = inspect_path(_write(tmp_path / "nf4", _nf4(**kw), BNB_CFG))
+    assert _mods(r)[MOD][2] == group
+    errors = _sev(r, "error")
+    assert (errors == []) if error is None else any(error in m for m in errors), errors
 
 
 # --- the general rule: integer weights or sidecars no detector claims ----------------------------------------

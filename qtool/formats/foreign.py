@@ -258,35 +258,37 @@ def bnb_int8(module: str, t: Mapping[str, Sig], c: Claims) -> Detected | None:
     return _bnb8(t)
 
 
-def bnb_state_shape(blob: bytes) -> tuple[int, int] | None:
-    """The [out, in] shape bitsandbytes records in its packed 4-bit quant state (the uint8 tensor
-    `weight.quant_state.bitsandbytes__nf4|fp4` holds UTF-8 JSON: quant_type, blocksize, dtype, shape, ...)."""
+# bitsandbytes' 4-bit block sizes (quantize_4bit asserts one of these; 32 on newer CUDA builds)
+BNB_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def bnb_state(blob: bytes) -> tuple[tuple[int, int] | None, int | None]:
+    """([out, in], blocksize) as bitsandbytes records them in its packed 4-bit quant state (the uint8 tensor
+    `weight.quant_state.bitsandbytes__nf4|fp4` holds UTF-8 JSON: quant_type, blocksize, dtype, shape, ...);
+    None for a field that is absent or not a plausible value."""
     try:
         d = json.loads(bytes(blob).decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    shape = d.get("shape") if isinstance(d, dict) else None
-    if isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                           and 0 < x < 1 << 40 for x in shape):
-        return shape[0], shape[1]
-    return None
+        return None, None
+    if not isinstance(d, dict):
+        return None, None
+    shape, block = d.get("shape"), d.get("blocksize")
+    ok_shape = isinstance(shape, list) and len(shape) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 < x < 1 << 40 for x in shape)
+    ok_block = isinstance(block, int) and not isinstance(block, bool) and 0 < block < 1 << 40
+    return ((shape[0], shape[1]) if ok_shape else None), (block if ok_block else None)
+
 
 def _bnb4(t: Mapping[str, Sig], c: Claims, state_shape: tuple[int, int] | None = None) -> Detected:
     """bitsandbytes 4-bit: weight U8 [O*I/2, 1] holds two codes a byte, so the header gives O*I only; the
-    shape comes from the quant state (read by the caller, see `bnb_state_shape`), else from the bias."""
+    shape comes from the quant state (read by the caller, see `bnb_state`), else from the bias. The block
+    size is the quant state's (or the config's); absmax holds one scale per block, the last one partial."""
     w = t.get("weight")
     qs = [k for k in t if k.startswith("weight.quant_state.")]
     kind = qs[0].rsplit("__", 1)[-1] if qs and "__" in qs[0] else "4bit"
     n = w[1][0] * 2 if w is not None and len(w[1]) >= 1 else None
     if w is not None and len(w[1]) == 2 and w[1][1] != 1:
         n = w[1][0] * w[1][1] * 2
-    ab = t.get("weight.absmax")
-    group = c.bnb_blocksize
-    if group is None and ab is not None and n:
-        numel = 1
-        for d in ab[1]:
-            numel *= d
-        group = exact_div(n, numel)
     notes = []
     o = i = None
     if state_shape is not None:
@@ -302,10 +304,38 @@ def _bnb4(t: Mapping[str, Sig], c: Claims, state_shape: tuple[int, int] | None =
                                  "features unknown from the header"))
     elif i is not None:
         n = o * i
+    group, why = _bnb_block(t.get("weight.absmax"), n, c.bnb_blocksize)
+    if why:
+        notes.append(("error", why))
     if c.format not in (None, "bnb"):
         notes.append(("error", f"config says {c.format} but the tensors are bitsandbytes 4-bit"))
     notes += bits_note(c, 4)
     return Detected("bnb", 4, group, True, False, i, o, n, detail=f"bitsandbytes {kind}", notes=notes)
+
+
+def _bnb_block(absmax: Sig | None, n: int | None, declared: int | None) -> tuple[int | None, str | None]:
+    """The block size, and what is wrong with absmax: one scale per block of `n` codes, the last partial."""
+    if absmax is None:
+        return declared, "bitsandbytes 4-bit weight without weight.absmax (its block scales)"
+    if not n:
+        return declared, None
+    count = 1
+    for d in absmax[1]:
+        count *= d
+    if declared is not None:
+        need = -(-n // declared)
+        if count != need:
+            return declared, (f"weight.absmax holds {count} scales, but {n} codes in blocks of {declared} "
+                              f"need {need}")
+        return declared, None
+    fits = [b for b in BNB_BLOCKSIZES if -(-n // b) == count]
+    if not fits:
+        return None, (f"weight.absmax holds {count} scales: no bitsandbytes block size "
+                      f"({BNB_BLOCKSIZES[0]}..{BNB_BLOCKSIZES[-1]}) gives that many blocks of {n} codes")
+    if len(fits) > 1:
+        return None, (f"weight.absmax holds {count} scales, which fits block sizes {', '.join(map(str, fits))} "
+                      f"for {n} codes; the quant state or config must name it")
+    return fits[0], None
 
 def _bnb8(t: Mapping[str, Sig]) -> Detected:
     o, i = t["weight"][1] if len(t["weight"][1]) == 2 else (t["weight"][1][0], 1)

@@ -176,7 +176,7 @@ def _inspect_safetensors(p: Path):
     for prefix, t in groups.items():
         pre = f"{prefix}." if prefix else ""
         names = tuple(pre + s for s in t)
-        d = detect_module(prefix, t, claims, _bnb_shape(src, pre, t))
+        d = detect_module(prefix, t, claims, *_bnb_state(src, pre, t))
         if d is None:
             for n in names:
                 other_bytes += src.tensors[n].nbytes
@@ -251,24 +251,24 @@ def _source_level(said: Claims | None, meta: Claims | None) -> list[Anomaly]:
 MAX_QUANT_STATE = 1 << 16
 
 
-def _bnb_shape(src, pre: str, t: dict) -> tuple[int, int] | None:
-    """[out, in] of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes of JSON,
-    the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
-    from qtool.formats.foreign import bnb_state_shape
+def _bnb_state(src, pre: str, t: dict) -> tuple[tuple[int, int] | None, int | None]:
+    """([out, in], block size) of a bitsandbytes 4-bit module from its packed quant state: a few hundred bytes
+    of JSON, the one piece of tensor data inspect reads without --deep (bounded by MAX_QUANT_STATE)."""
+    from qtool.formats.foreign import bnb_state
 
     qs = [k for k in t if k.startswith("weight.quant_state.bitsandbytes__")]
     if len(qs) != 1:
-        return None
+        return None, None
     info = src.tensors[pre + qs[0]]
     if info.dtype != "U8" or info.nbytes > MAX_QUANT_STATE or pre + qs[0] in src.incomplete:
-        return None
+        return None, None
     try:
         with info.file.open("rb") as f:
             f.seek(info.start)
             blob = f.read(info.nbytes)
     except OSError:
-        return None
-    return bnb_state_shape(blob) if len(blob) == info.nbytes else None
+        return None, None
+    return bnb_state(blob) if len(blob) == info.nbytes else (None, None)
 
 
 def _file_level(claims: Claims | None, modules: list[ModuleReport], src) -> list[Anomaly]:

@@ -231,16 +231,19 @@ ASKED: tuple[Callable[[str, Mapping[str, Sig], Claims], Detected | None], ...] =
 
 
 def detect_module(name: str, t: dict[str, Sig], claims: Claims | None,
-                  bnb_shape: tuple[int, int] | None = None) -> Detected | None:
+                  bnb_shape: tuple[int, int] | None = None, bnb_block: int | None = None) -> Detected | None:
     """Detect one module's layout; None when the prefix holds no linear weight (norms, biases alone).
 
     The layouts of ASKED first, then a dense float weight; a module none of them claims that holds an integer
     weight-like tensor or a quantization sidecar is an "unknown quantized layout" (severity error): qtool
-    never calls what it does not understand dense. bnb_shape: [out, in] from a bitsandbytes quant state,
-    which only the tensor data records."""
+    never calls what it does not understand dense. bnb_shape, bnb_block: [out, in] and the block size from a
+    bitsandbytes quant state, which only the tensor data records (the module's own block size wins over the
+    config's)."""
     c = module_claims(claims, name) if claims is not None else Claims()
     if bnb_shape is not None:
         c = dataclasses.replace(c, bnb_shape=bnb_shape)
+    if bnb_block is not None:
+        c = dataclasses.replace(c, bnb_blocksize=bnb_block)
     for ask in ASKED:
         d = ask(name, t, c)
         if d is not None:
