@@ -5,6 +5,7 @@ a tokenizer that fits the embedding table, and the record of a module kept out o
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import gguf
@@ -130,16 +131,51 @@ def test_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path):
     assert not (tmp_path / "m.gguf").exists()
 
 
-def test_gguf_to_dense_names_what_transformers_will_not_read(tmp_path):
+@pytest.mark.parametrize("orig,warp", [(64, None), (32, None), (64, "bend")])
+def test_gguf_rope_freqs_back_to_rope_scaling(tmp_path, orig, warp):
+    """A llama3 GGUF's rope_freqs becomes config.json rope_scaling again where that gives back every factor bit
+    for bit (64: two frequencies inside the smooth band, enough to fit it), in both writers (dense and
+    quantized); otherwise (32: one in the band; or factors no llama3 scaling makes) the tensor keeps its
+    GGUF name and the plan says that transformers runs unscaled RoPE."""
+    from qtool.repack.dense import DenseJob, plan_dense, run_dense
+
     src = _fp16_llama(tmp_path / "llama", rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                        "original_max_position_embeddings": 32})
+                                                        "original_max_position_embeddings": orig})
     run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
     run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
-    from qtool.repack.dense import DenseJob, plan_dense
-
-    _, plan = plan_dense(DenseJob(tmp_path / "m.gguf", tmp_path / "d", dry_run=True))
-    assert any("rope_freqs.weight" in w and "no transformers name" in w for w in plan.warnings), plan.warnings
-    assert _kv(tmp_path / "m.gguf")["llama.rope.dimension_count"] == H // 4
+    gg = tmp_path / "m.gguf"
+    want = np.array(_gguf(gg)["rope_freqs.weight"].data)
+    assert _kv(gg)["llama.rope.dimension_count"] == H // 4
+    if warp:  # the same file with one factor moved off the llama3 curve, in place
+        gg = tmp_path / "bent.gguf"
+        shutil.copyfile(tmp_path / "m.gguf", gg)
+        t = _gguf(gg)["rope_freqs.weight"]
+        with open(gg, "r+b") as f:
+            f.seek(t.data_offset + 4)
+            f.write((want[1:2] * np.float32(1.01)).astype(np.float32).tobytes())
+        assert np.array(_gguf(gg)["rope_freqs.weight"].data)[1] != want[1]
+    folded = orig == 64 and not warp
+    _, plan = plan_dense(DenseJob(gg, tmp_path / "d", dry_run=True))
+    if folded:
+        assert any(w.startswith("rope_freqs.weight: llama3 RoPE factors written as config.json rope_scaling")
+                   and "bit for bit" in w for w in plan.warnings), plan.warnings
+    else:
+        assert any(w.startswith("rope_freqs.weight: its per-frequency RoPE factors match no llama3 rope_scaling")
+                   for w in plan.warnings), plan.warnings
+        assert any("rope_freqs.weight" in w and "no transformers name" in w for w in plan.warnings)
+    run_dense(DenseJob(gg, tmp_path / "d"))
+    r = run_repack(RepackJob(gg, "gptq", tmp_path / "q", allow_lossy=True))
+    assert any(w.startswith("rope_freqs.weight: ") for w in r.plan.warnings)
+    for out in (tmp_path / "d", tmp_path / "q"):
+        cfg = json.loads((out / "config.json").read_text())
+        names = set(load_file(out / "model.safetensors"))
+        assert ("rope_freqs.weight" in names) is not folded
+        if folded:
+            assert cfg["rope_scaling"]["original_max_position_embeddings"] == 64
+            got = rope_factors("llama", cfg)
+            assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+        else:
+            assert "rope_scaling" not in cfg
 
 
 def test_a_quantized_module_llama_cpp_does_not_load_is_left_out(tmp_path):

@@ -303,6 +303,48 @@ def rope_factors(arch: str | None, cfg: dict):
     return out.astype(np.float32)
 
 
+def rope_scaling_from_factors(arch: str, cfg: dict, factors, original: int | None = None) -> dict | None:
+    """The llama3 `rope_scaling` whose per-frequency factors are exactly `factors` (a GGUF's rope_freqs.weight),
+    or None. The factors fix the scaling `factor` (the largest) and the two wavelengths where the smooth band
+    starts and ends, which is all the formula uses: original_max_position_embeddings / low_freq_factor and
+    / high_freq_factor. `original` (the GGUF's rope.scaling.original_context_length) fixes the triple where
+    it is known; otherwise low_freq_factor = 1 picks one of the equivalent ones (Meta's own: 8192, 1, 4).
+    The band needs two frequencies inside it to be fitted; the result is kept only when `rope_factors`
+    gives back every float32 factor bit for bit."""
+    import numpy as np
+
+    f = np.asarray(factors, dtype=np.float64)
+    factor = float(f.max()) if f.size else 0.0
+    if f.ndim != 1 or not np.isfinite(f).all() or factor <= 1.0 or f.min() < 1.0:
+        return None
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    dim = cfg.get("head_dim") or (hidden // heads if _ints(heads, hidden) and heads > 0 else 0)
+    base = cfg.get("rope_theta", 10000.0)
+    if not _ints(dim) or dim != 2 * f.size or not isinstance(base, (int, float)) or base <= 0:
+        return None
+    x = 1.0 / (2 * np.pi * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))  # 1 / wavelength
+    mid = (f > 1.0) & (f < factor)
+    if mid.sum() < 2:
+        return None
+    # in the band, the interpolation weight is affine in 1 / wavelength: 0 at 1 / T_low, 1 at 1 / T_high
+    smooth = (1.0 / f[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+    slope, icept = np.polyfit(x[mid], smooth, 1)
+    if not slope > 0:
+        return None
+    t_low, t_high = slope / -icept if icept < 0 else 0.0, slope / (1.0 - icept)
+    if not t_low > t_high > 0:
+        return None
+    want = np.asarray(factors, np.float32).view(np.uint32)
+    for old in ([original] if _ints(original) and original > 0 else []) + [int(round(t_low))]:
+        rs = {"rope_type": "llama3", "factor": float(str(np.float32(factor))),
+              "low_freq_factor": float(round(old / t_low, 6)), "high_freq_factor": float(round(old / t_high, 6)),
+              "original_max_position_embeddings": old}
+        back = rope_factors(arch, {**cfg, "rope_scaling": rs})
+        if back is not None and np.array_equal(back.view(np.uint32), want):
+            return rs
+    return None
+
+
 @contextlib.contextmanager
 def _gguf_log():
     """Collect what the gguf package's vocabulary readers log (they warn through `logging`), so it reaches

@@ -214,6 +214,9 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             continue
         info = source.tensor_info(name)
         sdt = info.type_name if source.container == "gguf" else info.dtype
+        if g2h and name in g2h.folded:
+            fates.append(TensorFate("", name, "dropped", sdt, g2h.folded[name]))
+            continue
         if source.container == "gguf" and sdt not in FLOAT_ST:
             raise InputError(f"GGUF tensor of type {sdt} outside the quantized modules: qtool does not know what it "
                              "holds; nothing was written", path=info.file, tensor=name,
@@ -235,7 +238,7 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             warnings.append(f"{f.name}: not copied: it describes the source's quantization, which the dense model "
                             "does not have")
     if g2h:  # every name is resolved above: the names the map lacks are known now (--dry-run shows them)
-        warnings += g2h.warnings()
+        warnings += g2h.notes + g2h.warnings()
     out = Path(job.out) if job.out else default_out(job.src, "dense")
     fmts = sorted({m.scheme.format for m in source.modules})
     return DensePlan(job, out, st, explicit, modules, fates, ",".join(fmts), source.container, warnings)

@@ -24,19 +24,26 @@ BLOCK = re.compile(r"^blk\.\d+\.")
 
 
 def dense_modules_for_hf(source, plan) -> None:
-    """GGUF source, Hugging Face target: modules outside the blocks are written dequantized (float32)."""
+    """GGUF source, Hugging Face target: modules outside the blocks are written dequantized (float32), and
+    tensors that become config.json entries (llama3 rope_freqs) are said and not copied."""
     for mp in plan.modules:
         if not BLOCK.match(mp.module) and mp.kind != "impossible":
             mp.kind, mp.copy, mp.steps = "keep", False, ["dequantize"]
             mp.reasons = ["outside the transformer blocks: transformers reads it as a dense tensor; written "
                           "dequantized as F32 (every block value exactly)"]
+    g2h = GGUFToHF(source)
+    plan.warnings += g2h.notes
+    plan.passthrough -= len(g2h.folded)
+
+
+ROPE_FREQS = "rope_freqs.weight"
 
 
 class GGUFToHF:
     """Names, row orders and config of a GGUF source written as a Hugging Face directory."""
 
     def __init__(self, source):
-        from qtool.io.hf_gguf import arch_row, blocks_present, inverse_name_map
+        from qtool.io.hf_gguf import arch_row, blocks_present, hf_config, inverse_name_map
 
         self.source = source
         self.arch = source.architecture
@@ -46,6 +53,33 @@ class GGUFToHF:
         self.n_kv = _int(kv.get(f"{self.arch}.attention.head_count_kv")) or self.n_head
         self.inverse = inverse_name_map(self.arch, blocks_present(source.order, source.path)) if self.row else {}
         self.unmapped: list[str] = []
+        self.config = hf_config(self.arch, kv, source.order) if self.row else None
+        # GGUF tensors that become config.json entries instead of tensors: {name: what the plan says of it}
+        self.folded: dict[str, str] = {}
+        self.notes: list[str] = []
+        if self.config is not None and ROPE_FREQS in source.order:
+            self._fold_rope(kv)
+
+    def _fold_rope(self, kv: dict) -> None:
+        """llama.cpp's llama3 RoPE factors back into transformers' `rope_scaling`, where one reproduces them
+        bit for bit; otherwise the tensor keeps its GGUF name and the plan says that transformers ignores it."""
+        from qtool.io.hf_gguf import rope_scaling_from_factors
+
+        info = self.source.tensor_info(ROPE_FREQS)
+        orig = _int(kv.get(f"{self.arch}.rope.scaling.original_context_length"))
+        rs = None
+        if info.type_name == "F32" and len(info.shape) == 1:
+            rs = rope_scaling_from_factors(self.arch, self.config, self.source.get(ROPE_FREQS).numpy(), orig)
+        if rs is None:
+            self.notes.append(f"{ROPE_FREQS}: its per-frequency RoPE factors match no llama3 rope_scaling (checked "
+                              "by recomputing them); it keeps its GGUF name, which transformers does not read, so "
+                              "transformers runs this model with unscaled RoPE")
+            return
+        self.config["rope_scaling"] = rs
+        said = ", ".join(f"{k} {v:g}" for k, v in rs.items() if k != "rope_type")
+        self.folded[ROPE_FREQS] = f"llama3 RoPE factors written as config.json rope_scaling ({said})"
+        self.notes.append(f"{ROPE_FREQS}: {self.folded[ROPE_FREQS]}, which gives back all {info.shape[0]} "
+                          "factors bit for bit")
 
     def name(self, gguf_name: str) -> str:
         from qtool.io.hf_gguf import gguf_to_hf_name
@@ -81,15 +115,13 @@ class GGUFToHF:
         return out
 
     def write_files(self, tmp: Path) -> list[str]:
-        """config.json (without quantization_config: the caller adds it) and the tokenizer files."""
-        from qtool.io.hf_gguf import hf_config, hf_tokenizer_files, write_files
+        """The tokenizer files; `config` is the config.json (without quantization_config: the caller adds it)."""
+        from qtool.io.hf_gguf import hf_tokenizer_files, write_files
 
         if self.row is None:
             return []
-        cfg = hf_config(self.arch, self.source.metadata, self.source.order)
         files, warns = hf_tokenizer_files(self.source.path)
         write_files(tmp, files)
-        self.config = cfg
         return warns
 
 

@@ -342,7 +342,7 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
                     on_progress(name, k, total)
                 m = by_first.get(name)
                 if m is None:
-                    if name in skip or name in dropped:
+                    if name in skip or name in dropped or (g2h and name in g2h.folded):
                         continue
                     if g2h:
                         w.add(rn(name), gguf_tensor(name))
