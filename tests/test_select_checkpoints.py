@@ -186,12 +186,14 @@ def test_compressed_tensors_fp8_file_tensor_channel_block_group():
     assert "K 136 % group_size 128 != 0" in cand(x["v_proj"], "CutlassFp8BlockScaledMMKernel")["reason"]
     # o_proj: FP8 with group scales is no vLLM FP8 scheme (tensor / channel / block only)
     assert "group scales: no kernel list declared" in x["o_proj"]["candidates"][0]["reason"]
-    # SGLang: the block layer walks its block-FP8 order; per-tensor / per-channel are not declared for it
+    # SGLang: Marlin first (refused on the H100), then the block layer's FP8 order; per-tensor / per-channel
+    # layers go to apply_fp8_linear; group scales have no list
     _, d = select(CT_FP8, "--device", "h100", "--engine", "sglang")
     x = by_name(d)
-    assert [c["kernel"] for c in x["v_proj"]["candidates"]][1] == "deepgemm_w8a8_block_fp8_linear"
-    assert "channel scales: no kernel list declared for them (declared: block)" in \
-        x["k_proj"]["candidates"][0]["reason"]
+    assert [c["kernel"] for c in x["v_proj"]["candidates"]][1:3] == ["apply_fp8_marlin_linear",
+                                                                    "deepgemm_w8a8_block_fp8_linear"]
+    assert x["q_proj"]["chosen"] == x["k_proj"]["chosen"] == "apply_fp8_linear"
+    assert "group scales: no kernel list declared for them" in x["o_proj"]["candidates"][0]["reason"]
 
 
 # --- bitsandbytes NF4 and bare MXFP8 layers ---------------------------------------------------------------

@@ -80,8 +80,8 @@ def test_deepseek_v3_fp8_block_on_h200_sglang_by_m():
     says(SEED002, "M == 0 hard-fails inside the kernel")
     sel = select_kernel(layer(**DSV3_DOWN), H200, "sglang", ms=(1, 16, 64))
     assert [c.kernel for c in sel.candidates] == [
-        "Fp8Config", "deepgemm_w8a8_block_fp8_linear", "flashinfer_gemm_w8a8_block_fp8_linear",
-        "cutlass_w8a8_block_fp8_linear", "triton_w8a8_block_fp8_linear"]
+        "Fp8Config", "apply_fp8_marlin_linear", "deepgemm_w8a8_block_fp8_linear",
+        "flashinfer_gemm_w8a8_block_fp8_linear", "cutlass_w8a8_block_fp8_linear", "triton_w8a8_block_fp8_linear"]
     assert {k for _, k in sel.per_m} == {"deepgemm_w8a8_block_fp8_linear"}
     assert cand(sel, "flashinfer_gemm_w8a8_block_fp8_linear").failures == ("CC 9.0 < 10.0",)
     # Blackwell without DeepGEMM: the auto order returns FlashInfer's function, which serves every M (the
@@ -151,10 +151,8 @@ def test_fp8_per_tensor_and_per_channel_use_the_epilogue_kernels():
     sel = select_kernel(layer(4096, 4096, "fp8", scale="channel"), B200, "vllm")
     assert sel.chosen == "CutlassFP8ScaledMMLinearKernel"
     assert cand(sel, "FlashInferFP8ScaledMMLinearKernel").failures == ("channel weight scales not in [tensor]",)
-    # SGLang: the seeds describe only its block-FP8 order; a per-channel layer is refused with that reason
-    sel = select_kernel(layer(4096, 4096, "fp8", scale="channel"), H100, "sglang")
-    assert sel.chosen is None
-    assert "channel scales: no kernel list declared for them (declared: block)" in cand(sel, "Fp8Config").reason
+    # SGLang (sglang-main fp8.py): a per-channel layer on an FP8 GPU goes to apply_fp8_linear
+    assert select_kernel(layer(4096, 4096, "fp8", scale="channel"), H100, "sglang").chosen == "apply_fp8_linear"
 
 
 def test_int8_w8a8():
@@ -334,6 +332,25 @@ def test_bnb_blocks_run_over_the_flattened_weight():
     assert select_kernel(odd, H100, "sglang").chosen == "BitsAndBytesLinearMethod"
     gptq = select_kernel(layer(4000, 4096, "gptq", bits=4, group_size=128), H100, "sglang")
     assert any("% group_size 128 != 0" in f for c in gptq.candidates for f in c.failures)  # rows: still checked
+
+
+@pytest.mark.parametrize("device,scale,chosen", [
+    ("h100", "block", "deepgemm_w8a8_block_fp8_linear"),
+    ("h100", "channel", "apply_fp8_linear"),
+    ("a100", "block", "apply_fp8_marlin_linear"),     # can_auto_enable_marlin_fp8: 80 <= sm < 89
+    ("a100", "tensor", "apply_fp8_marlin_linear"),
+    ("t4", "channel", None),                          # Fp8Config.get_min_capability: 80
+])
+def test_sglang_fp8_takes_marlin_below_cc_8_9(device, scale, chosen):
+    sel = select_kernel(layer(4096, 4096, "fp8", scale=scale, dtype="fp16"), profile(device), "sglang")
+    assert sel.chosen == chosen
+    marlin = cand(sel, "apply_fp8_marlin_linear")
+    if device == "h100":
+        assert marlin.failures == ("CC 9.0 >= 8.9: a fallback for GPUs below 8.9 only",)
+    if device == "t4":
+        assert marlin.failures == ("CC 7.5 < 8.0",) and "a100" in marlin.hint
+    if chosen == "apply_fp8_marlin_linear":
+        assert any("weight-only FP8 (W8A16) through Marlin" in n for n in sel.notes)
 
 
 def test_sglang_has_no_machete():
