@@ -83,6 +83,27 @@ def test_rope_scaling_and_head_width_are_carried(tmp_path):
         rope_factors("llama", base | {"rope_scaling": {"rope_type": "llama3", "factor": "x"}})
 
 
+def test_transformers_5_rope_parameters_are_read(tmp_path):
+    """transformers 5 saves the RoPE base and scaling as one `rope_parameters` mapping (no top-level
+    rope_theta): the GGUF gets the same base and factors as from the flat keys."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    src = _fp16_llama(tmp_path / "v5", rope_parameters={**llama3, "rope_theta": 500000.0})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("rope_theta", None)
+    (src / "config.json").write_text(json.dumps(cfg))
+    run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "v5.gguf"))
+    assert _kv(tmp_path / "v5.gguf")["llama.rope.freq_base"] == 500000.0
+    flat = {k: v for k, v in cfg.items() if k != "rope_parameters"} | {"rope_theta": 500000.0, "rope_scaling": llama3}
+    freqs = np.array(_gguf(tmp_path / "v5.gguf")["rope_freqs.weight"].data)
+    assert np.array_equal(freqs, rope_factors("llama", flat)) and freqs.max() == 8.0
+    base = {"hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1}
+    _, warns = hf_metadata("llama", base | {"rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                                                "sliding_attention": {"rope_theta": 1e4}}}, None, None)
+    assert any("one mapping per attention type" in w for w in warns)
+
+
 def test_llama3_factors_are_transformers_own():
     """rope_freqs divides each rotary frequency: the frequencies it leaves are transformers' llama3 ones."""
     transformers = pytest.importorskip("transformers")

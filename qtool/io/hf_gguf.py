@@ -194,9 +194,9 @@ def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None)
     import gguf
 
     w = gguf.GGUFWriter(None, arch)
-    warnings: list[str] = []
     row = arch_row(arch)
-    cfg = dict(config)
+    cfg, warnings = rope_fields(config)
+    cfg = dict(cfg)
     if row is not None and row.permute_qk and "head_dim" not in cfg and cfg.get("num_attention_heads"):
         cfg["head_dim"] = cfg.get("hidden_size", 0) // cfg["num_attention_heads"]
     if n_vocab and not cfg.get("vocab_size"):
@@ -239,6 +239,25 @@ def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None)
             for k, v in w.kv_data[0].items()}, warnings
 
 
+def rope_fields(cfg: dict) -> tuple[dict, list[str]]:
+    """config.json with transformers 5's `rope_parameters` (the base and the scaling in one mapping, the form
+    its save_pretrained writes) read as the flat `rope_theta` / `rope_scaling` this module reads, the mapping
+    winning where both are present (llama.cpp's converter reads it so too); a warning for a mapping per
+    attention type (full / sliding), which no architecture qtool converts has."""
+    rp = cfg.get("rope_parameters")
+    if not isinstance(rp, dict):
+        return cfg, []
+    if any(isinstance(v, dict) for v in rp.values()):
+        return cfg, ["config.json rope_parameters holds one mapping per attention type, which qtool does not "
+                     "read: the GGUF gets no RoPE base or scaling from it"]
+    out = dict(cfg)
+    if "rope_theta" in rp:
+        out["rope_theta"] = rp["rope_theta"]
+    if (rp.get("rope_type") or rp.get("type")) not in (None, "default"):
+        out["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    return out, []
+
+
 def _rope_scaling(w, cfg: dict) -> list[str]:
     """The rope.scaling keys llama.cpp reads for linear and YaRN scaling (llama3 scaling is a tensor:
     `rope_factors`); a warning for a scaling GGUF cannot carry."""
@@ -277,6 +296,7 @@ def rope_factors(arch: str | None, cfg: dict):
     config asks for no such scaling."""
     import numpy as np
 
+    cfg = rope_fields(cfg)[0]
     rs = cfg.get("rope_scaling")
     row = arch_row(arch)
     if row is None or not row.permute_qk or not isinstance(rs, dict) or \
