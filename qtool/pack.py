@@ -511,8 +511,11 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:
-        # the dense dtype engines should compute in; scales are stored in it
+        # the dense dtype engines should compute in; scales are stored in it. transformers 5 names it `dtype`:
+        # both names say the same
         cfg["torch_dtype"] = "float16" if job.dtype == "fp16" else "bfloat16"
+        if "dtype" in cfg:
+            cfg["dtype"] = cfg["torch_dtype"]
     write_json(tmp / "config.json", cfg)
     write_json(tmp / "quantize_config.json", qcfg)
 

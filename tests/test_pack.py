@@ -340,3 +340,14 @@ def test_output_size_checked_against_free_disk(tmp_path, monkeypatch):
     need = pack.output_bytes(pack.open_checkpoint(tmp_path / "src"), {})
     assert need == (tmp_path / "src" / "model.safetensors").stat().st_size - 8 - int.from_bytes(
         (tmp_path / "src" / "model.safetensors").read_bytes()[:8], "little") + len('{"vocab": {}}')
+
+
+def test_transformers_5_dtype_key_is_kept_in_step(tmp_path):
+    """transformers 5 names the model dtype `dtype`: a pack writes the scales' dtype under both names, so the
+    two never disagree."""
+    big_model(tmp_path / "src")
+    cfg = {"model_type": "llama", "dtype": "float32"}
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    invoke("pack", tmp_path / "src", "-o", tmp_path / "out", "--to", "gptq", "--group-size", 32, "--dtype", "bf16")
+    got = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert got["dtype"] == got["torch_dtype"] == "bfloat16"

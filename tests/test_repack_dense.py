@@ -354,6 +354,17 @@ def test_hf_fp8_blocks_equal_the_format_and_deepseeks_weight_dequant(tmp_path, m
     assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
 
 
+def test_transformers_5_dtype_key_names_the_fp8_model_dtype(tmp_path):
+    from qtool.repack.source import open_source
+
+    fp8_checkpoint(tmp_path / "src", {"m.a": (128, 128)})
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    cfg["dtype"] = cfg.pop("torch_dtype")
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    (m,) = open_source(tmp_path / "src").modules
+    assert m.scheme.extra["model_dtype"] == "bfloat16"
+
+
 @pytest.mark.parametrize("ext", ["0", "1"])  # the separate NaN check, and the C++ decode's count
 def test_nan_fp8_code_is_an_error_and_writes_nothing(tmp_path, monkeypatch, ext):
     monkeypatch.setenv("QTOOL_E4M3_EXT", ext)

@@ -256,8 +256,9 @@ def _open_safetensors(p: Path, report, errors) -> Source:
                     bits = over.get("bits", bits)
                     group = over.get("group_size", group)
         extra = {"quant_config": raw, "metadata": dict(ck.metadata), "module": mr.name}
-        if (ck.config or {}).get("torch_dtype") in ("bfloat16", "float16", "float32"):
-            extra["model_dtype"] = ck.config["torch_dtype"]  # what float layouts dequantize to (fp8)
+        named = (ck.config or {}).get("torch_dtype", (ck.config or {}).get("dtype"))  # transformers 5: `dtype`
+        if named in ("bfloat16", "float16", "float32"):
+            extra["model_dtype"] = named  # what float layouts dequantize to (fp8)
         if version:
             extra["version"] = str(version)
         if mr.scheme.format == "marlin":  # the checkpoint's own contract names the layout it converts back to
