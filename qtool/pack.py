@@ -531,8 +531,8 @@ def check_calibration_options(job: PackJob) -> None:
                                 ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0))
                 if on]
         if used:
-            raise UsageError(f"{', '.join(used)} {'applies' if len(used) == 1 else 'apply'} only to --method gptq or awq",
-                             fix="add --method gptq")
+            verb = "applies" if len(used) == 1 else "apply"
+            raise UsageError(f"{', '.join(used)} {verb} only to --method gptq or awq", fix="add --method gptq")
         return
     if job.calib_samples < 1 or job.calib_seqlen < 2 or job.calib_seed < 0:
         raise UsageError("--calib-samples must be >= 1, --calib-seqlen >= 2 and --calib-seed >= 0")

@@ -337,6 +337,7 @@ def _bnb_block(absmax: Sig | None, n: int | None, declared: int | None) -> tuple
                       f"for {n} codes; the quant state or config must name it")
     return fits[0], None
 
+
 def _bnb8(t: Mapping[str, Sig]) -> Detected:
     o, i = t["weight"][1] if len(t["weight"][1]) == 2 else (t["weight"][1][0], 1)
     return Detected("bnb", 8, -1, True, False, i, o, i * o, detail="bitsandbytes LLM.int8 (SCB)")

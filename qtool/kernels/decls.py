@@ -435,7 +435,8 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     return EngineDecls(
         engine=d["engine"], walk=d["walk"], path=path, kernels=kernels, source=d.get("source", ""),
         formats=dict(d.get("formats", {})), pack_dtype_by_format=dict(d.get("pack_dtype_by_format", {})),
-        methods=methods, lists=lists, gates=gates, engine_gates=engine_gates, base_checks=dict(d.get("base_checks", {})),
+        methods=methods, lists=lists, gates=gates, engine_gates=engine_gates,
+        base_checks=dict(d.get("base_checks", {})),
         walks=walks, serialized={f: {src: tuple(b) for src, b in m.items()}
                                  for f, m in d.get("serialized", {}).items()},
     )
