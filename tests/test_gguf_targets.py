@@ -22,12 +22,13 @@ from qtool.repack.run import run_repack
 from tests.test_interop import H, _kv, _llama_dir
 
 
-def _fp16_llama(root: Path, **cfg_changes) -> Path:
-    """test_interop's tiny Llama in fp16, with biases on q/k and config changes."""
+def _fp16_llama(root: Path, q_bias: bool = True, **cfg_changes) -> Path:
+    """test_interop's tiny Llama in fp16, with a bias on q (unless q_bias=False) and config changes."""
     src = _llama_dir(root)
     t = {k: v.half() if v.is_floating_point() else v for k, v in load_file(src / "model.safetensors").items()}
     g = torch.Generator().manual_seed(3)
-    t["model.layers.0.self_attn.q_proj.bias"] = torch.randn(H, generator=g).half()
+    if q_bias:
+        t["model.layers.0.self_attn.q_proj.bias"] = torch.randn(H, generator=g).half()
     t["model.layers.0.input_layernorm.weight"] = (torch.rand(H, generator=g) + 0.5).half()
     save_file(t, src / "model.safetensors")
     cfg = json.loads((src / "config.json").read_text()) | cfg_changes
@@ -160,8 +161,8 @@ def test_gguf_rope_freqs_back_to_rope_scaling(tmp_path, orig, warp):
     GGUF name and the plan says that transformers runs unscaled RoPE."""
     from qtool.repack.dense import DenseJob, plan_dense, run_dense
 
-    src = _fp16_llama(tmp_path / "llama", rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                        "original_max_position_embeddings": orig})
+    src = _fp16_llama(tmp_path / "llama", q_bias=False, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                      "original_max_position_embeddings": orig})
     run_pack(PackJob(src, tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
     run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "m.gguf"))
     gg = tmp_path / "m.gguf"

@@ -662,11 +662,11 @@ def _endian_pair(tmp_path, types) -> tuple[Path, Path, dict]:
     tensors = {}
     for k, qt in enumerate(types):
         x = rng.standard_normal((8, 64)).astype(np.float32)
-        name = f"blk.0.t{k}.weight"
+        name = f"blk.0.{('ffn_gate', 'ffn_up', 'ffn_down')[k]}.weight"
         tensors[name] = (qt, x if qt in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
                          else gguf.quants.quantize(x, qt))
     tensors["output_norm.weight"] = (gguf.GGMLQuantizationType.F32, rng.standard_normal(64).astype(np.float32))
-    tensors["blk.0.half.weight"] = (gguf.GGMLQuantizationType.F16, rng.standard_normal(64).astype(np.float16))
+    tensors["blk.0.attn_norm.weight"] = (gguf.GGMLQuantizationType.F16, rng.standard_normal(64).astype(np.float16))
     out = []
     for endian in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
         path = tmp_path / f"{endian.name.lower()}.gguf"
@@ -702,14 +702,14 @@ def test_big_endian_gguf_converts_to_the_same_file_as_its_little_endian_twin(tmp
     r = gguf.GGUFReader(tmp_path / "big-o.gguf")
     got = {t.name: np.array(t.data) for t in r.tensors}
     assert np.array_equal(got["output_norm.weight"], tensors["output_norm.weight"][1])
-    assert np.array_equal(got["blk.0.half.weight"], tensors["blk.0.half.weight"][1])
-    q8 = got["blk.0.t1.weight"]  # Q8_0 -> Q8_0 copies the blocks: the source's values, little-endian
+    assert np.array_equal(got["blk.0.attn_norm.weight"], tensors["blk.0.attn_norm.weight"][1])
+    q8 = got["blk.0.ffn_up.weight"]  # Q8_0 -> Q8_0 copies the blocks: the source's values, little-endian
     assert np.array_equal(gguf.quants.dequantize(q8, Q.Q8_0),
-                          gguf.quants.dequantize(tensors["blk.0.t1.weight"][1], Q.Q8_0))
+                          gguf.quants.dequantize(tensors["blk.0.ffn_up.weight"][1], Q.Q8_0))
     assert r.fields["tokenizer.ggml.scores"].contents() == [float(i) for i in range(100)]
     # and into a safetensors layout: the same Plains from either byte order
-    run_repack(RepackJob(little, "gptq_v2", tmp_path / "l-hf", allow_lossy=True, exclude=("t2",)))
-    run_repack(RepackJob(big, "gptq_v2", tmp_path / "b-hf", allow_lossy=True, exclude=("t2",)))
+    run_repack(RepackJob(little, "gptq_v2", tmp_path / "l-hf", allow_lossy=True, exclude=("ffn_down",)))
+    run_repack(RepackJob(big, "gptq_v2", tmp_path / "b-hf", allow_lossy=True, exclude=("ffn_down",)))
     assert (tmp_path / "l-hf" / "model.safetensors").read_bytes() == (tmp_path / "b-hf" / "model.safetensors"
                                                                        ).read_bytes()
 

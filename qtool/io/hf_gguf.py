@@ -527,7 +527,48 @@ def hf_config(arch: str, kv: dict, tensor_names: list[str]) -> dict:
         v = kv.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(v, int) and not isinstance(v, bool):
             cfg[f"{hf}_token_id"] = v
+    if row.gguf_arch == "llama":
+        cfg.update(_llama_biases(tensor_names))
     return cfg
+
+
+# Llama's bias flags, each over a set of projections that has its biases all together or not at all
+_LLAMA_BIASES = (("attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output")),
+                 ("mlp_bias", ("ffn_gate", "ffn_up", "ffn_down")))
+_BIAS = re.compile(r"blk\.(\d+)\.(\w+)\.bias$")
+
+
+def _llama_biases(tensor_names: list[str]) -> dict[str, bool]:
+    """LlamaConfig's attention_bias / mlp_bias from the bias tensors a llama GGUF holds: transformers reads a
+    bias only where its flag says so, and then expects it on every projection of the set in every block."""
+    blocks = {m.group(1) for n in tensor_names if (m := re.match(r"blk\.(\d+)\.", n))}
+    have = {(m.group(1), m.group(2)) for n in tensor_names if (m := _BIAS.match(n))}
+    out = {}
+    for flag, parts in _LLAMA_BIASES:
+        got = {(b, p) for b, p in have if p in parts}
+        if not got:
+            continue
+        want = {(b, p) for b in blocks for p in parts}
+        if got != want:
+            b, p = sorted(want - got)[0]
+            raise InputError(f"a llama GGUF with {parts[0]} biases lacks blk.{b}.{p}.bias: transformers' "
+                             f"LlamaForCausalLM ({flag}) has a bias on every one of {', '.join(parts)} or on none",
+                             fix="convert to another GGUF type instead, or --to a GGUF target")
+        out[flag] = True
+    return out
+
+
+def uncarried_keys(arch: str, kv: dict) -> list[str]:
+    """The GGUF's `{arch}.*` keys that hf_config does not turn into config.json, except those that change
+    nothing transformers computes (the causal flag where it is the architecture's own)."""
+    row = arch_row(arch)
+    known = {gguf_key(arch, m) for _, m in HPARAMS} | {gguf_key(arch, m) for m in ("add_key_length",
+                                                                                  "add_value_length")}
+    known |= {f"{arch}.{k}" for k in ("rope.scaling.type", "rope.scaling.factor",
+                                      "rope.scaling.original_context_length", "rope.scaling.finetuned")}
+    if row is not None and kv.get(f"{arch}.attention.causal", row.causal) == row.causal:
+        known.add(f"{arch}.attention.causal")
+    return sorted(k for k in kv if k.startswith(f"{arch}.") and k not in known)
 
 
 def _count(v) -> int | None:

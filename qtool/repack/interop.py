@@ -3,8 +3,12 @@ as a Hugging Face directory gets transformers' tensor names, row order, embeddin
 types are kept or overridden (`--tensor-type`). The architecture facts are in qtool.io.hf_gguf.
 
 GGUF -> Hugging Face:
-- names: the gguf package's tensor-name map, inverted (hf_gguf.inverse_name_map); a tensor it lacks keeps its
-  GGUF name and the plan says transformers will not read it;
+- names: the gguf package's tensor-name map, inverted (hf_gguf.inverse_name_map); a block tensor it lacks (an
+  expert, a q/k norm) refuses the conversion, since the model would run without it; one outside the blocks keeps
+  its GGUF name and the plan says transformers will not read it; an architecture with no transformers mapping
+  is refused;
+- llama.cpp's llama3 RoPE factors (rope_freqs.weight) go back into config.json rope_scaling where that is exact;
+  GGUF keys of the architecture that config.json does not carry are named;
 - q/k rows of Llama-family models go back from llama.cpp's rotary pair order (an exact row permutation of the
   canonical Plain, or of the dequantized weight);
 - modules outside the transformer blocks (token embeddings, output) are what transformers reads as dense
@@ -18,7 +22,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from qtool.errors import UsageError
+from qtool.errors import InputError, UsageError
 
 BLOCK = re.compile(r"^blk\.\d+\.")
 
@@ -43,22 +47,39 @@ class GGUFToHF:
     """Names, row orders and config of a GGUF source written as a Hugging Face directory."""
 
     def __init__(self, source):
-        from qtool.io.hf_gguf import arch_row, blocks_present, hf_config, inverse_name_map
+        from qtool.io.hf_gguf import arch_row, blocks_present, gguf_to_hf_name, hf_config, inverse_name_map
 
         self.source = source
         self.arch = source.architecture
         self.row = arch_row(self.arch)
         kv = source.metadata
+        # an architecture with no transformers mapping is refused here, before anything is written
+        self.config = hf_config(self.arch, kv, source.order)
         self.n_head = _int(kv.get(f"{self.arch}.attention.head_count"))
         self.n_kv = _int(kv.get(f"{self.arch}.attention.head_count_kv")) or self.n_head
-        self.inverse = inverse_name_map(self.arch, blocks_present(source.order, source.path)) if self.row else {}
-        self.unmapped: list[str] = []
-        self.config = hf_config(self.arch, kv, source.order) if self.row else None
+        self.inverse = inverse_name_map(self.arch, blocks_present(source.order, source.path))
         # GGUF tensors that become config.json entries instead of tensors: {name: what the plan says of it}
         self.folded: dict[str, str] = {}
         self.notes: list[str] = []
-        if self.config is not None and ROPE_FREQS in source.order:
+        if ROPE_FREQS in source.order:
             self._fold_rope(kv)
+        self.unmapped = [n for n in source.order if n not in self.folded and gguf_to_hf_name(self.inverse, n) is None]
+        lost = [n for n in self.unmapped if BLOCK.match(n)]
+        if lost:
+            raise InputError(f"{len(lost)} tensors of the transformer blocks have no name in transformers' "
+                             f"{self.row.hf_class} (e.g. {', '.join(lost[:3])}): the Hugging Face model would "
+                             "run without them; nothing was written", path=source.path,
+                             fix="keep the model as GGUF (--to q4_0, q4_1, q8_0)")
+        self._note_uncarried(kv)
+
+    def _note_uncarried(self, kv: dict) -> None:
+        from qtool.io.hf_gguf import uncarried_keys
+
+        keys = uncarried_keys(self.arch, kv)
+        if keys:
+            shown = ", ".join(f"{k} = {str(kv[k])[:24]}" for k in keys[:4]) + (" ..." if len(keys) > 4 else "")
+            self.notes.append(f"{len(keys)} GGUF key(s) of {self.arch} have no config.json entry here and are "
+                              f"not carried ({shown}): check that the model does not depend on them")
 
     def _fold_rope(self, kv: dict) -> None:
         """llama.cpp's llama3 RoPE factors back into transformers' `rope_scaling`, where one reproduces them
@@ -84,11 +105,7 @@ class GGUFToHF:
     def name(self, gguf_name: str) -> str:
         from qtool.io.hf_gguf import gguf_to_hf_name
 
-        got = gguf_to_hf_name(self.inverse, gguf_name) if self.inverse else None
-        if got is None:
-            self.unmapped.append(gguf_name)
-            return gguf_name
-        return got
+        return gguf_to_hf_name(self.inverse, gguf_name) or gguf_name
 
     def module(self, gguf_module: str) -> str:
         return self.name(gguf_module + ".weight").removesuffix(".weight")
@@ -104,23 +121,18 @@ class GGUFToHF:
         return rotary_rows(n[-1] if len(n) > 1 else n[0], heads, False, gguf_name)
 
     def warnings(self) -> list[str]:
-        out = []
-        if self.row is None:
-            out.append(f"GGUF architecture '{self.arch}': qtool has no transformers mapping for it; tensor names "
-                       "are kept as in the GGUF and transformers will not load the output")
-        elif self.unmapped:
-            out.append(f"{len(self.unmapped)} tensors have no transformers name in the gguf package's map for "
-                       f"{self.arch} and keep their GGUF names ({', '.join(self.unmapped[:3])}): transformers "
-                       "does not read them")
-        return out
+        if not self.unmapped:
+            return []
+        return [f"{len(self.unmapped)} tensors outside the blocks have no transformers name in the gguf package's "
+                f"map for {self.arch} and keep their GGUF names ({', '.join(self.unmapped[:3])}): transformers "
+                "does not read them"]
 
     def write_files(self, tmp: Path) -> list[str]:
-        """The tokenizer files; `config` is the config.json (without quantization_config: the caller adds it)."""
+        """The tokenizer files; `config` is the config.json (without quantization_config: the caller adds it).
+        The tokenizer is in the first file of a split set."""
         from qtool.io.hf_gguf import hf_tokenizer_files, write_files
 
-        if self.row is None:
-            return []
-        files, warns = hf_tokenizer_files(self.source.path)
+        files, warns = hf_tokenizer_files(self.source.gguf_header.path)
         write_files(tmp, files)
         return warns
 

@@ -1,0 +1,121 @@
+"""A GGUF written as a Hugging Face directory only where transformers would run the same model: an architecture
+qtool maps, every block tensor named, Llama's bias flags from the biases present, the tokenizer from the first
+file of a split set or a directory, and the metadata config.json cannot carry named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from qtool.errors import InputError
+from qtool.pack import PackJob, run_pack
+from qtool.repack.dense import DenseJob, plan_dense, run_dense
+from qtool.repack.plan import RepackJob
+from qtool.repack.run import run_repack
+from tests.test_interop import LAYERS, H, _llama_dir
+
+
+@pytest.fixture(scope="module")
+def llama_gguf(tmp_path_factory) -> Path:
+    """test_interop's tiny Llama as GGUF Q8_0 (with its tokenizer), written once for the module."""
+    tmp = tmp_path_factory.mktemp("g2h")
+    run_pack(PackJob(_llama_dir(tmp / "llama"), tmp / "g32", to="gptq", bits=8, group_size=32, sym=True))
+    run_repack(RepackJob(tmp / "g32", "q8_0", tmp / "m.gguf"))
+    return tmp / "m.gguf"
+
+
+def rewrite(src: Path, dst: Path, arch: str | None = None, add: dict | None = None, kv: dict | None = None) -> Path:
+    """`src` written again by the gguf package, with another architecture name, added float tensors, added
+    metadata (key -> (value, GGUFValueType))."""
+    r = gguf.GGUFReader(src)
+    old = r.fields["general.architecture"].contents()
+    arch = arch or old
+    w = gguf.GGUFWriter(str(dst), arch)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        name = arch + f.name[len(old):] if f.name.startswith(old + ".") else f.name
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    for key, (value, vtype) in (kv or {}).items():
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        data = np.array(t.data)
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type if data.dtype == np.uint8 else None)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_an_architecture_without_a_transformers_mapping_is_refused(llama_gguf, tmp_path):
+    qwen = rewrite(llama_gguf, tmp_path / "qwen2.gguf", arch="qwen2")
+    for run in (lambda: run_dense(DenseJob(qwen, tmp_path / "d")), lambda: run_repack(RepackJob(qwen, "ct",
+                                                                                                tmp_path / "c"))):
+        with pytest.raises(InputError, match="qtool writes a transformers config for GGUF architectures"):
+            run()
+    assert not (tmp_path / "d").exists() and not (tmp_path / "c").exists()
+
+
+def test_block_tensors_transformers_has_no_name_for_are_refused(llama_gguf, tmp_path):
+    experts = np.zeros((4, 96, H), np.float32)  # a mixture of experts: no place in LlamaForCausalLM
+    moe = rewrite(llama_gguf, tmp_path / "moe.gguf", add={"blk.0.ffn_gate_exps.weight": experts})
+    with pytest.raises(InputError, match=r"1 tensors of the transformer blocks have no name in transformers' "
+                                         r"LlamaForCausalLM \(e.g. blk.0.ffn_gate_exps.weight\)"):
+        plan_dense(DenseJob(moe, tmp_path / "d", dry_run=True))
+    with pytest.raises(InputError, match="blk.0.ffn_gate_exps.weight"):
+        run_repack(RepackJob(moe, "gptq", tmp_path / "q", allow_lossy=True))
+
+
+def test_llama_attention_biases_set_the_flag_transformers_reads(llama_gguf, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    g = np.random.default_rng(0)
+    kv_rows = 2 * H // 4
+    sizes = {"attn_q": H, "attn_k": kv_rows, "attn_v": kv_rows, "attn_output": H}
+    biases = {f"blk.{b}.{p}.bias": (g.standard_normal(n) * 0.1).astype(np.float32)
+              for b in range(LAYERS) for p, n in sizes.items()}
+    full = rewrite(llama_gguf, tmp_path / "bias.gguf", add=biases)
+    run_dense(DenseJob(full, tmp_path / "d", dtype="fp32"))
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["attention_bias"] is True and "mlp_bias" not in cfg
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "d", dtype=torch.float32)
+    q = model.model.layers[1].self_attn.q_proj.bias.detach().numpy()
+    o = model.model.layers[1].self_attn.o_proj.bias.detach().numpy()
+    assert np.array_equal(o, biases["blk.1.attn_output.bias"])  # read, not initialised
+    # q's rows are put back from llama.cpp's rotary pair order: the same values, permuted
+    assert sorted(q.tolist()) == sorted(biases["blk.1.attn_q.bias"].tolist())
+    partial = rewrite(llama_gguf, tmp_path / "qkv.gguf", add={k: v for k, v in biases.items() if "output" not in k})
+    with pytest.raises(InputError, match="lacks blk.0.attn_output.bias"):
+        plan_dense(DenseJob(partial, tmp_path / "p", dry_run=True))
+
+
+def test_keys_config_json_does_not_carry_are_named(llama_gguf, tmp_path):
+    f32 = gguf.GGUFValueType.FLOAT32
+    attn = rewrite(llama_gguf, tmp_path / "af.gguf", kv={"llama.rope.scaling.attn_factor": (0.6, f32)})
+    _, plan = plan_dense(DenseJob(attn, tmp_path / "d", dry_run=True))
+    assert any("1 GGUF key(s) of llama have no config.json entry here and are not carried "
+               "(llama.rope.scaling.attn_factor = 0.6" in w for w in plan.warnings), plan.warnings
+    _, plan = plan_dense(DenseJob(llama_gguf, tmp_path / "d", dry_run=True))
+    assert not any("not carried" in w for w in plan.warnings), plan.warnings
+
+
+def test_a_directory_holding_the_gguf_gets_its_tokenizer(llama_gguf, tmp_path):
+    (tmp_path / "in").mkdir()
+    shutil.copy(llama_gguf, tmp_path / "in" / "model.gguf")
+    run_dense(DenseJob(tmp_path / "in", tmp_path / "d"))
+    run_repack(RepackJob(tmp_path / "in", "gptq", tmp_path / "q", allow_lossy=True))
+    for out in (tmp_path / "d", tmp_path / "q"):
+        tok = json.loads((out / "tokenizer.json").read_text())
+        assert tok["model"]["type"] == "BPE" and len(tok["model"]["vocab"]) > 0
+        assert "model.layers.0.self_attn.q_proj.weight" in load_file(out / "model.safetensors") or \
+            "model.layers.0.self_attn.q_proj.qweight" in load_file(out / "model.safetensors")
