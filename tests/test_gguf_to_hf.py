@@ -31,31 +31,40 @@ def llama_gguf(tmp_path_factory) -> Path:
     return tmp / "m.gguf"
 
 
-def rewrite(src: Path, dst: Path, arch: str | None = None, add: dict | None = None, kv: dict | None = None) -> Path:
+def rewrite(src: Path, dst: Path, arch: str | None = None, add: dict | None = None, kv: dict | None = None,
+            split: int = 1) -> Path:
     """`src` written again by the gguf package, with another architecture name, added float tensors, added
-    metadata (key -> (value, GGUFValueType))."""
+    metadata (key -> (value, GGUFValueType)); split > 1: as a split set <stem>-0000k-of-0000n.gguf whose
+    first file alone holds the metadata (gguf-split's layout). Returns the first file."""
     r = gguf.GGUFReader(src)
     old = r.fields["general.architecture"].contents()
     arch = arch or old
-    w = gguf.GGUFWriter(str(dst), arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        name = arch + f.name[len(old):] if f.name.startswith(old + ".") else f.name
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
-    for key, (value, vtype) in (kv or {}).items():
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        data = np.array(t.data)
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type if data.dtype == np.uint8 else None)
-    for name, data in (add or {}).items():
-        w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    tensors = [(t.name, np.array(t.data), t.tensor_type) for t in r.tensors]
+    tensors += [(name, data, None) for name, data in (add or {}).items()]
+    per = -(-len(tensors) // split)
+    files = [dst if split == 1 else dst.with_name(f"{dst.stem}-{k + 1:05d}-of-{split:05d}.gguf") for k in range(split)]
+    for k, path in enumerate(files):
+        w = gguf.GGUFWriter(str(path), arch)
+        if k == 0:
+            for f in r.fields.values():
+                if f.name.startswith("GGUF.") or f.name == "general.architecture":
+                    continue
+                name = arch + f.name[len(old):] if f.name.startswith(old + ".") else f.name
+                sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+                w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+            for key, (value, vtype) in (kv or {}).items():
+                w.add_key_value(key, value, vtype)
+        if split > 1:
+            w.add_uint16("split.no", k)
+            w.add_uint16("split.count", split)
+            w.add_int32("split.tensors.count", len(tensors))
+        for name, data, qt in tensors[k * per:(k + 1) * per]:
+            w.add_tensor(name, data, raw_dtype=qt if data.dtype == np.uint8 else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return files[0]
 
 
 def test_an_architecture_without_a_transformers_mapping_is_refused(llama_gguf, tmp_path):
@@ -119,3 +128,13 @@ def test_a_directory_holding_the_gguf_gets_its_tokenizer(llama_gguf, tmp_path):
         assert tok["model"]["type"] == "BPE" and len(tok["model"]["vocab"]) > 0
         assert "model.layers.0.self_attn.q_proj.weight" in load_file(out / "model.safetensors") or \
             "model.layers.0.self_attn.q_proj.qweight" in load_file(out / "model.safetensors")
+
+
+def test_the_second_file_of_a_split_set_gets_the_sets_tokenizer(llama_gguf, tmp_path):
+    first = rewrite(llama_gguf, tmp_path / "m.gguf", split=2)
+    second = first.with_name("m-00002-of-00002.gguf")
+    _, plan = plan_dense(DenseJob(second, tmp_path / "d", dry_run=True))
+    assert not any("tokenizer" in w for w in plan.warnings), plan.warnings
+    r = run_dense(DenseJob(second, tmp_path / "d"))
+    assert not any("tokenizer" in w for w in r.plan.warnings), r.plan.warnings
+    assert json.loads((tmp_path / "d" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
