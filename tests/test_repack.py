@@ -720,3 +720,33 @@ def test_big_endian_block_type_qtool_cannot_swap_is_refused(tmp_path):
     with pytest.raises(InputError, match="big-endian GGUF tensor of type Q5_0"):
         run_repack(RepackJob(big, "q8_0", tmp_path / "o.gguf", allow_lossy=True))
     assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("target", ["q8_0", "q4_0"])  # copied as it is, and converted
+def test_gguf_to_gguf_keeps_three_dimensional_expert_stacks(tmp_path, target):
+    """A mixture-of-experts stack [E, O, I] is converted by its rows, and written with its own dims: llama.cpp
+    checks them (a flat [E * O, I] is refused)."""
+    Q = gguf.GGMLQuantizationType
+    x = np.random.default_rng(0).standard_normal((4 * 32, 64)).astype(np.float32)
+    blocks = gguf.quants.quantize(x, Q.Q8_0).reshape(4, 32, -1)
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "llama")
+    w.add_block_count(1)
+    w.add_tensor("blk.0.ffn_gate_exps.weight", blocks, raw_dtype=Q.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    run_repack(RepackJob(tmp_path / "moe.gguf", target, tmp_path / "o.gguf", allow_lossy=True))
+    (t,) = [t for t in gguf.GGUFReader(tmp_path / "o.gguf").tensors if t.name == "blk.0.ffn_gate_exps.weight"]
+    assert [int(d) for d in t.shape] == [64, 32, 4] and t.tensor_type == Q[target.upper()]
+    got = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(4 * 32, 64)
+    want = gguf.quants.dequantize(blocks.reshape(4 * 32, -1), Q.Q8_0)
+    if target == "q8_0":
+        assert np.array_equal(got, want)
+    else:  # requantized row by row, each row where it was
+        assert min(np.corrcoef(g, v)[0, 1] for g, v in zip(got, want, strict=True)) > 0.95
+    from qtool.inspect import inspect_path
+
+    r = inspect_path(tmp_path / "moe.gguf")
+    (m,) = [m for m in r.modules if "exps" in m.name]
+    assert m.to_dict()["experts"] == 4 and (m.out_features, m.in_features) == (128, 64)
+    assert any(p.shape == "4 x 32 x 64 (experts)" for p in r.patterns())

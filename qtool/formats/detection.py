@@ -144,6 +144,7 @@ class Detected:
     activations: str | None = None  # the dtype the config quantizes the module's inputs to ("fp8", "int8")
     weight_scale: str | None = None  # FP8 / INT8 weight-scale grid: "tensor", "channel" or "block"
     block: tuple[int, int] | None = None  # the [out, in] block of a "block" grid
+    experts: int | None = None  # a stack of this many [O / experts, I] matrices (a mixture of experts' GGUF tensor)
 
     @property
     def quantized(self) -> bool:

@@ -142,11 +142,14 @@ def detect_gguf(shape: tuple[int, ...], type_name: str, block: tuple[int, int] |
     o = 1
     for d in shape[1:]:
         o *= d
+    # a 3-D tensor (a mixture of experts' stack [E, O, I]) is its E * O rows, and says it is a stack
+    experts = o // shape[1] if len(shape) > 2 else None
     if type_name in FLOAT_TYPES:
-        return Detected("dense", nominal_bits(type_name), None, None, None, i, o, i * o, detail=type_name)
+        return Detected("dense", nominal_bits(type_name), None, None, None, i, o, i * o, detail=type_name,
+                        experts=experts)
     group = block[0] if block else None
     return Detected(f"gguf:{type_name}", nominal_bits(type_name), group, type_name not in ASYM_TYPES, False, i, o,
-                    i * o, detail=type_name)
+                    i * o, detail=type_name, experts=experts)
 
 
 # --- the formats -----------------------------------------------------------------------------------

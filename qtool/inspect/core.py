@@ -136,6 +136,8 @@ def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tenso
                    ) -> ModuleReport:
     n = (d.n_weights or 0) + extra_params or None
     extra = {"activations": d.activations} if d.activations else {}
+    if d.experts:
+        extra["experts"] = d.experts
     if d.weight_scale:
         extra["weight_scale"] = d.weight_scale
         if d.block:

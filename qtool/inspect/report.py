@@ -91,6 +91,8 @@ class ModuleReport:
             d["activations"] = self.activations
         if self.scheme.extra.get("weight_scale"):  # "tensor" | "channel" | "block": group_size -1 is either
             d["weight_scale"] = self.scheme.extra["weight_scale"]
+        if self.scheme.extra.get("experts"):  # out_features counts the rows of every expert
+            d["experts"] = self.scheme.extra["experts"]
         if self.stats is not None:
             d["stats"] = dict(self.stats)
         return d
@@ -186,6 +188,9 @@ class InspectReport:
         rows: dict[tuple[str, str, str], int] = {}
         for m in self.modules:
             shape = f"{m.out_features} x {m.in_features}" if m.in_features and m.out_features else "?"
+            if m.scheme.extra.get("experts"):
+                e = m.scheme.extra["experts"]
+                shape = f"{e} x {m.out_features // e} x {m.in_features} (experts)"
             key = (collapse_layers(m.name), m.scheme.format, shape)
             rows[key] = rows.get(key, 0) + 1
         for t in self.tensors:

@@ -508,19 +508,21 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         if mp.dropped and set(m.layout.values()) <= set(mp.dropped):  # left out (plan_gguf_types says why)
             continue
         out_name = mapped(f"{m.name}.weight") if not gguf_src else f"{m.name}.weight"
+        # a module is its rows [O, I]; a GGUF source's tensor keeps its own dims (3-D expert stacks [E, O/E, I])
+        shp = tuple(reversed(source.tensor_info(m.layout["weight"]).shape)) if gguf_src else (o, i)
         own = (mp.target_meta or {}).get("gguf_type")
         if own:  # --tensor-type: the module in its own GGML type
-            add(GGUFTensorSpec(out_name, (o, i), own, type_nbytes(own, (o, i))), ("encode", m, own))
+            add(GGUFTensorSpec(out_name, shp, own, type_nbytes(own, shp)), ("encode", m, own))
         elif mp.copy and gguf_src:
             info = source.tensor_info(m.layout["weight"])
-            add(GGUFTensorSpec(out_name, (o, i), info.type_name, info.nbytes), ("raw", m.layout["weight"], None))
+            add(GGUFTensorSpec(out_name, shp, info.type_name, info.nbytes), ("raw", m.layout["weight"], None))
         elif mp.kind == "keep":
             # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
             sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
-            add(GGUFTensorSpec(out_name, (o, i), sd, o * i * (4 if sd == "F32" else 2)), ("dense", m, mp))
+            add(GGUFTensorSpec(out_name, shp, sd, o * i * (4 if sd == "F32" else 2)), ("dense", m, mp))
             plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
         else:
-            add(GGUFTensorSpec(out_name, (o, i), tname, o * (i // 32) * nbytes_blk), ("convert", m, mp))
+            add(GGUFTensorSpec(out_name, shp, tname, o * (i // 32) * nbytes_blk), ("convert", m, mp))
     if any(r is not None for r in rows):
         plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "
                              "rotary pair order (exact; transformers reorders them back on load)")
