@@ -656,7 +656,7 @@ def test_gguf_to_gguf_metadata_round_trips_byte_for_byte(tmp_path):
 def _endian_pair(tmp_path, types) -> tuple[Path, Path, dict]:
     """The same model written little- and big-endian by the gguf package's writer (it swaps float arrays and
     metadata; the fp16 scalars of Q4_0/Q8_0/Q4_1 blocks are swapped here, as llama.cpp's converter does)."""
-    from qtool.repack.source import SWAPPABLE, to_little_endian
+    from qtool.io.gguf_reader import SWAPPABLE, to_little_endian
 
     rng = np.random.default_rng(3)
     tensors = {}
@@ -750,3 +750,20 @@ def test_gguf_to_gguf_keeps_three_dimensional_expert_stacks(tmp_path, target):
     (m,) = [m for m in r.modules if "exps" in m.name]
     assert m.to_dict()["experts"] == 4 and (m.out_features, m.in_features) == (128, 64)
     assert any(p.shape == "4 x 32 x 64 (experts)" for p in r.patterns())
+
+
+def test_inspect_deep_reads_big_endian_gguf_data(tmp_path):
+    """--deep decodes big-endian data after swapping its scalars: the same findings and statistics as the
+    little-endian twin (it read them as little-endian: NaN scales, absmax 5e5)."""
+    from qtool.inspect import inspect_path
+
+    Q = gguf.GGMLQuantizationType
+    little, big, _ = _endian_pair(tmp_path, [Q.Q4_0, Q.Q8_0, Q.Q4_1])
+    a, b = (inspect_path(p, deep=True) for p in (little, big))
+    assert [x.to_dict() for x in a.anomalies] == [x.to_dict() for x in b.anomalies]
+    assert not [x for x in b.anomalies if x.severity == "error"]
+    assert [m.stats for m in a.modules] == [m.stats for m in b.modules] and a.modules[0].stats
+    (tmp_path / "q5").mkdir()
+    _, big5, _ = _endian_pair(tmp_path / "q5", [Q.Q4_0, Q.Q5_0])
+    said = [x.message for x in inspect_path(big5, deep=True).anomalies]
+    assert any("deep check unavailable for big-endian gguf:Q5_0" in m for m in said), said

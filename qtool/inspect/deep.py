@@ -326,24 +326,25 @@ def deep_gguf(report: InspectReport, gset, on_progress: Callable[[int, int], Non
     notes: Notes = []
     total = len(report.modules)
     weights = set()
+    big = frozenset(h.path for h in gset.headers if h.byte_order == "big")
     for k, m in enumerate(report.modules):
         wname = f"{m.name}.weight" if m.name else "weight"
         weights.add(wname)
-        deep_gguf_module(m, by_name.get(wname), notes)
+        deep_gguf_module(m, by_name.get(wname), notes, big)
         if on_progress:
             on_progress(k + 1, total)
     for name, t in by_name.items():  # norms and other tensors outside the modules
         if name not in weights and t.complete and t.nbytes:
-            _gguf_finite(t, notes)
+            _gguf_finite(t, notes, big)
     report.anomalies += merge_notes(notes)
 
 
-def _gguf_finite(t, notes: Notes) -> None:
+def _gguf_finite(t, notes: Notes, big: frozenset = frozenset()) -> None:
     import numpy as np
 
     try:
         with np.errstate(all="ignore"):
-            w = _gguf_tensor(t, notes, t.name)
+            w = _gguf_tensor(t, notes, t.name, big)
     except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
         notes.append(("error", t.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
         return
@@ -351,8 +352,9 @@ def _gguf_finite(t, notes: Notes) -> None:
         notes.append(("error", t.name, "has NaN/Inf values"))
 
 
-def deep_gguf_module(m: ModuleReport, t, notes: Notes) -> None:
-    """Check one GGUF module's weight tensor `t` (a GGUFTensor, or None when absent), appending findings."""
+def deep_gguf_module(m: ModuleReport, t, notes: Notes, big: frozenset = frozenset()) -> None:
+    """Check one GGUF module's weight tensor `t` (a GGUFTensor, or None when absent), appending findings;
+    `big`: the files of the set that are big-endian."""
     import numpy as np
 
     if t is None:
@@ -370,7 +372,7 @@ def deep_gguf_module(m: ModuleReport, t, notes: Notes) -> None:
         return
     try:
         with np.errstate(all="ignore"):  # NaN/Inf scales are reported below, not warned about
-            w = _gguf_tensor(t, notes, m.name)
+            w = _gguf_tensor(t, notes, m.name, big)
         if w is not None:
             bad = int((~np.isfinite(w)).sum())
             if bad:
@@ -382,14 +384,22 @@ def deep_gguf_module(m: ModuleReport, t, notes: Notes) -> None:
         notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
 
 
-def _gguf_tensor(t, notes: Notes, mod: str):
+def _gguf_tensor(t, notes: Notes, mod: str, big: frozenset = frozenset()):
     import numpy as np
+
+    from qtool.io.gguf_reader import SWAPPABLE, to_little_endian
 
     rows = 1
     for d in t.shape[1:]:
         rows *= d
     raw = np.memmap(t.file, dtype=np.uint8, mode="r", offset=t.start, shape=(t.nbytes,))
     name = t.type_name
+    if t.file in big:  # the decoders read little-endian scalars
+        if name not in SWAPPABLE:
+            notes.append(("info", mod, f"deep check unavailable for big-endian gguf:{name} (qtool swaps the byte "
+                                       f"order of {', '.join(sorted(SWAPPABLE))} only)"))
+            return None
+        raw = to_little_endian(np.asarray(raw), name)
     if name == "BF16":
         u = np.asarray(raw).view(np.uint16).astype(np.uint32) << 16
         return u.view(np.float32).reshape(rows, -1)

@@ -132,6 +132,26 @@ class ArraySummary:
                 "preview": list(self.preview)}
 
 
+# Big-endian GGUF data, per type: (bytes per unit, [(offset, size) of each multi-byte scalar in a unit]).
+# Float and integer tensors swap every element; Q4_0/Q8_0 blocks swap their fp16 d, Q4_1 its d and m; the
+# 4- and 8-bit codes are single bytes. Other block types hold packed multi-byte fields of their own and are
+# refused rather than guessed.
+SWAPPABLE: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {
+    "F64": (8, ((0, 8),)), "I64": (8, ((0, 8),)), "F32": (4, ((0, 4),)), "I32": (4, ((0, 4),)),
+    "F16": (2, ((0, 2),)), "BF16": (2, ((0, 2),)), "I16": (2, ((0, 2),)), "I8": (1, ()),
+    "Q4_0": (18, ((0, 2),)), "Q8_0": (34, ((0, 2),)), "Q4_1": (20, ((0, 2), (2, 2))),
+}
+
+
+def to_little_endian(raw, type_name: str):
+    """uint8 bytes of a big-endian GGUF tensor -> the same values' little-endian bytes (a new array)."""
+    unit, fields = SWAPPABLE[type_name]
+    out = raw.reshape(-1, unit).copy()
+    for off, size in fields:
+        out[:, off:off + size] = out[:, off:off + size][:, ::-1]
+    return out.reshape(-1)
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     """One tensor-directory entry. `shape` is GGUF order (ne0 first: ne0 = in_features for a weight).
