@@ -138,3 +138,18 @@ def test_the_second_file_of_a_split_set_gets_the_sets_tokenizer(llama_gguf, tmp_
     r = run_dense(DenseJob(second, tmp_path / "d"))
     assert not any("tokenizer" in w for w in r.plan.warnings), r.plan.warnings
     assert json.loads((tmp_path / "d" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+
+
+def test_bert_vocab_keeps_bracketed_reserved_tokens_whole(tmp_path):
+    """llama.cpp's BERT vocabulary marks word-initial pieces with U+2581 and drops "##" from the others; an
+    older converter left "[unused0]" as a NORMAL token with no marker: it is a whole token, not "##[unused0]"."""
+    from qtool.io.hf_gguf import hf_tokenizer_files
+
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "bert")
+    w.add_tokenizer_model("bert")
+    w.add_token_list(["[PAD]", "[unused0]", "\u2581hello", "lo", "[CLS]"])
+    w.add_token_types([3, 1, 1, 1, 3])
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    files, warns = hf_tokenizer_files(tmp_path / "b.gguf")
+    assert files["vocab.txt"].split("\n")[:5] == ["[PAD]", "[unused0]", "hello", "##lo", "[CLS]"] and warns == []

@@ -636,14 +636,19 @@ def hf_tokenizer_files(gguf_path: Path) -> tuple[dict[str, Any], list[str]]:
             "text differently from llama.cpp"]
         return {"tokenizer.json": tok, "tokenizer_config.json": cfg}, warnings
     if model == "bert":
+        # llama.cpp marks a word-initial piece with a leading U+2581 and drops WordPiece's "##" from the rest;
+        # bracketed reserved tokens ("[unused0]") are whole tokens even where an older converter typed them
+        # NORMAL and gave them no marker
         vocab = []
         for t, ty in zip(tokens, types, strict=False):
-            vocab.append(t if ty == 3 else t[1:] if t.startswith(PHANTOM) else "##" + t)
+            whole = ty == 3 or _BRACKETED.fullmatch(t)
+            vocab.append(t if whole else t[1:] if t.startswith(PHANTOM) else "##" + t)
         cfg.update({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
         return {"vocab.txt": "\n".join(vocab) + "\n", "tokenizer_config.json": cfg}, []
     return {}, [f"tokenizer not written: GGUF tokenizer model '{model}' (qtool writes 'gpt2' and 'bert' ones)"]
 
 
+_BRACKETED = re.compile(r"\[[^\[\]\s]+\]")
 # GGUF pre-tokenizer names whose regex splits digits one by one (llama.cpp's llama-vocab.cpp)
 DIGIT_SPLITTING_PRE = frozenset({"smollm"})
 
