@@ -153,3 +153,27 @@ def test_bert_vocab_keeps_bracketed_reserved_tokens_whole(tmp_path):
         step()
     files, warns = hf_tokenizer_files(tmp_path / "b.gguf")
     assert files["vocab.txt"].split("\n")[:5] == ["[PAD]", "[unused0]", "hello", "##lo", "[CLS]"] and warns == []
+
+
+def test_a_float_gguf_becomes_a_hugging_face_model(llama_gguf, tmp_path):
+    """A GGUF of F16 weights has no quantized module, and is still converted: transformers' names, q/k rows
+    back in its order, config and tokenizer; the same weights as the Q8_0 file it was decoded from."""
+    r = gguf.GGUFReader(llama_gguf)
+    w = gguf.GGUFWriter(str(tmp_path / "f16.gguf"), "llama")
+    for f in r.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            w.add_key_value(f.name, f.contents(), f.types[0],
+                            sub_type=f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        data = np.array(t.data)
+        w.add_tensor(t.name, gguf.quants.dequantize(data, t.tensor_type).astype(np.float16)
+                     if data.dtype == np.uint8 else data)
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    run_dense(DenseJob(tmp_path / "f16.gguf", tmp_path / "a", dtype="fp32"))
+    run_dense(DenseJob(llama_gguf, tmp_path / "b", dtype="fp32"))
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and "model.layers.0.self_attn.q_proj.weight" in a
+    for k in a:  # Q8_0 values are fp16-exact products of an int8 and an fp16 scale only up to rounding
+        assert torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-3), k
+    assert (tmp_path / "a" / "tokenizer.json").is_file()

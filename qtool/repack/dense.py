@@ -161,10 +161,14 @@ def plan_dense(job: DenseJob):
         raise
 
 
+# the note of a GGUF q/k tensor copied with its rows put back in transformers' order
+REORDERED = "rows put back from llama.cpp's rotary pair order (exact)"
+
+
 def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
     from qtool.formats import all_formats
 
-    if not source.modules:
+    if not source.modules and source.container != "gguf":  # a float GGUF still becomes a Hugging Face model
         raise UsageError("no quantized modules to dequantize: the checkpoint is dense already", path=job.src,
                          fix="nothing to do; `qtool inspect` shows what it holds")
     known = all_formats()
@@ -226,8 +230,9 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             note = "exact (widened)" if _widens(sdt, st) else f"rounded once to {TORCH_NAMES[st]}"
             fates.append(TensorFate(rename(name), name, "cast", st, f"{sdt} -> {st}: {note}"))
         else:
-            fates.append(TensorFate(rename(name), name, fate, sdt,
-                                    "--keep" if fate == "carried" else ""))
+            rows = g2h is not None and g2h.rows(name) is not None
+            fates.append(TensorFate(rename(name), name, fate, sdt, "--keep" if fate == "carried" else
+                                    REORDERED if rows else ""))
     for flag, regexes, got in (("--keep", keep, extras), ("--drop", drop, dropped)):
         for r in regexes:
             if not any(r.search(n) for n in got):

@@ -26,15 +26,23 @@ def render(report, console) -> None:
     for m in plan.modules:
         t.add_row(sanitize(m.module), m.src_format, "x".join(map(str, m.shape)), f"{m.bits}/{m.group_size}",
                   sanitize(m.name), f"[green]{m.kind}[/green]" if m.kind == "exact" else m.kind)
-    console.print(t)
-    from qtool.repack.dense import ROUNDING, TORCH_NAMES
+    from qtool.repack.dense import REORDERED, ROUNDING, TORCH_NAMES
 
-    console.print(f"{len(plan.modules)} modules dequantized to {dt}; {ROUNDING[plan.dtype]}")
+    if plan.modules:
+        console.print(t)
+        console.print(f"{len(plan.modules)} modules dequantized to {dt}; {ROUNDING[plan.dtype]}")
+    else:  # a float GGUF: names, row order, config and tokenizer are the conversion
+        console.print(f"no quantized modules: the {plan.container} file's float tensors are written under "
+                      "transformers' names")
     by: dict[str, list] = {}
     for x in plan.tensors:
         by.setdefault(x.fate, []).append(x)
-    if "copied" in by:
-        console.print(f"{len(by['copied'])} other tensors copied byte for byte")
+    same = [x for x in by.get("copied", []) if x.note != REORDERED]
+    moved = [x for x in by.get("copied", []) if x.note == REORDERED]
+    if same:
+        console.print(f"{len(same)} other tensors copied byte for byte")
+    if moved:
+        console.print(f"{len(moved)} q/k tensors copied with their {REORDERED}: {sanitize(_names([x.source for x in moved]))}")
     if "cast" in by:
         notes = sorted({x.note for x in by["cast"]})
         console.print(f"{len(by['cast'])} float tensors cast ({sanitize('; '.join(notes))}, as --dtype asked): "
