@@ -212,3 +212,21 @@ def test_a_quantized_module_llama_cpp_does_not_load_is_left_out(tmp_path):
     pooler = next(m for m in r.plan.modules if m.module == "pooler.dense")
     assert pooler.kind == "dropped" and pooler.reasons[0].startswith("left out of the GGUF")
     assert not any("pooler" in n for n in _gguf(tmp_path / "m.gguf"))
+
+
+@pytest.mark.parametrize("cfg,want,said", [
+    ({"pooling_mode_mean_tokens": True}, "MEAN", None),          # sentence-transformers <= 5
+    ({"pooling_mode": "mean"}, "MEAN", None),                    # 6
+    ({"pooling_mode": "cls"}, "CLS", None),
+    ({"pooling_mode": "max"}, None, "pooling_mode 'max' has no llama.cpp pooling type"),
+    ({"pooling_mode_max_tokens": True}, None, "pooling_mode_max_tokens: no llama.cpp pooling type"),
+])
+def test_pooling_type_from_either_sentence_transformers_config(tmp_path, cfg, want, said):
+    from qtool.io.hf_gguf import pooling_type
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                        "type": "sentence_transformers.models.Pooling"}]))
+    got, warns = pooling_type(tmp_path)
+    assert got == want and (warns == [] if said is None else len(warns) == 1 and said in warns[0])

@@ -265,3 +265,7 @@ def test_a_normalize_module_needs_no_folder(tmp_path):
     msgs = [m for _, _, m in _messages(inspect_path(d))]
     assert any("modules.json names '1_Pooling'" in m for m in msgs)
     assert not any("2_Normalize" in m for m in msgs), msgs
+    # sentence-transformers 6 names the module by its new path
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"}]))
+    assert not any("2_Normalize" in m for _, _, m in _messages(inspect_path(d)))

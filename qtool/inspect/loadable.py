@@ -18,7 +18,8 @@ from qtool.io.checkpoint import PICKLE_SUFFIXES, list_dir, read_json, unread_wei
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", *PICKLE_SUFFIXES)
 # sentence-transformers modules whose load reads no file: their folder may be absent (all-MiniLM-L6-v2 ships
 # no 2_Normalize/)
-FILELESS = frozenset({"sentence_transformers.models.Normalize"})
+FILELESS = frozenset({"sentence_transformers.models.Normalize",  # sentence-transformers <= 5
+                      "sentence_transformers.base.modules.normalize.Normalize"})  # 6
 
 # `<arch>.*` keys llama.cpp's model loader requires of every architecture (llama-model.cpp reads them without
 # a default); the names are gguf's Keys.LLM templates

@@ -68,6 +68,7 @@ FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})
 # sentence-transformers pooling flags -> llama.cpp pooling type names (gguf.PoolingType)
 POOLING = (("pooling_mode_mean_tokens", "MEAN"), ("pooling_mode_cls_token", "CLS"),
            ("pooling_mode_lasttoken", "LAST"))
+POOLING_MODES = {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}  # sentence-transformers 6's pooling_mode
 PHANTOM = "\u2581"
 
 
@@ -164,16 +165,28 @@ def _read_json(path: Path) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
-def pooling_type(root: Path) -> str | None:
-    """llama.cpp pooling type name from sentence-transformers' modules.json / Pooling config, or None."""
+def pooling_type(root: Path) -> tuple[str | None, list[str]]:
+    """(llama.cpp pooling type name or None, warnings) from sentence-transformers' modules.json and Pooling
+    config: the flags `pooling_mode_mean_tokens` ... of sentence-transformers <= 5, or the `pooling_mode`
+    string of 6. A pooling llama.cpp has no type for is said."""
     modules = _read_json_list(root / "modules.json")
     for m in modules:
         if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling") and isinstance(m.get("path"), str):
             cfg = _read_json(root / m["path"] / "config.json") or {}
+            mode = cfg.get("pooling_mode")
+            if isinstance(mode, str):
+                name = POOLING_MODES.get(mode)
+                return name, [] if name else [f"{m['path']}/config.json pooling_mode '{mode[:40]}' has no llama.cpp "
+                                              "pooling type; the GGUF gets none (llama.cpp returns every token's "
+                                              "embedding)"]
             for flag, name in POOLING:
                 if cfg.get(flag):
-                    return name
-    return None
+                    return name, []
+            on = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+            if on:
+                return None, [f"{m['path']}/config.json {on[0][:40]}: no llama.cpp pooling type; the GGUF gets "
+                              "none (llama.cpp returns every token's embedding)"]
+    return None, []
 
 
 def _read_json_list(path: Path) -> list:
@@ -229,7 +242,8 @@ def hf_metadata(arch: str, config: dict, root: Path | None, n_vocab: int | None)
         if row.gguf_arch == "bert":
             w.add_token_type_count(int(cfg.get("type_vocab_size", 1)))
     if root is not None:
-        pool = pooling_type(root)
+        pool, said_pool = pooling_type(root)
+        warnings += said_pool
         if pool is not None:
             w.add_pooling_type(gguf.PoolingType[pool])
         with _gguf_log() as said:
