@@ -177,3 +177,20 @@ def test_a_float_gguf_becomes_a_hugging_face_model(llama_gguf, tmp_path):
     for k in a:  # Q8_0 values are fp16-exact products of an int8 and an fp16 scale only up to rounding
         assert torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-3), k
     assert (tmp_path / "a" / "tokenizer.json").is_file()
+
+
+def test_the_tokenizer_adds_the_bos_the_gguf_adds(llama_gguf, tmp_path):
+    """transformers 5 adds BOS only through tokenizer.json's post-processor (it ignores tokenizer_config.json's
+    add_bos_token there): a GGUF that says add_bos_token gets a template that adds it."""
+    transformers = pytest.importorskip("transformers")
+    kv = gguf.GGUFReader(llama_gguf).fields
+    bos = kv["tokenizer.ggml.bos_token_id"].contents()
+    token = kv["tokenizer.ggml.tokens"].contents()[bos]
+    src = rewrite(llama_gguf, tmp_path / "bos.gguf", kv={"tokenizer.ggml.add_bos_token": (True, gguf.GGUFValueType.BOOL)})
+    run_dense(DenseJob(src, tmp_path / "d"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "d")
+    ids = tok("abc abc")["input_ids"]
+    assert ids[0] == bos and ids.count(bos) == 1 and tok.convert_ids_to_tokens(bos) == token
+    assert tok("abc", "abc")["input_ids"].count(bos) == 2
+    run_dense(DenseJob(llama_gguf, tmp_path / "plain"))  # no add_bos_token: nothing is added
+    assert bos not in transformers.AutoTokenizer.from_pretrained(tmp_path / "plain")("abc abc")["input_ids"]

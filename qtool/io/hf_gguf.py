@@ -614,10 +614,14 @@ def hf_tokenizer_files(gguf_path: Path) -> tuple[dict[str, Any], list[str]]:
         i = special[name]
         if isinstance(i, int) and 0 <= i < len(tokens):
             cfg[hf] = tokens[i]
+    adds: dict[str, tuple[str, int]] = {}  # the special tokens the GGUF adds to every sequence
     for flag in ("bos", "eos"):
         v = val(f"tokenizer.ggml.add_{flag}_token")
         if isinstance(v, bool):
             cfg[f"add_{flag}_token"] = v
+        i = special[flag]
+        if v is True and isinstance(i, int) and 0 <= i < len(tokens):
+            adds[flag] = (tokens[i], i)
     tmpl = val("tokenizer.chat_template")
     if isinstance(tmpl, str):
         cfg["chat_template"] = tmpl
@@ -638,7 +642,7 @@ def hf_tokenizer_files(gguf_path: Path) -> tuple[dict[str, Any], list[str]]:
         pre_tok = ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, level]}
                    if pre in DIGIT_SPLITTING_PRE else level)
         tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-               "pre_tokenizer": pre_tok, "post_processor": level | {"trim_offsets": False},
+               "pre_tokenizer": pre_tok, "post_processor": _post_processor(level | {"trim_offsets": False}, adds),
                "decoder": level | {"add_prefix_space": True},
                "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                          "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -660,6 +664,25 @@ def hf_tokenizer_files(gguf_path: Path) -> tuple[dict[str, Any], list[str]]:
         cfg.update({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
         return {"vocab.txt": "\n".join(vocab) + "\n", "tokenizer_config.json": cfg}, []
     return {}, [f"tokenizer not written: GGUF tokenizer model '{model}' (qtool writes 'gpt2' and 'bert' ones)"]
+
+
+def _post_processor(level: dict, added: dict[str, tuple[str, int]]) -> dict:
+    """tokenizer.json's post-processor: byte-level offsets, then the BOS / EOS the GGUF adds (`added`: "bos" /
+    "eos" -> (token, id), from tokenizer.ggml.add_bos_token / add_eos_token). transformers 5 adds them through
+    this template alone: it ignores tokenizer_config.json's add_bos_token once a tokenizer.json exists."""
+    if not added:
+        return level
+    bos, eos = added.get("bos"), added.get("eos")
+
+    def seq(part: str, type_id: int) -> list[dict]:
+        return ([{"SpecialToken": {"id": bos[0], "type_id": type_id}}] if bos else []) + \
+            [{"Sequence": {"id": part, "type_id": type_id}}] + \
+            ([{"SpecialToken": {"id": eos[0], "type_id": type_id}}] if eos else [])
+
+    special = {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in added.values()}
+    template = {"type": "TemplateProcessing", "single": seq("A", 0), "pair": seq("A", 0) + seq("B", 1),
+                "special_tokens": special}
+    return {"type": "Sequence", "processors": [level, template]}
 
 
 _BRACKETED = re.compile(r"\[[^\[\]\s]+\]")
