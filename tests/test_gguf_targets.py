@@ -230,3 +230,20 @@ def test_pooling_type_from_either_sentence_transformers_config(tmp_path, cfg, wa
                                                         "type": "sentence_transformers.models.Pooling"}]))
     got, warns = pooling_type(tmp_path)
     assert got == want and (warns == [] if said is None else len(warns) == 1 and said in warns[0])
+
+
+def test_yarn_parameters_go_to_the_gguf_and_back():
+    """beta_fast / beta_slow / attention_factor / extrapolation_factor are llama.cpp's yarn_* keys (its
+    converter's mapping), and come back into rope_scaling; a YaRN key llama.cpp has none for is said."""
+    from qtool.io.hf_gguf import uncarried_keys
+
+    base = {"hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1}
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 8.0,
+            "beta_slow": 2.0, "attention_factor": 0.75, "extrapolation_factor": 1.0}
+    kv, warns = hf_metadata("llama", base | {"rope_scaling": yarn}, None, None)
+    got = {k: v[1] for k, v in kv.items()}
+    assert got["llama.rope.scaling.yarn_beta_fast"] == 8.0 and got["llama.rope.scaling.yarn_attn_factor"] == 0.75
+    assert warns == [] and uncarried_keys("llama", got) == []
+    assert hf_config("llama", got, [])["rope_scaling"] == yarn
+    _, warns = hf_metadata("llama", base | {"rope_scaling": yarn | {"mscale": 0.7}}, None, None)
+    assert len(warns) == 1 and "yarn mscale: llama.cpp has no key for it" in warns[0]

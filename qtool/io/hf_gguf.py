@@ -65,6 +65,10 @@ HPARAMS = (("max_position_embeddings", "add_context_length"), ("hidden_size", "a
            ("rope_theta", "add_rope_freq_base"), ("vocab_size", "add_vocab_size"),
            ("head_dim", "add_rope_dimension_count"))
 FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})
+# YaRN parameters: transformers' rope_scaling key <-> llama.cpp's `{arch}.rope.scaling.<suffix>` (its converter's
+# mapping; transformers also reads attention_factor as attn_factor)
+YARN_KEYS = (("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"),
+             ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"))
 # sentence-transformers pooling flags -> llama.cpp pooling type names (gguf.PoolingType)
 POOLING = (("pooling_mode_mean_tokens", "MEAN"), ("pooling_mode_cls_token", "CLS"),
            ("pooling_mode_lasttoken", "LAST"))
@@ -290,10 +294,19 @@ def _rope_scaling(w, cfg: dict) -> list[str]:
     if kind in ("linear", "yarn") and ok:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(float(factor))
+        if kind == "linear":
+            return []
         orig = rs.get("original_max_position_embeddings")
-        if kind == "yarn" and isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig < 1 << 32:
+        if isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig < 1 << 32:
             w.add_rope_scaling_orig_ctx_len(orig)
-        return []
+        for hf, suffix in YARN_KEYS:
+            v = rs.get(hf, rs.get("attn_factor") if hf == "attention_factor" else None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                w.add_key_value(f"{w.arch}.rope.scaling.{suffix}", float(v), gguf.GGUFValueType.FLOAT32)
+        left = sorted(set(rs) - {"rope_type", "type", "factor", "original_max_position_embeddings", "attn_factor",
+                                 "rope_theta", "partial_rotary_factor"} - {hf for hf, _ in YARN_KEYS})
+        return [f"config.json rope_scaling yarn {', '.join(left)[:80]}: llama.cpp has no key for it; not written "
+                "into the GGUF"] if left else []
     return [f"config.json rope_scaling {str(kind)[:40]!r} (factor {str(factor)[:20]}) is not written into the GGUF: "
             "llama.cpp would run plain RoPE, whose outputs differ at long positions"]
 
@@ -526,6 +539,10 @@ def hf_config(arch: str, kv: dict, tensor_names: list[str]) -> dict:
         orig = kv.get(f"{arch}.rope.scaling.original_context_length")
         if kind == "yarn" and isinstance(orig, int) and not isinstance(orig, bool):
             cfg["rope_scaling"]["original_max_position_embeddings"] = orig
+        for hf, suffix in YARN_KEYS if kind == "yarn" else ():
+            v = kv.get(f"{arch}.rope.scaling.{suffix}")
+            if isinstance(v, float):
+                cfg["rope_scaling"][hf] = float(str(np.float32(v)))
     tokens = kv.get("tokenizer.ggml.tokens")
     if "vocab_size" not in cfg:
         n = _count(tokens)
@@ -580,6 +597,8 @@ def uncarried_keys(arch: str, kv: dict) -> list[str]:
                                                                                   "add_value_length")}
     known |= {f"{arch}.{k}" for k in ("rope.scaling.type", "rope.scaling.factor",
                                       "rope.scaling.original_context_length", "rope.scaling.finetuned")}
+    if kv.get(f"{arch}.rope.scaling.type") == "yarn":
+        known |= {f"{arch}.rope.scaling.{suffix}" for _, suffix in YARN_KEYS}
     if row is not None and kv.get(f"{arch}.attention.causal", row.causal) == row.causal:
         known.add(f"{arch}.attention.causal")
     return sorted(k for k in kv if k.startswith(f"{arch}.") and k not in known)
