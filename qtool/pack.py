@@ -661,6 +661,10 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
             p.scheme = QuantScheme(job.to, bits, job.group_size, True, False)
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     warnings += ck.shard_notes()
+    if job.to == "fp8" and block == (-1, -1):
+        from qtool.formats.fp8 import PER_TENSOR_NOTE
+
+        warnings.append(PER_TENSOR_NOTE)
     report = PackReport(str(job.src), str(job.out), job.to, job.method, True, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, warnings=warnings)
     report.notes.append(f"{job.to}: {SCALED_PACK[job.to]} codes, scales per "

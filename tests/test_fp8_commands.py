@@ -182,3 +182,18 @@ def test_validate_checks_round_trip_and_reference(dense, packs):
     assert by[("reference", mod)]["status"] == "pass"
     # torch-ref runs the float codes on the CPU and is judged against the float64 oracle
     assert by[("kernels", mod)]["status"] == "pass"
+
+
+def test_per_tensor_fp8_says_which_loaders_read_it(dense, tmp_path):
+    """quant_method fp8 per tensor is vLLM's layout (weight_scale), which transformers 5 misreads as blocks of
+    weight_scale_inv: pack and repack say so, and name the layout both read."""
+    from qtool.formats.fp8 import PER_TENSOR_NOTE
+    from qtool.pack import PackJob, run_pack
+    from qtool.repack.plan import RepackJob
+    from qtool.repack.run import run_repack
+
+    r = run_pack(PackJob(dense, tmp_path / "t", to="fp8", bits=8, strategy="tensor"))
+    assert PER_TENSOR_NOTE in r.warnings and "--to ct_fp8 --strategy tensor" in PER_TENSOR_NOTE
+    assert PER_TENSOR_NOTE not in run_pack(PackJob(dense, tmp_path / "b", to="fp8", bits=8)).warnings  # blocks
+    run_pack(PackJob(dense, tmp_path / "ct", to="ct_fp8", bits=8, strategy="tensor"))
+    assert PER_TENSOR_NOTE in run_repack(RepackJob(tmp_path / "ct", "fp8", tmp_path / "back")).plan.warnings

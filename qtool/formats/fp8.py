@@ -135,6 +135,20 @@ class Fp8(ScaledFormat):
 
 
 
+# Per-tensor files follow vLLM (`weight_scale`); transformers 5 reads quant_method fp8 as weight_scale_inv in
+# blocks (128 x 128 when weight_block_size is absent) and misreads them. compressed-tensors' per-tensor FP8 is
+# read by both.
+PER_TENSOR_NOTE = ("fp8 per-tensor scales are written as vLLM reads them (weight_scale); transformers 5 reads "
+                   "quant_method fp8 as weight_scale_inv blocks and misreads this file: --to ct_fp8 --strategy "
+                   "tensor writes a per-tensor file both load")
+
+
+def loader_notes(modules) -> list[str]:
+    """What the engines make of a file `quantization_config` describes: the per-tensor caveat."""
+    tensor = any(m[2] and m[2].get("strategy") == "tensor" for m in modules)
+    return [PER_TENSOR_NOTE] if tensor else []
+
+
 def detect_fp8(t: Mapping[str, Sig], c: Claims) -> Detected | None:
     """An F8 weight beside its scale: HF fp8 (`weight_scale_inv`, or `weight_scale` under `quant_method: fp8`)
     or compressed-tensors float-quantized (`weight_scale` otherwise). The two share their tensors; the config

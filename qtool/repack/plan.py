@@ -318,6 +318,10 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
             if not any(r.search(n) for n in got):
                 warnings.append(f"{flag} '{r.pattern}' names no tensor that a converted module's layout leaves "
                                 "unread; it changed nothing")
+    if target == "fp8":
+        from qtool.formats.fp8 import loader_notes
+
+        warnings += loader_notes([(m.module, None, m.target_meta) for m in plans if m.converts])
     kept = [m for m in plans if m.kind == "keep"]
     if kept and target not in GGUF_IDS:
         layouts = ", ".join(sorted({m.src.format for m in kept}))
