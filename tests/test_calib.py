@@ -5,6 +5,7 @@ gptq|awq end to end, and `qtool eval` numbers."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -412,3 +413,23 @@ def test_awq_layers_the_forward_never_reaches_are_rtn_and_said(tmp_path, text_fi
     cross = [lay for lay in rep["calibration"]["layers"] if "crossattention" in lay["module"]]
     assert cross and all(lay["loss"] is None and "not reached" in lay["note"] for lay in cross), cross
     assert not any("crossattention" in n and "folded" in n for n in rep["notes"])
+
+
+def test_an_untied_model_missing_its_lm_head_is_refused(tiny_llama, tmp_path):
+    """transformers 5's _tied_weights_keys names lm_head for every Llama; only a config that ties the embeddings
+    makes a missing lm_head.weight a tie rather than a hole filled with random values."""
+    from safetensors.torch import load_file, save_file
+
+    from qtool.errors import InputError
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_llama, d)
+    t = load_file(d / "model.safetensors")
+    del t["lm_head.weight"]
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match="'lm_head.weight'"):
+        _model(d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
+    model = _model(d)[0]
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

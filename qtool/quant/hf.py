@@ -79,6 +79,18 @@ def load_model(path: str | Path, device: str = "cpu"):
     return cls, config, dtype, tok, causal
 
 
+def _tied_names(model) -> set[str]:
+    """The parameters this model fills from another (the output embedding from the input one). transformers 5's
+    `_tied_weights_keys` lists the candidates of the class whatever the config says; the expanded map is empty
+    unless the config ties them (an untied model lacking lm_head.weight has a hole, not a tie)."""
+    expand = getattr(model, "get_expanded_tied_weights_keys", None)
+    if expand is not None:
+        return set(expand(all_submodels=True))
+    if not getattr(model.config, "tie_word_embeddings", True):
+        return set()
+    return set(getattr(model, "_tied_weights_keys", None) or ())
+
+
 def build_model(path: str | Path, device: str = "cpu", weights: dict | None = None):
     """(model, tokenizer, causal). `weights` ({model parameter name: tensor}) replaces parameters after the
     dense weights are loaded from `path` (used by eval to put dequantized weights in)."""
@@ -92,7 +104,7 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
         # or calibration model with holes would give numbers that mean nothing
         model, info = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True,
                                           output_loading_info=True)
-        tied = getattr(model, "_tied_weights_keys", None) or {}
+        tied = _tied_names(model)
         missing = [n for n in info.get("missing_keys") or () if n not in tied]
         if missing:
             raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
@@ -101,7 +113,7 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
     else:
         model = cls.from_config(config, dtype=dtype)
         missing = [n for n, _ in model.named_parameters() if n not in weights]
-        tied = getattr(model, "_tied_weights_keys", None) or {}
+        tied = _tied_names(model)
         missing = [n for n in missing if n not in tied]
         if missing:
             raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
