@@ -194,3 +194,21 @@ def test_the_tokenizer_adds_the_bos_the_gguf_adds(llama_gguf, tmp_path):
     assert tok("abc", "abc")["input_ids"].count(bos) == 2
     run_dense(DenseJob(llama_gguf, tmp_path / "plain"))  # no add_bos_token: nothing is added
     assert bos not in transformers.AutoTokenizer.from_pretrained(tmp_path / "plain")("abc abc")["input_ids"]
+
+
+def test_an_encoders_pooling_goes_back_to_sentence_transformers(tmp_path):
+    """bert.pooling_type (MEAN from the source's 1_Pooling) becomes modules.json + 1_Pooling/config.json again,
+    which sentence-transformers loads; the key is then carried, not named as lost."""
+    from tests.test_interop import _bert_dir
+
+    run_pack(PackJob(_bert_dir(tmp_path / "bert"), tmp_path / "g32", to="gptq", bits=4, group_size=32, sym=True))
+    run_repack(RepackJob(tmp_path / "g32", "q4_0", tmp_path / "b.gguf"))
+    r = run_dense(DenseJob(tmp_path / "b.gguf", tmp_path / "d", dtype="fp32"))
+    assert not any("pooling_type" in w for w in r.plan.warnings), r.plan.warnings
+    pool = json.loads((tmp_path / "d" / "1_Pooling" / "config.json").read_text())
+    assert pool["pooling_mode_mean_tokens"] is True and pool["pooling_mode_cls_token"] is False
+    assert pool["word_embedding_dimension"] == H
+    assert [m["path"] for m in json.loads((tmp_path / "d" / "modules.json").read_text())] == ["", "1_Pooling"]
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(str(tmp_path / "d"), device="cpu")
+    assert model.encode(["w1 w2"]).shape == (1, H)

@@ -79,7 +79,8 @@ def main(work, out):
                       "ct_to_gguf": plan_counts(w / "smol-back-plan.json")},
             "round_trip_tensors": identical_tensors(w / "source.gguf", w / "smol-back.gguf")}
     rec = {"minilm": minilm, "smollm2": smol}
-    Path(out).write_text(json.dumps(rec, indent=1) + "\n")
+    old = json.loads(Path(out).read_text()) if Path(out).is_file() else {}  # other checks' keys (rope_side.py)
+    Path(out).write_text(json.dumps(old | rec, indent=1) + "\n")
     print(json.dumps({"minilm": {k: v for k, v in minilm.items() if k != "per_sentence"},
                       "smollm2_texts": [a["text"], b["text"], c["text"]],
                       "round_trip": smol["round_trip_tensors"]}, indent=1))

@@ -17,4 +17,4 @@ step "$QT" pack "$W/src" -o "$W/g32" --to gptq --bits 8 --group-size 32 -q
 step "$QT" repack "$W/g32" --to q8_0 -o "$W/m.gguf" -q
 step "$QT" repack "$W/m.gguf" --to dense --dtype fp32 -o "$W/back" --json > "$W/back-plan.json"
 step "$LLAMA_PY" "$HERE/rope_side.py" llama "$W/m.gguf" "$W/llama.json"
-step "$HF_PY" "$HERE/rope_side.py" compare "$W" benchmarks/results/interop-rope.json
+step "$HF_PY" "$HERE/rope_side.py" compare "$W" benchmarks/results/interop.json

@@ -2,7 +2,8 @@
 
     python rope_side.py make DIR            # a tiny random Llama with llama3 RoPE scaling (transformers)
     python rope_side.py llama MODEL.gguf OUT.json     # llama.cpp's logits over TOKENS (llama-cpp-python)
-    python rope_side.py compare WORK OUT.json         # transformers on qtool's GGUF -> HF directory, against them
+    python rope_side.py compare WORK OUT.json         # transformers on qtool's GGUF -> HF directory, against
+                                                      # them (OUT's key "rope_llama3")
 
 The scaling's original context (64) is short and the sequence long (200 tokens), so the factors matter at most
 positions; `compare` also runs the same directory with rope_scaling removed from its config.json, which is what
@@ -75,7 +76,8 @@ def compare(work, out):
                      "top1_agrees": int((got.argmax(-1) == ref.argmax(-1)).sum())}
     plan = json.loads((w / "back-plan.json").read_text())
     rec["plan_warnings"] = [x for x in plan["warnings"] if "rope" in x]
-    Path(out).write_text(json.dumps(rec, indent=1) + "\n")
+    old = json.loads(Path(out).read_text()) if Path(out).is_file() else {}  # run.sh's keys stay
+    Path(out).write_text(json.dumps(old | {"rope_llama3": rec}, indent=1) + "\n")
     print(json.dumps(rec, indent=1))
 
 

@@ -601,6 +601,8 @@ def uncarried_keys(arch: str, kv: dict) -> list[str]:
         known |= {f"{arch}.rope.scaling.{suffix}" for _, suffix in YARN_KEYS}
     if row is not None and kv.get(f"{arch}.attention.causal", row.causal) == row.causal:
         known.add(f"{arch}.attention.causal")
+    if sentence_transformers_files(arch, kv):  # the pooling goes to 1_Pooling/config.json
+        known.add(f"{arch}.pooling_type")
     return sorted(k for k in kv if k.startswith(f"{arch}.") and k not in known)
 
 
@@ -709,8 +711,28 @@ _BRACKETED = re.compile(r"\[[^\[\]\s]+\]")
 DIGIT_SPLITTING_PRE = frozenset({"smollm"})
 
 
+def sentence_transformers_files(arch: str, kv: dict) -> dict[str, Any]:
+    """modules.json and 1_Pooling/config.json that give sentence-transformers the pooling a GGUF encoder names
+    (`{arch}.pooling_type` MEAN, CLS or LAST), or {} where it names none."""
+    import gguf
+
+    kind = kv.get(f"{arch}.pooling_type")
+    names = {int(gguf.PoolingType[n]): n for _, n in POOLING}
+    hidden = kv.get(f"{arch}.embedding_length")
+    if not isinstance(kind, int) or kind not in names or not _ints(hidden):
+        return {}
+    cfg = {"word_embedding_dimension": hidden} | {flag: names[kind] == n for flag, n in POOLING} | \
+        {"pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+         "pooling_mode_weightedmean_tokens": False, "include_prompt": True}
+    return {"modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                             {"idx": 1, "name": "1", "path": "1_Pooling",
+                              "type": "sentence_transformers.models.Pooling"}],
+            "1_Pooling/config.json": cfg}
+
+
 def write_files(out: Path, files: dict[str, Any]) -> None:
     for name, content in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         with open(out / name, "w", encoding="utf-8") as f:
             if isinstance(content, str):
                 f.write(content)

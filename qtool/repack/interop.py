@@ -128,12 +128,13 @@ class GGUFToHF:
                 "does not read them"]
 
     def write_files(self, tmp: Path) -> list[str]:
-        """The tokenizer files; `config` is the config.json (without quantization_config: the caller adds it).
-        The tokenizer is in the first file of a split set."""
-        from qtool.io.hf_gguf import hf_tokenizer_files, write_files
+        """The tokenizer files, and sentence-transformers' pooling where the GGUF names one; `config` is the
+        config.json (without quantization_config: the caller adds it). The tokenizer is in the first file of a
+        split set."""
+        from qtool.io.hf_gguf import hf_tokenizer_files, sentence_transformers_files, write_files
 
         files, warns = hf_tokenizer_files(self.source.gguf_header.path)
-        write_files(tmp, files)
+        write_files(tmp, files | sentence_transformers_files(self.arch, self.source.metadata))
         return warns
 
 
