@@ -302,11 +302,15 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     shapeless: dict[str, int] = {}
     acts: set[str] = set()
     config_acts: set[str] = set()
+    stacks: dict[str, int] = {}
     for m in mods:
         s = m.scheme
         fmt = str(s.format)
         if fmt in ("dense", "unknown"):
             dense[fmt] = dense.get(fmt, 0) + 1
+            continue
+        if (s.extra or {}).get("experts"):  # a GGUF mixture of experts' [E, O, I] stack: fused-MoE weights
+            stacks[fmt] = stacks.get(fmt, 0) + 1
             continue
         if s.bits is None or m.in_features is None or m.out_features is None:
             shapeless[fmt] = shapeless.get(fmt, 0) + 1
@@ -335,10 +339,12 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
         key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
                layer.group_size, layer.sym, layer.desc_act, layer.scale, layer.block, layer.method)
         groups.setdefault(key, []).append(layer)
-    if not groups and not dense and not shapeless:
+    if not groups and not dense and not shapeless and not stacks:
         raise InputError("no linear modules found", path=path, fix="run `qtool inspect` on it to see what it holds")
     out = [LayerGroup(key[0], len(layers), layers[0]) for key, layers in groups.items()]
     notes = [f"{n} {fmt} module(s) not quantized: skipped" for fmt, n in dense.items()]
+    notes += [f"{n} {fmt} mixture-of-experts stack(s) not planned: fused-MoE weights, which the engines run "
+              "through their MoE methods; select plans linear layers only" for fmt, n in stacks.items()]
     notes += [f"{n} {fmt} module(s) whose bits or [out, in] shape the checkpoint does not record: no kernel "
               "can be chosen for them (`qtool inspect --deep` reads what the data holds)"
               for fmt, n in shapeless.items()]
