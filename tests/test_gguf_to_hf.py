@@ -71,7 +71,7 @@ def test_an_architecture_without_a_transformers_mapping_is_refused(llama_gguf, t
     qwen = rewrite(llama_gguf, tmp_path / "qwen2.gguf", arch="qwen2")
     for run in (lambda: run_dense(DenseJob(qwen, tmp_path / "d")), lambda: run_repack(RepackJob(qwen, "ct",
                                                                                                 tmp_path / "c"))):
-        with pytest.raises(InputError, match="qtool writes a transformers config for GGUF architectures"):
+        with pytest.raises(InputError, match=r"qwen2.gguf: qtool writes a transformers config for GGUF architectures"):
             run()
     assert not (tmp_path / "d").exists() and not (tmp_path / "c").exists()
 

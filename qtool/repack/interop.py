@@ -54,7 +54,12 @@ class GGUFToHF:
         self.row = arch_row(self.arch)
         kv = source.metadata
         # an architecture with no transformers mapping is refused here, before anything is written
-        self.config = hf_config(self.arch, kv, source.order)
+        try:
+            self.config = hf_config(self.arch, kv, source.order)
+        except InputError as e:
+            if e.path is not None:
+                raise
+            raise InputError(e.problem, path=source.path, tensor=e.tensor, fix=e.fix) from None
         self.n_head = _int(kv.get(f"{self.arch}.attention.head_count"))
         self.n_kv = _int(kv.get(f"{self.arch}.attention.head_count_kv")) or self.n_head
         self.inverse = inverse_name_map(self.arch, blocks_present(source.order, source.path))
