@@ -88,9 +88,11 @@ class EvalReport:
         return lines + self.notes
 
 
-def quantized_weights(path: Path) -> tuple[dict, set[str]]:
+def quantized_weights(path: Path) -> tuple[dict, set[str], bool]:
     """({tensor name: float tensor} of the dense equivalent of a quantized checkpoint, names of the weights
-    that were quantized): packed modules dequantized, every other tensor as stored."""
+    that were quantized, whether AWQ calibration made it): packed modules dequantized, every other tensor as
+    stored. AWQ folds each layer's input scales into the op before it, a norm or another quantized linear (the
+    method qtool records; AutoAWQ files always fold)."""
     import torch
 
     from qtool.formats import get_format
@@ -115,7 +117,11 @@ def quantized_weights(path: Path) -> tuple[dict, set[str]]:
             out[name] = src.get(name)
     finally:
         src.close()
-    return out, quantized
+    method = src.metadata.get("qtool.method")
+    if method is None:
+        method = str((src.quant_config or {}).get("quant_method", "")).lower()
+    awq = method == "awq"
+    return out, quantized, awq
 
 
 def _finite(x: float, what: str, path) -> float:
@@ -140,7 +146,7 @@ def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | N
     else:
         text, source = calib_text.read_text(text_file), str(text_file)
     dense, tok, causal = hf.build_model(reference, dev)
-    qw, quantized = quantized_weights(Path(quant))
+    qw, quantized, awq = quantized_weights(Path(quant))
     names = hf.name_map([n for n, _ in dense.named_parameters()] + [n for n, _ in dense.named_buffers()], qw)
     weights = {m: qw[c] for m, c in names.items()}
     qmodel, _, _ = hf.build_model(reference, dev, weights=weights)
@@ -155,11 +161,17 @@ def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | N
     dense_params = dict(dense.named_parameters())
     changed = sorted(m for m, c in names.items() if c not in quantized and m in dense_params
                      and not torch.equal(dense_params[m].detach().float().cpu(), qw[c].float()))
-    if changed:
-        # AWQ folds scales into norms and linears: the layers then see rescaled inputs, so a layer's output
-        # can only be compared through the whole model
+    if awq:
+        # AWQ folds scales into norms and linears, quantized ones too: the layers then see rescaled inputs, so
+        # a layer's output can only be compared through the whole model
+        rep.notes.append("per-layer errors not measured: AWQ folded its scales into the ops before the layers "
+                         "(norms, linears); whole-model numbers only")
+        q_modules_measured = {}
+    elif changed:
+        # a method that folds scales (SmoothQuant), or a reference other than the model that was packed
         rep.notes.append(f"per-layer errors not measured: {len(changed)} dense tensors differ from the "
-                         f"reference (AWQ scales folded, e.g. '{changed[0]}'); whole-model numbers only")
+                         f"reference (e.g. '{changed[0]}': scales folded into them, or another reference); "
+                         "whole-model numbers only")
         q_modules_measured = {}
     else:
         q_modules_measured = q_modules

@@ -38,10 +38,15 @@ CALIBRATED = ("gptq", "awq")
 CALIB_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Names of 2-D weights that are not linear layers, or that engines keep dense by convention.
+# transformers' model types whose projections are pytorch_utils.Conv1D (weight [in, out], y = x @ W + b)
+CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+
 _SKIP_PATTERNS = (
     (re.compile(r"(^|\.)(embed_tokens|embeddings?|wte|wpe|word_embeddings|position_embeddings|"
                 r"token_type_embeddings|tok_embeddings|embed_positions|shared)(\.|$)"), "embedding"),
     (re.compile(r"(^|\.)(lm_head|output_layer|embed_out)(\.|$)"), "lm_head"),
+    # T5's relative position bias is an embedding table (nn.Embedding), not a linear weight
+    (re.compile(r"(^|\.)relative_attention_bias(\.|$)"), "embedding"),
     (re.compile(r"(norm|ln_|layernorm|LayerNorm)", re.IGNORECASE), "norm"),
     # outside an encoder's blocks: transformers' GPTQ path quantizes only inside block_name_to_quantize and
     # would leave a packed pooler randomly initialised; llama.cpp does not load it at all
@@ -223,12 +228,24 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
     incl = [_compile(r, "--include") for r in job.include]
     excl = [_compile(r, "--exclude") for r in job.exclude]
     rules = [TypeRule.parse(t) for t in job.tensor_types]
+    model_type = (ck.config or {}).get("model_type")
+    if model_type in CONV1D_MODEL_TYPES:
+        raise InputError(f"model_type '{model_type}' keeps its projections in transformers' Conv1D, weights [in, "
+                         "out]; qtool packs linear weights [out, in], and would scale and group them along the "
+                         "wrong axis", path=ck.path, fix="convert the Conv1D weights to linear ones ([out, in]) "
+                                                        "first; nothing was written")
     plans = []
     for name, info in ck.tensors.items():
         if not name.endswith(".weight") or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:
             continue
         module = name[: -len(".weight")]
         o, i = info.shape
+        bias = ck.tensors.get(module + ".bias")
+        if bias is not None and len(bias.shape) == 1 and bias.shape[0] == i != o:
+            raise InputError(f"its bias has {i} entries, the weight's second dimension, not {o}: the weight is "
+                             "stored [in, out] (a Conv1D), and packing it as [out, in] would quantize along the "
+                             "wrong axis", path=ck.path, tensor=name,
+                             fix="convert it to a linear weight ([out, in]) first; nothing was written")
         plan = ModulePlan(module, name, (o, i), "quantize")
         if o == 0 or i == 0:
             # Nothing to quantize: carried through byte for byte, whatever --include says.

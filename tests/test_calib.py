@@ -288,7 +288,7 @@ def test_pack_awq_llama_writes_folded_norms_consistently(tiny_llama, text_file, 
     ev = _eval(out, tiny_llama, "--text", str(text_file), "--seqlen", "32")
     assert ev["ppl_quant"] == pytest.approx(ev["ppl_dense"], rel=0.05)
     # its layers read rescaled inputs, so eval says it cannot compare them one by one
-    assert ev["layers"] == [] and "AWQ scales folded" in ev["notes"][0]
+    assert ev["layers"] == [] and "AWQ folded its scales" in ev["notes"][0]
     assert all(lay["loss"] < lay["rtn_loss"] * 1.0001 for lay in rep["calibration"]["layers"])
     # validate against the dense model: the folded norms differ by design (skipped, saying why), not failures
     import subprocess
@@ -433,3 +433,44 @@ def test_an_untied_model_missing_its_lm_head_is_refused(tiny_llama, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
     model = _model(d)[0]
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def _tiny(tmp_path, name, cfg, cls):
+    tok = _tokenizer(tmp_path)
+    torch.manual_seed(0)
+    return _save(cls(cfg(vocab_size=len(tok))), tok, tmp_path / name)
+
+
+def test_gpt2_conv1d_weights_are_refused_not_packed_along_the_wrong_axis(tmp_path):
+    """GPT-2 keeps its projections in Conv1D, weights [in, out]: packing them as [out, in] scaled the wrong
+    axis and wrote files no reader takes; and GPT2LMHeadModel is a causal LM, not an encoder."""
+    from qtool.errors import InputError
+    from qtool.pack import PackJob, run_pack
+    from qtool.quant.hf import is_causal
+
+    src = _tiny(tmp_path, "gpt2", lambda **kw: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, **kw),
+                transformers.GPT2LMHeadModel)
+    with pytest.raises(InputError, match="model_type 'gpt2' keeps its projections in transformers' Conv1D"):
+        run_pack(PackJob(src, tmp_path / "out", to="gptq"))
+    assert not (tmp_path / "out").exists()
+    assert is_causal(json.loads((src / "config.json").read_text()))
+    # the same layout under another model type is caught by its bias: [out] of a weight stored [in, out]
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(cfg | {"model_type": "custom"}))
+    with pytest.raises(InputError, match="attn.c_attn.weight.*its bias has 192 entries, the weight's second"):
+        run_pack(PackJob(src, tmp_path / "out", to="gptq"))
+
+
+def test_t5_relative_position_bias_stays_dense_and_eval_refuses_encoder_decoders(tmp_path):
+    from qtool.errors import UsageError
+    from qtool.evaluate import evaluate
+    from qtool.pack import PackJob, run_pack
+
+    src = _tiny(tmp_path, "t5", lambda **kw: transformers.T5Config(d_model=64, d_ff=128, d_kv=16, num_layers=2,
+                                                                    num_heads=4, **kw),
+                transformers.T5ForConditionalGeneration)
+    r = run_pack(PackJob(src, tmp_path / "q", to="gptq", group_size=64))
+    kept = {p.module: p.reason for p in r.plan if "relative_attention_bias" in p.module}
+    assert kept and all(why.startswith("embedding") for why in kept.values()), kept
+    with pytest.raises(UsageError, match="an encoder-decoder model .*T5ForConditionalGeneration"):
+        evaluate(tmp_path / "q", src)

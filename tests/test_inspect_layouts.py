@@ -262,3 +262,12 @@ def test_dense_checkpoint_stays_dense(tmp_path):
     r = inspect_path(_write(tmp_path / "dense", t))
     assert r.format == "dense" and [a.message[:41] for a in r.anomalies] == [
         "transformers will not load it: no config."]
+
+
+def test_a_bias_that_does_not_match_the_outputs_is_an_error(tmp_path):
+    """A Conv1D weight stored [in, out] (GPT-2) beside its bias [out] reads as [out, in] with the wrong count."""
+    t = {f"{MOD}.weight": torch.zeros(64, 192, dtype=torch.float16), f"{MOD}.bias": torch.zeros(192, dtype=torch.float16)}
+    r = inspect_path(_write(tmp_path / "c1d", t, {"model_type": "custom"}))
+    assert any("bias has 192 entries but the weight 64 outputs" in m for m in _sev(r, "error")), r.anomalies
+    t[f"{MOD}.bias"] = torch.zeros(64, dtype=torch.float16)
+    assert _sev(inspect_path(_write(tmp_path / "ok", t, {"model_type": "custom"})), "error") == []

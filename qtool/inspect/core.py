@@ -190,6 +190,12 @@ def _inspect_safetensors(p: Path):
         for n in names:
             module_of[n] = prefix
         notes += [(sev, prefix, msg) for sev, msg in d.notes]
+        b = t.get("bias")
+        if b is not None and len(b[1]) == 1 and d.out_features and b[1][0] != d.out_features:
+            # an nn.Linear's bias has one entry per output; a Conv1D's weight is stored [in, out]
+            notes.append(("error", prefix, f"bias has {b[1][0]} entries but the weight {d.out_features} outputs: "
+                                           "the weight is stored transposed ([in, out], a Conv1D) or the two do "
+                                           "not belong together"))
     anomalies += merge_notes(notes)
     anomalies += _file_level(claims, modules, src)
     anomalies += _source_level(said, meta)

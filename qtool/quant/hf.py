@@ -27,10 +27,16 @@ def transformers():
 
 
 def is_causal(config: dict | None) -> bool:
-    """True for a causal LM (an architecture named ...ForCausalLM, or is_decoder), else an encoder."""
+    """True for a causal LM, else an encoder: an architecture transformers lists as a causal LM (its auto
+    mapping: ...ForCausalLM, GPT2LMHeadModel, ...), one named ...ForCausalLM, or is_decoder."""
     cfg = config or {}
-    archs = cfg.get("architectures") or []
-    return any(str(a).endswith("ForCausalLM") for a in archs) or bool(cfg.get("is_decoder"))
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    except ImportError:
+        causal = {}
+    names = set(causal.values())
+    return any(a.endswith("ForCausalLM") or a in names for a in archs) or bool(cfg.get("is_decoder"))
 
 
 def default_device(device: str | None = None) -> str:
@@ -65,6 +71,11 @@ def load_model(path: str | Path, device: str = "cpu"):
 
     cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
     cfg.pop("quantization_config", None)
+    if cfg.get("is_encoder_decoder"):
+        what = ", ".join(map(str, cfg.get("architectures") or []))[:60] or cfg.get("model_type")
+        raise UsageError(f"an encoder-decoder model ({what}): calibration and evaluation run decoder-only "
+                         "language models and encoders", path=p,
+                         fix="pack it without --method/--eval (round to nearest), or check it with `qtool validate`")
     causal = is_causal(cfg)
     config = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
     if getattr(config, "quantization_config", None) is not None:
