@@ -240,12 +240,6 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
             continue
         module = name[: -len(".weight")]
         o, i = info.shape
-        bias = ck.tensors.get(module + ".bias")
-        if bias is not None and len(bias.shape) == 1 and bias.shape[0] == i != o:
-            raise InputError(f"its bias has {i} entries, the weight's second dimension, not {o}: the weight is "
-                             "stored [in, out] (a Conv1D), and packing it as [out, in] would quantize along the "
-                             "wrong axis", path=ck.path, tensor=name,
-                             fix="convert it to a linear weight ([out, in]) first; nothing was written")
         plan = ModulePlan(module, name, (o, i), "quantize")
         if o == 0 or i == 0:
             # Nothing to quantize: carried through byte for byte, whatever --include says.
@@ -262,6 +256,13 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
             plan.action, plan.reason = "keep", f"{skip} (kept dense by default; --include it to quantize)"
         if plan.action == "quantize" and any(r.search(module) for r in excl):
             plan.action, plan.reason = "keep", "matched by --exclude"
+        bias = ck.tensors.get(module + ".bias")
+        if plan.action == "quantize" and bias is not None and len(bias.shape) == 1 and bias.shape[0] == i != o:
+            raise InputError(f"its bias has {i} entries, the weight's second dimension, not {o}: the weight is "
+                             "stored [in, out] (a Conv1D), and packing it as [out, in] would quantize along the "
+                             "wrong axis", path=ck.path, tensor=name,
+                             fix="convert it to a linear weight ([out, in]) first, or --exclude it; nothing was "
+                                 "written")
         if plan.action == "quantize":
             bits, group = job.bits, job.group_size
             for r in rules:
