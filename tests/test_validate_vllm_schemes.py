@@ -116,6 +116,30 @@ def test_block_scaled_merged_layers(dense, tmp_path, to):
     assert "k_proj 64 is not a multiple of 128" in bad[0]["detail"] and "v_proj" not in bad[0]["detail"].split(":")[1]
 
 
+def test_block_scaled_layers_stored_merged_take_their_parts_from_the_config(tmp_path):
+    """Phi-3 stores qkv_proj merged: vLLM creates it with the q/k/v row counts of the config, and the same rule
+    holds (k of 64 rows in 128-row blocks fails); gate_up_proj splits in halves."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    for kv, name in ((1, "bad"), (2, "good")):  # 2 heads of 64 (q 128); kv heads of 64 rows
+        d = tmp_path / f"src-{name}"
+        d.mkdir()
+        t = {"model.layers.0.self_attn.qkv_proj.weight": torch.randn(128 + 2 * 64 * kv, 128, generator=g),
+             "model.layers.0.self_attn.o_proj.weight": torch.randn(128, 128, generator=g),
+             "model.layers.0.mlp.gate_up_proj.weight": torch.randn(512, 128, generator=g)}
+        save_file({k: (v * 0.02).to(torch.bfloat16) for k, v in t.items()}, d / "model.safetensors")
+        (d / "config.json").write_text(json.dumps({"model_type": "phi3", "torch_dtype": "bfloat16", "hidden_size": 128,
+                                                   "num_attention_heads": 2, "num_key_value_heads": kv}))
+        rows, code = contract(pack(d, tmp_path / name, "--to", "fp8"))
+        bad = [r for r in rows if r["status"] == "fail"]
+        if name == "bad":
+            assert code == 1 and [r["module"] for r in bad] == ["model.layers.#.self_attn.qkv_proj"]
+            assert "k_proj 64 is not a multiple of 128" in bad[0]["detail"]
+        else:
+            assert code == 0 and any("2 merged layers hold whole FP8 weight blocks" in r["detail"] for r in rows)
+
+
 def test_scheme_rules_follow_vllms_order_and_defaults():
     fp8 = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}
     token = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}

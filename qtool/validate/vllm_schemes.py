@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qtool.errors import InputError
 from qtool.report.validate import CheckResult
 
 NAME = "contract"
@@ -171,7 +172,7 @@ def check(raw: dict | None, report, path: Path) -> list[CheckResult]:
         bs = raw["weight_block_size"]
         blocks.append((["Linear"], (int(bs[0]), int(bs[1]))))
     if blocks:
-        out += _merged_block_rows(report, blocks)
+        out += _merged_block_rows(report, blocks, _model_config(path))
     return out
 
 
@@ -193,36 +194,77 @@ def _targeted(name: str, targets: list[str]) -> bool:
     return False
 
 
-def _merged_block_rows(report, blocks: list[tuple[list[str], tuple[int, int]]]) -> list[CheckResult]:
-    """Every part of a layer vLLM merges but the last must hold whole block rows (validate_fp8_block_shape);
-    one row per failing layer pattern (layers numbered alike collapse to `#`)."""
+def _model_config(path: Path) -> dict:
+    """The checkpoint's config.json, or {} (a lone file, or none beside it)."""
+    from qtool.io.checkpoint import read_json
+
+    p = Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        d = read_json(cfg) if cfg.is_file() else {}
+    except InputError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _prefused_parts(m, rule: dict, cfg: dict) -> list[tuple[str, int]] | None:
+    """A merged layer stored already merged (Phi-3's qkv_proj, gate_up_proj): its parts' row counts from the
+    config, which vLLM's merged layer is created with, or None."""
+    if not (m.name == rule["name"] or m.name.endswith("." + rule["name"])) or m.out_features is None:
+        return None
+    names = [p.rsplit(".", 1)[-1] for p in rule["parts"]]
+    heads, kv, hidden = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), cfg.get("hidden_size")
+    ints = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (heads, hidden))
+    if names == ["q_proj", "k_proj", "v_proj"] and ints:
+        dim = cfg.get("head_dim") or hidden // heads
+        kv = kv if isinstance(kv, int) and kv > 0 else heads
+        sizes = [heads * dim, kv * dim, kv * dim]
+    elif len(names) == 2 and m.out_features % 2 == 0:  # gate and up: two halves
+        sizes = [m.out_features // 2] * 2
+    else:
+        return None
+    return list(zip(names, sizes)) if sum(sizes) == m.out_features else None
+
+
+def _merged_block_rows(report, blocks: list[tuple[list[str], tuple[int, int]]],
+                       cfg: dict | None = None) -> list[CheckResult]:
+    """Every part of a layer vLLM merges but the last must hold whole block rows (validate_fp8_block_shape),
+    whether the checkpoint stores the parts apart or merged already (their sizes then from config.json); one
+    row per failing layer pattern (layers numbered alike collapse to `#`)."""
     from qtool.inspect.detect import collapse_layers
     from qtool.select.plan import fused_parts, fused_rules
 
     rules = fused_rules()
     by_name = {m.name: m for m in report.modules if m.quantized}
-    out, checked, seen = [], 0, set()
+    out, checked, seen = [], set(), set()
     for m in by_name.values():
         block = next((b for targets, b in blocks if _targeted(m.name, targets)), None)
         if block is None:
             continue
         for rule in rules:
+            merged = _prefused_parts(m, rule, cfg or {})
             found = fused_parts(m.name, rule, by_name)
-            if found is None or any(p is None for p in found[1]):
+            if merged is not None:
+                prefix = m.name[: len(m.name) - len(rule["name"])]
+            elif found is None or any(p is None for p in found[1]):
                 continue
-            prefix, parts = found
-            checked += 1
-            bad = [p for p in parts[:-1] if p.out_features is not None and p.out_features % block[0]]
+            else:
+                prefix, parts = found
+                merged = [(p.name.rsplit(".", 1)[-1], p.out_features) for p in parts]
+            if prefix + rule["name"] in checked:  # one layer, named by two architectures' rules
+                continue
+            checked.add(prefix + rule["name"])
+            bad = [(n, rows) for n, rows in merged[:-1] if rows is not None and rows % block[0]]
             where = collapse_layers(prefix + rule["name"])
             if bad and where not in seen:
                 seen.add(where)
-                sizes = ", ".join(f"{p.name.rsplit('.', 1)[-1]} {p.out_features}" for p in bad)
+                sizes = ", ".join(f"{n} {rows}" for n, rows in bad)
                 out.append(CheckResult(NAME, where, "fail",
                                        f"vLLM merges {', '.join(rule['parts'])} into {rule['name']}, and every part but "
                                        f"the last must hold whole {block[0]}x{block[1]} blocks of rows: {sizes} is not "
                                        f"a multiple of {block[0]} (weight creation raises at load, tensor-parallel "
                                        "size 1); fix: a block whose rows divide those parts, or per-channel scales"))
     if checked and not out:
-        out.append(CheckResult(NAME, None, "pass", f"{checked} merged layers hold whole FP8 weight blocks in every part "
+        out.append(CheckResult(NAME, None, "pass", f"{len(checked)} merged layers hold whole FP8 weight blocks in every part "
                                                   "(vLLM's block-shape rule, tensor-parallel size 1)"))
     return out
