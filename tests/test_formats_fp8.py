@@ -161,7 +161,7 @@ def test_configs_as_engines_read_them():
 # --- the foreign code reads qtool's output ---------------------------------------------------------------
 def _ct():
     return pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed (run this "
-                               "file with an environment that has it, e.g. /work/envs/hf/bin/python)")
+                               "file with an environment that has it: pip install compressed-tensors)")
 
 
 @pytest.mark.parametrize("fid,element,block,stype", [

@@ -84,7 +84,7 @@ def test_pack_unpack_round_trip(fid):
 @pytest.mark.parametrize("fid", ["nvfp4", "mxfp4", "mxfp8"])
 def test_compressed_tensors_decompresses_our_output(fid):
     ct = pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed here; run this "
-                             "test with an environment that has it (e.g. /work/envs/hf/bin/python -m pytest)")
+                             "test with an environment that has it: pip install compressed-tensors)")
     from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
     from compressed_tensors.compressors.mxfp8.base import MXFP8QuantizationCompressor
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor

@@ -183,7 +183,9 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
                                    + ", ".join(sorted(known)) + " and GGUF)")
     _check_gguf_types(source)
     st, explicit = _dtype_of(job, source.config)
-    g2h = _gguf_names(source)
+    from qtool.repack.interop import hf_view
+
+    g2h = hf_view(source)
     rename = g2h.name if g2h else (lambda n: n)
     kind = "exact" if st == "F32" else "rounded"
     modules, fates, warnings = [], [], list(source.warnings)
@@ -269,14 +271,6 @@ def _check_gguf_types(source) -> None:
             continue
         seen.add(m.scheme.format)
         _gguf_dequantize(source.gguf_bytes(m.layout["weight"])[:1], m.scheme.format, m.name)
-
-
-def _gguf_names(source):
-    if source.container != "gguf":
-        return None
-    from qtool.repack.interop import GGUFToHF
-
-    return GGUFToHF(source)
 
 
 # --- decoding one module, a piece at a time -------------------------------------------------------------------
@@ -476,7 +470,9 @@ def _write(source, plan: DensePlan, report: DenseReport, on_progress) -> None:
     from qtool import __version__
 
     dtype = getattr(torch, TORCH_NAMES[plan.dtype])
-    g2h = _gguf_names(source)
+    from qtool.repack.interop import hf_view
+
+    g2h = hf_view(source)
     position = {n: k for k, n in enumerate(source.order)}
     by_first = {min(m.layout.values(), key=position.__getitem__): (m, dm)
                 for m, dm in zip(source.modules, plan.modules, strict=True)}

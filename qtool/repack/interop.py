@@ -35,12 +35,22 @@ def dense_modules_for_hf(source, plan) -> None:
             mp.kind, mp.copy, mp.steps = "keep", False, ["dequantize"]
             mp.reasons = ["outside the transformer blocks: transformers reads it as a dense tensor; written "
                           "dequantized as F32 (every block value exactly)"]
-    g2h = GGUFToHF(source)
+    g2h = hf_view(source)
     plan.warnings += g2h.notes
     plan.passthrough -= len(g2h.folded)
 
 
 ROPE_FREQS = "rope_freqs.weight"
+
+
+def hf_view(source) -> GGUFToHF | None:
+    """The GGUF source's Hugging Face view (None for a safetensors source), built once: planning and writing
+    read the same one."""
+    if source.container != "gguf":
+        return None
+    if source._hf is None:
+        source._hf = GGUFToHF(source)
+    return source._hf
 
 
 class GGUFToHF:

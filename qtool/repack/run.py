@@ -317,11 +317,10 @@ def _write_hf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackRep
     total = len(source.order)
     dropped = plan.dropped
     pool = ScratchPool()
-    g2h = None
-    if source.container == "gguf":
-        from qtool.repack.interop import GGUFToHF
+    from qtool.repack.interop import hf_view
 
-        g2h = GGUFToHF(source)
+    g2h = hf_view(source)
+    if g2h is not None:
         conv.rows = {m.name: r for m in source.modules if (r := g2h.rows(m.layout["weight"])) is not None}
     rn = g2h.name if g2h else (lambda n: n)
 

@@ -86,6 +86,7 @@ class Source:
     _ck: Any = None
     _gguf: dict = field(default_factory=dict)  # name -> GGUFTensor
     _big: frozenset = frozenset()  # GGUF files whose data is big-endian
+    _hf: Any = None  # a GGUF source's Hugging Face view (repack.interop.hf_view), built once
 
     # --- facts -----------------------------------------------------------------------------------------
     @property
