@@ -147,7 +147,7 @@ def evaluate(quant: str | Path, reference: str | Path, text_file: str | Path | N
         text, source = calib_text.read_text(text_file), str(text_file)
     dense, tok, causal = hf.build_model(reference, dev)
     qw, quantized, awq = quantized_weights(Path(quant))
-    names = hf.name_map([n for n, _ in dense.named_parameters()] + [n for n, _ in dense.named_buffers()], qw)
+    names = hf.name_map([n for n, _ in dense.named_parameters()] + [n for n, _ in dense.named_buffers()], qw, dense)
     weights = {m: qw[c] for m, c in names.items()}
     qmodel, _, _ = hf.build_model(reference, dev, weights=weights)
     dense.to(dev)

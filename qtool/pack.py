@@ -55,6 +55,26 @@ _SKIP_PATTERNS = (
 
 
 
+# A mixture-of-experts router: `gate` or `router` beside the `experts` it routes to (Mixtral's
+# block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate, gpt-oss's mlp.router), and Qwen2-MoE's
+# shared_expert_gate beside its shared_expert. vLLM and SGLang build these unquantized (quant_config=None) and
+# GPTQModel's and llm-compressor's recipes leave them out, so a packed router is a file no engine loads.
+_ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router|(?P<shared>shared_expert_gate))\.weight$")
+
+
+def moe_routers(names) -> set[str]:
+    """The module names among tensor `names` that are mixture-of-experts routers (see _ROUTER)."""
+    names = list(names)
+    parents = {n.split(".experts.", 1)[0] for n in names if ".experts." in n}
+    shared = {n.split(".shared_expert.", 1)[0] for n in names if ".shared_expert." in n}
+    out = set()
+    for n in names:
+        m = _ROUTER.match(n)
+        if m and m["parent"] in (shared if m["shared"] else parents):
+            out.add(n[: -len(".weight")])
+    return out
+
+
 @dataclass(frozen=True)
 class TypeRule:
     """--tensor-type REGEX=BITS[:GROUP]: modules matching REGEX get these bits (and group size)."""
@@ -235,6 +255,7 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
                          "wrong axis", path=ck.path, fix="convert the Conv1D weights to linear ones ([out, in]) "
                                                         "first; nothing was written")
     plans = []
+    routers = moe_routers(ck.tensors)
     for name, info in ck.tensors.items():
         if not name.endswith(".weight") or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:
             continue
@@ -247,6 +268,8 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
             plans.append(plan)
             continue
         skip = next((why for pat, why in _SKIP_PATTERNS if pat.search(module)), None)
+        if skip is None and module in routers:
+            skip = "mixture-of-experts router"
         if incl:
             if not any(r.search(module) for r in incl):
                 plan.action, plan.reason = "keep", "not matched by --include"
@@ -272,6 +295,19 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
             _check_module(fmt, plan, ck)
         plans.append(plan)
     return plans
+
+
+def stacked_weights_note(ck: Checkpoint) -> list[str]:
+    """A warning naming the float tensors of 3 or more dimensions, which pack copies as they are: its formats
+    hold 2-D linear weights, and a 3-D one is most often a mixture-of-experts stack stored fused (gpt-oss's
+    `mlp.experts.gate_up_proj` [E, H, 2I]), the bulk of such a model's weights."""
+    big = [(n, i) for n, i in ck.tensors.items() if len(i.shape) >= 3 and i.dtype in FLOAT_DTYPES]
+    if not big:
+        return []
+    n, i = big[0]
+    share = sum(t.nbytes for _, t in big) / max(ck.total_bytes, 1)
+    return [f"{len(big)} float tensor(s) of 3 or more dimensions ({share:.0%} of the bytes) copied dense, the first "
+            f"'{n}' {list(i.shape)}: pack quantizes 2-D linear weights, so fused expert stacks stay as they are"]
 
 
 def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
@@ -329,7 +365,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
     warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
-    warnings += ck.shard_notes()
+    warnings += ck.shard_notes() + stacked_weights_note(ck)
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
                         bytes_in=ck.total_bytes, notes=notes, warnings=warnings)
     to_quantize = {p.weight: p for p in plans if p.action == "quantize"}
@@ -574,7 +610,7 @@ def check_calibration_options(job: PackJob) -> None:
 
 def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan], scale_dtype, report: PackReport,
                on_progress):
-    """Run GPTQ/AWQ over the model's blocks; modules outside the blocks are left to RTN, and the report says
+    """Run GPTQ/AWQ over the model's blocks; modules it does not cover are left to RTN, and the report says
     which."""
     import torch
 
@@ -607,8 +643,8 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
     report.notes.extend(res.notes)
     rest = [n for n in to_quantize if n not in res.layers]
     if rest:
-        report.notes.append(f"{len(rest)} module(s) outside the calibrated blocks quantized with RTN: "
-                            + ", ".join(to_quantize[n].module for n in rest))
+        report.notes.append(f"{len(rest)} module(s) the calibration did not cover (outside the blocks, or in a "
+                            "fused expert stack) quantized with RTN: " + ", ".join(to_quantize[n].module for n in rest))
     return res
 
 
@@ -678,7 +714,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
         if p.action == "quantize":
             p.scheme = QuantScheme(job.to, bits, job.group_size, True, False)
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
-    warnings += ck.shard_notes()
+    warnings += ck.shard_notes() + stacked_weights_note(ck)
     if job.to == "fp8" and block == (-1, -1):
         from qtool.formats.fp8 import PER_TENSOR_NOTE
 

@@ -34,6 +34,7 @@ from qtool.errors import InputError, UsageError
 from qtool.formats.plain import Plain, dequantize, relative_error
 from qtool.quant import gptq as gptq_mod
 from qtool.quant.awq import clip_quantize, search_scales
+from qtool.quant.experts import fused_experts
 
 FOLD_TOL = 1e-4
 BATCH_TOKENS = 4096
@@ -58,7 +59,7 @@ class CalibSettings:
 
 @dataclass
 class LayerResult:
-    module: str  # the model's module name
+    module: str  # the model's module name; calibrate_checkpoint's results carry the checkpoint's
     plain: Plain
     loss: float | None  # output relative error on the calibration inputs, tr(ΔW H ΔWᵀ)/tr(W H Wᵀ); None: no inputs
     rtn_loss: float | None  # the same for plain RTN of the same (scaled) weight
@@ -210,6 +211,7 @@ class _Linear:
     bits: int
     group_size: int
     master: torch.Tensor | None = None  # the weight as loaded, when the forward runs in another dtype
+    reached: bool = True  # by the forward that ordered the block's linears (_groups)
 
     def weight(self) -> torch.Tensor:
         return (self.mod.weight.detach() if self.master is None else self.master).float()
@@ -260,6 +262,7 @@ def _groups(block, linears: dict[int, _Linear], sample) -> tuple[list[list[_Line
     # never run: linears the sample's forward did not reach still get quantized, each on its own
     for mid, lin in linears.items():
         if mid not in done:
+            lin.reached = False
             groups.append([lin])
             producer[mid] = None
     return groups, producer
@@ -272,7 +275,10 @@ def _gather(block, groups: list[list[_Linear]], inputs, device, track_mean: bool
     last group has its input: with true_sequential the first steps then cost a fraction of a block."""
     stats: dict[int, gptq_mod.Hessian] = {}
     hooks = []
-    last = groups[-1][0].mod if groups else None
+    # a linear the ordering forward did not reach (an expert no token of that sample was routed to) has no
+    # known place in the order: it may run before others, so every forward then runs to the end
+    ordered = all(lin.reached for g in groups for lin in g)
+    last = groups[-1][0].mod if groups and ordered else None
     names = {id(lin.mod): lin.name for g in groups for lin in g}
 
     def hook(mod, args):
@@ -579,6 +585,24 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
     return out
 
 
+def _check_renamed_experts(model, names: dict[str, str], src) -> None:
+    """A split expert found under another name in the checkpoint (experts.expert_names: Mixtral's w1/w3/w2)
+    must hold that tensor's values: the role names are qtool's reading of the layout, so each is compared."""
+    from qtool.io.checkpoint import open_checkpoint
+    from qtool.quant.experts import split_expert_weights
+
+    renamed = {m: c for m, c in names.items() if m != c and m in split_expert_weights(model)}
+    if not renamed:
+        return
+    params = dict(model.named_parameters())
+    with open_checkpoint(src) as ck:
+        for m, c in renamed.items():
+            if not torch.equal(params[m].detach().cpu(), ck.get(c).to(params[m].dtype)):
+                raise InputError(f"the model's expert weight '{m}' does not hold the checkpoint tensor of that "
+                                 "expert and role", path=src, tensor=c,
+                                 fix="calibrate with --method rtn, or report the architecture")
+
+
 def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]], s: CalibSettings,
                          text_file=None, n_samples: int = 128, seqlen: int = 256,
                          on_block: Callable[[int, int], None] | None = None, seed: int = 0
@@ -596,7 +620,8 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
     limit = hf.max_positions(model)
     L = min(seqlen, limit) if limit else seqlen
     samples, short = token_windows(hf.tokenize(tok, text), n_samples, L, seed, specials=hf.specials(tok))
-    names = hf.name_map([n for n, _ in model.named_parameters()], tensor_names)
+    names = hf.name_map([n for n, _ in model.named_parameters()], tensor_names, model)
+    _check_renamed_experts(model, names, src)
     back = {c: m for m, c in names.items()}
     model_targets = {}
     for w, bg in targets.items():
@@ -605,8 +630,15 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
             model_targets[m[: -len(".weight")]] = bg
     res = calibrate(model, samples, model_targets, s, on_block)
     out = CalibResult(notes=list(res.notes), blocks=res.blocks, n_samples=res.n_samples, seqlen=res.seqlen)
+    fused = fused_experts(model)
+    if fused:
+        name, why = next(iter(fused.items()))
+        out.notes.append(f"{len(fused)} mixture-of-experts stack(s) held fused by transformers are not calibrated "
+                         f"(the first '{name}': {why})")
     for mod, lr in res.layers.items():
-        out.layers[names[f"{mod}.weight"]] = lr
+        weight = names[f"{mod}.weight"]
+        lr.module = weight[: -len(".weight")]
+        out.layers[weight] = lr
     for n, t in res.dense_updates.items():
         if n not in names:
             raise InputError(f"AWQ changed the model parameter '{n}', which has no tensor in the checkpoint",

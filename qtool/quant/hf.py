@@ -103,9 +103,12 @@ def _tied_names(model) -> set[str]:
 
 
 def build_model(path: str | Path, device: str = "cpu", weights: dict | None = None):
-    """(model, tokenizer, causal). `weights` ({model parameter name: tensor}) replaces parameters after the
+    """(model, tokenizer, causal), with fused mixture-of-experts stacks split into linears where their layout
+    allows (experts.split_experts). `weights` ({model parameter name: tensor}) replaces parameters after the
     dense weights are loaded from `path` (used by eval to put dequantized weights in)."""
     import torch
+
+    from qtool.quant.experts import split_experts
 
     cls, config, dtype, tok, causal = load_model(path, device)
     if config.model_type and hasattr(config, "use_cache"):
@@ -115,6 +118,7 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
         # or calibration model with holes would give numbers that mean nothing
         model, info = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True,
                                           output_loading_info=True)
+        split_experts(model)
         tied = _tied_names(model)
         missing = [n for n in info.get("missing_keys") or () if n not in tied]
         if missing:
@@ -123,6 +127,7 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
                              fix="give the complete dense model (a quantized checkpoint is not one)")
     else:
         model = cls.from_config(config, dtype=dtype)
+        split_experts(model)
         missing = [n for n, _ in model.named_parameters() if n not in weights]
         tied = _tied_names(model)
         missing = [n for n in missing if n not in tied]
@@ -139,10 +144,29 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
     return model, tok, causal
 
 
-def name_map(model_names, checkpoint_names) -> dict[str, str]:
+def name_map(model_names, checkpoint_names, model=None) -> dict[str, str]:
     """{model parameter name: checkpoint tensor name}: equal names, else the unique checkpoint name that
-    equals the model name with a leading prefix added or removed (`bert.`, `model.`, ...)."""
+    equals the model name with a leading prefix added or removed (`bert.`, `model.`, ...); then the same
+    with the checkpoint names as transformers renames them when it loads `model` (Mixtral's
+    `block_sparse_moe.` is `mlp.` in memory); then for a split expert's weight the checkpoint's name of that
+    expert (experts.expert_names)."""
+    from qtool.quant.experts import expert_names
+
+    model_names = list(model_names)
     ck = set(checkpoint_names)
+    out = _match(model_names, ck)
+    rename = _load_renaming(model) if model is not None else None
+    if rename is not None and len(out) < len(model_names):
+        renamed: dict[str, str] = {}
+        for c in ck:
+            renamed.setdefault(rename(c), c)
+        left = [m for m in model_names if m not in out]
+        out.update({m: renamed[r] for m, r in _match(left, set(renamed)).items()})
+    out.update(expert_names([m for m in model_names if m not in out], ck))
+    return out
+
+
+def _match(model_names, ck: set[str]) -> dict[str, str]:
     by_tail: dict[str, list[str]] = {}
     for c in ck:
         parts = c.split(".")
@@ -164,6 +188,23 @@ def name_map(model_names, checkpoint_names) -> dict[str, str]:
                 out[m] = tail
                 break
     return out
+
+
+def _load_renaming(model):
+    """The key renamings transformers applies when it loads `model` from a checkpoint (its conversion
+    mapping, the API PEFT uses too), as a function of the checkpoint name; None when there are none or this
+    transformers has no such mapping (then only the rules above match names, and an unmatched one is
+    reported by the caller)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, apply_renamings
+    except ImportError:
+        return None
+    try:
+        renamings = [t for t in get_model_conversion_mapping(model) or () if isinstance(t, WeightRenaming)]
+    except (TypeError, AttributeError):  # another transformers' signature: fall back as above
+        return None
+    return (lambda key: apply_renamings(key, renamings)) if renamings else None
 
 
 def tokenize(tok, text: str):
