@@ -55,26 +55,6 @@ _SKIP_PATTERNS = (
 
 
 
-# A mixture-of-experts router: `gate` or `router` beside the `experts` it routes to (Mixtral's
-# block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate, gpt-oss's mlp.router), and Qwen2-MoE's
-# shared_expert_gate beside its shared_expert. vLLM and SGLang build these unquantized (quant_config=None) and
-# GPTQModel's and llm-compressor's recipes leave them out, so a packed router is a file no engine loads.
-_ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router|(?P<shared>shared_expert_gate))\.weight$")
-
-
-def moe_routers(names) -> set[str]:
-    """The module names among tensor `names` that are mixture-of-experts routers (see _ROUTER)."""
-    names = list(names)
-    parents = {n.split(".experts.", 1)[0] for n in names if ".experts." in n}
-    shared = {n.split(".shared_expert.", 1)[0] for n in names if ".shared_expert." in n}
-    out = set()
-    for n in names:
-        m = _ROUTER.match(n)
-        if m and m["parent"] in (shared if m["shared"] else parents):
-            out.add(n[: -len(".weight")])
-    return out
-
-
 @dataclass(frozen=True)
 class TypeRule:
     """--tensor-type REGEX=BITS[:GROUP]: modules matching REGEX get these bits (and group size)."""
@@ -255,6 +235,8 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
                          "wrong axis", path=ck.path, fix="convert the Conv1D weights to linear ones ([out, in]) "
                                                         "first; nothing was written")
     plans = []
+    from qtool.inspect.detect import moe_routers
+
     routers = moe_routers(ck.tensors)
     for name, info in ck.tensors.items():
         if not name.endswith(".weight") or len(info.shape) != 2 or info.dtype not in FLOAT_DTYPES:

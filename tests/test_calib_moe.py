@@ -112,20 +112,6 @@ def test_awq_folds_each_experts_scales_inside_the_expert(moe, text_file, tmp_pat
     assert abs(e["ppl_quant"] - e["ppl_dense"]) < 0.05 * e["ppl_dense"]
 
 
-def test_routers_stay_dense_by_structure(tmp_path):
-    from qtool.pack import moe_routers
-
-    names = ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.up_proj.weight",
-             "model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.mlp.shared_expert.up_proj.weight",
-             "model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.3.w1.weight",
-             "model.layers.2.mlp.router.weight", "model.layers.2.mlp.experts.gate_up_proj_blocks",
-             # a gate with no experts beside it is an ordinary linear
-             "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.up.weight",
-             "model.layers.4.mlp.shared_expert_gate.weight"]
-    assert moe_routers(names) == {"model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate",
-                                  "model.layers.1.block_sparse_moe.gate", "model.layers.2.mlp.router"}
-
-
 class _Stacked(torch.nn.Module):
     """Experts in another layout (transposed, with biases): not the default gate/up/down forward."""
 
@@ -182,25 +168,3 @@ def test_a_linear_the_ordering_pass_missed_does_not_cut_later_forwards_short():
     groups, _ = calib._groups(block, lins, inputs[0])
     stats = calib._gather(block, groups, inputs, "cpu")
     assert stats[id(block.after)].n == stats[id(block.rare)].n * 2 == 6
-
-
-def test_three_dimensional_expert_stacks_are_copied_dense_with_a_warning(tmp_path):
-    from safetensors import safe_open
-
-    from qtool.pack import PackJob, run_pack
-    from tests.conftest import write_llama
-
-    g = torch.Generator().manual_seed(0)
-    t = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=g).half(),
-         "model.layers.0.mlp.router.weight": torch.randn(4, 64, generator=g).half(),
-         "model.layers.0.mlp.experts.gate_up_proj": torch.randn(4, 64, 128, generator=g).half(),
-         "model.layers.0.mlp.experts.down_proj": torch.randn(4, 64, 64, generator=g).half()}
-    (tmp_path / "src").mkdir()
-    write_llama(tmp_path / "src", t, "float16")
-    rep = run_pack(PackJob(tmp_path / "src", tmp_path / "out", "gptq", group_size=32))
-    warn = [w for w in rep.warnings if "3 or more dimensions" in w]
-    assert len(warn) == 1 and warn[0].startswith("2 float tensor(s)") and "(92% of the bytes)" in warn[0], rep.warnings
-    assert [p.module for p in rep.plan if p.action == "quantize"] == ["model.layers.0.self_attn.q_proj"]
-    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
-        for n in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.router.weight"):
-            assert torch.equal(f.get_tensor(n), t[n])

@@ -52,6 +52,26 @@ def collapse_layers(name: str) -> str:
 # --- claims -------------------------------------------------------------------------------------------
 
 
+# A mixture-of-experts router: `gate` or `router` beside the `experts` it routes to (Mixtral's
+# block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate, gpt-oss's mlp.router), and Qwen2-MoE's
+# shared_expert_gate beside its shared_expert. vLLM and SGLang build these unquantized (quant_config=None) and
+# GPTQModel's and llm-compressor's recipes leave them out, so a packed router is a file no engine loads.
+_ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router|(?P<shared>shared_expert_gate))\.weight$")
+
+
+def moe_routers(names) -> set[str]:
+    """The module names among tensor `names` that are mixture-of-experts routers (see _ROUTER)."""
+    names = list(names)
+    parents = {n.split(".experts.", 1)[0] for n in names if ".experts." in n}
+    shared = {n.split(".shared_expert.", 1)[0] for n in names if ".shared_expert." in n}
+    out = set()
+    for n in names:
+        m = _ROUTER.match(n)
+        if m and m["parent"] in (shared if m["shared"] else parents):
+            out.add(n[: -len(".weight")])
+    return out
+
+
 def config_claims(qc: Any, raw: dict | None, source: str, path: object = None) -> Claims | None:
     """What a quantization config says: a parsed QuantConfig (qtool.io.qconfig) and its raw dict.
 

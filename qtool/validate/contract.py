@@ -48,6 +48,7 @@ def check(report, quant_raw: dict | None, path: Path, engines: tuple[str, ...], 
 
         out += _config_keys(quant_raw, report, path)
         out += vllm_schemes.check(quant_raw, report, path)
+        out += _experts(report)
     if not quantized:
         return out + [CheckResult(NAME, None, "skip", "no quantized module: no kernel to select")]
     if not engines and report.container == "gguf":
@@ -123,6 +124,45 @@ def _excluded(raw: dict, method: str, report, path: Path) -> list[CheckResult]:
     if not out:
         out.append(CheckResult(NAME, None, "pass", f"{len(dense)} dense layer modules excluded by {how}"))
     return out
+
+
+def _experts(report) -> list[CheckResult]:
+    """Mixture-of-experts layers: vLLM's and SGLang's FusedMoE build one quantization method for all the experts
+    of a layer (w13 and w2 alike), so they must share one scheme, none of them dense; and the engines build the
+    router unquantized (quant_config=None), so a packed one is not loaded."""
+    import re
+
+    from qtool.inspect.detect import moe_routers
+
+    mods = {m.name: m for m in report.modules}
+    out = [CheckResult(NAME, r, "fail", "a mixture-of-experts router stored quantized: vLLM and SGLang build it "
+                                       "unquantized and find no weight; fix: pack with the router dense (qtool's "
+                                       "default)")
+           for r in sorted(moe_routers(f"{n}.weight" for n in mods)) if mods[r].quantized]
+    layers: dict[str, dict[tuple, list[str]]] = {}
+    for name, m in mods.items():
+        hit = re.match(r"^(.+)\.experts\.\d+\.[^.]+$", name)
+        if hit:
+            s = m.scheme
+            key = ("dense",) if not m.quantized else (s.format, s.bits, s.group_size, s.sym, bool(s.desc_act))
+            layers.setdefault(hit[1], {}).setdefault(key, []).append(name)
+    mixed = {p: k for p, k in layers.items() if len(k) > 1}
+    for parent, kinds in sorted(mixed.items()):
+        (a, na), (b, nb) = sorted(kinds.items(), key=lambda kv: -len(kv[1]))[:2]
+        out.append(CheckResult(NAME, parent, "fail", f"its experts mix schemes ({len(na)} {_scheme(a)}, {len(nb)} "
+                                                    f"{_scheme(b)}, e.g. '{nb[0]}'): vLLM's and SGLang's fused MoE "
+                                                    "layer takes one scheme for all experts; fix: pack them alike"))
+    if layers and not out:
+        out.append(CheckResult(NAME, None, "pass", f"{len(layers)} mixture-of-experts layers: one scheme each, "
+                                                  "routers dense"))
+    return out
+
+
+def _scheme(key: tuple) -> str:
+    if key == ("dense",):
+        return "dense"
+    fmt, bits, group, sym, desc = key
+    return f"{fmt} {bits}-bit g{group}{' sym' if sym else ' asym'}{' act-order' if desc else ''}"
 
 
 def _gguf_keys(kv: dict[str, Any]) -> list[CheckResult]:

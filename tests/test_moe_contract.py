@@ -1,0 +1,77 @@
+"""Mixture-of-experts checkpoints without a model forward: routers stay dense in pack, 3-D expert stacks are
+copied dense with a warning, and validate holds a layer's experts to one scheme and its router to dense, as
+vLLM's and SGLang's fused MoE layers need."""
+
+from __future__ import annotations
+
+import torch
+from safetensors import safe_open
+
+from qtool.pack import PackJob, run_pack
+from tests.conftest import write_llama
+from tests.test_validate import fails, run_json
+
+
+def test_routers_stay_dense_by_structure(tmp_path):
+    from qtool.inspect.detect import moe_routers
+
+    names = ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.up_proj.weight",
+             "model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.mlp.shared_expert.up_proj.weight",
+             "model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+             "model.layers.2.mlp.router.weight", "model.layers.2.mlp.experts.gate_up_proj_blocks",
+             # a gate with no experts beside it is an ordinary linear
+             "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.up.weight",
+             "model.layers.4.mlp.shared_expert_gate.weight"]
+    assert moe_routers(names) == {"model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate",
+                                  "model.layers.1.block_sparse_moe.gate", "model.layers.2.mlp.router"}
+
+
+def test_three_dimensional_expert_stacks_are_copied_dense_with_a_warning(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    t = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=g).half(),
+         "model.layers.0.mlp.router.weight": torch.randn(4, 64, generator=g).half(),
+         "model.layers.0.mlp.experts.gate_up_proj": torch.randn(4, 64, 128, generator=g).half(),
+         "model.layers.0.mlp.experts.down_proj": torch.randn(4, 64, 64, generator=g).half()}
+    (tmp_path / "src").mkdir()
+    write_llama(tmp_path / "src", t, "float16")
+    rep = run_pack(PackJob(tmp_path / "src", tmp_path / "out", "gptq", group_size=32))
+    warn = [w for w in rep.warnings if "3 or more dimensions" in w]
+    assert len(warn) == 1 and warn[0].startswith("2 float tensor(s)") and "(92% of the bytes)" in warn[0], rep.warnings
+    assert [p.module for p in rep.plan if p.action == "quantize"] == ["model.layers.0.self_attn.q_proj"]
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        for n in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.router.weight"):
+            assert torch.equal(f.get_tensor(n), t[n])
+
+
+def _moe_checkpoint(d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d.mkdir()
+    t = {}
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        t[p + "self_attn.q_proj.weight"] = torch.randn(64, 64, generator=g).half()
+        t[p + "block_sparse_moe.gate.weight"] = torch.randn(8, 64, generator=g).half()
+        for e in range(4):
+            for role, shape in (("w1", (32, 64)), ("w3", (32, 64)), ("w2", (64, 32))):
+                t[p + f"block_sparse_moe.experts.{e}.{role}.weight"] = torch.randn(*shape, generator=g).half()
+    write_llama(d, t, "float16")
+    return t
+
+
+def test_validate_holds_each_moe_layer_to_one_scheme_and_a_dense_router(tmp_path):
+    _moe_checkpoint(tmp_path / "src")
+    run_pack(PackJob(tmp_path / "src", tmp_path / "ok", "gptq", group_size=32))
+    rep, code = run_json(tmp_path / "ok")
+    assert code == 0 and fails(rep) == []
+    assert any(c["name"] == "contract" and "2 mixture-of-experts layers: one scheme each" in c["detail"]
+               for c in rep["checks"])
+    # one expert at 8 bits, the routers packed too: neither loads in vLLM's fused MoE layer
+    run_pack(PackJob(tmp_path / "src", tmp_path / "bad", "gptq", group_size=32, tensor_types=[r"experts\.3\.=8"],
+                     include=[r"layers\.0\.", r"layers\.1\.(?!block_sparse_moe\.gate)"]))
+    rep, code = run_json(tmp_path / "bad")
+    assert code == 1 and sorted(fails(rep)) == [
+        ("contract", "model.layers.0.block_sparse_moe"), ("contract", "model.layers.0.block_sparse_moe.gate"),
+        ("contract", "model.layers.1.block_sparse_moe")]
+    detail = {c["module"]: c["detail"] for c in rep["checks"] if c["status"] == "fail"}
+    assert "9 gptq 4-bit g32 sym, 3 gptq 8-bit g32 sym" in detail["model.layers.0.block_sparse_moe"]
+    assert "router stored quantized" in detail["model.layers.0.block_sparse_moe.gate"]
