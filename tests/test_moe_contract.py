@@ -75,3 +75,27 @@ def test_validate_holds_each_moe_layer_to_one_scheme_and_a_dense_router(tmp_path
     detail = {c["module"]: c["detail"] for c in rep["checks"] if c["status"] == "fail"}
     assert "9 gptq 4-bit g32 sym, 3 gptq 8-bit g32 sym" in detail["model.layers.0.block_sparse_moe"]
     assert "router stored quantized" in detail["model.layers.0.block_sparse_moe.gate"]
+
+
+def test_select_leaves_experts_to_the_engines_fused_moe_layer(tmp_path):
+    """vLLM and SGLang run a layer's experts as one FusedMoE module through the method's MoE variant, not
+    through the linear kernels select declares; GPTQModel runs each expert as a linear module."""
+    from qtool.kernels.devices import resolve_device
+    from qtool.select.plan import path_groups, plan_select
+
+    _moe_checkpoint(tmp_path / "src")
+    run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", group_size=32))
+    groups, _ = path_groups(tmp_path / "q")
+    h100 = resolve_device("h100")
+    for engine in ("vllm", "sglang"):
+        sel = plan_select(groups, h100, engine)
+        assert not any(".experts." in row.name for row in sel.layers) and sel.layers
+        assert any(n.startswith("24 mixture-of-experts expert layers not planned: ") and "FusedMoE" in n
+                   for n in sel.notes), sel.notes
+    sel = plan_select(groups, h100, "gptqmodel")
+    assert sum(row.count for row in sel.layers if ".experts." in row.name) == 24
+    # experts only, in a layout vLLM reads: nothing for its linear kernels to plan, and validate says so
+    run_pack(PackJob(tmp_path / "src", tmp_path / "i8", "ct_int8", bits=8, include=[r"\.experts\."]))
+    rep, code = run_json(tmp_path / "i8", "--engine", "vllm", "--target", "h100")
+    skips = [c["detail"] for c in rep["checks"] if c["name"] == "contract" and c["status"] == "skip"]
+    assert code == 0 and any("no linear layer to plan" in d for d in skips), rep["checks"]

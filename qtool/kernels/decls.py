@@ -263,6 +263,7 @@ ENGINE_FILE = record({
     "serialized": map_of(is_str, map_of(is_str, list_of(is_str))),
     "gates": list_of(KERNEL_ROW),
     "engine_gates": list_of(KERNEL_ROW),       # checks at engine start: every layer passes them or none runs
+    "fused_moe": is_str,                       # how the engine runs MoE experts, where not as linear layers
     "kernels": list_of(KERNEL_ROW),
 }, required=("schema", "engine", "walk", "kernels"))
 
@@ -370,6 +371,7 @@ class EngineDecls:
     lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
     gates: tuple[KernelDecl, ...] = ()
     engine_gates: tuple[KernelDecl, ...] = ()
+    fused_moe: str | None = None  # set: experts are no linear layers here, and this says what runs them
     base_checks: dict[str, bool] = field(default_factory=dict)   # checks the engine applies to every row
     walks: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     serialized: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
@@ -435,7 +437,7 @@ def parse_engine(data: Any, path: Path) -> EngineDecls:
     return EngineDecls(
         engine=d["engine"], walk=d["walk"], path=path, kernels=kernels, source=d.get("source", ""),
         formats=dict(d.get("formats", {})), pack_dtype_by_format=dict(d.get("pack_dtype_by_format", {})),
-        methods=methods, lists=lists, gates=gates, engine_gates=engine_gates,
+        methods=methods, lists=lists, gates=gates, engine_gates=engine_gates, fused_moe=d.get("fused_moe"),
         base_checks=dict(d.get("base_checks", {})),
         walks=walks, serialized={f: {src: tuple(b) for src, b in m.items()}
                                  for f, m in d.get("serialized", {}).items()},

@@ -453,6 +453,10 @@ def check_disabled(disabled: Iterable[str], decls: EngineDecls) -> frozenset[str
     return frozenset(disabled)
 
 
+# a routed expert's linear (`mlp.experts.#.gate_proj`, Mixtral's `block_sparse_moe.experts.#.w1`), by pattern
+EXPERT_PATTERN = re.compile(r"(^|\.)experts\.#\.")
+
+
 def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmodel", tp: int = 1,
                 disabled: Iterable[str] = (), notes: Sequence[str] = (), source: str | None = None,
                 config_dir: Path | None = None, ms: Sequence[int] = ()) -> SelectReport:
@@ -470,6 +474,12 @@ def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmod
     if decls.engine in ("vllm", "sglang"):
         groups, fuse_notes = fuse_groups(groups, config_dir, {"vllm": "vLLM", "sglang": "SGLang"}[decls.engine])
         notes += fuse_notes
+    if decls.fused_moe:
+        experts = [g for g in groups if EXPERT_PATTERN.search(g.pattern)]
+        if experts:
+            groups = [g for g in groups if not EXPERT_PATTERN.search(g.pattern)]
+            notes.append(f"{sum(g.count for g in experts)} mixture-of-experts expert layers not planned: "
+                         f"{decls.fused_moe}")
     if decls.engine == "gptqmodel" and tp > 1:
         notes.append("GPTQModel has no tensor parallelism of its own: per-rank shapes are shown as if each "
                      "rank loaded a shard (sharded_load)")

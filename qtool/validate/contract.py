@@ -189,12 +189,14 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
         for engine in engines:
             sel = plan_select(groups, resolve_device(target), engine)
             plans.append((engine, sel))
-            if any(row.selection.candidates for row in sel.layers):
+            if any(row.selection.candidates for row in sel.layers) or (groups and not sel.layers):
                 break
     except QtoolError as e:
         return [CheckResult(NAME, None, "fail", f"{' or '.join(engines)} on {target}: cannot plan kernels: "
                                                f"{e.problem}")]
     engine, sel = plans[-1]
+    if groups and not sel.layers:  # every quantized layer is an expert the engine runs outside its linears
+        return [CheckResult(NAME, None, "skip", f"{engine} on {target}: no linear layer to plan ({sel.notes[-1]})")]
     if len(engines) > 1 and not any(row.selection.candidates for row in sel.layers):
         why = "; ".join(f"{e}: {_refusal(p.layers[0].selection)}" for e, p in plans if p.layers)
         return [CheckResult(NAME, None, "fail", f"none of {', '.join(engines)} reads these layers ({why}); "
