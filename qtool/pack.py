@@ -270,11 +270,15 @@ def plan_modules(ck: Checkpoint, job: PackJob) -> list[ModulePlan]:
                                  "written")
         if plan.action == "quantize":
             bits, group = job.bits, job.group_size
-            for r in rules:
+            origin = {"bits": "--bits", "group": "--group-size"}  # named where a value is refused
+            for r, text in zip(rules, job.tensor_types):
                 if r.pattern.search(module):
                     bits, group = r.bits, (r.group_size if r.group_size is not None else group)
+                    origin["bits"] = f"--tensor-type '{text}'"
+                    if r.group_size is not None:
+                        origin["group"] = origin["bits"]
             plan.scheme = QuantScheme(job.to, bits, group, job.sym, job.method == "gptq" and job.act_order)
-            _check_module(fmt, plan, ck)
+            _check_module(fmt, plan, ck, origin)
         plans.append(plan)
     return plans
 
@@ -292,20 +296,23 @@ def stacked_weights_note(ck: Checkpoint) -> list[str]:
             f"'{n}' {list(i.shape)}: pack quantizes 2-D linear weights, so fused expert stacks stay as they are"]
 
 
-def _check_module(fmt, plan: ModulePlan, ck: Checkpoint) -> None:
+def _check_module(fmt, plan: ModulePlan, ck: Checkpoint, origin: dict[str, str] | None = None) -> None:
+    """Refuse a module its layout cannot hold; `origin` names the option each of its bits and group size came
+    from ({"bits": "--bits", "group": "--tensor-type '...'"}), so a value a --config file set is traced."""
     from qtool.formats import Plain
 
     o, i = plan.shape
     b, g = plan.bits, plan.group_size
+    origin = origin or {"bits": "--bits", "group": "--group-size"}
     where = dict(path=ck.path, tensor=plan.weight)
     if b not in fmt.spec.bits:
-        raise UsageError(f"{fmt.spec.id} cannot hold {b}-bit codes",
+        raise UsageError(f"{fmt.spec.id} cannot hold {b}-bit codes ({origin['bits']})",
                          fix=f"use --bits in {list(fmt.spec.bits)} or another --to", **where)
     if g != -1 and (g <= 0 or i % g):
         if fmt.spec.id in MICRO_PACK:  # the layout's own group: no --group-size changes it
             raise UsageError(f"{fmt.spec.id}'s group of {g} does not divide in_features {i}",
                              fix="--exclude this module", **where)
-        raise UsageError(f"group size {g} does not divide in_features {i}",
+        raise UsageError(f"group size {g} ({origin['group']}) does not divide in_features {i}",
                          fix="use a group size that divides it, -1, or --exclude this module", **where)
     # Layout divisibility: ask the format about a stand-in Plain of the real shape (no data, no memory).
     reasons = fmt.check(Plain.stand_in(o, i, b, g, sym=True))
@@ -644,7 +651,7 @@ def scaled_block(job: PackJob, fmt) -> tuple[int, int]:
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown --strategy '{strategy}'", fix=f"use one of {', '.join(STRATEGIES)}")
     if strategy not in fmt.strategies:
-        raise UsageError(f"{fmt.spec.id} stores {' or '.join(fmt.strategies)} scales, not {strategy}",
+        raise UsageError(f"{fmt.spec.id} stores {' or '.join(fmt.strategies)} scales, not --strategy {strategy}",
                          fix="choose another --strategy, or --to ct_fp8 for per-channel FP8")
     if job.block is not None and strategy != "block":
         raise UsageError(f"--block applies to --strategy block, not {strategy}")

@@ -115,3 +115,20 @@ def test_example_job_specs_are_valid(tmp_path):
 def test_sanitize_strips_control_sequences():
     assert sanitize("evil\x1b[2Jname\x07") == "evil\\x1b[2Jname\\x07"
     assert "\x1b" not in sanitize("\x1b]0;title\x07")
+
+
+def test_a_value_the_core_refuses_per_module_names_its_config_key(tmp_path, capsys):
+    """A group size or --tensor-type rule from a job spec that one module cannot take is refused inside pack's
+    plan; the line still says which key of which file set it."""
+    from qtool.cli.main import main
+    from tests.test_pack import make_model
+
+    make_model(tmp_path / "m")
+    for text, key in (("group_size: 96\n", "--group-size was set by key 'group_size'"),
+                      ("tensor_type: ['q_proj=4:96']\n", "--tensor-type was set by key 'tensor_type'")):
+        cfg = tmp_path / "job.yaml"
+        cfg.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            main(["pack", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--config", str(cfg)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "does not divide in_features" in err and f"{key} in {cfg}" in err, err

@@ -107,11 +107,11 @@ def test_pack_flags_and_refusals(dense, tmp_path):
                     "64", "-q")
     assert code == 0 and tensors(tmp_path / "g")["model.layers.0.mlp.down_proj.weight_scale"].shape == (128, 3)
     for args, says in [
-        (["--to", "fp8", "--strategy", "channel"], "fp8 stores tensor or block scales, not channel"),
+        (["--to", "fp8", "--strategy", "channel"], "fp8 stores tensor or block scales, not --strategy channel"),
         (["--to", "fp8", "--bits", "4"], "8-bit codes"),
         (["--to", "fp8", "--block", "128"], "not ROWSxCOLS"),
         (["--to", "ct_fp8", "--strategy", "group"], "--group-size"),
-        (["--to", "ct_int8", "--strategy", "block"], "not block"),
+        (["--to", "ct_int8", "--strategy", "block"], "not --strategy block"),
         (["--to", "ct_fp8", "--method", "gptq"], "rtn or mse"),
         (["--to", "gptq", "--strategy", "block"], "--strategy/--block apply to"),
     ]:

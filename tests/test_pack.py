@@ -185,7 +185,7 @@ def test_config_file_and_flag_override(tmp_path):
     (["{notst}"], InputError, "not a .safetensors"),
     (["{src}", "--to", "exl9"], UsageError, "pack cannot write 'exl9'"),
     (["{src}", "--bits", "9"], UsageError, "--bits 9 is outside 2..8"),
-    (["{src}", "--group-size", "96"], UsageError, "group size 96 does not divide in_features"),
+    (["{src}", "--group-size", "96"], UsageError, "group size 96 (--group-size) does not divide in_features"),
     (["{src}", "--to", "awq", "--bits", "3"], UsageError, "awq cannot hold 3-bit"),
     (["{src}", "--config", "{badyaml}"], SpecError, "unknown key 'bitz'"),
     (["{src}", "--include", "("], UsageError, "not a valid regular expression"),
