@@ -63,7 +63,11 @@ HPARAMS = (("max_position_embeddings", "add_context_length"), ("hidden_size", "a
            ("num_attention_heads", "add_head_count"), ("num_key_value_heads", "add_head_count_kv"),
            ("rms_norm_eps", "add_layer_norm_rms_eps"), ("layer_norm_eps", "add_layer_norm_eps"),
            ("rope_theta", "add_rope_freq_base"), ("vocab_size", "add_vocab_size"),
-           ("head_dim", "add_rope_dimension_count"))
+           ("head_dim", "add_rope_dimension_count"),
+           # mixture of experts (llama.cpp's converter: Qwen2/3-MoE, Mixtral's num_local_experts)
+           ("num_experts", "add_expert_count"), ("num_local_experts", "add_expert_count"),
+           ("num_experts_per_tok", "add_expert_used_count"), ("moe_intermediate_size", "add_expert_feed_forward_length"),
+           ("shared_expert_intermediate_size", "add_expert_shared_feed_forward_length"))
 FLOAT_HPARAMS = frozenset({"rms_norm_eps", "layer_norm_eps", "rope_theta"})
 # YaRN parameters: transformers' rope_scaling key <-> llama.cpp's `{arch}.rope.scaling.<suffix>` (its converter's
 # mapping; transformers also reads attention_factor as attn_factor)

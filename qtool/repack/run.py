@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qtool.errors import FormatError, NotRepresentable, UsageError
+from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
 from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 from qtool.repack.report import RunReport
@@ -431,6 +431,35 @@ def _write_configs(tmp: Path, source, plan: RepackPlan, dst, rename=None, base: 
 
 
 # --- GGUF targets -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpertStack:
+    """The experts of one mixture-of-experts projection (`...experts.{e}.gate_proj`), which llama.cpp holds as
+    one [E, O, I] tensor named by the gguf package's map for `...experts.gate_proj`."""
+
+    name: str  # the merged Hugging Face name, without .weight
+    experts: tuple  # the source modules, by expert index
+
+
+def expert_stacks(modules, shapes: dict[str, tuple[int, int]]) -> dict[str, ExpertStack]:
+    """{module name: its ExpertStack} for modules named `P.experts.{e}.R` where experts 0..E-1 are all present
+    with one [O, I] shape (`shapes`, by module name: the converter's merge); others are left as they are (and
+    reported unmapped)."""
+    import re
+
+    groups: dict[str, dict[int, object]] = {}
+    for m in modules:
+        hit = re.match(r"^(.+\.experts)\.(\d+)\.([^.]+)$", m.name)
+        if hit:
+            groups.setdefault(f"{hit[1]}.{hit[3]}", {})[int(hit[2])] = m
+    out = {}
+    for name, by_e in groups.items():
+        shapes_of = {tuple(shapes[m.name]) for m in by_e.values()}
+        if sorted(by_e) == list(range(len(by_e))) and len(shapes_of) == 1:
+            stack = ExpertStack(name, tuple(by_e[e] for e in sorted(by_e)))
+            out.update({m.name: stack for m in stack.experts})
+    return out
+
+
 def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackReport, on_progress) -> None:
     import gguf
     import torch
@@ -476,8 +505,43 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         heads = None if gguf_src else rotary_heads(arch, spec.name, n_head, n_kv)
         rows.append(None if heads is None else rotary_rows(spec.shape[0], heads, True, spec.name))
 
+    stacks = {} if gguf_src else expert_stacks([m for m in by_first.values() if m.name in plans],
+                                               {n: tuple(p.shape) for n, p in plans.items()})
+    stacked: set[str] = set()
+
+    def module_job(m, mp, shp):
+        """(GGML type, bytes, data job) of one module's tensor, written with dims `shp`."""
+        own = (mp.target_meta or {}).get("gguf_type")
+        if own:  # --tensor-type: the module in its own GGML type
+            return own, type_nbytes(own, shp), ("encode", m, own)
+        if mp.copy and gguf_src:
+            info = source.tensor_info(m.layout["weight"])
+            return info.type_name, info.nbytes, ("raw", m.layout["weight"], None)
+        if mp.kind == "keep":
+            # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
+            sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
+            plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
+            o, i = mp.shape
+            return sd, o * i * (4 if sd == "F32" else 2), ("dense", m, mp)
+        o, i = mp.shape  # all rows: a GGUF stack's [E, O/E, I] too
+        return tname, o * (i // 32) * nbytes_blk, ("convert", m, mp)
+
     for name in source.order:
         m = by_first.get(name)
+        if m is not None and m.name in stacks:
+            stack = stacks[m.name]
+            if stack.name in stacked:
+                continue
+            stacked.add(stack.name)
+            parts = [module_job(e, plans[e.name], tuple(plans[e.name].shape)) for e in stack.experts]
+            if len({p[0] for p in parts}) > 1:
+                raise InputError(f"the experts of '{stack.name}' would be written in several GGML types "
+                                 f"({', '.join(sorted({p[0] for p in parts}))}), and llama.cpp holds them in one "
+                                 "tensor", path=source.path, fix="give all experts of a layer one --tensor-type")
+            o, i = plans[m.name].shape
+            add(GGUFTensorSpec(mapped(f"{stack.name}.weight"), (len(parts), o, i), parts[0][0],
+                               sum(p[1] for p in parts)), ("stack", [p[2] for p in parts], None))
+            continue
         if m is None:
             if name in skip or name in dropped or left_out(name):
                 continue
@@ -509,47 +573,45 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         out_name = mapped(f"{m.name}.weight") if not gguf_src else f"{m.name}.weight"
         # a module is its rows [O, I]; a GGUF source's tensor keeps its own dims (3-D expert stacks [E, O/E, I])
         shp = tuple(reversed(source.tensor_info(m.layout["weight"]).shape)) if gguf_src else (o, i)
-        own = (mp.target_meta or {}).get("gguf_type")
-        if own:  # --tensor-type: the module in its own GGML type
-            add(GGUFTensorSpec(out_name, shp, own, type_nbytes(own, shp)), ("encode", m, own))
-        elif mp.copy and gguf_src:
-            info = source.tensor_info(m.layout["weight"])
-            add(GGUFTensorSpec(out_name, shp, info.type_name, info.nbytes), ("raw", m.layout["weight"], None))
-        elif mp.kind == "keep":
-            # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
-            sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
-            add(GGUFTensorSpec(out_name, shp, sd, o * i * (4 if sd == "F32" else 2)), ("dense", m, mp))
-            plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
-        else:
-            add(GGUFTensorSpec(out_name, shp, tname, o * (i // 32) * nbytes_blk), ("convert", m, mp))
+        gtype, nbytes, job = module_job(m, mp, shp)
+        add(GGUFTensorSpec(out_name, shp, gtype, nbytes), job)
     if any(r is not None for r in rows):
         plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "
                              "rotary pair order (exact; transformers reorders them back on load)")
+    if stacked:
+        plan.warnings.append(f"{sum(m in stacks for m in plans)} expert modules written as "
+                             f"{len(stacked)} [experts, out, in] stacks, llama.cpp's layout (their blocks in "
+                             "expert order, byte for byte)")
     unmapped = mapped.unmapped
     if unmapped:
         plan.warnings.append(f"{len(unmapped)} tensors have no llama.cpp name for {arch} (e.g. '{unmapped[0]}'): "
                              "written under their own names, which llama.cpp refuses (wrong number of tensors)")
 
+    tdt = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+
+    def tensor(kind, a, mp, type_name):
+        if kind == "raw":
+            t = source.gguf_bytes(a) if gguf_src else source.get(a)
+            return t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t
+        if kind == "f32":
+            return source.get(a).float()
+        if kind == "array":
+            return torch.from_numpy(a)
+        if kind == "dense":
+            w = dequantize(conv.source_plain(a), tdt[type_name])
+            return w.view(torch.uint8) if w.dtype == torch.bfloat16 else w
+        if kind in ("encode", "encode_raw"):
+            w = module_weight(conv, a) if kind == "encode" else source.get(a).float()
+            return torch.from_numpy(encode_as(w, mp)[0].copy())
+        if kind == "stack":
+            return torch.stack([tensor(*job, type_name) for job in a])
+        return conv.convert(a, mp)["weight"]
+
     def data():
-        tdt = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
         for k, (kind, a, mp) in enumerate(jobs):
             if on_progress:
                 on_progress(specs[k].name, k, len(jobs))
-            if kind == "raw":
-                t = source.gguf_bytes(a) if gguf_src else source.get(a)
-                t = t.contiguous().view(torch.uint8) if t.dtype == torch.bfloat16 else t
-            elif kind == "f32":
-                t = source.get(a).float()
-            elif kind == "array":
-                t = torch.from_numpy(a)
-            elif kind == "dense":
-                w = dequantize(conv.source_plain(a), tdt[specs[k].type_name])
-                t = w.view(torch.uint8) if w.dtype == torch.bfloat16 else w
-            elif kind in ("encode", "encode_raw"):
-                w = module_weight(conv, a) if kind == "encode" else source.get(a).float()
-                t = torch.from_numpy(encode_as(w, mp)[0].copy())
-            else:
-                t = conv.convert(a, mp)["weight"]
+            t = tensor(kind, a, mp, specs[k].type_name)
             if rows[k] is not None:
                 t = t[rows[k]]
             yield t.numpy()
