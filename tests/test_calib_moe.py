@@ -40,9 +40,8 @@ def moe(request, tmp_path_factory):
     return _save(model, tok, d / "model")
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    p = tmp_path_factory.mktemp("text") / "calib.txt"
+def _text(tmp_path):
+    p = tmp_path / "calib.txt"
     p.write_text(TEXT)
     return p
 
@@ -79,7 +78,8 @@ def test_split_experts_run_the_fused_forward(moe):
             assert torch.equal(params[n].detach(), f.get_tensor(m[n]).float()), n
 
 
-def test_gptq_calibrates_every_expert_and_keeps_routers_dense(moe, text_file, tmp_path):
+def test_gptq_calibrates_every_expert_and_keeps_routers_dense(moe, tmp_path):
+    text_file = _text(tmp_path)
     out = tmp_path / "gptq"
     _pack(moe, out, "--method", "gptq", "--calib", str(text_file), *SAMPLES)
     rep = json.loads((out / "report.json").read_text())
@@ -99,7 +99,8 @@ def test_gptq_calibrates_every_expert_and_keeps_routers_dense(moe, text_file, tm
     assert abs(e["ppl_quant"] - e["ppl_dense"]) < 0.05 * e["ppl_dense"]
 
 
-def test_awq_folds_each_experts_scales_inside_the_expert(moe, text_file, tmp_path):
+def test_awq_folds_each_experts_scales_inside_the_expert(moe, tmp_path):
+    text_file = _text(tmp_path)
     out = tmp_path / "awq"
     _pack(moe, out, "--method", "awq", "--to", "awq", "--calib", str(text_file), *SAMPLES)
     rep = json.loads((out / "report.json").read_text())

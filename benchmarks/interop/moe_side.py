@@ -15,52 +15,35 @@ import json
 import sys
 from pathlib import Path
 
+from common import llama_logits, save_bpe_tokenizer
+
 TOKENS = [(37 * i * i + 11 * i + 5) % 290 + 3 for i in range(64)]
 
 
 def make(out, arch):
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        MixtralConfig,
-        MixtralForCausalLM,
-        PreTrainedTokenizerFast,
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-    )
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=320, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+    shared = dict(vocab_size=320, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
                   num_experts_per_tok=2)
     if arch == "qwen3moe":
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=64, num_experts=8,
-                                                   head_dim=32, norm_topk_prob=True, **common))
+                                                   head_dim=32, norm_topk_prob=True, **shared))
     else:
-        model = MixtralForCausalLM(MixtralConfig(intermediate_size=64, num_local_experts=8, **common))
+        model = MixtralForCausalLM(MixtralConfig(intermediate_size=64, num_local_experts=8, **shared))
     with torch.no_grad():
         for n, p in model.named_parameters():
             # routers 20x wider than the rest: a token's top-2 experts are then clear of the third, so llama.cpp's
             # 8-bit activations pick the experts transformers does (a near-tie flipped costs a whole expert)
             p.normal_(0, 1.0 if n.endswith("gate.weight") else 0.05) if p.dim() > 1 else p.fill_(1.0)
     model.save_pretrained(out)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.save_pretrained(out)
+    save_bpe_tokenizer(out)
 
 
 def llama(path, out):
-    import numpy as np
-    from llama_cpp import Llama
-
-    m = Llama(model_path=path, n_ctx=128, verbose=False, n_threads=2, logits_all=True)
-    m.eval(TOKENS)
-    json.dump({"logits": np.array(m.scores[:len(TOKENS)]).tolist()}, open(out, "w"))
+    llama_logits(path, TOKENS, out)
 
 
 def compare(dense, llama_json, out, key):

@@ -14,6 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from common import llama_logits, save_bpe_tokenizer
+
 TOKENS = [(37 * i * i + 11 * i + 5) % 290 + 3 for i in range(200)]
 SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 64}
@@ -21,8 +23,7 @@ SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_f
 
 def make(out):
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -33,23 +34,11 @@ def make(out):
         for p in model.parameters():
             p.normal_(0, 0.05) if p.dim() > 1 else p.fill_(1.0)
     model.save_pretrained(out)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.save_pretrained(out)
+    save_bpe_tokenizer(out)
 
 
 def llama(path, out):
-    import numpy as np
-    from llama_cpp import Llama
-
-    m = Llama(model_path=path, n_ctx=256, verbose=False, n_threads=2, logits_all=True)
-    m.eval(TOKENS)
-    json.dump({"logits": np.array(m.scores[:len(TOKENS)]).tolist()}, open(out, "w"))
+    llama_logits(path, TOKENS, out)
 
 
 def compare(work, out):
