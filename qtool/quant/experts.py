@@ -87,7 +87,10 @@ def _same_forward(mod, split: SplitExperts) -> bool:
         a, b = mod(x, idx, wt), split(x, idx, wt)
     if not isinstance(a, torch.Tensor) or a.shape != b.shape:
         return False
-    return bool(torch.allclose(a.float(), b.float(), rtol=TRIAL_RTOL, atol=TRIAL_RTOL * float(a.abs().max())))
+    # another association of the same sums (the fused module may run grouped GEMMs) differs by rounding in
+    # the dtype; a forward that is not this one (an interleaved gate/up, another activation) differs by O(1)
+    tol = max(TRIAL_RTOL, 16 * torch.finfo(w.dtype).eps)
+    return bool(torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * float(a.abs().max())))
 
 
 def split_experts(model) -> list[str]:
