@@ -70,7 +70,7 @@ def test_validate_holds_each_moe_layer_to_one_scheme_and_a_dense_router(tmp_path
     run_pack(PackJob(tmp_path / "src", tmp_path / "ok", "gptq", group_size=32))
     rep, code = run_json(tmp_path / "ok")
     assert code == 0 and fails(rep) == []
-    assert any(c["name"] == "contract" and "2 mixture-of-experts layers: one scheme each" in c["detail"]
+    assert any(c["name"] == "contract" and "2 mixture-of-experts layers: one scheme each; 2 routers, dense" in c["detail"]
                for c in rep["checks"])
     # one expert at 8 bits, the routers packed too: neither loads in vLLM's fused MoE layer
     run_pack(PackJob(tmp_path / "src", tmp_path / "bad", "gptq", group_size=32, tensor_types=[r"experts\.3\.=8"],

@@ -135,10 +135,11 @@ def _experts(report) -> list[CheckResult]:
     from qtool.inspect.detect import moe_routers
 
     mods = {m.name: m for m in report.modules}
+    routers = sorted(moe_routers(f"{n}.weight" for n in mods))
     out = [CheckResult(NAME, r, "fail", "a mixture-of-experts router stored quantized: vLLM and SGLang build it "
                                        "unquantized and find no weight; fix: pack with the router dense (qtool's "
                                        "default)")
-           for r in sorted(moe_routers(f"{n}.weight" for n in mods)) if mods[r].quantized]
+           for r in routers if mods[r].quantized]
     layers: dict[str, dict[tuple, list[str]]] = {}
     for name, m in mods.items():
         hit = re.match(r"^(.+)\.experts\.\d+\.[^.]+$", name)
@@ -153,8 +154,8 @@ def _experts(report) -> list[CheckResult]:
                                                     f"{_scheme(b)}, e.g. '{nb[0]}'): vLLM's and SGLang's fused MoE "
                                                     "layer takes one scheme for all experts; fix: pack them alike"))
     if layers and not out:
-        out.append(CheckResult(NAME, None, "pass", f"{len(layers)} mixture-of-experts layers: one scheme each, "
-                                                  "routers dense"))
+        said = f"; {len(routers)} routers, dense" if routers else "; no router found beside them"
+        out.append(CheckResult(NAME, None, "pass", f"{len(layers)} mixture-of-experts layers: one scheme each{said}"))
     return out
 
 
@@ -196,7 +197,8 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
                                                f"{e.problem}")]
     engine, sel = plans[-1]
     if groups and not sel.layers:  # every quantized layer is an expert the engine runs outside its linears
-        return [CheckResult(NAME, None, "skip", f"{engine} on {target}: no linear layer to plan ({sel.notes[-1]})")]
+        why = next((n for n in sel.notes if "expert layers not planned" in n), sel.notes[-1])
+        return [CheckResult(NAME, None, "skip", f"{engine} on {target}: no linear layer to plan ({why})")]
     if len(engines) > 1 and not any(row.selection.candidates for row in sel.layers):
         why = "; ".join(f"{e}: {_refusal(p.layers[0].selection)}" for e, p in plans if p.layers)
         return [CheckResult(NAME, None, "fail", f"none of {', '.join(engines)} reads these layers ({why}); "
