@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixture-of-experts models through GGUF: qtool's GPTQ pack of a tiny Qwen3-MoE and Mixtral, converted to Q8_0,
+# Mixture-of-experts models through GGUF: qtool's GPTQ pack of a tiny Qwen3-MoE, Qwen2-MoE and Mixtral, as Q8_0,
 # run by llama.cpp against transformers on the same weights (the pack dequantized). Never CI.
 #   bash benchmarks/interop/moe_gguf.sh [WORK_DIR]   (from the repository root; record -> benchmarks/results/)
 # HF_PY: transformers (qtool's venv with the optional extra is enough); LLAMA_PY: llama-cpp-python 0.3.36.
@@ -12,7 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$W" && mkdir -p "$W"
 step() { printf '\n$ %s\n' "$*" >&2; "$@"; }
 
-for arch in qwen3moe mixtral; do
+for arch in qwen3moe qwen2moe mixtral; do
     step "$HF_PY" "$HERE/moe_side.py" make "$W/$arch" "$arch"
     step "$QT" pack "$W/$arch" -o "$W/$arch-g32" --to gptq --bits 8 --group-size 32 -q
     step "$QT" repack "$W/$arch-g32" --to q8_0 -o "$W/$arch.gguf" --json > "$W/$arch-gguf-plan.json"

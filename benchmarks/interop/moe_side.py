@@ -1,6 +1,7 @@
 """The sides of benchmarks/interop/moe_gguf.sh: mixture-of-experts models through GGUF.
 
-    python moe_side.py make DIR ARCH             # a tiny random Qwen3-MoE (qwen3moe) or Mixtral (mixtral), with a
+    python moe_side.py make DIR ARCH             # a tiny random Qwen3-MoE (qwen3moe), Qwen2-MoE with a shared
+                                                 # expert (qwen2moe) or Mixtral (mixtral), with a
                                                  # byte-level BPE tokenizer llama.cpp reads (transformers)
     python moe_side.py llama MODEL.gguf OUT.json # llama.cpp's logits over TOKENS (llama-cpp-python)
     python moe_side.py compare DENSE_DIR LLAMA.json OUT.json KEY
@@ -22,7 +23,14 @@ TOKENS = [(37 * i * i + 11 * i + 5) % 290 + 3 for i in range(64)]
 
 def make(out, arch):
     import torch
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import (
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     torch.manual_seed(0)
     shared = dict(vocab_size=320, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -31,6 +39,9 @@ def make(out, arch):
     if arch == "qwen3moe":
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=64, num_experts=8,
                                                    head_dim=32, norm_topk_prob=True, **shared))
+    elif arch == "qwen2moe":  # a shared expert beside the routed ones, with its own sigmoid gate
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                                                   shared_expert_intermediate_size=128, **shared))
     else:
         model = MixtralForCausalLM(MixtralConfig(intermediate_size=64, num_local_experts=8, **shared))
     with torch.no_grad():
