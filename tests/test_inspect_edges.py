@@ -269,3 +269,24 @@ def test_a_normalize_module_needs_no_folder(tmp_path):
     (d / "modules.json").write_text(json.dumps([
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"}]))
     assert not any("2_Normalize" in m for _, _, m in _messages(inspect_path(d)))
+
+
+def test_k_quant_group_is_said_to_be_a_super_block(tmp_path):
+    """A K-quant's group is the 256-weight super-block (where engines split rows), with finer scales inside:
+    the summary says both, so Q4_K does not read as coarser than a GPTQ g128 file."""
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    q4k = np.random.default_rng(0).integers(0, 255, (8, 144), dtype=np.uint8)  # one Q4_K block per row
+    q8 = gguf.quants.quantize(np.ones((8, 32), np.float32), Q.Q8_0)
+    for name, blocks, qtype, said in (("k", q4k, Q.Q4_K, "256 (super-blocks; a sub-block scale per 32 weights "
+                                                          "inside)"), ("q8", q8, Q.Q8_0, None)):
+        path = tmp_path / f"{name}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_block_count(1)
+        w.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=qtype)
+        for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+            step()
+        code, out = qtool("inspect", path)
+        line = next(x for x in out.splitlines() if "group size" in x)
+        assert code == 0 and (said in line if said else line.split()[-1] == "32"), line

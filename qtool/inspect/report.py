@@ -238,6 +238,17 @@ def _whole_rows(report: InspectReport) -> str:
         " (per tensor or per channel)"
 
 
+def _sub_blocks(report: InspectReport) -> str:
+    """For GGUF K-quants, that the group is a super-block with finer scales inside (Q4_K: one per 32)."""
+    from qtool.io.gguf_reader import K_SUB_BLOCK
+
+    types = {str(m.scheme.format).removeprefix("gguf:") for m in report.quantized_modules}
+    if not types or not types <= set(K_SUB_BLOCK):
+        return ""
+    subs = "/".join(str(n) for n in sorted({K_SUB_BLOCK[t] for t in types}))
+    return f" (super-blocks; a sub-block scale per {subs} weights inside)"
+
+
 def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     """Rich renderables for the terminal: summary, [GGUF type histogram], pattern table, [deep stats],
     [tensors], anomalies. Every string read from the file goes through `sanitize`."""
@@ -264,7 +275,7 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     if report.quantized_modules:
         s.add_row("bits", _b(report.summary_value("bits")))
         g = report.summary_value("group_size")
-        s.add_row("group size", _b(g) + (_whole_rows(report) if g == -1 else ""))
+        s.add_row("group size", _b(g) + (_whole_rows(report) if g == -1 else _sub_blocks(report)))
         s.add_row("sym", _b(report.summary_value("sym")))
         s.add_row("act-order", _b(report.summary_value("desc_act")))
         acts = {m.activations or "16-bit" for m in report.quantized_modules}

@@ -111,6 +111,10 @@ def nominal_bits(type_name: str) -> int | None:
             "MXFP4": 4, "NVFP4": 4}.get(type_name)
 
 
+# K-quants: a 256-weight super-block (the group an engine splits the rows at) holds sub-blocks of this many
+# weights, each with its own 4- or 6-bit scale (and min) under the super-block's fp16 d (ggml-common.h).
+K_SUB_BLOCK = {"Q2_K": 16, "Q3_K": 16, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
+
 # Types whose blocks carry a minimum/offset besides the scale (w = d*q + m or d*q - dmin*m).
 ASYM_TYPES = frozenset({"Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"})
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
