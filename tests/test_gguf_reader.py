@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from qtool.errors import InputError
-from qtool.io.gguf_reader import ARRAY_INLINE_LIMIT, ArraySummary, read_gguf, read_gguf_header, split_siblings
+from qtool.io.gguf_reader import (
+    ARRAY_INLINE_LIMIT,
+    ArraySummary,
+    read_array,
+    read_gguf,
+    read_gguf_header,
+    split_siblings,
+)
 from tests.conftest import fixture_path
 
 gguf = pytest.importorskip("gguf")
@@ -98,6 +105,9 @@ def test_agrees_with_gguf_reader(gfile):
     sc = h.kv["tokenizer.ggml.scores"]
     assert sc.count == 1000 and sc.nbytes == 4000 and sc.preview[1] == -1.0
     assert 1000 > ARRAY_INLINE_LIMIT
+    # read in full at the recorded offsets, they are what the gguf package's reader gives
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "test.small", "general.name"):
+        assert read_array(h, h.kv[key]) == ref.fields[key].contents(), key
 
 
 def test_bits_per_weight_from_type_table(gfile):

@@ -130,6 +130,7 @@ class ArraySummary:
     count: int
     nbytes: int
     preview: tuple
+    offset: int = field(default=-1, compare=False)  # of its first item in the file (read_array)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "array", "item_type": self.item_type, "count": self.count, "nbytes": self.nbytes,
@@ -392,7 +393,36 @@ class _Parser:
                     items.append(v)
         if count <= ARRAY_INLINE_LIMIT:
             return items
-        return ArraySummary(item_type=iname, count=count, nbytes=self.pos - start, preview=tuple(items[:ARRAY_PREVIEW]))
+        return ArraySummary(item_type=iname, count=count, nbytes=self.pos - start, preview=tuple(items[:ARRAY_PREVIEW]),
+                            offset=start)
+
+
+def read_array(header: GGUFHeader, value: Any) -> list:
+    """A metadata value in full: an ArraySummary (a vocabulary, merges, scores) read from its file at the offset
+    the header recorded, with the header's bounds and UTF-8 handling; any other value as it is (a short
+    array is whole already). Strings and numbers come back as Python values, as the gguf package's reader
+    gives them."""
+    if not isinstance(value, ArraySummary):
+        return value
+    itype = next(k for k, (name, _) in _VTYPES.items() if name == value.item_type)
+    with open(header.path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            p = _Parser(mm, header.file_size, "<" if header.byte_order == "little" else ">")
+            p.pos = value.offset
+            code = _VTYPES[itype][1]
+            if code is not None:
+                st = p._scalar[itype]
+                p.need(value.count * st.size, value.item_type + " array")
+                return [x[0] for x in st.iter_unpack(mm[p.pos:p.pos + value.count * st.size])]
+            if itype == _STRING:
+                return [p.string(f"item {k}") for k in range(value.count)]
+            return [p.array(f"item {k}", 1) for k in range(value.count)]
+        except _Cut as e:
+            raise InputError(f"metadata array: {e}", path=header.path,
+                             fix="the file changed since its header was read, or is corrupt") from None
+        finally:
+            mm.close()
 
 
 _CACHE: dict[tuple, GGUFHeader] = {}
