@@ -21,11 +21,13 @@ def test_routers_stay_dense_by_structure(tmp_path):
              "model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.mlp.shared_expert.up_proj.weight",
              "model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.3.w1.weight",
              "model.layers.2.mlp.router.weight", "model.layers.2.mlp.experts.gate_up_proj_blocks",
+             "transformer.blocks.0.ffn.router.layer.weight", "transformer.blocks.0.ffn.experts.mlp.w1",
              # a gate with no experts beside it is an ordinary linear
              "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.up.weight",
              "model.layers.4.mlp.shared_expert_gate.weight"]
     assert moe_routers(names) == {"model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate",
-                                  "model.layers.1.block_sparse_moe.gate", "model.layers.2.mlp.router"}
+                                  "model.layers.1.block_sparse_moe.gate", "model.layers.2.mlp.router",
+                                  "transformer.blocks.0.ffn.router.layer"}
 
 
 def test_three_dimensional_expert_stacks_are_copied_dense_with_a_warning(tmp_path):

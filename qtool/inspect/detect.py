@@ -53,10 +53,10 @@ def collapse_layers(name: str) -> str:
 
 
 # A mixture-of-experts router: `gate` or `router` beside the `experts` it routes to (Mixtral's
-# block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate, gpt-oss's mlp.router), and Qwen2-MoE's
-# shared_expert_gate beside its shared_expert. vLLM and SGLang build these unquantized (quant_config=None) and
+# block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate, gpt-oss's mlp.router, DBRX's ffn.router.layer),
+# and Qwen2-MoE's shared_expert_gate beside its shared_expert. vLLM and SGLang build these unquantized (quant_config=None) and
 # GPTQModel's and llm-compressor's recipes leave them out, so a packed router is a file no engine loads.
-_ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router|(?P<shared>shared_expert_gate))\.weight$")
+_ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router(?:\.layer)?|(?P<shared>shared_expert_gate))\.weight$")
 
 
 def moe_routers(names) -> set[str]:
