@@ -474,3 +474,37 @@ def test_t5_relative_position_bias_stays_dense_and_eval_refuses_encoder_decoders
     assert kept and all(why.startswith("embedding") for why in kept.values()), kept
     with pytest.raises(UsageError, match="an encoder-decoder model .*T5ForConditionalGeneration"):
         evaluate(tmp_path / "q", src)
+
+
+def test_awq_folds_into_gemmas_one_plus_w_norms(tmp_path, text_file):
+    """Gemma's RMSNorm multiplies by 1 + w: a fold must give w' = (1 + w) / s - 1 (as AutoAWQ does), which the
+    fold trial finds where dividing w alone changes the block's output."""
+    tok = _tokenizer(tmp_path)
+    cfg = transformers.GemmaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                   max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.GemmaForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(-0.5, 0.5)
+    src = _save(model, tok, tmp_path / "gemma")
+    m, tok2, _ = _model(src)
+    _, blocks = calib.find_blocks(m)
+    block = blocks[0]
+    with torch.no_grad():
+        inputs = calib.capture_block_inputs(m, blocks, calib.batches(_samples(tok2)), "cpu")
+        reference = calib._run(block, inputs)
+        lins = {id(x): calib._Linear(n, x, 4, 32) for n, x in block.named_modules()
+                if isinstance(x, torch.nn.Linear)}
+        qkv = calib._groups(block, lins, inputs[0])[0][0]
+        assert calib._fold_is_exact(block, "input_layernorm", qkv, inputs, reference, offset=1.0)
+        assert not calib._fold_is_exact(block, "input_layernorm", qkv, inputs, reference, offset=0.0)
+    out = tmp_path / "awq"
+    _pack(src, out, "--method", "awq", "--to", "awq", "--group-size", "32", "--calib", str(text_file),
+          "--calib-samples", "8", "--calib-seqlen", "32")
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert sum("folded into input_layernorm (its factor 1 + w)" in n for n in notes) == 2, notes
+    e = _eval(out, src, "--text", str(text_file))
+    assert abs(e["ppl_quant"] - e["ppl_dense"]) < 0.05 * e["ppl_dense"]

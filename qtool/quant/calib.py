@@ -404,11 +404,20 @@ def _fold_candidates(block, group: list[_Linear], producer: str | None, order: l
     return out
 
 
-def _apply_fold(block, target: str, group: list[_Linear], scale: torch.Tensor) -> None:
+# How a norm's weight enters its output: w (most), or 1 + w (Gemma's RMSNorm, which stores the offset from 1). A
+# fold divides the factor by s either way; AutoAWQ folds Gemma's norms the same way.
+NORM_FORMS = (0.0, 1.0)
+
+
+def _apply_fold(block, target: str, group: list[_Linear], scale: torch.Tensor, offset: float = 0.0) -> None:
+    """Divide `target`'s output by `scale` and multiply the group's inputs columns by it; a norm whose factor
+    is `offset + w` gets w' = (offset + w) / s - offset."""
     m = dict(block.named_modules())[target]
     s = scale.to(m.weight.device, m.weight.dtype)
     if isinstance(m, torch.nn.Linear):
         m.weight.data.div_(s.unsqueeze(1))
+    elif offset:
+        m.weight.data.add_(offset).div_(s).sub_(offset)
     else:
         m.weight.data.div_(s)
     if getattr(m, "bias", None) is not None:
@@ -417,15 +426,16 @@ def _apply_fold(block, target: str, group: list[_Linear], scale: torch.Tensor) -
         lin.mod.weight.data.mul_(s.to(lin.mod.weight.dtype))
 
 
-def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: list[torch.Tensor]) -> bool:
-    """Fold random scales in [0.5, 2] into target and the group; keep nothing; True when the block's output on
-    `probe` is unchanged."""
+def _fold_is_exact(block, target: str, group: list[_Linear], probe, reference: list[torch.Tensor],
+                   offset: float = 0.0) -> bool:
+    """Fold random scales in [0.5, 2] into target (a norm's factor read as offset + w) and the group; keep
+    nothing; True when the block's output on `probe` is unchanged."""
     n_in = group[0].mod.in_features
     g = torch.Generator().manual_seed(1)
     s = torch.exp2(torch.rand(n_in, generator=g) * 2 - 1)
     saved = {n: p.detach().clone() for n, p in block.named_parameters()}
     try:
-        _apply_fold(block, target, group, s)
+        _apply_fold(block, target, group, s, offset)
         out = _run(block, probe)
     finally:
         with torch.no_grad():
@@ -444,7 +454,7 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
     reference = _run(block, probe)
     names = {id(m): n for n, m in block.named_modules()}
     scales: dict[int, torch.Tensor] = {}
-    folds: list[tuple[str, list[_Linear], torch.Tensor]] = []
+    folds: list[tuple[str, list[_Linear], torch.Tensor, float]] = []
     for g in groups:
         first = g[0]
         G = first.mod.in_features if first.group_size == -1 else first.group_size
@@ -452,8 +462,11 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
             result.notes.append(f"AWQ: {block_name}: {', '.join(names[id(x.mod)] for x in g)} read one input "
                                 "but differ in bits/group; no scales for them")
             continue
-        target = next((t for t in _fold_candidates(block, g, producer.get(id(first.mod)), order)
-                       if _fold_is_exact(block, t, g, probe, reference)), None)
+        mods = dict(block.named_modules())
+        forms = [(t, off) for t in _fold_candidates(block, g, producer.get(id(first.mod)), order)
+                 for off in ((0.0,) if isinstance(mods[t], torch.nn.Linear) else NORM_FORMS)]
+        target, offset = next(((t, off) for t, off in forms if _fold_is_exact(block, t, g, probe, reference, off)),
+                              (None, 0.0))
         what = ", ".join(names[id(x.mod)] for x in g)
         if stats[id(first.mod)].n == 0:  # never run: no activations to weigh, and the fold test proves nothing
             continue
@@ -464,13 +477,13 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
         H = stats[id(first.mod)]
         sc, _, _ = search_scales([lin.mod.weight.detach().float() for lin in g], H.H, H.x_mean, first.bits, G,
                                  s.sym, s.scale_dtype)
-        folds.append((target, g, sc))
-    for target, g, sc in folds:
-        _apply_fold(block, target, g, sc)
+        folds.append((target, g, sc, offset))
+    for target, g, sc, offset in folds:
+        _apply_fold(block, target, g, sc, offset)
         for lin in g:
             scales[id(lin.mod)] = sc.to(s.device)
         result.notes.append(f"AWQ: {block_name}: scales of {', '.join(names[id(x.mod)] for x in g)} "
-                            f"folded into {target}")
+                            f"folded into {target}" + (f" (its factor {offset:g} + w)" if offset else ""))
     out: dict[int, LayerResult] = {}
     for lin in order:
         if stats[id(lin.mod)].n == 0:
