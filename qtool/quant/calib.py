@@ -604,7 +604,8 @@ def _check_renamed_experts(model, names: dict[str, str], src) -> None:
     from qtool.io.checkpoint import open_checkpoint
     from qtool.quant.experts import split_expert_weights
 
-    renamed = {m: c for m, c in names.items() if m != c and m in split_expert_weights(model)}
+    split = split_expert_weights(model)
+    renamed = {m: c for m, c in names.items() if m != c and m in split}
     if not renamed:
         return
     params = dict(model.named_parameters())
