@@ -171,28 +171,22 @@ def test_a_linear_the_ordering_pass_missed_does_not_cut_later_forwards_short():
     assert stats[id(block.after)].n == stats[id(block.rare)].n * 2 == 6
 
 
-def test_an_expert_mapped_to_the_wrong_tensor_is_refused(moe, monkeypatch):
-    """The role names (w1 = gate, w3 = up) are qtool's reading of the layout: a mapping that put an expert's
-    weight on another tensor of the file is caught by comparing values, before anything is quantized."""
+def test_an_expert_mapped_to_the_wrong_tensor_is_refused(moe):
+    """Each renamed expert weight (Mixtral's w1 = gate, w3 = up) is compared with the file tensor it maps to: a
+    mapping that put an expert's gate on its up tensor is refused before anything is quantized."""
     from qtool.errors import InputError
     from qtool.quant import hf
 
-    real = experts.expert_names
-
-    def swapped(model_names, checkpoint_names):
-        out = real(model_names, checkpoint_names)
-        ups = {m: c for m, c in out.items() if m.endswith(".up_proj.weight")}
-        for m, c in ups.items():
-            out[m] = out[m.replace(".up_proj.", ".gate_proj.")]
-            out[m.replace(".up_proj.", ".gate_proj.")] = c
-        return out
-
     names, _ = _expert_weights(moe)
     model, _, _ = hf.build_model(moe)
-    if not any(".w1." in n for n in names):  # Qwen3-MoE's names equal transformers': nothing is renamed
-        assert all(m == c for m, c in hf.name_map([n for n, _ in model.named_parameters()], names, model).items()
-                   if ".experts." in m)
-        return
-    monkeypatch.setattr(experts, "expert_names", swapped)
+    mapped = hf.name_map([n for n, _ in model.named_parameters()], names, model)
+    calib._check_renamed_experts(model, mapped, moe)  # the real mapping passes
+    if all(m == c for m, c in mapped.items() if ".experts." in m):
+        return  # Qwen3-MoE's names are transformers' own: nothing is renamed, so nothing is compared
+    swapped = dict(mapped)
+    for m in mapped:
+        if m.endswith(".up_proj.weight"):
+            gate = m.replace(".up_proj.", ".gate_proj.")
+            swapped[m], swapped[gate] = mapped[gate], mapped[m]
     with pytest.raises(InputError, match="does not hold the checkpoint tensor of that expert and role"):
-        calib._check_renamed_experts(model, hf.name_map([n for n, _ in model.named_parameters()], names, model), moe)
+        calib._check_renamed_experts(model, swapped, moe)

@@ -599,7 +599,7 @@ def _gptq_block(block, groups, inputs, s: CalibSettings) -> dict[int, LayerResul
 
 
 def _check_renamed_experts(model, names: dict[str, str], src) -> None:
-    """A split expert found under another name in the checkpoint (experts.expert_names: Mixtral's w1/w3/w2)
+    """A split expert found under another name in the checkpoint (experts.canonical_expert: Mixtral's w1/w3/w2)
     must hold that tensor's values: the role names are qtool's reading of the layout, so each is compared."""
     from qtool.io.checkpoint import open_checkpoint
     from qtool.quant.experts import split_expert_weights

@@ -135,36 +135,15 @@ def split_expert_weights(model) -> set[str]:
             for p, _ in m.named_parameters()}
 
 
-_CK_EXPERT = re.compile(r"^(?P<block>.+)\.[^.]+\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)\.weight$")
-_MODEL_EXPERT = re.compile(r"^(?P<block>.+)\.[^.]+\.experts\.(?P<e>\d+)\.(?P<role>gate_proj|up_proj|down_proj)"
-                           r"\.weight$")
+_EXPERT = re.compile(r"^(?P<block>.+)\.[^.]+\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)\.weight$")
+_CANONICAL_ROLE = {name: role for role, names in ROLES for name in names}
 
 
-def expert_names(model_names, checkpoint_names) -> dict[str, str]:
-    """{split expert weight name in the model: checkpoint tensor name} where the checkpoint keeps the expert
-    under another module name or role name than transformers does in memory (Mixtral's
-    `block_sparse_moe.experts.{e}.w1` for `mlp.experts.{e}.gate_proj`). The layer prefix may differ by leading
-    components, as in hf.name_map; a name with no unique counterpart is left out."""
-    aliases = {role: names for role, names in ROLES}
-    by_key: dict[tuple[str, str, str], list[str]] = {}
-    for c in checkpoint_names:
-        m = _CK_EXPERT.match(c)
-        if m is None:
-            continue
-        parts = m["block"].split(".")
-        for k in range(len(parts)):
-            by_key.setdefault((".".join(parts[k:]), m["e"], m["role"]), []).append(c)
-    out = {}
-    for n in model_names:
-        m = _MODEL_EXPERT.match(n)
-        if m is None:
-            continue
-        parts = m["block"].split(".")
-        for k in range(len(parts)):
-            hits = {c for role in aliases[m["role"]] for c in by_key.get((".".join(parts[k:]), m["e"], role), ())}
-            if len(hits) == 1:
-                out[n] = hits.pop()
-                break
-            if hits:
-                break
-    return out
+def canonical_expert(name: str) -> str | None:
+    """An expert weight's name with what checkpoints and transformers name differently taken out: the module
+    holding the experts (Mixtral's `block_sparse_moe` is `mlp` in memory) and the role's name (`w1` is
+    `gate_proj`): `model.layers.0.experts.3.gate_proj.weight`. None for any other name. hf.name_map matches
+    these forms as it matches plain names."""
+    m = _EXPERT.match(name)
+    role = _CANONICAL_ROLE.get(m["role"]) if m else None
+    return None if role is None else f"{m['block']}.experts.{m['e']}.{role}.weight"

@@ -149,8 +149,8 @@ def name_map(model_names, checkpoint_names, model=None) -> dict[str, str]:
     equals the model name with a leading prefix added or removed (`bert.`, `model.`, ...); then the same
     with the checkpoint names as transformers renames them when it loads `model` (Mixtral's
     `block_sparse_moe.` is `mlp.` in memory); then for a split expert's weight the checkpoint's name of that
-    expert (experts.expert_names)."""
-    from qtool.quant.experts import expert_names
+    expert (by experts.canonical_expert)."""
+    from qtool.quant.experts import canonical_expert
 
     model_names = list(model_names)
     ck = set(checkpoint_names)
@@ -162,7 +162,16 @@ def name_map(model_names, checkpoint_names, model=None) -> dict[str, str]:
             renamed.setdefault(rename(c), c)
         left = [m for m in model_names if m not in out]
         out.update({m: renamed[r] for m, r in _match(left, set(renamed)).items()})
-    out.update(expert_names([m for m in model_names if m not in out], ck))
+    # the same once more over the experts' canonical names, each kept where it stands for one checkpoint name
+    by_canonical: dict[str, list[str]] = {}
+    for c in ck:
+        k = canonical_expert(c)
+        if k is not None:
+            by_canonical.setdefault(k, []).append(c)
+    unique = {k: cs[0] for k, cs in by_canonical.items() if len(cs) == 1}
+    left = {canonical_expert(m): m for m in model_names if m not in out}
+    left.pop(None, None)
+    out.update({left[k]: unique[c] for k, c in _match(list(left), set(unique)).items()})
     return out
 
 
