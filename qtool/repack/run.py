@@ -444,13 +444,13 @@ def expert_stacks(modules, shapes: dict[str, tuple[int, int]]) -> dict[str, Expe
     """{module name: its ExpertStack} for modules named `P.experts.{e}.R` where experts 0..E-1 are all present
     with one [O, I] shape (`shapes`, by module name: the converter's merge); others are left as they are (and
     reported unmapped)."""
-    import re
+    from qtool.inspect.detect import EXPERT_MODULE
 
     groups: dict[str, dict[int, object]] = {}
     for m in modules:
-        hit = re.match(r"^(.+\.experts)\.(\d+)\.([^.]+)$", m.name)
+        hit = EXPERT_MODULE.match(m.name)
         if hit:
-            groups.setdefault(f"{hit[1]}.{hit[3]}", {})[int(hit[2])] = m
+            groups.setdefault(f"{hit['parent']}.experts.{hit['role']}", {})[int(hit["e"])] = m
     out = {}
     for name, by_e in groups.items():
         shapes_of = {tuple(shapes[m.name]) for m in by_e.values()}

@@ -130,9 +130,7 @@ def _experts(report) -> list[CheckResult]:
     """Mixture-of-experts layers: vLLM's and SGLang's FusedMoE build one quantization method for all the experts
     of a layer (w13 and w2 alike), so they must share one scheme, none of them dense; and the engines build the
     router unquantized (quant_config=None), so a packed one is not loaded."""
-    import re
-
-    from qtool.inspect.detect import moe_routers
+    from qtool.inspect.detect import EXPERT_MODULE, moe_routers
 
     mods = {m.name: m for m in report.modules}
     routers = sorted(moe_routers(f"{n}.weight" for n in mods))
@@ -142,11 +140,11 @@ def _experts(report) -> list[CheckResult]:
            for r in routers if mods[r].quantized]
     layers: dict[str, dict[tuple, list[str]]] = {}
     for name, m in mods.items():
-        hit = re.match(r"^(.+)\.experts\.\d+\.[^.]+$", name)
+        hit = EXPERT_MODULE.match(name)
         if hit:
             s = m.scheme
             key = ("dense",) if not m.quantized else (s.format, s.bits, s.group_size, s.sym, bool(s.desc_act))
-            layers.setdefault(hit[1], {}).setdefault(key, []).append(name)
+            layers.setdefault(hit["parent"], {}).setdefault(key, []).append(name)
     mixed = {p: k for p, k in layers.items() if len(k) > 1}
     for parent, kinds in sorted(mixed.items()):
         (a, na), (b, nb) = sorted(kinds.items(), key=lambda kv: -len(kv[1]))[:2]
