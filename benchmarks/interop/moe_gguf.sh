@@ -2,15 +2,10 @@
 # Mixture-of-experts models through GGUF: qtool's GPTQ pack of a tiny Qwen3-MoE, Qwen2-MoE and Mixtral, as Q8_0,
 # run by llama.cpp against transformers on the same weights (the pack dequantized). Never CI.
 #   bash benchmarks/interop/moe_gguf.sh [WORK_DIR]   (from the repository root; record -> benchmarks/results/)
-# HF_PY: transformers (qtool's venv with the optional extra is enough); LLAMA_PY: llama-cpp-python 0.3.36.
+# Environments: tiny_env.sh (HF_PY, LLAMA_PY).
 set -euo pipefail
 W=${1:-/tmp/qtool-moe}
-HF_PY=${HF_PY:-.venv/bin/python}
-LLAMA_PY=${LLAMA_PY:-/work/envs/llama/bin/python}
-QT=${QT:-.venv/bin/qtool}
-HERE=$(cd "$(dirname "$0")" && pwd)
-rm -rf "$W" && mkdir -p "$W"
-step() { printf '\n$ %s\n' "$*" >&2; "$@"; }
+source "$(dirname "$0")/tiny_env.sh"
 
 for arch in qwen3moe qwen2moe mixtral; do
     step "$HF_PY" "$HERE/moe_side.py" make "$W/$arch" "$arch"

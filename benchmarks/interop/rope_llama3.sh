@@ -2,15 +2,10 @@
 # A llama3-RoPE model through GGUF and back: llama.cpp runs the GGUF (its rope_freqs tensor), transformers the
 # Hugging Face directory qtool writes back from it (config.json rope_scaling). Never CI.
 #   bash benchmarks/interop/rope_llama3.sh [WORK_DIR]   (from the repository root; record -> benchmarks/results/)
-# HF_PY: transformers (qtool's venv with the optional extra is enough); LLAMA_PY: llama-cpp-python 0.3.36.
+# Environments: tiny_env.sh (HF_PY, LLAMA_PY).
 set -euo pipefail
 W=${1:-/tmp/qtool-rope}
-HF_PY=${HF_PY:-.venv/bin/python}
-LLAMA_PY=${LLAMA_PY:-/work/envs/llama/bin/python}
-QT=${QT:-.venv/bin/qtool}
-HERE=$(cd "$(dirname "$0")" && pwd)
-rm -rf "$W" && mkdir -p "$W"
-step() { printf '\n$ %s\n' "$*" >&2; "$@"; }
+source "$(dirname "$0")/tiny_env.sh"
 
 step "$HF_PY" "$HERE/rope_side.py" make "$W/src"
 step "$QT" pack "$W/src" -o "$W/g32" --to gptq --bits 8 --group-size 32 -q
