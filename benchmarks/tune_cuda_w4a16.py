@@ -61,6 +61,8 @@ def forced_configs(m: int, st) -> list[Config]:
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
+        # three and four consumer warpgroups (the TMA form; setmaxnreg shares the registers out differently)
+        cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn, w in ((64, 3), (64, 4), (128, 3)) for sp in (1, 3)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="none"))  # the default is evict-first
         # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
@@ -435,6 +437,12 @@ CURVE_FAMILIES = {
                                  if 16 < m <= 64 else None),
     "wgmma bn128": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=8)
                                   if 32 < m else None),
+    "wgmma bn64 wg3": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=3, ctas_per_sm=1.0, min_blocks=8)
+                                     if 16 < m <= 64 else None),
+    "wgmma bn64 wg4": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=4, ctas_per_sm=1.0, min_blocks=8)
+                                     if 16 < m <= 64 else None),
+    "wgmma bn128 wg3": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=3, ctas_per_sm=1.0, min_blocks=8)
+                                      if 32 < m else None),
     "wgmma bn128 s4": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
                                      if 64 < m else None),
 }

@@ -137,6 +137,12 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
     // copy, and one arrival per producer thread once its cp.asyncs have landed) and empty[STAGES] (one arrival
     // per consumer warp). Block j uses stage j % STAGES, phase j / STAGES.
     constexpr int WSLOT = R::SLOT, WSTAGE = 4 * WGS * WSLOT;
+    // setmaxnreg shares out only the CTA's registers at launch (WGS + 1 warpgroups, a multiple of 8 a thread):
+    // the producer keeps PRODUCER_REGS and the consumers split what it gives back (2 consumer warpgroups:
+    // 168 -> 56 and 224 a thread; 3: 128 -> 56 and 152; 4: 96 -> 56 and 104).
+    constexpr int LAUNCH_REGS = (65536 / (128 * (WGS + 1))) & ~7, PRODUCER_REGS = 56;
+    constexpr int SHARED_OUT = (LAUNCH_REGS + (LAUNCH_REGS - PRODUCER_REGS) / WGS) & ~7;
+    constexpr int CONSUMER_REGS = SHARED_OUT < 240 ? SHARED_OUT : 240;
     const uint32_t wbase = sbase + STAGES * SLOT;
     __shared__ __align__(8) uint64_t bars[2 * STAGES];
     const uint32_t full = smem_u32(bars), empty = full + STAGES * 8;
@@ -158,7 +164,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       // map). Warps of their own, so the copies run ahead of every consumer warp, not of one, and the consumers
       // issue no copies at all: their own cp.async rings cost each consumer warp ~50 instructions a block.
       // (One 1-D bulk copy per tile's weights and per metadata record, 25 a block from one warp, is far slower.)
-      if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+      if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
       constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
       const int ptid = tid - NTH, t0 = blockIdx.x * 4 * WGS;
       // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
@@ -222,9 +228,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       return;
     }
     pdl_wait(p.flags);  // before the epilogue writes y, the workspace and the counters
-    // 3 warpgroups of 168 registers = 64512; the producer's 128 threads keep 56 and the 256 consumers get 224.
-    static_assert(WGS <= 2, "setmaxnreg counts for at most two consumer warpgroups");
-    if constexpr (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    if constexpr (WGS >= 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     int xslot = 0;
     uint32_t phase = 0, xdlo = sw128_lo(sbase), wread = wbase + warp * WSLOT;
     for (int i = 0; i < nb; ++i) {

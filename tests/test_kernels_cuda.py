@@ -221,6 +221,26 @@ def test_large_m_choice_follows_the_layer_shape():
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
 
 
+def test_wgmma_grid_has_the_least_modelled_cost():
+    """M 33-128: the warpgroups and K splits of the rows' evidence (csrc wg_large runs one CTA per SM, so a grid
+    of a wave and a bit costs two CTA times), and the cost model's ordering behind them."""
+    gate = state(8192, 28672)  # Llama-3-70B gate_proj: 1792 tiles in 112 CTAs of four warpgroups (224 of two)
+    c = choose(64, gate)
+    assert (c.bn, c.wgs, c.splits) == (64, 4, 1)
+    p = plan(c, 64, gate)
+    assert p["grid"] == (112, 1, 1) and p["block"] == 5 * 128 and p["name"] == "qt_wg_{dt}_bn64_wg4_s6_blk_tma"
+    assert launch.wg_cost(64, 4, 1, gate) < launch.wg_cost(64, 2, 1, gate)  # one wave against two
+    qwen = state(3584, 18944)  # Qwen2.5-7B gate_proj at M = 128: 99 CTAs of three warpgroups (148 of two)
+    assert (choose(128, qwen).wgs, choose(128, qwen).splits) == (3, 1)
+    down = state(18944, 3584)  # 14 column blocks of four warpgroups, 9 splits: 126 CTAs, not 140 of two
+    c = choose(48, down)
+    assert (c.wgs, c.splits) == (4, 9) and plan(c, 48, down)["grid"] == (14, 9, 1)
+    # a small layer keeps two warpgroups and splits K for its CTAs; the partials' traffic bounds the splits
+    kv = choose(64, state(8192, 1024))
+    assert (kv.wgs, kv.splits) == (2, 16)
+    assert launch.wg_cost(64, 2, 16, state(8192, 1024)) > 8 * 4 * 2  # 8 blocks a CTA, plus the partials
+
+
 def test_x_slice_bounds_the_split():
     # the mma kernel stages its K slice of x: at M = 16 that caps the slice at X_BUDGET, whatever was asked
     st = state(28672, 8192)
@@ -316,6 +336,8 @@ def test_nvcc_builds_every_entry_point_without_spills(cc, tmp_path):
     names = set(re.findall(r"Compiling entry function '(\w+)'", res.stderr))
     assert names == set(launch.kernels(cc))
     assert "warning" not in res.stderr.lower()
+    # ptxas says so (as info, not a warning) where it must serialize the wgmmas: each waits for the previous one
+    assert "Performance Loss" not in res.stderr, re.findall(r".*Performance Loss.*", res.stderr)[:3]
     spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert spills and max(spills) == 0
     # No memory access through an odd uniform register pair: nvcc 13.0 gave the wgmma producer's policy-hinted
