@@ -296,14 +296,13 @@ def stacked_weights_note(ck: Checkpoint) -> list[str]:
             f"'{n}' {list(i.shape)}: pack quantizes 2-D linear weights, so fused expert stacks stay as they are"]
 
 
-def _check_module(fmt, plan: ModulePlan, ck: Checkpoint, origin: dict[str, str] | None = None) -> None:
+def _check_module(fmt, plan: ModulePlan, ck: Checkpoint, origin: dict[str, str]) -> None:
     """Refuse a module its layout cannot hold; `origin` names the option each of its bits and group size came
     from ({"bits": "--bits", "group": "--tensor-type '...'"}), so a value a --config file set is traced."""
     from qtool.formats import Plain
 
     o, i = plan.shape
     b, g = plan.bits, plan.group_size
-    origin = origin or {"bits": "--bits", "group": "--group-size"}
     where = dict(path=ck.path, tensor=plan.weight)
     if b not in fmt.spec.bits:
         raise UsageError(f"{fmt.spec.id} cannot hold {b}-bit codes ({origin['bits']})",

@@ -452,7 +452,8 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
     stats = _gather(block, groups, inputs, s.device, track_mean=True)
     probe = inputs[: min(2, len(inputs))]
     reference = _run(block, probe)
-    names = {id(m): n for n, m in block.named_modules()}
+    mods = dict(block.named_modules())
+    names = {id(m): n for n, m in mods.items()}
     scales: dict[int, torch.Tensor] = {}
     folds: list[tuple[str, list[_Linear], torch.Tensor, float]] = []
     for g in groups:
@@ -462,7 +463,6 @@ def _quantize_awq_block(block, block_name: str, groups, producer, inputs, s: Cal
             result.notes.append(f"AWQ: {block_name}: {', '.join(names[id(x.mod)] for x in g)} read one input "
                                 "but differ in bits/group; no scales for them")
             continue
-        mods = dict(block.named_modules())
         forms = [(t, off) for t in _fold_candidates(block, g, producer.get(id(first.mod)), order)
                  for off in ((0.0,) if isinstance(mods[t], torch.nn.Linear) else NORM_FORMS)]
         target, offset = next(((t, off) for t, off in forms if _fold_is_exact(block, t, g, probe, reference, off)),

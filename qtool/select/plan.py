@@ -455,6 +455,7 @@ def check_disabled(disabled: Iterable[str], decls: EngineDecls) -> frozenset[str
 
 # a routed expert's linear (`mlp.experts.#.gate_proj`, Mixtral's `block_sparse_moe.experts.#.w1`), by pattern
 EXPERT_PATTERN = re.compile(r"(^|\.)experts\.#\.")
+EXPERTS_NOT_PLANNED = "mixture-of-experts expert layers not planned"  # the note's words (validate finds it)
 
 
 def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmodel", tp: int = 1,
@@ -478,8 +479,7 @@ def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmod
         experts = [g for g in groups if EXPERT_PATTERN.search(g.pattern)]
         if experts:
             groups = [g for g in groups if not EXPERT_PATTERN.search(g.pattern)]
-            notes.append(f"{sum(g.count for g in experts)} mixture-of-experts expert layers not planned: "
-                         f"{decls.fused_moe}")
+            notes.append(f"{sum(g.count for g in experts)} {EXPERTS_NOT_PLANNED}: {decls.fused_moe}")
     if decls.engine == "gptqmodel" and tp > 1:
         notes.append("GPTQModel has no tensor parallelism of its own: per-rank shapes are shown as if each "
                      "rank loaded a shard (sharded_load)")

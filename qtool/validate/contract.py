@@ -180,7 +180,7 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
     about the file)."""
     from qtool.errors import QtoolError
     from qtool.kernels.devices import resolve_device
-    from qtool.select.plan import path_groups, plan_select
+    from qtool.select.plan import EXPERTS_NOT_PLANNED, path_groups, plan_select
 
     plans = []
     try:
@@ -195,7 +195,7 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
                                                f"{e.problem}")]
     engine, sel = plans[-1]
     if groups and not sel.layers:  # every quantized layer is an expert the engine runs outside its linears
-        why = next((n for n in sel.notes if "expert layers not planned" in n), sel.notes[-1])
+        why = next((n for n in sel.notes if EXPERTS_NOT_PLANNED in n), sel.notes[-1])
         return [CheckResult(NAME, None, "skip", f"{engine} on {target}: no linear layer to plan ({why})")]
     if len(engines) > 1 and not any(row.selection.candidates for row in sel.layers):
         why = "; ".join(f"{e}: {_refusal(p.layers[0].selection)}" for e, p in plans if p.layers)
