@@ -152,3 +152,23 @@ def test_hf_experts_become_llama_cpp_expert_stacks_in_gguf(tmp_path):
                 want = dequantize(get_format(m.scheme.format).unpack(src.load(m), m.scheme), torch.float32)
                 assert np.array_equal(got[e], want.numpy()), (layer, role, e)
     src.close()
+
+
+def test_experts_kept_out_of_a_gguf_conversion_are_named_once_per_stack(tmp_path):
+    """--exclude on the experts: each [E, O, I] stack is written dequantized, and the plan says so once a stack
+    (naming how many of its experts), not once for each of its experts."""
+    from qtool.repack.run import RepackJob, run_repack
+
+    _moe_checkpoint(tmp_path / "src", roles=(("gate_proj", (32, 64)), ("up_proj", (32, 64)),
+                                             ("down_proj", (64, 32))), router="mlp.gate", block="mlp")
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+           "num_experts_per_tok": 2, "torch_dtype": "float16"}
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", bits=8, group_size=32))
+    rep = run_repack(RepackJob(tmp_path / "q", "q8_0", tmp_path / "m.gguf", exclude=(r"\.experts\.",)))
+    kept = [w for w in rep.plan.warnings if "kept out of the conversion" in w]
+    assert len(kept) == 6, kept
+    assert all(".experts.0." not in w and "8 of 8 experts" in w and w.endswith("dequantized as F16")
+               for w in kept), kept
+    assert any("48 expert modules written as 6 [experts, out, in] stacks" in w for w in rep.plan.warnings)

@@ -59,10 +59,6 @@ def collapse_layers(name: str) -> str:
 _ROUTER = re.compile(r"^(?P<parent>.+)\.(?:gate|router(?:\.layer)?|(?P<shared>shared_expert_gate))\.weight$")
 
 
-# One routed expert's module: `P.experts.{e}.ROLE` (Mixtral's `block_sparse_moe.experts.3.w1`)
-EXPERT_MODULE = re.compile(r"^(?P<parent>.+)\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)$")
-
-
 def moe_routers(names) -> set[str]:
     """The module names among tensor `names` that are mixture-of-experts routers (see _ROUTER)."""
     names = list(names)

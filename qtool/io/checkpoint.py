@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from qtool.io.safetensors_header import TensorInfo, read_header
 INDEX_NAME = "model.safetensors.index.json"
 MAX_ENTRIES = 10_000  # directory entries looked at when listing a folder: bounded by what is there
 SINGLE_NAME = "model.safetensors"
+# One routed expert's module: `P.experts.{e}.ROLE` (Mixtral's `block_sparse_moe.experts.3.w1`); inspect, repack,
+# validate and the quantizers group a mixture-of-experts layer's modules by it
+EXPERT_MODULE = re.compile(r"^(?P<parent>.+)\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_JSON_BYTES = 64 << 20
 

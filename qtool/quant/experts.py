@@ -12,9 +12,9 @@ forward's output; any other experts module stays fused, and `fused_experts` says
 
 from __future__ import annotations
 
-import re
-
 import torch
+
+from qtool.io.checkpoint import EXPERT_MODULE
 
 # (role in SplitExperts, the names checkpoints give it)
 ROLES = (("gate_proj", ("gate_proj", "w1")), ("up_proj", ("up_proj", "w3")), ("down_proj", ("down_proj", "w2")))
@@ -135,7 +135,6 @@ def split_expert_weights(model) -> set[str]:
             for p, _ in m.named_parameters()}
 
 
-_EXPERT = re.compile(r"^(?P<block>.+)\.[^.]+\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)\.weight$")
 _CANONICAL_ROLE = {name: role for role, names in ROLES for name in names}
 
 
@@ -144,6 +143,7 @@ def canonical_expert(name: str) -> str | None:
     holding the experts (Mixtral's `block_sparse_moe` is `mlp` in memory) and the role's name (`w1` is
     `gate_proj`): `model.layers.0.experts.3.gate_proj.weight`. None for any other name. hf.name_map matches
     these forms as it matches plain names."""
-    m = _EXPERT.match(name)
-    role = _CANONICAL_ROLE.get(m["role"]) if m else None
-    return None if role is None else f"{m['block']}.experts.{m['e']}.{role}.weight"
+    m = EXPERT_MODULE.match(name.removesuffix(".weight")) if name.endswith(".weight") else None
+    block, dot, _ = m["parent"].rpartition(".") if m else ("", "", "")
+    role = _CANONICAL_ROLE.get(m["role"]) if dot else None
+    return None if role is None else f"{block}.experts.{m['e']}.{role}.weight"

@@ -444,7 +444,7 @@ def expert_stacks(modules, shapes: dict[str, tuple[int, int]]) -> dict[str, Expe
     """{module name: its ExpertStack} for modules named `P.experts.{e}.R` where experts 0..E-1 are all present
     with one [O, I] shape (`shapes`, by module name: the converter's merge); others are left as they are (and
     reported unmapped)."""
-    from qtool.inspect.detect import EXPERT_MODULE
+    from qtool.io.checkpoint import EXPERT_MODULE
 
     groups: dict[str, dict[int, object]] = {}
     for m in modules:
@@ -509,8 +509,9 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
                                                {n: tuple(p.shape) for n, p in plans.items()})
     stacked: set[str] = set()
 
-    def module_job(m, mp, shp):
-        """(GGML type, bytes, data job) of one module's tensor, written with dims `shp`."""
+    def module_job(m, mp, shp, warn=True):
+        """(GGML type, bytes, data job) of one module's tensor, written with dims `shp`; `warn`: say so when it is
+        written dequantized (an expert stack says it once for its experts)."""
         own = (mp.target_meta or {}).get("gguf_type")
         if own:  # --tensor-type: the module in its own GGML type
             return own, type_nbytes(own, shp), ("encode", m, own)
@@ -520,7 +521,8 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         if mp.kind == "keep":
             # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
             sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
-            plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
+            if warn:
+                plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
             o, i = mp.shape
             return sd, o * i * (4 if sd == "F32" else 2), ("dense", m, mp)
         o, i = mp.shape  # all rows: a GGUF stack's [E, O/E, I] too
@@ -533,11 +535,15 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             if stack.name in stacked:
                 continue
             stacked.add(stack.name)
-            parts = [module_job(e, plans[e.name], tuple(plans[e.name].shape)) for e in stack.experts]
+            parts = [module_job(e, plans[e.name], tuple(plans[e.name].shape), warn=False) for e in stack.experts]
             if len({p[0] for p in parts}) > 1:
                 raise InputError(f"the experts of '{stack.name}' would be written in several GGML types "
                                  f"({', '.join(sorted({p[0] for p in parts}))}), and llama.cpp holds them in one "
                                  "tensor", path=source.path, fix="give all experts of a layer one --tensor-type")
+            kept = sum(p[2][0] == "dense" for p in parts)
+            if kept:
+                plan.warnings.append(f"{stack.name}: {kept} of {len(parts)} experts kept out of the conversion; "
+                                     f"written dequantized as {parts[0][0]}")
             o, i = plans[m.name].shape
             add(GGUFTensorSpec(mapped(f"{stack.name}.weight"), (len(parts), o, i), parts[0][0],
                                sum(p[1] for p in parts)), ("stack", [p[2] for p in parts], None))

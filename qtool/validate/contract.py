@@ -130,7 +130,8 @@ def _experts(report) -> list[CheckResult]:
     """Mixture-of-experts layers: vLLM's and SGLang's FusedMoE build one quantization method for all the experts
     of a layer (w13 and w2 alike), so they must share one scheme, none of them dense; and the engines build the
     router unquantized (quant_config=None), so a packed one is not loaded."""
-    from qtool.inspect.detect import EXPERT_MODULE, moe_routers
+    from qtool.inspect.detect import moe_routers
+    from qtool.io.checkpoint import EXPERT_MODULE
 
     mods = {m.name: m for m in report.modules}
     routers = sorted(moe_routers(f"{n}.weight" for n in mods))
