@@ -94,6 +94,9 @@ def forced_configs(m: int, st) -> list[Config]:
             cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
             cs += [Config(kind=launch.XR, nt=1, r=8, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
                    for w, c, pdl in ((8, 1.0, True), (3, 0.4, False))]
+    if st.gshift_blk >= 0 and 16 < m <= 64:  # x in registers, eight batch tiles (M 33-64; also 17-32)
+        cs += [Config(kind=launch.XR, nt=8, r=2, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
+               for w, c, pdl in ((8, 1.0, True), (3, 0.4, False), (8, 2.0, None))]
     if st.gshift_blk >= 0 and 8 < m <= 32:  # x in registers, four batch tiles (M 17-32; also 9-16)
         cs += [Config(kind=launch.XR, nt=4, r=4, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
                for w, c, pdl in ((8, 1.0, True), (3, 0.4, False), (8, 2.0, None))]
@@ -427,6 +430,8 @@ CURVE_FAMILIES = {
                                    if 8 < m <= 32 else None),
     "xr nt4 r4 w8 2/sm": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=2.0, pdl=True)
                                         if 8 < m <= 32 else None),
+    "xr nt8 r2 w8": lambda m, st: (Config(kind=launch.XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+                                   if 16 < m <= 64 else None),
     "sk 1/sm": lambda m, st: (Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
                               if m <= SK_MAX_M else None),
     "sk whole tiles": lambda m, st: launch._sk_whole_tiles(st) if m <= SK_MAX_M else None,
@@ -443,6 +448,13 @@ CURVE_FAMILIES = {
                                      if 16 < m <= 64 else None),
     "wgmma bn128 wg3": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=3, ctas_per_sm=1.0, min_blocks=8)
                                       if 32 < m else None),
+    "wgmma bn64 cost": lambda m, st: launch.wg_launch(64)(st) if 16 < m <= 64 else None,
+    "wgmma bn128 cost": lambda m, st: launch.wg_launch(128)(st) if 64 < m else None,
+    "wgmma bn256 cost": lambda m, st: launch.wg_launch(256)(st) if 128 < m else None,
+    "wgmma bn64 fine": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=2)
+                                      if 16 < m <= 64 else None),
+    "wgmma bn128 fine": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=2)
+                                       if 64 < m else None),
     "wgmma bn128 s4": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
                                      if 64 < m else None),
 }

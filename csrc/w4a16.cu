@@ -183,6 +183,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt4_r4_d3(QT_ARGS
   qt::xr_small<false, 4, 4, 3, 4, 2, 1, false, false>(a);
 }
 
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt8_r2_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<false, 8, 2, 3, 4, 2, 1, false, false>(a);
+}
+
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn1_post(QT_ARGS) {
   const qt::Args a = QT_PACK;
   qt::mma_small<1, true, true, 6, 1>(a);
@@ -341,6 +346,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt1_r8_d3(QT_ARG
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt4_r4_d3(QT_ARGS) {
   const qt::Args a = QT_PACK;
   qt::xr_small<true, 4, 4, 3, 4, 2, 1, false, false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt8_r2_d3(QT_ARGS) {
+  const qt::Args a = QT_PACK;
+  qt::xr_small<true, 8, 2, 3, 4, 2, 1, false, false>(a);
 }
 
 // sm_90a only: wgmma, and the x-in-registers kernels whose two K groups meet in a

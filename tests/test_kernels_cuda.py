@@ -55,7 +55,7 @@ def test_plan_names_an_instantiated_kernel_and_fits(m, post):
             if cfg.kind == XR:  # K groups of warps x r blocks; never more CTAs than (K group, t tiles) units
                 kb = -(-k // 64)
                 kgroups = -(-kb // (cfg.warps * cfg.r))
-                assert m <= 32 and cc == (9, 0) and p["splits"] == kgroups
+                assert m <= 64 and cc == (9, 0) and p["splits"] == kgroups
                 assert p["grid"][0] <= kgroups * -(-n // (16 * cfg.t)) and p["rows"] == 8 * cfg.nt >= m
                 continue
             gx, splits, gz = p["grid"]
@@ -101,12 +101,23 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (one.nt, one.r, one.warps, one.depth, one.t, one.bias, one.cluster) == (1, 8, 8, 3, 1, False, False)
     assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
-    # M 17-32: four batch tiles of x in registers (4 blocks a warp), at any K
-    for m, (k, n) in ((17, (8192, 1024)), (32, (28672, 8192)), (24, (2048, 768)), (32, (768, 2048))):
+    # M 17-32: four batch tiles of x in registers (4 blocks a warp), up to 6 K groups of 8 x 4 blocks (K 12288)
+    for m, (k, n) in ((17, (8192, 1024)), (32, (12288, 8192)), (24, (2048, 768)), (32, (768, 2048))):
         four = choose(m, state(k, n))
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
+    # from 7 K groups (Llama-3-70B's down_proj: 14) the wgmma grid of least modelled cost
+    assert launch.xr_kgroups(state(12800, 8192), 8, 4) == 7 and choose(17, state(12800, 8192)).kind == WGMMA
+    down = choose(32, state(28672, 8192))
+    assert (down.kind, down.bn) == (WGMMA, 64) and down == launch.wg_launch(64)(state(28672, 8192))
     assert choose(33, state(8192, 8192)).kind == WGMMA
+    # M 33-64: eight batch tiles of x in registers on a layer of at most one unit (8 warps x 2 blocks, 16 rows)
+    # per SM: the MoE expert's 2048 x 768 (96 units), 8192 x 256 (128); not 4096 x 1024 (256)
+    for k, n in ((2048, 768), (768, 2048), (8192, 256)):
+        eight = choose(64, state(k, n))
+        assert (eight.kind, eight.nt, eight.r, eight.warps) == (XR, 8, 2, 8) and choose(33, state(k, n)) == eight
+        assert plan(eight, 64, state(k, n))["rows"] == 64 and launch.xr_units(state(k, n), 8, 2) <= 132
+    assert choose(64, state(4096, 1024)).kind == WGMMA and choose(65, state(2048, 768)).kind == WGMMA
     # M = 9-16, groups of >= 128, on the H200: x in registers, 8 warps of 8 blocks, on every layer (k/v too),
     # units of two tiles with >= 8 such units per SM (gate/up, down)
     q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
@@ -213,6 +224,10 @@ def test_large_m_choice_follows_the_layer_shape():
     p = plan(q, 256, state(8192, 8192))
     assert p["tma"] and p["block"] == 384 and p["name"] == "qt_wg_{dt}_bn256_wg2_s6_blk_tma" and p["grid"] == (64, 2, 1)
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
+    # one CTA per SM: the K split keeps the grid within a wave (Qwen2.5-7B's down_proj, 28 column blocks: 4
+    # splits, 112 CTAs, where rounding 132 / 28 up gave 5 and 140)
+    assert plan(choose(256, state(18944, 3584)), 256, state(18944, 3584))["grid"] == (28, 4, 1)
+    assert plan(choose(256, state(3584, 3584)), 256, state(3584, 3584))["grid"] == (28, 4, 1)
     from qtool.kernels.cuda import CudaW4A16
 
     st = state(8192, 8192)
@@ -667,6 +682,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
+    "wgmma bn64, long K": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
     "wgmma bn64": (64, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),

@@ -46,6 +46,7 @@ XR = {
     (2, 8, 3, 1, False, True): 4,
     (2, 8, 3, 1, True, False): 4,
     (4, 4, 3, 1, False, False): 4,
+    (8, 2, 3, 1, False, False): 4,
 }
 # wg_large (sm_90a): (batch columns, consumer warpgroups, x-tile stages, x by the tensor memory accelerator)
 WG = frozenset({
@@ -108,6 +109,7 @@ NAMES = frozenset({
     'qt_xr_bf16_nt2_r8_d3',
     'qt_xr_bf16_nt2_r8_d3_b',
     'qt_xr_bf16_nt4_r4_d3',
+    'qt_xr_bf16_nt8_r2_d3',
     'qt_xr_f16_nt1_r4_d4',
     'qt_xr_f16_nt1_r8_d3',
     'qt_xr_f16_nt2_r2_d4',
@@ -118,6 +120,7 @@ NAMES = frozenset({
     'qt_xr_f16_nt2_r8_d3',
     'qt_xr_f16_nt2_r8_d3_b',
     'qt_xr_f16_nt4_r4_d3',
+    'qt_xr_f16_nt8_r2_d3',
     'qt_xs_bf16_nt2_tn1_d12_x4',
     'qt_xs_bf16_nt2_tn1_d6_x2',
     'qt_xs_bf16_nt2_tn2_d12_x4',
