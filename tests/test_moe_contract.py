@@ -110,6 +110,19 @@ def test_select_leaves_experts_to_the_engines_fused_moe_layer(tmp_path):
     assert code == 0 and any("no linear layer to plan" in d for d in skips), rep["checks"]
 
 
+def _qwen_moe_gptq8(tmp_path):
+    """A Qwen3-MoE checkpoint (_moe_checkpoint with Qwen's names and config) in src, its 8-bit g32 GPTQ pack in q;
+    the dense tensors."""
+    t = _moe_checkpoint(tmp_path / "src", roles=(("gate_proj", (32, 64)), ("up_proj", (32, 64)),
+                                                 ("down_proj", (64, 32))), router="mlp.gate", block="mlp")
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+           "num_experts_per_tok": 2, "torch_dtype": "float16"}
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", bits=8, group_size=32))
+    return t
+
+
 def test_hf_experts_become_llama_cpp_expert_stacks_in_gguf(tmp_path):
     """A GPTQ pack's per-expert modules go to GGUF as llama.cpp holds them: one [E, O, I] tensor per layer and
     projection, named by the gguf package's map, the experts' blocks in expert order (8-bit g32 -> Q8_0 is
@@ -122,13 +135,7 @@ def test_hf_experts_become_llama_cpp_expert_stacks_in_gguf(tmp_path):
     from qtool.repack.run import RepackJob, run_repack
     from qtool.repack.source import open_source
 
-    t = _moe_checkpoint(tmp_path / "src", roles=(("gate_proj", (32, 64)), ("up_proj", (32, 64)),
-                                                 ("down_proj", (64, 32))), router="mlp.gate", block="mlp")
-    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
-           "num_experts_per_tok": 2, "torch_dtype": "float16"}
-    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
-    run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", bits=8, group_size=32))
+    t = _qwen_moe_gptq8(tmp_path)
     rep = run_repack(RepackJob(tmp_path / "q", "q8_0", tmp_path / "m.gguf"))
     assert any("48 expert modules written as 6 [experts, out, in] stacks" in w for w in rep.plan.warnings)
     assert not any("no llama.cpp name" in w for w in rep.plan.warnings)
@@ -159,13 +166,7 @@ def test_experts_kept_out_of_a_gguf_conversion_are_named_once_per_stack(tmp_path
     (naming how many of its experts), not once for each of its experts."""
     from qtool.repack.run import RepackJob, run_repack
 
-    _moe_checkpoint(tmp_path / "src", roles=(("gate_proj", (32, 64)), ("up_proj", (32, 64)),
-                                             ("down_proj", (64, 32))), router="mlp.gate", block="mlp")
-    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 4, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
-           "num_experts_per_tok": 2, "torch_dtype": "float16"}
-    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
-    run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", bits=8, group_size=32))
+    _qwen_moe_gptq8(tmp_path)
     rep = run_repack(RepackJob(tmp_path / "q", "q8_0", tmp_path / "m.gguf", exclude=(r"\.experts\.",)))
     kept = [w for w in rep.plan.warnings if "kept out of the conversion" in w]
     assert len(kept) == 6, kept
