@@ -38,7 +38,8 @@ XR = [(2, 4, 3, 1, 4, 2, 512, False, False), (2, 4, 4, 1, 4, 2, 512, False, Fals
       (2, 8, 3, 1, 4, 2, 256, True, False), (2, 8, 2, 2, 4, 2, 256, True, False),
       (2, 8, 2, 2, 4, 2, 256, True, True), (2, 8, 3, 1, 4, 2, 256, False, True),
       (2, 8, 2, 2, 4, 2, 256, False, True),
-      # M <= 8 (one batch tile) and M 17-32 (four): 8 warps, 64 and 128 registers of x a thread
+      # M <= 8 (one batch tile), M 17-32 (four) and M 33-64 (eight, 2 blocks a warp): 8 warps, 64, 128 and 128
+      # registers of x a thread
       (1, 8, 3, 1, 4, 2, 256, False, False), (4, 4, 3, 1, 4, 2, 256, False, False),
       (8, 2, 3, 1, 4, 2, 256, False, False)]
 # wg_large (sm_90a): (batch columns BN, consumer warpgroups, x-tile stages, x by the tensor memory accelerator);
