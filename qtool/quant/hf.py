@@ -162,16 +162,15 @@ def name_map(model_names, checkpoint_names, model=None) -> dict[str, str]:
             renamed.setdefault(rename(c), c)
         left = [m for m in model_names if m not in out]
         out.update({m: renamed[r] for m, r in _match(left, set(renamed)).items()})
-    # the same once more over the experts' canonical names, each kept where it stands for one checkpoint name
-    by_canonical: dict[str, list[str]] = {}
-    for c in ck:
-        k = canonical_expert(c)
-        if k is not None:
-            by_canonical.setdefault(k, []).append(c)
-    unique = {k: cs[0] for k, cs in by_canonical.items() if len(cs) == 1}
-    left = {canonical_expert(m): m for m in model_names if m not in out}
-    left.pop(None, None)
-    out.update({left[k]: unique[c] for k, c in _match(list(left), set(unique)).items()})
+    left = {k: m for m in model_names if m not in out and (k := canonical_expert(m)) is not None}
+    if left:  # the same once more over the experts' canonical names, each kept where it stands for one name
+        by_canonical: dict[str, list[str]] = {}
+        for c in ck:
+            k = canonical_expert(c)
+            if k is not None:
+                by_canonical.setdefault(k, []).append(c)
+        unique = {k: cs[0] for k, cs in by_canonical.items() if len(cs) == 1}
+        out.update({left[k]: unique[c] for k, c in _match(list(left), set(unique)).items()})
     return out
 
 

@@ -509,9 +509,9 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
                                                {n: tuple(p.shape) for n, p in plans.items()})
     stacked: set[str] = set()
 
-    def module_job(m, mp, shp, warn=True):
-        """(GGML type, bytes, data job) of one module's tensor, written with dims `shp`; `warn`: say so when it is
-        written dequantized (an expert stack says it once for its experts)."""
+    def module_job(m, mp, shp):
+        """(GGML type, bytes, data job) of one module's tensor, written with dims `shp`; a "dense" job is the
+        module kept out of the conversion, which its caller reports."""
         own = (mp.target_meta or {}).get("gguf_type")
         if own:  # --tensor-type: the module in its own GGML type
             return own, type_nbytes(own, shp), ("encode", m, own)
@@ -521,8 +521,6 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         if mp.kind == "keep":
             # GGUF cannot hold the source's packed layout: the float tensor its dequantization gives
             sd = mp.target_meta["dense_type"]  # plan_gguf_types chose it
-            if warn:
-                plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {sd}")
             o, i = mp.shape
             return sd, o * i * (4 if sd == "F32" else 2), ("dense", m, mp)
         o, i = mp.shape  # all rows: a GGUF stack's [E, O/E, I] too
@@ -535,7 +533,7 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
             if stack.name in stacked:
                 continue
             stacked.add(stack.name)
-            parts = [module_job(e, plans[e.name], tuple(plans[e.name].shape), warn=False) for e in stack.experts]
+            parts = [module_job(e, plans[e.name], tuple(plans[e.name].shape)) for e in stack.experts]
             if len({p[0] for p in parts}) > 1:
                 raise InputError(f"the experts of '{stack.name}' would be written in several GGML types "
                                  f"({', '.join(sorted({p[0] for p in parts}))}), and llama.cpp holds them in one "
@@ -580,6 +578,8 @@ def _write_gguf(source, plan: RepackPlan, conv: ModuleConverter, report: RepackR
         # a module is its rows [O, I]; a GGUF source's tensor keeps its own dims (3-D expert stacks [E, O/E, I])
         shp = tuple(reversed(source.tensor_info(m.layout["weight"]).shape)) if gguf_src else (o, i)
         gtype, nbytes, job = module_job(m, mp, shp)
+        if job[0] == "dense":
+            plan.warnings.append(f"{m.name}: kept out of the conversion; written dequantized as {gtype}")
         add(GGUFTensorSpec(out_name, shp, gtype, nbytes), job)
     if any(r is not None for r in rows):
         plan.warnings.append(f"{sum(r is not None for r in rows)} q/k tensors: rows reordered into llama.cpp's "

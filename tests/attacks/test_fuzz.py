@@ -114,6 +114,27 @@ def _reference_gguf(path):
     return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
 
 
+def test_reference_gguf_reader_runs_in_its_child(tmp_path):
+    """The child process parses a file the gguf package wrote, so the comparison below is not silently skipped
+    (an import failure or a crash there would read as "the reference rejects" every time)."""
+    import gguf
+    import numpy as np
+
+    from qtool.io.gguf_reader import read_gguf_header
+
+    w = gguf.GGUFWriter(tmp_path / "ok.gguf", "llama")
+    w.add_uint32("llama.block_count", 2)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = _reference_gguf(tmp_path / "ok.gguf")
+    h = read_gguf_header(tmp_path / "ok.gguf")
+    assert ref is not None and "llama.block_count" in ref["keys"] and len(ref["tensors"]) == 1
+    assert [[t.name, t.type_id, list(t.shape), t.start] for t in h.tensors] == ref["tensors"]
+
+
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ft.gguf_files().filter(lambda b: len(b) > 24))
 def test_gguf_header_agrees_with_gguf_package(blob):
