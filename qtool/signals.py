@@ -2,7 +2,8 @@
 removes the temporary output, and the CLI prints one line and exits 128 + the signal number (130, 143, 129).
 
 `install()` (called by the CLI) sets the handlers. Inside `deferred()` (the few renames that publish an
-output) a signal is held back and raised when the block ends, so a publish is never cut in half.
+output) a signal is held back and raised when the block ends, so a publish is never cut in half; the run then
+stops with the output complete, and the CLI's line names it (io.writer.PUBLISHED).
 
 The first import of a large extension package (torch, numpy, ...) runs deferred too. The commands import
 torch on first use, after the handlers are set; an exception raised inside that import is either discarded

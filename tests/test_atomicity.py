@@ -186,7 +186,10 @@ def kill_and_judge(models, cmd: str, sig: int, force: bool, rng: random.Random, 
         assert rc == 130, (where, rc, err)
         # Typer turns KeyboardInterrupt into a silent Exit(130); a message, if any, is one line.
         assert len(err.strip().splitlines()) <= 1, (where, err)
-        assert state == ("old" if force else "absent"), where
+        # a signal held back over the publish (or landing after it) stops the run once the output is complete,
+        # and the line says it was written
+        published = f"after writing {dest}" in err
+        assert state == ("new" if published else "old" if force else "absent"), (where, err)
         assert not leftovers(dest), (where, leftovers(dest))  # Ctrl-C cleans up after itself
     else:
         raise AssertionError((where, rc, err))
@@ -526,3 +529,35 @@ def test_read_only_file_system_is_an_output_error(tmp_path, monkeypatch):
     with pytest.raises(OutputError) as e, atomic_output(tmp_path / "x.gguf", directory=False) as tmp:
         ro(tmp)
     assert e.value.exit_code == 2 and not leftovers(tmp_path / "x.gguf")
+
+
+def test_a_signal_during_the_publish_stops_the_run_once_it_is_complete_and_says_so(tmp_path, monkeypatch, capsys):
+    """A SIGINT that lands mid-publish is held back (signals.deferred) and raised when the renames are done:
+    the output is complete, nothing is left beside it, and the CLI's one line names what was written."""
+    from qtool import signals
+    from qtool.cli import main as cli_main
+
+    real = writer._publish
+
+    def publish_under_a_signal(tmp, dest, force):
+        signals._handler(signal.SIGINT, None)  # as the handler sees a signal inside deferred(): held
+        real(tmp, dest, force)
+
+    monkeypatch.setattr(writer, "_publish", publish_under_a_signal)
+    monkeypatch.setattr(writer, "PUBLISHED", [])
+    dest = tmp_path / "out"
+    with pytest.raises(signals.Terminated):
+        with atomic_output(dest) as t:
+            (t / "a").write_text("x")
+    assert (dest / "a").read_text() == "x" and writer.PUBLISHED == [dest] and not leftovers(dest)
+
+    def app(**_kw):
+        raise signals.Terminated(signal.SIGINT)
+
+    monkeypatch.setattr(cli_main, "app", app)
+    monkeypatch.setattr(signals, "install", lambda: None)  # the test process keeps pytest's own handlers
+    with pytest.raises(SystemExit) as ex:
+        cli_main.main(["pack"])
+    assert ex.value.code == 130
+    assert capsys.readouterr().err == f"qtool: error: interrupted by SIGINT after writing {dest}; any unfinished " \
+                                      "output was removed\n"

@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _die("interrupted", 130)
     except signals.Terminated as e:
+        from qtool.io.writer import PUBLISHED
+
         what = "interrupted" if e.signum == signal.SIGINT else "terminated"
-        _die(f"{what} by {e}; any unfinished output was removed", 128 + e.signum)
+        done = f" after writing {', '.join(map(str, PUBLISHED))}" if PUBLISHED else ""
+        _die(f"{what} by {e}{done}; any unfinished output was removed", 128 + e.signum)
     except BrokenPipeError:  # a reader that went away (`| head`) before any status was known
         _finish(0)
     except Exception as e:  # noqa: BLE001 - a traceback shown to a user is a bug; report it as one

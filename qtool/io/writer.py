@@ -118,6 +118,9 @@ def _remove(p: Path) -> None:
 # generator has yielded and before the with block is set up (a loaded machine can deschedule the process at
 # exactly that point). The exit hook below removes what such an interrupt leaves.
 _LIVE: set[Path] = set()
+# This process's published outputs, in order. A signal held back over a publish (signals.deferred) is raised
+# once the publish is complete, and so can a later one: the CLI's interrupt line names what was written.
+PUBLISHED: list[Path] = []
 
 
 def _remove_live() -> None:
@@ -588,6 +591,7 @@ def _fill_and_publish(tmp: Path, dest: Path, directory: bool, sync: bool, force:
             _sync_tree(tmp)
         with deferred():  # a signal waits until the renames are done: never half a publish
             _publish(tmp, dest, force)
+            PUBLISHED.append(dest)
         if sync:
             _fsync_path(dest.parent)
     except OutputError:
