@@ -17,6 +17,7 @@ from qtool.errors import InputError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 MARLIN = REPO / "benchmarks" / "anchors" / "marlin-orig-h200.csv"
+MARLIN_H100 = REPO / "benchmarks" / "anchors" / "marlin-orig-h100.csv"
 FAST = ["--device", "cpu", "--shapes", "256x96,192x128", "--group-size", "64", "--batch-sizes", "1", "3",
         "--seconds", "0.02", "--kernels", "torch-ref"]
 
@@ -75,6 +76,12 @@ def test_model_shapes_qwen_moe_and_tp_shards():
         parse_shapes("llama-9@tp2", "cuda")
 
 
+def anchor_layer(a, model: str, m: int) -> float:
+    """The anchor kernel's speedup over fp16 for the model's layer at M, its shapes counted as the bench sums."""
+    shapes = parse_shapes(model, "cuda")
+    return sum(a.times[(s.K, s.N, m)][0] for s in shapes) / sum(a.times[(s.K, s.N, m)][1] for s in shapes)
+
+
 def test_anchor_file_matches_its_own_layer_figures():
     """The repo copy of the Marlin anchor gives back the layer figures its README states (70B: 2.07 at M = 1,
     1.37 at 32, 0.57 at 256), summed over the bench's own shape list."""
@@ -84,15 +91,83 @@ def test_anchor_file_matches_its_own_layer_figures():
     assert a.speedup(8192, 28672, 1) == pytest.approx((125.1 + 125.8) / (54.9 + 51.2))  # gate and up: the mean
     assert a.speedup(8192, 28672, 3) is None  # 70B has no M = 3
 
-    def layer(model: str, m: int) -> float:
-        shapes = parse_shapes(model, "cuda")
-        return sum(a.times[(s.K, s.N, m)][0] for s in shapes) / sum(a.times[(s.K, s.N, m)][1] for s in shapes)
+    assert anchor_layer(a, "llama-3-70b", 1) == pytest.approx(2.07, abs=0.006)
+    assert anchor_layer(a, "llama-3-70b", 32) == pytest.approx(1.37, abs=0.006)
+    assert anchor_layer(a, "llama-3-70b", 256) == pytest.approx(0.57, abs=0.006)
+    assert anchor_layer(a, "qwen2.5-32b", 16) == pytest.approx(1.63, abs=0.006)
+    assert anchor_layer(a, "qwen3-30b-a3b-expert", 1) == pytest.approx(0.39, abs=0.006)
 
-    assert layer("llama-3-70b", 1) == pytest.approx(2.07, abs=0.006)
-    assert layer("llama-3-70b", 32) == pytest.approx(1.37, abs=0.006)
-    assert layer("llama-3-70b", 256) == pytest.approx(0.57, abs=0.006)
-    assert layer("qwen2.5-32b", 16) == pytest.approx(1.63, abs=0.006)
-    assert layer("qwen3-30b-a3b-expert", 1) == pytest.approx(0.39, abs=0.006)
+
+def test_h100_anchor_gives_back_its_page_figures():
+    """The H100 anchor (benchmarks/marlin_peer.py: every model and M of the default sweep, in the same process as
+    cuda-w4a16) gives back the layer figures benchmarks/results/curve.md states for Marlin."""
+    a = load_anchor(MARLIN_H100)
+    assert a.name == "marlin_orig"
+    for model in ("llama-3-70b", "llama-3-8b", "qwen2.5-32b", "qwen2.5-7b", "qwen3-30b-a3b-expert",
+                  "llama-3-70b@tp2", "llama-3-70b@tp4"):
+        for m in GPU_BATCH_SIZES:
+            assert all((s.K, s.N, m) in a.times for s in parse_shapes(model, "cuda")), (model, m)
+
+    assert anchor_layer(a, "llama-3-70b", 1) == pytest.approx(2.53, abs=0.006)
+    assert anchor_layer(a, "llama-3-70b", 32) == pytest.approx(1.89, abs=0.006)
+    assert anchor_layer(a, "llama-3-70b", 256) == pytest.approx(0.62, abs=0.006)
+    assert anchor_layer(a, "qwen2.5-32b", 16) == pytest.approx(2.04, abs=0.006)
+
+
+def peer_module():
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module("marlin_peer")
+    finally:
+        sys.path.pop(0)
+
+
+def test_marlin_peer_goal_table_sums_layers_and_matches_bf16_reports(tmp_path):
+    """The peer's report: layer sums count each shape by its occurrences; a bf16 bench report is matched to its
+    model by shapes; M = 1 adds both dtypes' fraction of the copy bandwidth."""
+    peer = peer_module()
+    rows = [dict(model="m", shape="a/b", count_in_layer=2, K=256, N=512, M=m, fp16_us=10.0 * f, marlin_us=5.0 * f,
+                 cuda_w4a16_us=4.0 * f) for m, f in ((1, 1.0), (32, 2.0))]
+    rows += [dict(model="m", shape="c", count_in_layer=1, K=512, N=256, M=m, fp16_us=20.0, marlin_us=10.0,
+                  cuda_w4a16_us=10.0) for m in (1, 32)]
+    (tmp_path / "peer.json").write_text(json.dumps({"gpu": "G", "rows": rows}))
+    bf16 = {"settings": {"shapes": [{"K": 256, "N": 512}, {"K": 512, "N": 256}, {"K": 256, "N": 512}]},
+            "device": {"copy_bandwidth_gbs": 1.0},
+            "summary": {"per_m": {"cuda-w4a16": {"1": {"total_speedup_vs_dense": 2.2, "total_bw_fraction": 0.5},
+                                                 "32": {"total_speedup_vs_dense": 1.0, "total_bw_fraction": 0.1}}}},
+            "results": [{"kernel": "cuda-w4a16", "M": 1, "bytes": 9000}, {"kernel": "cuda-w4a16", "M": 1,
+                                                                          "bytes": 9000},
+                        {"kernel": "dense", "M": 1, "bytes": 10 ** 9}]}
+    (tmp_path / "bf16.json").write_text(json.dumps(bf16))
+    lines = peer.goal_table(rows, "G").splitlines()
+    # M = 1: dense 2 x 10 + 20 = 40 us; cuda-w4a16 2 x 4 + 10 = 18; Marlin 2 x 5 + 10 = 20
+    assert lines[1].split() == ["m", "M=1", f"{40 / 18:.2f}", "2.00", f"{20 / 18:.2f}"]
+    assert lines[2].split() == ["m", "M=32", f"{60 / 26:.2f}", f"{60 / 30:.2f}", f"{30 / 26:.2f}"]
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert peer.report(tmp_path, [tmp_path / "bf16.json"]) == 0
+    m1, m32 = out.getvalue().splitlines()[1:3]
+    # 18000 bytes in 18 us against 1 GB/s of copy bandwidth: 100 %
+    assert m1.split("|")[1].split() == ["2.20", f"{2.2 / (40 / 18):.2f}"]
+    assert "fp16 100.0%, bf16 50.0% of 1 GB/s" in m1
+    assert m32.split("|")[1].split() == ["1.00", f"{1.0 / (60 / 26):.2f}"]
+
+
+def test_marlin_peer_build_refuses_an_unknown_source(tmp_path, capsys):
+    """The build patches Marlin's L2 copy hint out (it faults on Hopper); a source without it is another
+    version, refused before nvcc runs."""
+    peer = peer_module()
+    (tmp_path / "marlin").mkdir()
+    (tmp_path / "marlin" / "marlin_cuda_kernel.cu").write_text("// no hint here\n")
+    assert peer.build(tmp_path, tmp_path / "lib.so", nvcc="/nonexistent/nvcc") == 2
+    assert "copy hint" in capsys.readouterr().err
+    assert not (tmp_path / "lib.so").exists()
 
 
 def fake_report() -> BenchReport:
