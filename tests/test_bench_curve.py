@@ -157,6 +157,14 @@ def test_marlin_peer_goal_table_sums_layers_and_matches_bf16_reports(tmp_path):
     assert m1.split("|")[1].split() == ["2.20", f"{2.2 / (40 / 18):.2f}"]
     assert "fp16 100.0%, bf16 50.0% of 1 GB/s" in m1
     assert m32.split("|")[1].split() == ["1.00", f"{1.0 / (60 / 26):.2f}"]
+    # a refused output is neither passed nor failed; a failed one (err inf, no time) is counted as checked
+    checked = [dict(rows[0], marlin_err=1e-3, cuda_w4a16_err=2e-4, dense_err=3e-4),
+               dict(rows[1], marlin_err=None, marlin_us=None, cuda_w4a16_err=float("inf"), cuda_w4a16_us=None,
+                    dense_err=2e-4)]
+    assert peer.oracle_line(checked, bad=1) == ("oracle: 2 of 3 kernel outputs within their bound (1 refused); "
+                                                "error: Marlin 0.001-0.001, cuda-w4a16 0.0002-inf, dense fp16 "
+                                                "0.0002-0.0003")
+    assert "failed the oracle check or refused" in peer.goal_table(checked, "G").splitlines()[2]
 
 
 def test_marlin_peer_build_refuses_an_unknown_source(tmp_path, capsys):
