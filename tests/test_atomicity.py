@@ -533,7 +533,8 @@ def test_read_only_file_system_is_an_output_error(tmp_path, monkeypatch):
 
 def test_a_signal_during_the_publish_stops_the_run_once_it_is_complete_and_says_so(tmp_path, monkeypatch, capsys):
     """A SIGINT that lands mid-publish is held back (signals.deferred) and raised when the renames are done:
-    the output is complete, nothing is left beside it, and the CLI's one line names what was written."""
+    the output is complete, nothing is left beside it, and the CLI's one line names what was written, by this
+    command only (a later command of the same process that is interrupted before it writes names nothing)."""
     from qtool import signals
     from qtool.cli import main as cli_main
 
@@ -544,20 +545,26 @@ def test_a_signal_during_the_publish_stops_the_run_once_it_is_complete_and_says_
         real(tmp, dest, force)
 
     monkeypatch.setattr(writer, "_publish", publish_under_a_signal)
-    monkeypatch.setattr(writer, "PUBLISHED", [])
+    monkeypatch.setattr(writer, "PUBLISHED", [Path("an-earlier-command's-output")])
     dest = tmp_path / "out"
-    with pytest.raises(signals.Terminated):
+
+    def app(**_kw):  # the command: one output, published under a signal
         with atomic_output(dest) as t:
             (t / "a").write_text("x")
-    assert (dest / "a").read_text() == "x" and writer.PUBLISHED == [dest] and not leftovers(dest)
-
-    def app(**_kw):
-        raise signals.Terminated(signal.SIGINT)
 
     monkeypatch.setattr(cli_main, "app", app)
     monkeypatch.setattr(signals, "install", lambda: None)  # the test process keeps pytest's own handlers
     with pytest.raises(SystemExit) as ex:
         cli_main.main(["pack"])
     assert ex.value.code == 130
+    assert (dest / "a").read_text() == "x" and writer.PUBLISHED == [dest] and not leftovers(dest)
     assert capsys.readouterr().err == f"qtool: error: interrupted by SIGINT after writing {dest}; any unfinished " \
                                       "output was removed\n"
+
+    def interrupted_app(**_kw):
+        raise signals.Terminated(signal.SIGINT)
+
+    monkeypatch.setattr(cli_main, "app", interrupted_app)
+    with pytest.raises(SystemExit):
+        cli_main.main(["pack"])
+    assert capsys.readouterr().err == "qtool: error: interrupted by SIGINT; any unfinished output was removed\n"

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     from qtool.errors import QtoolError
 
     signals.install()
+    writer = sys.modules.get("qtool.io.writer")  # loaded only by a command that writes (not at CLI start-up)
+    if writer is not None:  # an earlier command of this process (tests, a library caller) published those
+        writer.PUBLISHED.clear()
     args = expand_variadic(list(sys.argv[1:] if argv is None else argv))
     debug = os.environ.get("QTOOL_DEBUG", "") not in ("", "0")
     try:
