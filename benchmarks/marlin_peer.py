@@ -134,9 +134,9 @@ def run(lib: Path, out_dir: Path, models: str, batch_sizes: list[int], seconds: 
             b0, s0 = packed["qweight"].to(dev), packed["scales"].to(dev)
             layer = PackedLayer.from_plain(plain)
             del plain, host, packed
-            nb = b0.numel() * 4 + s0.numel() * 2 + max(batch_sizes) * k * 2
-            bs = [(b0, s0)] + [(b0.clone(), s0.clone()) for _ in range(rotation_count(dev, nb) - 1)]
-            states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(rotation_count(dev, nb))]
+            nq = rotation_count(dev, b0.numel() * 4 + s0.numel() * 2 + max(batch_sizes) * k * 2)
+            bs = [(b0, s0)] + [(b0.clone(), s0.clone()) for _ in range(nq - 1)]
+            states = [kern.prepare(layer if i == 0 else layer.clone()) for i in range(nq)]
             w16s = [w16] + [w16.clone() for _ in range(rotation_count(dev, w16.numel() * 2) - 1)]
             ws = torch.zeros(n // 128 * 16, dtype=torch.int32, device=dev)
             for m in batch_sizes:
