@@ -5,7 +5,7 @@
 
 --check: awkward layers (N not a multiple of 16 or 64, K = group x odd, K not a multiple of 64, act-order,
 group -1 / 32 / 64 / 128) x fp16/bf16 x M, for the M-bucket choice and for every forced variant (mma nt1/2/4
-with and without split, stream-K with short and long warp ranges and whole tiles per CTA, wgmma bn64/128/256);
+with and without split, stream-K with short and long warp ranges and whole tiles per CTA, wgmma bn32/48/64/128/256);
 outputs poisoned with NaN; error within 4x the dense same-precision baseline's. Then chains of calls each
 reading the previous output, with and without programmatic dependent launch (same bits required). Exit 1 on
 any failure.
@@ -61,6 +61,7 @@ def forced_configs(m: int, st) -> list[Config]:
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
+        cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn in (32, 48) for w in (2, 4) for sp in (1, 3)]
         # three and four consumer warpgroups (the TMA form; setmaxnreg shares the registers out differently)
         cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn, w in ((64, 3), (64, 4), (128, 3)) for sp in (1, 3)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
@@ -448,6 +449,8 @@ CURVE_FAMILIES = {
                                      if 16 < m <= 64 else None),
     "wgmma bn128 wg3": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=3, ctas_per_sm=1.0, min_blocks=8)
                                       if 32 < m else None),
+    "wgmma bn32 cost": lambda m, st: launch.wg_launch(32)(st) if 16 < m <= 32 else None,
+    "wgmma bn48 cost": lambda m, st: launch.wg_launch(48)(st) if 32 < m <= 48 else None,
     "wgmma bn64 cost": lambda m, st: launch.wg_launch(64)(st) if 16 < m <= 64 else None,
     "wgmma bn128 cost": lambda m, st: launch.wg_launch(128)(st) if 64 < m else None,
     "wgmma bn256 cost": lambda m, st: launch.wg_launch(256)(st) if 128 < m else None,

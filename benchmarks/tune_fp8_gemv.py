@@ -1,12 +1,13 @@
 """The FP8 GEMV's CTA widths against its plan, the W8A8 path and dense, on the Llama-3 8B/70B and Qwen2.5-32B
 projections at M = 1, 4, 8 (one GPU). The evidence behind qtool/kernels/cuda_fp8.py's `plan`.
 
-    python benchmarks/tune_fp8_gemv.py [--json OUT.json] [--strategies tensor block] [--reps 20]
+    python benchmarks/tune_fp8_gemv.py [--json OUT.json] [--strategies tensor block] [--reps 20] [--splits 1 2 4 8]
 
 Per shape and M: dense bf16 (torch.mm), the W8A8 path (scaled-mm-fp8 / scaled-mm-fp8-block), and the GEMV at
 4 and 8 warps per CTA (each with the K splits its plan gives), and which one `plan` picks. Timing: a CUDA
 graph of R calls, each on its own copy of the weights (R copies hold >= 300 MB, past the L2), replayed `--reps`
 times; the median per call in microseconds. The GEMV is checked against the float64 oracle first.
+--splits also times each width at each of those K split counts (each launch checked against the oracle too).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def per_call_us(fns, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure(strat: str, name: str, n: int, k: int, reps: int) -> list[dict]:
+def measure(strat: str, name: str, n: int, k: int, reps: int, splits: list[int] | None = None) -> list[dict]:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     kern, w8a8 = get_kernel(GEMV[strat]), get_kernel(W8A8[strat])
     copies = max(2, min(48, int(300e6 // (n * k))))
@@ -89,6 +90,15 @@ def measure(strat: str, name: str, n: int, k: int, reps: int) -> list[dict]:
             row[f"gemv_w{w}_us"] = per_call_us([partial(cuda_fp8.gemv, x, states[i].gemv, outs[i], pl)
                                                 for i in range(copies)], reps)
             row[f"gemv_w{w}_splits"] = pl.splits
+        for w in cuda_fp8.WIDTHS if splits else ():
+            for sp in splits:
+                pl = cuda_fp8.plan(m, n, k, n_sm, warps=w, splits=sp)
+                y = cuda_fp8.gemv(x, states[0].gemv, torch.full((m, n), float("nan"), device=dev, dtype=dtype), pl)
+                e = float((y.double() - ref).norm() / ref.norm())
+                if not e <= 1.5 * base + 1e-7:
+                    raise SystemExit(f"{name} M={m} w{w} split {pl.splits}: GEMV error {e:.3g} > 1.5 x dense's {base:.3g}")
+                row[f"gemv_w{w}_split{pl.splits}_us"] = per_call_us(
+                    [partial(cuda_fp8.gemv, x, states[i].gemv, outs[i], pl) for i in range(copies)], reps)
         auto = cuda_fp8.plan(m, n, k, n_sm)
         row["plan"] = f"w{auto.warps}"
         best = min(cuda_fp8.WIDTHS, key=lambda w, row=row: row[f"gemv_w{w}_us"])
@@ -105,11 +115,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--strategies", nargs="+", default=["tensor", "block"])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--splits", nargs="+", type=int, help="also time each width at these K split counts")
     args = ap.parse_args()
     rows = []
     for strat in args.strategies:
         for name, (n, k) in SHAPES.items():
-            rows += measure(strat, name, n, k, args.reps)
+            rows += measure(strat, name, n, k, args.reps, args.splits)
             torch.cuda.empty_cache()
     if args.json:
         props = torch.cuda.get_device_properties(torch.device("cuda"))

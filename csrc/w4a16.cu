@@ -372,6 +372,66 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4_c
   qt::xr_small<false, 2, 8, 2, 4, 2, 2, false, true>(a);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn32_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn32_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn32_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 3, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn32_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn32_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 4, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn32_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 4, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn48_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn48_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn48_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 3, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn48_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn48_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 4, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn48_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 4, 6, false, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn64_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<64, 2, 6, false, 1, 6, true>(a, &xmap);
@@ -485,6 +545,66 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d3_c(QT_A
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4_c(QT_ARGS) {
   const qt::Args a = QT_PACK;
   qt::xr_small<true, 2, 8, 2, 4, 2, 2, false, true>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn32_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn32_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn32_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 3, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn32_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn32_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 4, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn32_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<32, 4, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn48_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn48_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn48_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 3, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn48_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn48_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 4, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn48_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<48, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn64_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {

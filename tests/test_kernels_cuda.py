@@ -101,16 +101,28 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert (one.nt, one.r, one.warps, one.depth, one.t, one.bias, one.cluster) == (1, 8, 8, 3, 1, False, False)
     assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
-    # M 17-32: four batch tiles of x in registers (4 blocks a warp), up to 6 K groups of 8 x 4 blocks (K 12288)
-    for m, (k, n) in ((17, (8192, 1024)), (32, (12288, 8192)), (24, (2048, 768)), (32, (768, 2048))):
+    # M 17-32: four batch tiles of x in registers (4 blocks a warp) where the bn32 wgmma grid spreads worse
+    for m, (k, n) in ((17, (8192, 1024)), (32, (4096, 14336)), (24, (2048, 768)), (32, (768, 2048)),
+                      (20, (3584, 18944))):
         four = choose(m, state(k, n))
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
-    # from 7 K groups (Llama-3-70B's down_proj: 14) the wgmma grid of least modelled cost
-    assert launch.xr_kgroups(state(12800, 8192), 8, 4) == 7 and choose(17, state(12800, 8192)).kind == WGMMA
-    down = choose(32, state(28672, 8192))
-    assert (down.kind, down.bn) == (WGMMA, 64) and down == launch.wg_launch(64)(state(28672, 8192))
-    assert choose(33, state(8192, 8192)).kind == WGMMA
+    # ... and the bn32 wgmma grid of least modelled cost where it is no dearer and each CTA walks >= 32 blocks:
+    # Llama-3-70B's down_proj and q/o, Qwen2.5-32B's 5120 x 27648 (a half-idle last K group of the x-in-registers
+    # launch); 3584 x 18944 is as cheap in the model, in CTAs of 14 blocks
+    for m, (k, n) in ((17, (28672, 8192)), (32, (8192, 8192)), (24, (5120, 27648))):
+        wg = choose(m, state(k, n))
+        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg == launch.wg_launch(32)(state(k, n))
+        assert plan(wg, m, state(k, n))["rows"] == 32
+        assert (launch.wg_cost(32, wg.wgs, wg.splits, state(k, n))
+                <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(k, n)))
+    wg = launch.wg_launch(32)(state(3584, 18944))
+    assert (launch.wg_cost(32, wg.wgs, wg.splits, state(3584, 18944))
+            <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(3584, 18944)))
+    assert -(-56 // wg.splits) < launch.WG32_MIN_KBPS
+    # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
+    assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
+        (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
     # M 33-64: eight batch tiles of x in registers on a layer of at most one unit (8 warps x 2 blocks, 16 rows)
     # per SM: the MoE expert's 2048 x 768 (96 units), 8192 x 256 (128); not 4096 x 1024 (256)
     for k, n in ((2048, 768), (768, 2048), (8192, 256)):
@@ -682,8 +694,9 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
-    "wgmma bn64, long K": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
-    "wgmma bn64": (64, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
+    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
+    "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
+    "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
     "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
@@ -692,7 +705,7 @@ ROW_POINTS = {
     "x in registers": (16, 8192, 8192, (9, 0), 30), "x streamed, small layer": (9, 8192, 1024, (9, 0), 6),
     "x streamed": (16, 8192, 8192, (8, 0), 7), "mma M <= 8": (4, 28672, 8192, (9, 0), -1),
     "mma M <= 16, small layer": (16, 8192, 1024, (9, 0), -1),
-    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "x in registers, four batch tiles": (32, 8192, 8192, (9, 0), 7),
+    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "x in registers, four batch tiles": (32, 4096, 4096, (9, 0), 7),
     "mma": (256, 8192, 8192, (8, 0), 7),
 }
 

@@ -7,7 +7,7 @@ Five kernel families (csrc/gen_kernels.py's table lists the built shapes), chose
   unit's fp32 sum through sum(x), or (grids of whole tiles per CTA) from each fragment by one FMA; shared tiles
   finished by the last warp in the same launch (in shared memory when all its warps are in one CTA; small layers
   get one CTA per tile). Weight copies carry an L2 evict-first policy in every kernel.
-- `xr` (sm_80+, chosen on sm_90 at M 9-16, groups of >= 128): x held in registers as mma fragments by the CTA
+- `xr` (sm_80+, chosen on sm_90 at M 1-64 per layer, groups of >= 128): x held in registers as mma fragments by the CTA
   of one K group, the weights streamed past it unit by unit; two K groups may meet in a cluster of 2 (sm_90a).
 - `xs` (sm_80+, M 9-16 on layers of under 8 tiles per SM, one group per block): the `mma` kernel's warps with
   x streamed through a ring of chunks in shared memory instead of staged per CTA, so a grid of about one wave
@@ -16,7 +16,8 @@ Five kernel families (csrc/gen_kernels.py's table lists the built shapes), chose
   from a 16-byte load per lane (LOP3 + one FMA per pair), x staged in shared memory, split-K finished in the
   same launch. For small M that the others do not take (M 9-32, groups of 64, act-order).
 - `wgmma` (sm_90a only): wgmma m64nNk16 with A from registers (the same per-lane words) and x tiles from
-  shared memory; for large M, where the tensor cores' rate matters.
+  shared memory, N the batch tile (32, 48, 64, 128 or 256 columns); from M 17 on the layers where its grid
+  spreads as evenly as the others', and above M 32 on nearly all.
 
 `prepare` converts the GPTQ v2 tensors once into the tile layout on the layer's device (as engines repack at
 load time); nothing dense is kept. Importing this package imports neither ctypes bindings nor the build.

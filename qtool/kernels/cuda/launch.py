@@ -57,7 +57,7 @@ SK_X_BUDGET = 64 * 1024  # bytes of x it stages (all of K): beyond this, fewer C
 SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # usable per SM (and per CTA)
 SMEM_OTHER = 99 * 1024  # sm_86 / sm_89
 X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough for several CTAs per SM
-WG_STAGES = {64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
+WG_STAGES = {32: 6, 48: 6, 64: 6, 128: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/mma.cuh mma_xs XS)
 XR_CLUSTER_SLOTS = 4  # csrc/xr.cuh xr_small S2: rank 1's sums of a unit waiting in rank 0
 XR_MAX_WARPS = {(1, 8): 8, (2, 8): 8, (4, 4): 8, (8, 2): 8}  # (nt, r) -> most warps a CTA (64-128 x registers)
@@ -233,15 +233,35 @@ def _xr_m32(m: int, st) -> bool:
     return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0)
 
 
-# K groups (8 warps x 4 blocks) of the four-tile x-in-registers launch from which the wgmma grid is faster: the
-# last CTA of each tile sums the groups' partials one after another, which a few long K splits do not pay
-XR4_MAX_KGROUPS = 7
+# The bn32 wgmma launch against the four-tile x-in-registers one at M 17-32 (H200, fp16, the 28 layer shapes of
+# the seven bench models; benchmarks/results/tune-curve.json, key h200-2026-12-05-wg32). Where both spread evenly over
+# the SMs, a wgmma 64-k block of a 16-row tile costs about 7 % less than an x-in-registers one (Llama-3-70B q/o
+# 26.2 against 28.1 us, gate/up 77.3 against 80.9): one wgmma a k16 step instead of four mma.sync, x read by the
+# tensor cores from shared memory. The x-in-registers launch spreads better: its units are 2048-k groups of
+# one tile, the wgmma CTA's are 4-16 tiles by a K split, one CTA an SM. So wgmma takes a layer where its
+# modelled cost (wg_cost) is within WG32_EDGE of the x-in-registers launch's 64-k blocks per SM (idle warps of a
+# last, partial K group included), and where each CTA walks at least WG32_MIN_KBPS blocks: a CTA fills and
+# drains its 6-stage pipeline once, which short ranges do not amortize (Qwen2.5-7B's 3584 x 18944, 14 blocks a
+# CTA at equal modelled cost: 33.1 against 28.6 us).
+WG32_EDGE = 1.05
+WG32_MIN_KBPS = 32
 
 
-def _wg_long_k_m32(m: int, st) -> bool:
-    """M 17-32 on sm_90a, on a layer the four-tile x-in-registers launch cuts into XR4_MAX_KGROUPS K groups or
-    more (K > 12288)."""
-    return 16 < m <= 32 and wgmma_ok(st.cc) and xr_kgroups(st, 8, 4) >= XR4_MAX_KGROUPS
+def xr4_blocks_per_sm(st) -> float:
+    """64-k blocks of one 16-row tile per SM of the four-tile x-in-registers launch (8 warps x 4 blocks a K
+    group, the last group's idle warps counted)."""
+    return xr_units(st, 8, 4) * 32 / st.n_sm
+
+
+def _wg_m32(m: int, st) -> bool:
+    """M 17-32 on sm_90a where the bn32 wgmma launch is modelled no dearer than the x-in-registers one and gives
+    each CTA a long enough K range (see WG32_EDGE)."""
+    if not (16 < m <= 32 and wgmma_ok(st.cc)):
+        return False
+    cfg = wg_launch(32)(st)
+    kb = -(-st.K // 64)
+    return (-(-kb // cfg.splits) >= WG32_MIN_KBPS
+            and wg_cost(32, cfg.wgs, cfg.splits, st) <= WG32_EDGE * xr4_blocks_per_sm(st))
 
 
 def _xr_m64(m: int, st) -> bool:
@@ -296,19 +316,23 @@ class Row:
 # layers (q/o 8192 x 8192, k/v 8192 x 1024, gate/up 8192 x 28672, down 28672 x 8192), and where a row names an
 # H100, from its --curve sweep over the seven bench models (benchmarks/results/curve.md).
 ROWS = (
-    Row("wgmma bn64, long K", _wg_long_k_m32, wg_launch(64),
-        "At M 17-32 a layer of K > 12288 runs faster as the wgmma grid of least modelled cost than with four "
-        "batch tiles of x in registers, whose 7 or more K groups' partials the last CTA of each tile sums in turn "
-        "(H100, M = 24 and 32, fp16 and bf16: Llama-3-70B's down_proj 0.81-0.88x the time, 27648 x 5120 "
-        "0.92-0.95x, 14336 x 8192 0.91-0.95x, 14336 x 4096 0.97-1.01x)."),
+    Row("wgmma bn32", _wg_m32, wg_launch(32),
+        "At M 17-32 a large layer runs faster as a 32-column wgmma tile than with four batch tiles of x in "
+        "registers, where its grid spreads as evenly (WG32_EDGE; H200, fp16, M = 32: Qwen2.5-32B's 5120 x 27648 "
+        "50.3 against 58.4 us, Llama-3-70B's TP=4 7168 x 8192 23.5 against 26.7, down_proj 71.6 against 78.0 "
+        "with bn64)."),
     Row("x in registers, eight batch tiles", _xr_m64,
         lambda st: Config(kind=XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "A layer of at most one unit per SM (MoE experts, small k/v) is faster at M 33-64 with eight batch tiles "
         "of x in registers than as wgmma's few CTAs, each walking all of K (H100: the Qwen3-30B-A3B expert's "
         "768 x 2048 at M = 48 5.6 against 7.3 us, 2048 x 768 8.1 against 9.1, 8192 x 256 9.4 against 11.9; at "
         "two units per SM the two are even, and wider layers are 1.4-6x slower with it)."),
-    Row("wgmma bn64", lambda m, st: 32 < m <= 64 and wgmma_ok(st.cc), wg_launch(64),
-        "From M 33 on sm_90a one 64-column wgmma tile per CTA covers the batch, in the grid of least modelled cost "
+    Row("wgmma bn48", lambda m, st: 32 < m <= 48 and wgmma_ok(st.cc), wg_launch(48),
+        "At M 33-48 on sm_90a one 48-column wgmma tile per CTA covers the batch: no tensor-core work on a quarter "
+        "of empty columns, never slower than bn64 on the 24 bench layer shapes that take wgmma there and up to 6 % "
+        "faster (H200, fp16, M = 40: Llama-3-70B's gate_proj 80.7 against 85.7 us)."),
+    Row("wgmma bn64", lambda m, st: 48 < m <= 64 and wgmma_ok(st.cc), wg_launch(64),
+        "At M 49-64 on sm_90a one 64-column wgmma tile per CTA covers the batch, in the grid of least modelled cost "
         "(wg_cost): a wave and a bit runs two CTA times (Llama-3-70B's gate_proj at M = 64 on an H100: 224 CTAs "
         "of two warpgroups 106.7 us, 112 of four 87.5)."),
     Row("wgmma bn128", lambda m, st: 64 < m <= 128 and wgmma_ok(st.cc), wg_launch(128),
@@ -379,9 +403,9 @@ ROWS = (
     Row("x in registers, four batch tiles", _xr_m32,
         lambda st: Config(kind=XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "At M 17-32 four batch tiles of x in registers (4 blocks a warp) stream each weight byte once, which beats "
-        "the split-K mma kernel and wgmma bn64 (a half-empty tile) on every bench shape (70B layer at M = 32: "
-        "1.34x dense against 0.86x and 1.09x; 8B 1.26x against 0.83x and 1.07x; the MoE expert's down_proj, "
-        "K = 768: 4.5 against 8.6 us)."),
+        "the split-K mma kernel on every bench shape and wgmma on the layers the bn32 row leaves, whose wgmma grids "
+        "spread unevenly (H200, fp16, M = 32: Qwen2.5-7B's 3584 x 18944 28.6 against 33.1 us, Llama-3-8B's "
+        "4096 x 14336 24.3 against 26.0, the MoE expert's 2048 x 768 4.9 against 7.7)."),
     Row("mma", lambda m, st: True,
         Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0),
         "M 17-32, and any larger M without wgmma: four batch tiles per CTA, two tiles per warp."),
