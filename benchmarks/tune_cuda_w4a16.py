@@ -69,6 +69,11 @@ def forced_configs(m: int, st) -> list[Config]:
         # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
         cs += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2, tma=False),
                Config(kind=WGMMA, bn=256, wgs=2, stages=6)]
+        # K splits summed in a cluster per tile: 2 to 8 splits, every tile width, both x forms, 2 CTAs an SM
+        cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp, cluster=True, stages=stg, tma=tma)
+               for bn, w, sp, stg, tma in ((32, 4, 2, 0, True), (48, 3, 3, 0, True), (64, 2, 5, 0, True),
+                                           (128, 3, 8, 0, True), (128, 2, 4, 4, True), (128, 2, 3, 4, False),
+                                           (256, 2, 2, 0, True), (256, 2, 7, 6, True))]
     cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="none"))
     if st.gshift_blk >= 0:  # x streamed in chunks (one group per block): both chunk sizes, split or not, pdl
         cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
@@ -417,8 +422,22 @@ def before_curve(m: int, st) -> Config | None:
     return None
 
 
+def wg_cluster(cfg: Config | None, m: int, st, splits: int = 0) -> Config | None:
+    """A wgmma launch with its K splits (its own, or `splits`; at most launch.WG_CLUSTER_MAX) summed in a
+    thread-block cluster; None for another kernel or one split."""
+    if cfg is None or cfg.kind != WGMMA:
+        return None
+    kb = -(-st.K // 64)
+    s = min(splits or launch.plan(cfg, m, st)["splits"], launch.WG_CLUSTER_MAX, kb)
+    return dataclasses.replace(cfg, splits=s, cluster=True) if s > 1 else None
+
+
 CURVE_FAMILIES = {
     "default": lambda m, st: None,
+    "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),
+    **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(launch.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},
+    "wgmma bn128 cost cluster": lambda m, st: wg_cluster(launch.wg_launch(128)(st), m, st) if 64 < m else None,
+    "wgmma bn256 cost cluster": lambda m, st: wg_cluster(launch.wg_launch(256)(st), m, st) if 128 < m else None,
     "before": before_curve,
     "as M=16": lambda m, st: launch.choose(16, st) if m <= 16 else None,
     "xr nt1 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)

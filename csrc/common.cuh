@@ -229,10 +229,10 @@ DEVI void mbar_wait(uint32_t bar, uint32_t parity) {  // until the phase of this
       "r"(parity)
       : "memory");
 }
-// Thread-block clusters (sm_90; only the xr_small CL kernels, built in the sm_90a section, use these): the CTA's
-// rank in its cluster, the cluster's index, a local shared address mapped into CTA `rank`'s shared memory, a
-// 16-byte store there, a release arrival on a barrier there, an acquire wait on a local barrier that CTAs of
-// the cluster arrive on, and a barrier of every thread of the cluster.
+// Thread-block clusters (sm_90; used by the kernels of the sm_90a section: xr_small CL, and wg_large's split-K
+// sum): the CTA's rank in its cluster, the cluster's index, its CTA count, a local shared address mapped into CTA
+// `rank`'s shared memory, a 16-byte load and store there, a release arrival on a barrier there, an acquire wait on
+// a local barrier that CTAs of the cluster arrive on, and a barrier of every thread of the cluster.
 DEVI uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -243,6 +243,11 @@ DEVI uint32_t cluster_index() {
   asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
   return r;
 }
+DEVI uint32_t cluster_ctas() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
 DEVI uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
@@ -251,6 +256,14 @@ DEVI uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
 DEVI void st_cluster_f4(uint32_t caddr, const float4& v) {
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(caddr), "f"(v.x), "f"(v.y), "f"(v.z),
                "f"(v.w) : "memory");
+}
+DEVI float4 ld_cluster_f4(uint32_t caddr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(caddr)
+               : "memory");
+  return v;
 }
 DEVI void mbar_arrive_cluster(uint32_t cbar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cbar) : "memory");

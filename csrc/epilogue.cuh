@@ -96,11 +96,19 @@ DEVI void epilogue(const Args& p, float (&acc)[TN][NT][4], int n0, int m0, int m
 }
 
 // The wgmma kernel's producer warpgroup in the epilogue: it holds no accumulators and its registers are given to
-// the consumers (setmaxnreg), so it only meets the epilogue's two CTA barriers (split K).
-DEVI void epilogue_barriers() {
+// the consumers (setmaxnreg), so it only meets the epilogue's barriers (split K): two of the CTA, or as a cluster
+// (epilogue_cluster) the CTA's and the cluster's two.
+DEVI void epilogue_barriers(bool cluster = false) {
   if (gridDim.y > 1) {
     __syncthreads();
-    __syncthreads();
+    if (cluster) {
+#ifdef QT_WGMMA
+      cluster_sync();
+      cluster_sync();
+#endif
+    } else {
+      __syncthreads();
+    }
   }
 }
 

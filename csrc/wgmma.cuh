@@ -75,6 +75,57 @@ DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
   }
 }
 
+// Whether this launch's K splits form one thread-block cluster per output tile (qtool/kernels/cuda/launch.py
+// _plan launches them so where the Config says).
+DEVI bool split_cluster() { return gridDim.y > 1 && cluster_ctas() == gridDim.y; }
+
+// Split K summed on chip (sm_90a): the gridDim.y CTAs of one output tile are one cluster. Each writes its fp32
+// tile [BN batch rows][tile_w + 4] (the pad spreads a warp's stores over all 32 banks) into its own shared memory
+// at sbase, whose pipeline stages are done with; after a cluster barrier CTA r sums slice r of the tile over the
+// ranks' copies in rank (= split) order, the same order and so the same bits as the workspace form, and writes
+// y. No workspace, no counter, and the sum is spread over all the tile's CTAs instead of its last one, which
+// reads every split's partials from L2 alone (at BN 128-256 that tail is several microseconds). The second
+// cluster barrier keeps every CTA's shared memory alive until the others have read it.
+template <int NT, bool BF16, int V = 4>
+DEVI void epilogue_cluster(const Args& p, float (&acc)[1][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w,
+                           int nthr, uint32_t sbase) {
+  const int w = tile_w + 4;
+  fence_proxy_async();  // the stages' last TMA writes and wgmma reads precede these generic stores
+  __syncthreads();      // every warp of this CTA is done with the stages
+  float* tile = reinterpret_cast<float*>(__cvta_shared_to_generic(sbase));
+  for_each_acc<NT, 1>(acc, n0, [&](int n, int ml, float v) { tile[ml * w + (n - tile_n0)] = v; });
+  cluster_sync();
+  const int ranks = gridDim.y, rank = (int)cluster_rank();
+  const int w4 = tile_w >> 2, total = mc * w4, per = (total + ranks - 1) / ranks;
+  const int e_end = min(total, (rank + 1) * per);
+  for (int e0 = rank * per + threadIdx.x; e0 < e_end; e0 += nthr * V) {
+    uint32_t off[V];
+    float4 sum[V];
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int e = min(e0 + u * nthr, e_end - 1), ml = e / w4;
+      off[u] = sbase + (uint32_t)(ml * w + 4 * (e - ml * w4)) * 4u;
+      sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int s = 0; s < ranks; ++s) {
+#pragma unroll
+      for (int u = 0; u < V; ++u) add_to(sum[u], ld_cluster_f4(cluster_map(off[u], s)));
+    }
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int e = e0 + u * nthr;
+      if (e >= e_end) continue;
+      const int ml = e / w4, n = tile_n0 + 4 * (e - ml * w4);
+      uint16_t* dst = p.y + (size_t)(m0 + ml) * p.N + n;
+      const float f[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (n + c < p.N) dst[c] = from_f32<BF16>(f[c]);
+    }
+  }
+  cluster_sync();
+}
+
 template <int BN, int WGS, int STAGES, bool BF16, int NS, int D, bool TMA_X = false>
 DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   extern __shared__ uint4 smem4[];
@@ -228,7 +279,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
         }
       }
       cp_wait<0>();
-      epilogue_barriers();
+      epilogue_barriers(split_cluster());
       return;
     }
     pdl_wait(p.flags);  // before the epilogue writes y, the workspace and the counters
@@ -290,7 +341,10 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   float (&acc4)[1][BN / 8][4] = *reinterpret_cast<float (*)[1][BN / 8][4]>(acc);
-  epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH);
+  if (split_cluster())
+    epilogue_cluster<BN / 8, BF16>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH, sbase);
+  else
+    epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH);
 }
 #endif
 

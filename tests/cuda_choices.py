@@ -52,8 +52,7 @@ def launch_of(launch, m: int, st) -> tuple[dict, dict]:
               if getattr(cfg, f.name) != f.default}
     p = dict(launch.plan(cfg, m, st))
     name = p.pop("name")
-    p["grid"] = list(p["grid"])
-    p.setdefault("cluster", 1)
+    p["grid"], p["cluster"] = list(p["grid"]), list(p["cluster"])
     g = p["grid"]
     p["flags"] = launch.flags(cfg, g[0] * g[1] * g[2], st.n_sm)
     return ({"config": fields, "names": [name.replace("{dt}", dt) for dt in ("f16", "bf16")],

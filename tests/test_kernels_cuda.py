@@ -10,6 +10,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,12 +142,13 @@ def test_small_m_takes_stream_k_where_x_fits():
     # two K groups (gate/up): the weights biased and the K groups summed in a cluster; seven (down) and q/o plain
     assert (gate16.bias, gate16.cluster, down16.bias, down16.cluster, q16.bias, q16.cluster) == (
         True, True, False, False, False, False)
-    assert plan(gate16, 16, state(8192, 28672))["cluster"] == 2 and plan(q16, 16, state(8192, 8192))["cluster"] == 1
+    assert plan(gate16, 16, state(8192, 28672))["cluster"] == (2, 1, 1)
+    assert plan(q16, 16, state(8192, 8192))["cluster"] == (1, 1, 1)
     assert [launch.xr_kgroups(state(k, 64), 8, 8) for k in (4096, 4097, 8192, 8193)] == [1, 2, 2, 3]
     for k, cl in ((4096, False), (4160, True), (12288, False)):  # one K group, two (the second one block), three
         wide = choose(16, state(k, 65536))
         assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
-        assert plan(wide, 16, state(k, 65536))["cluster"] == (2 if cl else 1)
+        assert plan(wide, 16, state(k, 65536))["cluster"] == ((2, 1, 1) if cl else (1, 1, 1))
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
@@ -271,6 +273,24 @@ def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
     assert choose(100, kv).splits == 16
 
 
+def test_wgmma_split_k_in_a_cluster_plan():
+    """The K splits of a tile as one cluster along the grid's y: no workspace and no counters, and each CTA's fp32
+    tile [bn][64 wgs + 4] within its shared memory; at most WG_CLUSTER_MAX splits; one split is no cluster."""
+    st = state(4096, 4096)
+    cfg = Config(kind=WGMMA, bn=128, wgs=2, splits=4, cluster=True)
+    p = plan(cfg, 128, st)
+    assert p["grid"] == (32, 4, 1) and p["cluster"] == (1, 4, 1) and p["ws_floats"] == 0 == p["counters"]
+    ws = plan(dataclasses.replace(cfg, cluster=False), 128, st)
+    assert ws["cluster"] == (1, 1, 1) and ws["ws_floats"] == 4 * 128 * 4096 and ws["counters"] == 32
+    assert p["smem"] == ws["smem"] >= 1024 + 128 * (128 + 4) * 4  # the stages hold the tile
+    small = Config(kind=WGMMA, bn=32, wgs=4, splits=2, cluster=True, stages=6)
+    assert plan(small, 32, st)["smem"] >= 1024 + 32 * (256 + 4) * 4
+    assert plan(dataclasses.replace(cfg, splits=1), 128, st)["cluster"] == (1, 1, 1)
+    assert cfg.label(4) == "cuda wgmma bn128 wg2 split4 cluster"
+    with pytest.raises(ValueError, match="cluster"):
+        plan(dataclasses.replace(cfg, splits=9), 128, state(8192, 4096))
+
+
 def test_x_slice_bounds_the_split():
     # the mma kernel stages its K slice of x: at M = 16 that caps the slice at X_BUDGET, whatever was asked
     st = state(28672, 8192)
@@ -393,19 +413,21 @@ def test_launch_structs_match_cuda_h():
     assert ctypes.sizeof(CUlaunchConfig) == 56
     assert (CUlaunchConfig.hStream.offset, CUlaunchConfig.attrs.offset, CUlaunchConfig.numAttrs.offset) == (32, 40, 48)
     attrs = (LaunchAttribute * 2)()
-    cfg = ex_config((3, 2, 1), 256, 4096, 1234, attrs, pdl=True, cluster=1)
+    cfg = ex_config((3, 2, 1), 256, 4096, 1234, attrs, pdl=True, cluster=(1, 1, 1))
     assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.sharedMemBytes) == (
         3, 2, 1, 256, 1, 4096)
     assert cfg.hStream == 1234 and cfg.numAttrs == 1 and cfg.attrs[0].id == 6  # PROGRAMMATIC_STREAM_SERIALIZATION
     assert attrs[0].value[0] == 1  # programmaticStreamSerializationAllowed
     # both: the cluster dimension (id 4) as three uints {2, 1, 1} at the start of the union
     attrs = (LaunchAttribute * 2)()
-    cfg = ex_config((132, 1, 1), 256, 4096, 1234, attrs, pdl=True, cluster=2)
+    cfg = ex_config((132, 1, 1), 256, 4096, 1234, attrs, pdl=True, cluster=(2, 1, 1))
     assert cfg.numAttrs == 2 and (cfg.attrs[0].id, cfg.attrs[1].id) == (6, 4)
     dims = (ctypes.c_uint * 3).from_buffer(attrs[1], LaunchAttribute.value.offset)
     assert list(dims) == [2, 1, 1]
-    cfg = ex_config((132, 1, 1), 256, 4096, 1234, (LaunchAttribute * 2)(), pdl=False, cluster=2)
-    assert cfg.numAttrs == 1 and cfg.attrs[0].id == 4
+    attrs = (LaunchAttribute * 2)()
+    cfg = ex_config((32, 4, 1), 256, 4096, 1234, attrs, pdl=False, cluster=(1, 4, 1))  # a wgmma tile's K splits
+    dims = (ctypes.c_uint * 3).from_buffer(attrs[0], LaunchAttribute.value.offset)
+    assert cfg.numAttrs == 1 and cfg.attrs[0].id == 4 and list(dims) == [1, 4, 1]
 
 
 def test_tensor_map_mirror_matches_cuda_h():
@@ -549,7 +571,6 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
     """The launches benchmarks/tune_cuda_w4a16.py makes on a GPU (--check's forced variants and the chain, --tune's
     candidates and variants) are valid configurations naming instantiated kernels, checked here on the CPU so a
     stale option fails before a device run does."""
-    import sys
 
     from qtool.kernels.cuda.launch import flags
 
@@ -622,7 +643,7 @@ def test_x_in_registers_plan():
     # a cluster of 2 per range of tile units (two K groups): an even grid, no workspace, rank 1's sums in rank 0
     cl = Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, bias=True, cluster=True, ctas_per_sm=1.0)
     pc = plan(cl, 16, state(8192, 28672))
-    assert pc["name"] == "qt_xr_{dt}_nt2_r8_d2_t2_s4_b_c" and pc["cluster"] == 2 and pc["grid"] == (132, 1, 1)
+    assert pc["name"] == "qt_xr_{dt}_nt2_r8_d2_t2_s4_b_c" and pc["cluster"] == (2, 1, 1) and pc["grid"] == (132, 1, 1)
     assert pc["ws_floats"] == 0 and pc["counters"] == 0 and pc["splits"] == 2
     assert pc["smem"] == biased["smem"] + 4 * (2 * 2 * 512 + 16) <= SMEM_MAX - 1024
     odd = plan(dataclasses.replace(cl, ctas_per_sm=0.05), 16, state(8192, 256))  # 7 CTAs: 3 clusters
@@ -675,7 +696,6 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
     five group shifts, sm_80 and sm_90 profiles), choose() and plan() give the launch recorded there, and it
     names a kernel the device's cubin has."""
     import json
-    import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import cuda_choices

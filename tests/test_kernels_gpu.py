@@ -113,6 +113,34 @@ def test_cuda_w4a16_every_variant_vs_oracle():
     assert chain_check() == 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="wgmma clusters are sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
+    """The K splits summed in a cluster add the same fp32 partials in the same (split) order as the workspace
+    form: the same bits, on a layer whose last tile is partial and an M that is not a multiple of the tile."""
+    import dataclasses
+
+    from qtool.bench.layers import random_plain
+    from qtool.kernels.base import PackedLayer, get_kernel
+    from qtool.kernels.cuda.launch import WGMMA, Config
+
+    dev = torch.device("cuda")
+    plain = random_plain(1000, 3072, group_size=128, dtype=dtype, device=dev, seed=5)
+    kern = get_kernel("cuda-w4a16")
+    st = kern.prepare(PackedLayer.from_plain(plain))
+    for m, cfg in ((100, Config(kind=WGMMA, bn=128, wgs=2, splits=5)), (37, Config(kind=WGMMA, bn=48, wgs=3, splits=8)),
+                   (256, Config(kind=WGMMA, bn=256, wgs=2, stages=6, splits=2))):
+        x = torch.randn(m, 3072, device=dev, dtype=dtype)
+        outs = []
+        for cl in (False, True):
+            st.override = dataclasses.replace(cfg, cluster=cl)
+            out = torch.full((m, 1000), float("nan"), dtype=dtype, device=dev)
+            outs.append(kern.forward(x, st, out=out))
+        st.override = None
+        assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1]), (m, cfg)
+
+
 def test_cuda_w4a16_graph_capture_and_repeatability():
     from qtool.bench.layers import random_plain
     from qtool.formats.plain import dequantize

@@ -35,20 +35,20 @@ class CUlaunchConfig(ctypes.Structure):
 
 
 def ex_config(grid: tuple[int, int, int], block: int, smem: int, stream: int, attrs: ctypes.Array,
-              pdl: bool, cluster: int) -> CUlaunchConfig:
+              pdl: bool, cluster: tuple[int, int, int]) -> CUlaunchConfig:
     """A cuLaunchKernelEx launch with its attributes written into `attrs` (kept alive by the caller): pdl, the
     kernel may start before the previous kernel in the stream ends (programmatic stream serialization; it
-    waits for it with griddepcontrol.wait, csrc/common.cuh pdl_wait); cluster > 1, thread-block clusters of that
-    many CTAs along x."""
+    waits for it with griddepcontrol.wait, csrc/common.cuh pdl_wait); cluster, the thread-block cluster's CTAs
+    along x, y, z (none where all are 1)."""
     n = 0
     if pdl:
         attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attrs[n].value[0] = 1  # programmaticStreamSerializationAllowed (an int at offset 0 of the union)
         n += 1
-    if cluster > 1:
+    if cluster != (1, 1, 1):
         attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attrs[n].value[0] = cluster | (1 << 32)  # the union's {x, y, z} unsigned ints: (cluster, 1, 1)
-        attrs[n].value[1] = 1
+        attrs[n].value[0] = cluster[0] | (cluster[1] << 32)  # the union's {x, y, z} unsigned ints
+        attrs[n].value[1] = cluster[2]
         n += 1
     return CUlaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem, ctypes.c_void_p(stream),
                         ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), n)
@@ -135,11 +135,11 @@ class Module:
         return f
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, args: list,
-               pdl: bool = False, cluster: int = 1) -> None:
+               pdl: bool = False, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
         """Launch `name` on torch's current stream of this module's device; args are ctypes values. pdl: as a
         programmatic dependent launch (sm_90+; the kernel must wait with griddepcontrol.wait before it reads
-        what earlier kernels write). cluster: CTAs per thread-block cluster along x (sm_90+; grid[0] a
-        multiple of it)."""
+        what earlier kernels write). cluster: CTAs per thread-block cluster along x, y, z (sm_90+; each a divisor
+        of the grid's)."""
         f = self.function(name)
         if smem > 48 * 1024 and self._smem.get(name, 0) < smem:  # above 48 KB a kernel must opt in
             _check(_lib().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
@@ -147,7 +147,8 @@ class Module:
             self._smem[name] = smem
         stream = torch.cuda.current_stream(self.device).cuda_stream
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        if pdl or cluster > 1:
+        cluster = tuple(cluster)
+        if pdl or cluster != (1, 1, 1):
             attrs = (LaunchAttribute * 2)()
             cfg = ex_config(grid, block, smem, stream, attrs, pdl, cluster)
             _check(_lib().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
