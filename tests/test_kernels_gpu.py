@@ -123,7 +123,7 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
 
     from qtool.bench.layers import random_plain
     from qtool.kernels.base import PackedLayer, get_kernel
-    from qtool.kernels.cuda.launch import WGMMA, Config
+    from qtool.kernels.cuda.launch import WGMMA, Config, plan
 
     dev = torch.device("cuda")
     plain = random_plain(1000, 3072, group_size=128, dtype=dtype, device=dev, seed=5)
@@ -132,6 +132,8 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
     for m, cfg in ((100, Config(kind=WGMMA, bn=128, wgs=2, splits=5)), (37, Config(kind=WGMMA, bn=48, wgs=3, splits=8)),
                    (256, Config(kind=WGMMA, bn=256, wgs=2, stages=6, splits=2))):
         x = torch.randn(m, 3072, device=dev, dtype=dtype)
+        p = plan(dataclasses.replace(cfg, cluster=True), m, st)  # a cluster launch, not the workspace form again
+        assert p["cluster"] == (1, cfg.splits, 1) and p["ws_floats"] == 0, (m, cfg)
         outs = []
         for cl in (False, True):
             st.override = dataclasses.replace(cfg, cluster=cl)

@@ -147,7 +147,6 @@ class Module:
             self._smem[name] = smem
         stream = torch.cuda.current_stream(self.device).cuda_stream
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        cluster = tuple(cluster)
         if pdl or cluster != (1, 1, 1):
             attrs = (LaunchAttribute * 2)()
             cfg = ex_config(grid, block, smem, stream, attrs, pdl, cluster)
