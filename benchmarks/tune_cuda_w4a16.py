@@ -441,6 +441,7 @@ def wg_cluster(cfg: Config | None, m: int, st, splits: int = 0) -> Config | None
 
 CURVE_FAMILIES = {
     "default": lambda m, st: None,
+    "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
     "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),
     **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(launch.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},
     "wgmma bn128 cost cluster": lambda m, st: wg_cluster(launch.wg_launch(128)(st), m, st) if 64 < m else None,

@@ -19,7 +19,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "cuda_choices.json"
-DEVICES = {"sm_80": [[8, 0], 108], "sm_90": [[9, 0], 132], "sm_90-114": [[9, 0], 114]}
+# [compute capability, SMs, launch.cluster_slots]: sm_90's as the H100 sweep bounds them (tune-curve.json, key
+# h100-2026-12-05-cluster; 5 and 7 guessed): to be replaced by what launch.cluster_slots returns on that card;
+# the 114-SM profile without clusters (the rule's other side)
+H100_SLOTS = [0, 0, 66, 38, 29, 23, 17, 16, 14]
+DEVICES = {"sm_80": [[8, 0], 108, []], "sm_90": [[9, 0], 132, H100_SLOTS], "sm_90-114": [[9, 0], 114, []]}
 # group shift of a layer: -1 the group table (groups of 32, act-order), 6/7/8 groups of 64/128/256, 30 one group
 GSHIFTS = (-1, 6, 7, 8, 30)
 MS = [*range(1, 257), 257, 300, 384, 500, 512, 1000, 1024, 2048, 4096, 8192]
@@ -68,10 +72,10 @@ def record(launch, shapes: list[list[int]]) -> dict:
     index: dict[str, int] = {}
     runs: dict[str, list] = {}
     plans: dict[str, str] = {}
-    for dev, (cc, n_sm) in DEVICES.items():
+    for dev, (cc, n_sm, slots) in DEVICES.items():
         for gs in GSHIFTS:
             for k, n in shapes:
-                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs)
+                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs, cluster_slots=tuple(slots))
                 rows: list = []
                 h = hashlib.sha256()
                 for m in MS:

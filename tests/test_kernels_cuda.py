@@ -27,8 +27,13 @@ SMEM_MAX = 227 * 1024
 SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), (160, 48)]
 
 
-def state(k, n, post=True, cc=(9, 0)):
-    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_choices import H100_SLOTS  # noqa: E402
+
+
+def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS)):
+    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1,
+                           cluster_slots=slots if cc == (9, 0) else ())
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 256, 1000])
@@ -149,7 +154,7 @@ def test_small_m_takes_stream_k_where_x_fits():
         wide = choose(16, state(k, 65536))
         assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
         assert plan(wide, 16, state(k, 65536))["cluster"] == ((2, 1, 1) if cl else (1, 1, 1))
-    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6)  # groups of 64: not run on a GPU
+    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6, cluster_slots=())  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
     down16 = choose(16, state(28672, 8192, cc=(8, 0)))
@@ -176,7 +181,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
     assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings
     assert plan(choose(1, state(8192, 8192)), 1, state(8192, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"  # q/o: 4
-    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8)  # group 256: units of 4 would fit
+    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8, cluster_slots=())  # group 256: units of 4 would fit
     with pytest.raises(ValueError, match="zsub"):
         plan(Config(kind=SK, ub=4, zsub=True), 1, st8)
     with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
@@ -232,7 +237,8 @@ def test_stream_k_partition(n16, upt, tw):
 def test_large_m_choice_follows_the_layer_shape():
     # Llama-3-70B at M = 256 (bench.md, ninth pass): k/v narrow, q/o square, gate/up wide, down long-K; x by TMA
     # (one more warp) where K allows it
-    assert choose(256, state(8192, 1024)) == Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+    narrow = Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
+    assert launch.choose_row(256, state(8192, 1024)).make(state(8192, 1024)) == narrow
     q = choose(256, state(8192, 8192))
     assert (q.bn, q.wgs, q.stages) == (256, 2, 6)
     p = plan(q, 256, state(8192, 8192))
@@ -246,13 +252,16 @@ def test_large_m_choice_follows_the_layer_shape():
 
     st = state(8192, 8192)
     assert CudaW4A16().describe(SimpleNamespace(**vars(st), config=lambda m: q), 256) == (
-        "cuda wgmma bn256 wg2 s6 split2 x-tma")
+        "cuda wgmma bn256 wg2 s6 split2 cluster x-tma")
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
 
 
 def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
     """M 33-128: the warpgroups and K splits of the rows' evidence (csrc wg_large runs one CTA per SM, so a grid
     of a wave and a bit costs two CTA times), and the cost model's ordering behind them."""
+    def state(k, n):  # the grids of the rows themselves: no clusters (wg_clustered, tested below)
+        return SimpleNamespace(K=k, N=n, n_sm=132, cc=(9, 0), gshift_blk=7, cluster_slots=())
+
     gate = state(8192, 28672)  # Llama-3-70B gate_proj: 1792 tiles in 112 CTAs of four warpgroups (224 of two)
     c = choose(64, gate)
     assert (c.bn, c.wgs, c.splits) == (64, 4, 1)
@@ -292,6 +301,41 @@ def test_wgmma_split_k_in_a_cluster_plan():
     assert cfg.label(4) == "cuda wgmma bn128 wg2 split4 cluster"
     with pytest.raises(ValueError, match="cluster"):
         plan(dataclasses.replace(cfg, splits=9), 128, state(8192, 4096))
+
+
+def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
+    """wg_clustered: the same splits in clusters where the tiles' clusters are resident at once (cluster_slots);
+    more than WG_CLUSTER_MAX splits cut to it where those fit; where they do not, the most splits that fit,
+    only if the workspace's partials are at least WG_CL_PARTIALS of the weight bytes; nothing without slots."""
+    slots = (0, 0, 66, 38, 29, 23, 17, 16, 14)
+    rows = lambda m, st: launch.choose_row(m, st).make(st)  # noqa: E731
+
+    def clustered(m, k, n):
+        st = state(k, n, slots=slots)
+        return rows(m, st), choose(m, st), st
+
+    before, after, st = clustered(128, 3584, 3584)  # 28 tiles of 4 splits: 28 clusters fit
+    assert (plan(before, 128, st)["splits"], after.splits, after.cluster) == (4, 4, True)
+    assert plan(after, 128, st)["cluster"] == (1, 4, 1)
+    before, after, st = clustered(64, 8192, 1024)  # 16 splits of 8 tiles: 8 splits, 8 clusters of 8 fit
+    assert (plan(before, 64, st)["splits"], after.splits, after.cluster) == (16, 8, True)
+    # 4 splits of 32 tiles (29 clusters of 4 fit, 38 of 3): 3 splits only where the partials weigh enough,
+    # 8 x 4 x M >= 0.75 K, here M >= 96
+    before, after, st = clustered(64, 4096, 4096)
+    assert plan(before, 64, st)["splits"] == 4 and after == before
+    before, after, st = clustered(96, 4096, 4096)
+    assert plan(before, 96, st)["splits"] == 4 and (after.splits, after.cluster) == (3, True)
+    # the edge itself: K = 8 x 4 x 96 / 0.75 takes it, a K past it does not (KB 64 -> 66 keeps 4 splits)
+    assert choose(96, state(4096, 4096, slots=slots)).cluster
+    st = state(4224, 4096, slots=slots)
+    assert plan(rows(96, st), 96, st)["splits"] == 4 and not choose(96, st).cluster
+    # Llama-3-70B's down_proj at M = 128: 43 tiles of 3 splits, 2 would fit, the partials are light: unchanged
+    before, after, st = clustered(128, 28672, 8192)
+    assert after == before and plan(before, 128, st)["splits"] == 3
+    # one split, another kernel, a device without slots: unchanged
+    assert not choose(128, state(8192, 28672, slots=slots)).cluster
+    assert choose(16, state(4096, 4096, slots=slots)) == rows(16, state(4096, 4096))
+    assert not choose(128, state(3584, 3584, slots=())).cluster
 
 
 def test_x_slice_bounds_the_split():
@@ -739,7 +783,8 @@ def test_every_row_is_reachable_and_built():
     assert [r.name for r in launch.ROWS] == list(ROW_POINTS)
     for row in launch.ROWS:
         m, k, n, cc, gs = ROW_POINTS[row.name]
-        st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs)
+        st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs,
+                             cluster_slots=tuple(H100_SLOTS) if cc == (9, 0) else ())
         assert launch.choose_row(m, st) is row, row.name
         p = plan(choose(m, st), m, st)
         assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= launch.kernels(cc), row.name

@@ -64,6 +64,7 @@ class CudaState:
     counters: torch.Tensor | None = None
     retired: list = field(default_factory=list)  # superseded buffers that captured graphs may still use
     tmaps: dict = field(default_factory=dict)  # x tensor maps of the wgmma kernel's TMA form (launch.x_map)
+    cluster_slots: tuple = ()  # launch.cluster_slots: clusters of s CTAs resident at once (index s); () none
 
     def config(self, m: int):
         from qtool.kernels.cuda.launch import choose
@@ -140,6 +141,7 @@ class CudaW4A16(Kernel):
         return why
 
     def prepare(self, layer: PackedLayer) -> CudaState:
+        from qtool.kernels.cuda.launch import cluster_slots
         from qtool.packing import mma_tiles
 
         dev = layer.device
@@ -168,10 +170,11 @@ class CudaW4A16(Kernel):
         # The kernels read these tensors before waiting for the previous kernel in the stream (programmatic
         # dependent launch, launch.py): they must be complete before the first launch.
         torch.cuda.current_stream(dev).synchronize()
-        return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, torch.cuda.get_device_capability(dev),
-                         layer.n_groups,
+        cc = torch.cuda.get_device_capability(dev)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, cc, layer.n_groups,
                          group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
-                         scales_src=layer.scales)
+                         scales_src=layer.scales, cluster_slots=cluster_slots(index, cc))
 
     def forward(self, x: torch.Tensor, state: CudaState, out: torch.Tensor | None = None) -> torch.Tensor:
         from qtool.kernels.cuda.launch import run

@@ -98,6 +98,7 @@ def _lib() -> ctypes.CDLL:
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
     i = ctypes.c_int
     lib.cuTensorMapEncodeTiled.argtypes = [vp, i, u, vp, u64p, u64p, u32p, u32p, i, i, i, i]
+    lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(i), vp, ctypes.POINTER(CUlaunchConfig)]
     return lib
 
 
@@ -134,6 +135,26 @@ class Module:
             self._funcs[name] = f
         return f
 
+    def _opt_in(self, name: str, f: ctypes.c_void_p, smem: int) -> None:
+        if smem > 48 * 1024 and self._smem.get(name, 0) < smem:  # above 48 KB a kernel must opt in
+            _check(_lib().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   f"cuFuncSetAttribute({name}, {smem} B)")
+            self._smem[name] = smem
+
+    def max_active_clusters(self, name: str, block: int, smem: int, cluster: tuple[int, int, int]) -> int:
+        """How many thread-block clusters of these dimensions the device holds at once for `name` launched with
+        this block and shared memory (cuOccupancyMaxActiveClusters: it counts the SMs of each GPC, which a
+        cluster cannot span)."""
+        f = self.function(name)
+        self._opt_in(name, f, smem)
+        attrs = (LaunchAttribute * 2)()
+        cfg = ex_config(cluster, block, smem, 0, attrs, False, cluster)
+        n = ctypes.c_int()
+        with torch.cuda.device(self.device):
+            _check(_lib().cuOccupancyMaxActiveClusters(ctypes.byref(n), f, ctypes.byref(cfg)),
+                   f"cuOccupancyMaxActiveClusters({name}, {cluster})")
+        return n.value
+
     def launch(self, name: str, grid: tuple[int, int, int], block: int, smem: int, args: list,
                pdl: bool = False, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
         """Launch `name` on torch's current stream of this module's device; args are ctypes values. pdl: as a
@@ -141,10 +162,7 @@ class Module:
         what earlier kernels write). cluster: CTAs per thread-block cluster along x, y, z (sm_90+; each a divisor
         of the grid's)."""
         f = self.function(name)
-        if smem > 48 * 1024 and self._smem.get(name, 0) < smem:  # above 48 KB a kernel must opt in
-            _check(_lib().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                   f"cuFuncSetAttribute({name}, {smem} B)")
-            self._smem[name] = smem
+        self._opt_in(name, f, smem)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         if pdl or cluster != (1, 1, 1):
