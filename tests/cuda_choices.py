@@ -19,10 +19,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "cuda_choices.json"
-# [compute capability, SMs, launch.cluster_slots]: sm_90's as the H100 sweep bounds them (tune-curve.json, key
-# h100-2026-12-05-cluster; 5 and 7 guessed): to be replaced by what launch.cluster_slots returns on that card;
-# the 114-SM profile without clusters (the rule's other side)
-H100_SLOTS = [0, 0, 66, 38, 29, 23, 17, 16, 14]
+# [compute capability, SMs, launch.cluster_slots]: sm_90's as launch.cluster_slots returns them on an H100 80GB
+# HBM3 (driver 580.159.04, 2026-12-05); the 114-SM profile without clusters (the rule's other side)
+H100_SLOTS = [0, 0, 66, 39, 30, 22, 17, 15, 15]
 DEVICES = {"sm_80": [[8, 0], 108, []], "sm_90": [[9, 0], 132, H100_SLOTS], "sm_90-114": [[9, 0], 114, []]}
 # group shift of a layer: -1 the group table (groups of 32, act-order), 6/7/8 groups of 64/128/256, 30 one group
 GSHIFTS = (-1, 6, 7, 8, 30)
