@@ -319,16 +319,15 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     assert plan(after, 128, st)["cluster"] == (1, 4, 1)
     before, after, st = clustered(64, 8192, 1024)  # 16 splits of 8 tiles: 8 splits, 8 clusters of 8 fit
     assert (plan(before, 64, st)["splits"], after.splits, after.cluster) == (16, 8, True)
-    # 4 splits of 32 tiles (30 clusters of 4 fit, 39 of 3): 3 splits only where the partials weigh enough,
-    # 8 x 4 x M >= 0.75 K, here M >= 96
-    before, after, st = clustered(64, 4096, 4096)
-    assert plan(before, 64, st)["splits"] == 4 and after == before
+    # 4 splits of 32 tiles (30 clusters of 4 fit, 39 of 3): 3 splits only where the partials weigh at least
+    # the weight bytes, 8 x 4 x M >= K, here M >= 128
     before, after, st = clustered(96, 4096, 4096)
-    assert plan(before, 96, st)["splits"] == 4 and (after.splits, after.cluster) == (3, True)
-    # the edge itself: K = 8 x 4 x 96 / 0.75 takes it, a K past it does not (KB 64 -> 66 keeps 4 splits)
-    assert choose(96, state(4096, 4096, slots=slots)).cluster
+    assert plan(before, 96, st)["splits"] == 4 and after == before
+    before, after, st = clustered(128, 4096, 4096)
+    assert plan(before, 128, st)["splits"] == 4 and (after.splits, after.cluster) == (3, True)
+    # the edge itself: K = 8 x 4 x 128 takes it, a K past it does not (KB 64 -> 66 keeps 4 splits)
     st = state(4224, 4096, slots=slots)
-    assert plan(rows(96, st), 96, st)["splits"] == 4 and not choose(96, st).cluster
+    assert plan(rows(128, st), 128, st)["splits"] == 4 and not choose(128, st).cluster
     # Llama-3-70B's down_proj at M = 128: 43 tiles of 3 splits, 2 would fit, the partials are light: unchanged
     before, after, st = clustered(128, 28672, 8192)
     assert after == before and plan(before, 128, st)["splits"] == 3

@@ -443,10 +443,12 @@ def choose(m: int, st) -> Config:
 #   (Qwen2.5-32B's k/v, 5120 x 1024 at M = 128: 17.5 -> 12.6 us);
 # - where the splits' clusters do not fit, the most splits whose clusters do, but only where the workspace
 #   form's partials (8 splits M / K of the weight's bytes) are at least WG_CL_PARTIALS of its weight bytes:
-#   there fewer splits cost less than the partials' traffic (Llama-3-8B q/o at M = 256: 4 splits, 28.2 us; 3
-#   in clusters, 24.4), elsewhere the lost parallelism costs more (Llama-3-70B's down_proj at M = 128: 3
-#   splits, 117.7 us; 2 in clusters, 138.5).
-WG_CL_PARTIALS = 0.75
+#   there fewer splits cost less than the partials' traffic, elsewhere the lost parallelism costs more. The
+#   H100 at 4 -> 3 splits of 32 tiles and 8 -> 6 of 16 (key h100-2026-12-06-cl, both dtypes, two orders): with
+#   partials at 3/4 of the weight bytes 3 of 4 shapes ran 1-7 % slower in clusters (70B TP=4's 8192 x 2048 at
+#   M = 192), at 1x 3 of 4 ran 3-10 % faster, at 1.5-2x all 9-18 % (Llama-3-8B q/o at M = 256: 29.1 -> 24.6
+#   us); at 0.1x (Llama-3-70B's down_proj at M = 128: 3 splits, 117.7 us; 2 in clusters, 138.5) far slower.
+WG_CL_PARTIALS = 1.0
 
 
 def wg_clustered(cfg: Config, m: int, st) -> Config:
