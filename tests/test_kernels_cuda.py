@@ -307,7 +307,7 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     """wg_clustered: the same splits in clusters where the tiles' clusters are resident at once (cluster_slots);
     more than WG_CLUSTER_MAX splits cut to it where those fit; where they do not, the most splits that fit,
     only if the workspace's partials are at least WG_CL_PARTIALS of the weight bytes; nothing without slots."""
-    slots = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # launch.cluster_slots on an H100
+    slots = tuple(H100_SLOTS)  # launch.cluster_slots on an H100
     rows = lambda m, st: launch.choose_row(m, st).make(st)  # noqa: E731
 
     def clustered(m, k, n):
