@@ -23,7 +23,7 @@ from qtool.kernels.base import (
     get_kernel,
     pack_gptq_v2,
 )
-from qtool.kernels.devices import torch_device
+from qtool.kernels.devices import cuda_index, torch_device
 from qtool.scheme import QuantScheme
 from tests.oracles.layouts import stream_decode
 
@@ -163,6 +163,12 @@ def test_registry_and_device_errors():
             torch_device("cuda:0")
         why = get_kernel("triton-w4a16").available(torch.device("cuda"))
         assert why is None or "cuda" in why.lower() or "compute capability" in why
+
+
+def test_cuda_index_names_the_ordinal_and_bare_cuda_the_current_device(monkeypatch):
+    assert cuda_index(torch.device("cuda", 3)) == 3
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    assert cuda_index(torch.device("cuda")) == 5
 
 
 def test_triton_unavailable_on_cpu_without_interpreter(monkeypatch):

@@ -27,6 +27,7 @@ from functools import lru_cache
 import torch
 
 from qtool.kernels.base import ScaledLayer, register
+from qtool.kernels.devices import cuda_index
 from qtool.kernels.scaled_mm import BLOCK, ScaledMMBlockwise, ScaledMMRowwise, ScaledMMState
 
 UNIT = "fp8_gemv.cu"
@@ -173,7 +174,7 @@ def gemv(x: torch.Tensor, st: GemvState, out: torch.Tensor | None = None, pl: Ge
     args = Fp8Args(st.codes.data_ptr(), x.data_ptr(), y.data_ptr(), st.scales.data_ptr(), ws.data_ptr(),
                    cnt.data_ptr(), m, n, k, -(-k // BLOCK), pl.steps, 0)
     dt = "bf16" if x.dtype == torch.bfloat16 else "f16"
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    dev = cuda_index(x.device)
     _module(dev, st.cc).launch(f"qt_fp8_gemv_{dt}_{st.mode}_w{pl.warps}", (pl.tiles, pl.splits, 1), 32 * pl.warps,
                                0, [args], pdl=pdl_enabled() and tuple(st.cc) >= (9, 0))
     if y is not out:

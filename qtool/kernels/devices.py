@@ -237,7 +237,7 @@ def torch_device(spec: str | None) -> torch.device:  # noqa: F821 - torch loads 
         if not torch.cuda.is_available():
             raise DeviceError(f"device '{spec}' requested but torch sees no CUDA device",
                               fix="use --device cpu, or run on a machine with a CUDA GPU")
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        idx = cuda_index(dev)
         if idx >= torch.cuda.device_count():
             raise DeviceError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s)",
                               fix=f"use --device cuda:0..cuda:{torch.cuda.device_count() - 1}")
@@ -245,3 +245,10 @@ def torch_device(spec: str | None) -> torch.device:  # noqa: F821 - torch loads 
     elif dev.type != "cpu":
         raise DeviceError(f"device '{spec}' is not supported by the kernels", fix="use --device cpu or cuda:N")
     return dev
+
+
+def cuda_index(dev: torch.device) -> int:  # noqa: F821 - torch loads only when a run needs it
+    """The ordinal of a CUDA device: 'cuda' alone means torch's current device."""
+    import torch
+
+    return dev.index if dev.index is not None else torch.cuda.current_device()

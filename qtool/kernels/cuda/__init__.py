@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qtool.kernels.base import Kernel, PackedLayer, register, unpack_gptq
+from qtool.kernels.devices import cuda_index
 
 MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands
 
@@ -171,7 +172,7 @@ class CudaW4A16(Kernel):
         # dependent launch, launch.py): they must be complete before the first launch.
         torch.cuda.current_stream(dev).synchronize()
         cc = torch.cuda.get_device_capability(dev)
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        index = cuda_index(dev)
         return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, cc, layer.n_groups,
                          group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
                          scales_src=layer.scales, cluster_slots=cluster_slots(index, cc))

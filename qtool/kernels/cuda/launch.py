@@ -52,6 +52,7 @@ from types import SimpleNamespace
 import torch
 
 from qtool.kernels.cuda import built
+from qtool.kernels.devices import cuda_index
 
 MMA, WGMMA, SK, XS, XR = "mma", "wgmma", "sk", "xs", "xr"
 SK_MAX_M = 8  # the stream-K kernel holds one 8-column batch tile
@@ -792,7 +793,7 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
             ci(st.gshift_blk), ci(flags(cfg, p["grid"][0] * p["grid"][1] * p["grid"][2], st.n_sm))]
     if p["tma"]:
         args.append(x_map(st, x, p["rows"]))
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    dev = cuda_index(x.device)
     # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
     # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
     _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args, pdl=use_pdl(cfg, st) and not fresh,
