@@ -154,6 +154,10 @@ DEVI void finish(const Fp8Args& p, const Fp8Place& pl, const float (&acc)[4]) {
   p.y[(size_t)ocol * p.N + n] = from_f32<BF16>(v);
 }
 
+// The weight loads are allocated in L1, unlike the other kernels' streamed loads: lane g's pieces h = 0 and 1 of a
+// row step are the two halves of the same 32-byte sector, so without L1 the sector crosses from L2 twice; with it
+// the second load is served by L1 and the weight bytes leave L2 once (4 % on the Llama-3-70B layer at M = 1:
+// benchmarks/results/fp.md).
 // The step loop: each lane's four 16-byte weight loads, x and the block scale for the warp's next step are in
 // flight while it computes this one.
 template <bool BF16, int MODE, int WARPS>
@@ -167,8 +171,8 @@ DEVI void fp8_gemv(const Fp8Args& p) {
     for (int h = 0; h < 2; ++h) {
       const bool v = pl.in(j, h, p.K);
       const uint4 z = make_uint4(0, 0, 0, 0);
-      a[h] = v ? ld_stream(reinterpret_cast<const uint4*>(pl.w0 + 128 * (size_t)j + 16 * h)) : z;
-      a[2 + h] = v ? ld_stream(reinterpret_cast<const uint4*>(pl.w1 + 128 * (size_t)j + 16 * h)) : z;
+      a[h] = v ? __ldg(reinterpret_cast<const uint4*>(pl.w0 + 128 * (size_t)j + 16 * h)) : z;
+      a[2 + h] = v ? __ldg(reinterpret_cast<const uint4*>(pl.w1 + 128 * (size_t)j + 16 * h)) : z;
     }
   };
   int j = pl.j0 + pl.warp;
