@@ -259,23 +259,23 @@ def test_large_m_choice_follows_the_layer_shape():
 def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
     """M 33-128: the warpgroups and K splits of the rows' evidence (csrc wg_large runs one CTA per SM, so a grid
     of a wave and a bit costs two CTA times), and the cost model's ordering behind them."""
-    def state(k, n):  # the grids of the rows themselves: no clusters (wg_clustered, tested below)
-        return SimpleNamespace(K=k, N=n, n_sm=132, cc=(9, 0), gshift_blk=7, cluster_slots=())
+    def rows_state(k, n):  # the grids of the rows themselves: no clusters (wg_clustered, tested below)
+        return state(k, n, slots=())
 
-    gate = state(8192, 28672)  # Llama-3-70B gate_proj: 1792 tiles in 112 CTAs of four warpgroups (224 of two)
+    gate = rows_state(8192, 28672)  # Llama-3-70B gate_proj: 1792 tiles in 112 CTAs of four warpgroups (224 of two)
     c = choose(64, gate)
     assert (c.bn, c.wgs, c.splits) == (64, 4, 1)
     p = plan(c, 64, gate)
     assert p["grid"] == (112, 1, 1) and p["block"] == 5 * 128 and p["name"] == "qt_wg_{dt}_bn64_wg4_s6_blk_tma"
     assert launch.wg_cost(64, 4, 1, gate) < launch.wg_cost(64, 2, 1, gate)  # one wave against two
-    qwen = state(3584, 18944)  # Qwen2.5-7B gate_proj at M = 128: 99 CTAs of three warpgroups (148 of two)
+    qwen = rows_state(3584, 18944)  # Qwen2.5-7B gate_proj at M = 128: 99 CTAs of three warpgroups (148 of two)
     assert (choose(128, qwen).wgs, choose(128, qwen).splits) == (3, 1)
-    down = state(18944, 3584)  # 14 column blocks of four warpgroups, 9 splits: 126 CTAs, not 140 of two
+    down = rows_state(18944, 3584)  # 14 column blocks of four warpgroups, 9 splits: 126 CTAs, not 140 of two
     c = choose(48, down)
     assert (c.wgs, c.splits) == (4, 9) and plan(c, 48, down)["grid"] == (14, 9, 1)
     # a small layer keeps two warpgroups and splits K for its CTAs, as far as the partials' traffic pays:
     # at bn128 13 splits (104 CTAs), where a model without that traffic takes 16 (128 CTAs of 8 blocks)
-    kv = state(8192, 1024)
+    kv = rows_state(8192, 1024)
     assert (choose(64, kv).wgs, choose(64, kv).splits) == (2, 16)
     assert (choose(100, kv).wgs, choose(100, kv).splits) == (2, 13)
     monkeypatch.setattr(launch, "WG_PARTIAL", 0.0)
