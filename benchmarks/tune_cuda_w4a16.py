@@ -68,12 +68,12 @@ def forced_configs(m: int, st) -> list[Config]:
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, splits=2, evict="none"))  # the default is evict-first
         # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
         cs += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2, tma=False),
-               Config(kind=WGMMA, bn=256, wgs=2, stages=6)]
+               Config(kind=WGMMA, bn=256, wgs=2, stages=6), Config(kind=WGMMA, bn=192, wgs=2, splits=3)]
         # K splits summed in a cluster per tile: 2 to 8 splits, every tile width, both x forms, 2 CTAs an SM
         cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp, cluster=True, stages=stg, tma=tma)
                for bn, w, sp, stg, tma in ((32, 4, 2, 0, True), (48, 3, 3, 0, True), (64, 2, 5, 0, True),
                                            (128, 3, 8, 0, True), (128, 2, 4, 4, True), (128, 2, 3, 4, False),
-                                           (256, 2, 2, 0, True), (256, 2, 7, 6, True))]
+                                           (192, 2, 4, 0, True), (256, 2, 2, 0, True), (256, 2, 7, 6, True))]
     cs.append(Config(kind=MMA, nt=2, tn=2, splits=3, evict="none"))
     if st.gshift_blk >= 0:  # x streamed in chunks (one group per block): both chunk sizes, split or not, pdl
         cs += [Config(kind=XS, nt=2, tn=tn, warps=w, depth=d, xc=xc, splits=sp, pdl=pdl)
@@ -128,7 +128,7 @@ def check() -> int:
             st = kern.prepare(layer)
             w64 = dequantize(plain, torch.float64)
             w16 = dequantize(plain, dt)
-            for m in (1, 5, 16, 24, 33, 100, 256):
+            for m in (1, 5, 16, 24, 33, 100, 160, 256):
                 x = torch.randn(m, k, device=dev).to(dt)
                 ref = x.double() @ w64.t()
                 base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
@@ -487,6 +487,8 @@ CURVE_FAMILIES = {
                                        if 64 < m else None),
     "wgmma bn128 s4": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
                                      if 64 < m else None),
+    # M 129-192 as the dispatch launches M 193-256 (a 256-column tile): the bn192 row's baseline
+    "as M=256": lambda m, st: launch.choose(256, st) if 128 < m <= 192 else None,
 }
 
 

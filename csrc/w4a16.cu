@@ -492,6 +492,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s4_step
   qt::wg_large<128, 2, 4, false, 4, 3, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<192, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<192, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<256, 2, 4, false, 1, 4, true>(a, &xmap);
@@ -665,6 +675,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s4_blk
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s4_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<128, 2, 4, true, 4, 3, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<192, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<192, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {

@@ -254,6 +254,12 @@ def test_large_m_choice_follows_the_layer_shape():
     assert CudaW4A16().describe(SimpleNamespace(**vars(st), config=lambda m: q), 256) == (
         "cuda wgmma bn256 wg2 s6 split2 cluster x-tma")
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
+    # M 129-192: one 192-column tile (6 x-tile stages) where the narrow row does not take the layer
+    for k, n in ((8192, 8192), (8192, 28672), (28672, 8192)):
+        c = launch.choose_row(192, state(k, n)).make(state(k, n))
+        assert (c.kind, c.bn, c.wgs, c.stages) == (WGMMA, 192, 2, 0)
+        assert plan(c, 129, state(k, n))["name"] == "qt_wg_{dt}_bn192_wg2_s6_blk_tma"
+    assert launch.choose_row(160, state(8192, 1024)).name == "wgmma bn128 narrow"
 
 
 def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
@@ -763,7 +769,8 @@ ROW_POINTS = {
     "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
-    "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
+    "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn192": (160, 8192, 8192, (9, 0), 7),
+    "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
     "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
     "stream-K whole tiles": (1, 28672, 8192, (9, 0), 7), "stream-K 1/SM": (1, 8192, 28672, (8, 0), 7),
