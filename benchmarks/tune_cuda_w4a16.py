@@ -128,7 +128,7 @@ def check() -> int:
             st = kern.prepare(layer)
             w64 = dequantize(plain, torch.float64)
             w16 = dequantize(plain, dt)
-            for m in (1, 5, 16, 24, 33, 100, 160, 256):
+            for m in (1, 5, 16, 24, 33, 80, 100, 160, 256):
                 x = torch.randn(m, k, device=dev).to(dt)
                 ref = x.double() @ w64.t()
                 base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
@@ -489,6 +489,8 @@ CURVE_FAMILIES = {
                                      if 64 < m else None),
     # M 129-192 as the dispatch launches M 193-256 (a 256-column tile): the bn192 row's baseline
     "as M=256": lambda m, st: launch.choose(256, st) if 128 < m <= 192 else None,
+    # M 65-96 as the dispatch launches M 97-128 (a 128-column tile): the bn96 row's baseline
+    "as M=128": lambda m, st: launch.choose(128, st) if 64 < m <= 96 else None,
 }
 
 

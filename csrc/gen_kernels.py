@@ -45,7 +45,8 @@ XR = [(2, 4, 3, 1, 4, 2, 512, False, False), (2, 4, 4, 1, 4, 2, 512, False, Fals
 # wg_large (sm_90a): (batch columns BN, consumer warpgroups, x-tile stages, x by the tensor memory accelerator);
 # each with one group per block ("blk") and one per k16 step ("step")
 WG = [(32, 2, 6, True), (32, 3, 6, True), (32, 4, 6, True), (48, 2, 6, True), (48, 3, 6, True), (48, 4, 6, True),
-      (64, 2, 6, True), (64, 3, 6, True), (64, 4, 6, True), (128, 3, 6, True), (128, 2, 6, True), (128, 2, 4, True),
+      (64, 2, 6, True), (64, 3, 6, True), (64, 4, 6, True), (96, 2, 6, True), (96, 3, 6, True), (96, 4, 6, True),
+      (128, 3, 6, True), (128, 2, 6, True), (128, 2, 4, True),
       (192, 2, 6, True), (256, 2, 4, True), (256, 2, 6, True), (128, 2, 4, False), (128, 4, 6, False)]
 
 ARGS = ("const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, "

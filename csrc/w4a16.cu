@@ -462,6 +462,36 @@ extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn64_wg4_s6_step_
   qt::wg_large<64, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn96_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn96_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn96_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 3, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn96_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn96_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 4, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn96_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 4, 6, false, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<128, 3, 6, false, 1, 6, true>(a, &xmap);
@@ -645,6 +675,36 @@ extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn64_wg4_s6_blk_
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn64_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<64, 4, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn96_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn96_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn96_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 3, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn96_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn96_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 4, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn96_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<96, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {

@@ -64,6 +64,7 @@ DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
     if constexpr (BN == 32) wgmma_rs_m64n32k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 48) wgmma_rs_m64n48k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 64) wgmma_rs_m64n64k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 96) wgmma_rs_m64n96k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 128) wgmma_rs_m64n128k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 192) wgmma_rs_m64n192k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 256) wgmma_rs_m64n256k16_bf16(d, a[0], a[1], a[2], a[3], desc);
@@ -71,6 +72,7 @@ DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
     if constexpr (BN == 32) wgmma_rs_m64n32k16_f16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 48) wgmma_rs_m64n48k16_f16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 64) wgmma_rs_m64n64k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (BN == 96) wgmma_rs_m64n96k16_f16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 128) wgmma_rs_m64n128k16_f16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 192) wgmma_rs_m64n192k16_f16(d, a[0], a[1], a[2], a[3], desc);
     if constexpr (BN == 256) wgmma_rs_m64n256k16_f16(d, a[0], a[1], a[2], a[3], desc);

@@ -768,7 +768,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 ROW_POINTS = {
     "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
-    "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
+    "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn192": (160, 8192, 8192, (9, 0), 7),
     "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
