@@ -3,9 +3,10 @@ a kernel: the reference for issue 28's goal of "85 % of the copy bandwidth" at M
 
     python benchmarks/copy_floor.py --models llama-3-8b,llama-3-70b --json copy-floor.json
 
-For each layer of each model, the bytes a W4A16 kernel streams at M = 1 (GPTQ 4-bit weights, group 128 scales
-and zeros, x and y in 16 bits; the `bytes` of a `qtool bench` row) are moved by torch copies of half that size
-(each reads and writes it), rotated over buffers past the L2 and replayed as a CUDA graph (qtool.bench.timing).
+For each layer of each model, the bytes a W4A16 kernel streams at M = 1 (a random GPTQ 4-bit layer of group 128,
+PackedLayer.nbytes, and x and y in 16 bits: the `bytes` of a `qtool bench` row) are moved by torch copies of half
+that size (each reads and writes it), rotated over buffers past the L2 and replayed as a CUDA graph
+(qtool.bench.timing).
 Each figure is the moved bytes per second over the 1 GiB copy bandwidth (qtool.bench.roofline), the measure
 `qtool bench` reports as the bandwidth fraction; the layer figure adds the projections' bytes and times as
 the bench's layer sums do. A copy that cannot reach a fraction at a size bounds what a kernel moving the same
@@ -23,15 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.roofline import copy_bandwidth  # noqa: E402
 from qtool.bench.shapes import parse_shapes  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
+from qtool.kernels.base import PackedLayer  # noqa: E402
 
 
-def w4a16_bytes(k: int, n: int, group: int = 128, m: int = 1) -> int:
-    """Bytes of a GPTQ 4-bit layer (qweight, qzeros, fp16 scales) plus x and y at batch m, in 16 bits."""
-    groups = -(-k // group)
-    return k * n // 2 + groups * n // 2 + groups * n * 2 + (k + n) * m * 2
+def w4a16_bytes(k: int, n: int, dev: torch.device) -> int:
+    """What `qtool bench` counts for a 4-bit g128 layer at M = 1: the packed layer's bytes, x and y in 16 bits."""
+    return PackedLayer.from_plain(random_plain(n, k, device=dev)).nbytes() + (k + n) * 2
 
 
 def main() -> int:
@@ -48,7 +50,7 @@ def main() -> int:
     for model in a.models.split(","):
         rows = []
         for s in parse_shapes(model, "cuda"):
-            nbytes = w4a16_bytes(s.K, s.N)
+            nbytes = w4a16_bytes(s.K, s.N, dev)
             half = nbytes // 4 * 2  # an even count of 2-byte elements, read once and written once
             copies = rotation_count(dev, 2 * half)
             src = [torch.empty(half // 2, dtype=torch.float16, device=dev).normal_() for _ in range(copies)]

@@ -58,27 +58,6 @@ DEVI void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-template <int BN, bool BF16>
-DEVI void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (BF16) {
-    if constexpr (BN == 32) wgmma_rs_m64n32k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 48) wgmma_rs_m64n48k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 64) wgmma_rs_m64n64k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 96) wgmma_rs_m64n96k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 128) wgmma_rs_m64n128k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 192) wgmma_rs_m64n192k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 256) wgmma_rs_m64n256k16_bf16(d, a[0], a[1], a[2], a[3], desc);
-  } else {
-    if constexpr (BN == 32) wgmma_rs_m64n32k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 48) wgmma_rs_m64n48k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 64) wgmma_rs_m64n64k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 96) wgmma_rs_m64n96k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 128) wgmma_rs_m64n128k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 192) wgmma_rs_m64n192k16_f16(d, a[0], a[1], a[2], a[3], desc);
-    if constexpr (BN == 256) wgmma_rs_m64n256k16_f16(d, a[0], a[1], a[2], a[3], desc);
-  }
-}
-
 // Whether this launch's K splits form one thread-block cluster per output tile (qtool/kernels/cuda/launch.py
 // _plan launches them so where the Config says).
 DEVI bool split_cluster() { return gridDim.y > 1 && cluster_ctas() == gridDim.y; }
