@@ -69,6 +69,8 @@ def forced_configs(m: int, st) -> list[Config]:
         # x by cp.async (the TMA form's fallback where K % 8 != 0), and 6 x-tile stages at bn 256
         cs += [Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2, tma=False),
                Config(kind=WGMMA, bn=256, wgs=2, stages=6), Config(kind=WGMMA, bn=192, wgs=2, splits=3)]
+        cs += [Config(kind=WGMMA, bn=112, wgs=w, splits=sp) for w, sp in ((2, 1), (3, 3), (4, 2))]
+        cs += [Config(kind=WGMMA, bn=160, wgs=2, splits=2), Config(kind=WGMMA, bn=224, wgs=2)]
         # K splits summed in a cluster per tile: 2 to 8 splits, every tile width, both x forms, 2 CTAs an SM
         cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp, cluster=True, stages=stg, tma=tma)
                for bn, w, sp, stg, tma in ((32, 4, 2, 0, True), (48, 3, 3, 0, True), (64, 2, 5, 0, True),
@@ -128,7 +130,7 @@ def check() -> int:
             st = kern.prepare(layer)
             w64 = dequantize(plain, torch.float64)
             w16 = dequantize(plain, dt)
-            for m in (1, 5, 16, 24, 33, 80, 100, 160, 256):
+            for m in (1, 5, 16, 24, 33, 80, 100, 160, 208, 256):
                 x = torch.randn(m, k, device=dev).to(dt)
                 ref = x.double() @ w64.t()
                 base = float((F.linear(x, w16).double() - ref).norm() / ref.norm())
@@ -439,6 +441,10 @@ def wg_cluster(cfg: Config | None, m: int, st, splits: int = 0) -> Config | None
     return dataclasses.replace(cfg, splits=s, cluster=True) if s > 1 else None
 
 
+# the M ranges of the bn112, bn160 and bn224 rows, and the M whose launch each had before
+WIDER = ((97, 112, 128), (129, 160, 192), (193, 224, 256))
+
+
 CURVE_FAMILIES = {
     "default": lambda m, st: None,
     "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
@@ -489,6 +495,13 @@ CURVE_FAMILIES = {
                                      if 64 < m else None),
     # M 129-192 as the dispatch launches M 193-256 (a 256-column tile): the bn192 row's baseline
     "as M=256": lambda m, st: launch.choose(256, st) if 128 < m <= 192 else None,
+    # the dispatch without its tail launches (launch.wg_tailed): the tail rule's baseline
+    "no tail": lambda m, st: (launch.wg_clustered(launch.choose_row(m, st).make(st), m, st)
+                              if launch.choose(m, st).tail else None),
+    # M 97-112, 129-160 and 193-224 as the dispatch launches the top of their range (128-, 192- and 256-column
+    # tiles): the bn112, bn160 and bn224 rows' baseline
+    "as the wider tile": lambda m, st: next((launch.choose(top, st) for lo, hi, top in WIDER if lo <= m <= hi),
+                                            None),
     # M 65-96 as the dispatch launches M 97-128 (a 128-column tile): the bn96 row's baseline
     "as M=128": lambda m, st: launch.choose(128, st) if 64 < m <= 96 else None,
 }

@@ -341,6 +341,7 @@ struct Args {
   int* cnt;
   int M, N, K, KB, kbps, NG, gshift;  // gshift >= 0: group of element k = min(k >> gshift, NG - 1); else gtab
   int flags;                          // QT_PDL_EARLY | QT_EVICT_FIRST
+  int bx0;  // wgmma: the tile column of blockIdx.x 0 (a grid's last partial wave is launched apart, K split)
 };
 
 // A warp's weight stream over TN adjacent 16-row tiles: a cp.async ring of D slots, each {the 32 lanes' 16

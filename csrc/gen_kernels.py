@@ -46,12 +46,13 @@ XR = [(2, 4, 3, 1, 4, 2, 512, False, False), (2, 4, 4, 1, 4, 2, 512, False, Fals
 # each with one group per block ("blk") and one per k16 step ("step")
 WG = [(32, 2, 6, True), (32, 3, 6, True), (32, 4, 6, True), (48, 2, 6, True), (48, 3, 6, True), (48, 4, 6, True),
       (64, 2, 6, True), (64, 3, 6, True), (64, 4, 6, True), (96, 2, 6, True), (96, 3, 6, True), (96, 4, 6, True),
-      (128, 3, 6, True), (128, 2, 6, True), (128, 2, 4, True),
-      (192, 2, 6, True), (256, 2, 4, True), (256, 2, 6, True), (128, 2, 4, False), (128, 4, 6, False)]
+      (112, 2, 6, True), (112, 3, 6, True), (112, 4, 6, True), (128, 3, 6, True), (128, 2, 6, True),
+      (128, 2, 4, True), (160, 2, 6, True), (192, 2, 6, True), (224, 2, 6, True), (256, 2, 4, True), (256, 2, 6, True),
+      (128, 2, 4, False), (128, 4, 6, False)]
 
 ARGS = ("const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, "
-        "float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift, int flags")
-PACK = "{qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift, flags}"
+        "float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift, int flags, int bx0")
+PACK = "{qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift, flags, bx0}"
 
 
 def mma_name(dt: str, nt: int, tn: int, post: bool, d: int) -> str:

@@ -11,8 +11,8 @@
 #include "sk.cuh"
 #include "wgmma.cuh"
 
-#define QT_ARGS const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift, int flags
-#define QT_PACK {qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift, flags}
+#define QT_ARGS const uint4 *qw, const uint32_t *msc, const uint4 *mzp, const int *gtab, const uint16_t *x, uint16_t *y, float *ws, int *cnt, int M, int N, int K, int KB, int kbps, int NG, int gshift, int flags, int bx0
+#define QT_PACK {qw, msc, mzp, gtab, x, y, ws, cnt, M, N, K, KB, kbps, NG, gshift, flags, bx0}
 
 // The stream-K kernel's 16-warp CTAs with 4-slot rings must fit two to an SM on Hopper (64 registers a
 // thread): the next layer's CTA (programmatic dependent launch) is resident beside this one while it runs.
@@ -492,6 +492,36 @@ extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn96_wg4_s6_step_
   qt::wg_large<96, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn112_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn112_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn112_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 3, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn112_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn112_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 4, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn112_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 4, 6, false, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<128, 3, 6, false, 1, 6, true>(a, &xmap);
@@ -522,6 +552,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s4_step
   qt::wg_large<128, 2, 4, false, 4, 3, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn160_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<160, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn160_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<160, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<192, 2, 6, false, 1, 6, true>(a, &xmap);
@@ -530,6 +570,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_blk_
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<192, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn224_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<224, 2, 6, false, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn224_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<224, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
@@ -707,6 +757,36 @@ extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn96_wg4_s6_step
   qt::wg_large<96, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn112_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn112_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn112_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 3, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn112_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn112_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 4, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn112_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<112, 4, 6, true, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<128, 3, 6, true, 1, 6, true>(a, &xmap);
@@ -737,6 +817,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s4_ste
   qt::wg_large<128, 2, 4, true, 4, 3, true>(a, &xmap);
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn160_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<160, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn160_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<160, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<192, 2, 6, true, 1, 6, true>(a, &xmap);
@@ -745,6 +835,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_blk
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
   const qt::Args a = QT_PACK;
   qt::wg_large<192, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn224_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<224, 2, 6, true, 1, 6, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn224_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK;
+  qt::wg_large<224, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {

@@ -118,7 +118,8 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2;
   const int n16 = (p.N + 15) >> 4;
-  const int tn = blockIdx.x * (4 * WGS) + warp;
+  const int bx = blockIdx.x + p.bx0;
+  const int tn = bx * (4 * WGS) + warp;
   const bool producer = TMA_X && warp >= 4 * WGS;  // TMA_X: one more warpgroup, which copies x and the weights
   const bool active = tn < n16;  // (the cp.async form's ring copies; that form has no producer)
   const int kb0 = blockIdx.y * p.kbps;
@@ -204,7 +205,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       // (One 1-D bulk copy per tile's weights and per metadata record, 25 a block from one warp, is far slower.)
       if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
       constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
-      const int ptid = tid - NTH, t0 = blockIdx.x * 4 * WGS;
+      const int ptid = tid - NTH, t0 = bx * 4 * WGS;
       // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
       // (q - 32) / 3 (group step), part (q - 32) % 3 (scales 0-3, 4-7; zeros)
       const char* src[PPT];
@@ -325,9 +326,9 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   for (int i = 0; i < BN / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");
   float (&acc4)[1][BN / 8][4] = *reinterpret_cast<float (*)[1][BN / 8][4]>(acc);
   if (split_cluster())
-    epilogue_cluster<BN / 8, BF16>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH, sbase);
+    epilogue_cluster<BN / 8, BF16>(p, acc4, tn * 16, m0, mc, bx * 4 * WGS * 16, 4 * WGS * 16, NTH, sbase);
   else
-    epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, blockIdx.x * 4 * WGS * 16, 4 * WGS * 16, NTH);
+    epilogue<BN / 8, BF16, 1>(p, acc4, tn * 16, m0, mc, bx * 4 * WGS * 16, 4 * WGS * 16, NTH);
 }
 #endif
 

@@ -343,6 +343,40 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     assert not choose(128, state(3584, 3584, slots=())).cluster
 
 
+def test_wgmma_grid_past_a_wave_takes_a_tail_launch():
+    """wg_tailed: a grid of one batch tile a partial wave past a whole one (M > 96) runs its whole waves unsplit
+    and the tiles left over in a second launch, K split as far as one wave holds (in clusters where they fit,
+    else through the workspace), where wg_tail_cost is under the grid's own; one-wave grids, M <= 96 and two
+    batch tiles keep one launch, and a tail that cannot apply is refused."""
+    slots = tuple(H100_SLOTS)
+    st = state(3584, 18944, slots=slots)  # Qwen2.5-7B's gate_proj: 148 tiles of 128 rows, 56 64-k blocks
+    for m, bn in ((129, 160), (176, 192), (208, 224), (256, 256)):
+        cfg = choose(m, st)
+        assert (cfg.bn, cfg.wgs, cfg.tail) == (bn, 2, 6), (m, cfg)
+        p = plan(cfg, m, st)
+        assert p["grid"] == (132, 1, 1) and p["splits"] == 1 and p["ws_floats"] == 0
+        assert p["tail"] == {"grid": (16, 6, 1), "bx0": 132, "kbps": 10, "splits": 6, "cluster": (1, 6, 1),
+                             "ws_floats": 0, "counters": 0}
+        assert cfg.label().endswith(" tail6")
+    one = choose(128, st)  # three warpgroups: 99 tiles, one wave
+    assert (one.wgs, one.tail) == (3, 0) and plan(one, 128, st)["tail"] is None
+    # Llama-3-70B's gate_proj at M = 128: 224 tiles of two warpgroups, or one wave and 18 tiles of three
+    big = state(8192, 28672, slots=slots)
+    cfg = choose(128, big)
+    assert (cfg.wgs, cfg.tail) == (3, 5) and plan(cfg, 128, big)["tail"]["grid"] == (18, 5, 1)
+    assert launch.wg_tail_cost(128, 3, 5, big) * launch.TAIL_MARGIN < launch.wg_cost(128, 2, 1, big)
+    assert choose(96, big).tail == 0 and choose(256, big).tail == 0  # M <= 96; 92 tiles left: no split fits
+    # without cluster slots the tail's splits meet in the workspace
+    bare = state(3584, 18944, slots=())
+    p = plan(choose(176, bare), 176, bare)
+    assert p["tail"]["grid"] == (16, 8, 1) and p["tail"]["cluster"] == (1, 1, 1)  # 16 x 8 CTAs: one wave
+    assert p["tail"]["ws_floats"] == 8 * 192 * 1184 * 16 and p["tail"]["counters"] == 16
+    with pytest.raises(ValueError, match="tail launch"):  # within a wave; two batch tiles
+        plan(Config(kind=WGMMA, bn=128, wgs=2, tail=4), 128, state(4096, 4096))
+    with pytest.raises(ValueError, match="tail launch"):
+        plan(Config(kind=WGMMA, bn=128, wgs=2, tail=4), 200, st)
+
+
 def test_x_slice_bounds_the_split():
     # the mma kernel stages its K slice of x: at M = 16 that caps the slice at X_BUDGET, whatever was asked
     st = state(28672, 8192)
@@ -768,9 +802,10 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 ROW_POINTS = {
     "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
-    "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn128": (100, 8192, 8192, (9, 0), 7),
-    "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7), "wgmma bn192": (160, 8192, 8192, (9, 0), 7),
-    "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
+    "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
+    "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
+    "wgmma bn160": (140, 8192, 8192, (9, 0), 7), "wgmma bn192": (176, 8192, 8192, (9, 0), 7),
+    "wgmma bn224": (208, 8192, 8192, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
     "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
     "stream-K whole tiles": (1, 28672, 8192, (9, 0), 7), "stream-K 1/SM": (1, 8192, 28672, (8, 0), 7),

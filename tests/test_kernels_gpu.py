@@ -143,6 +143,53 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
         assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1]), (m, cfg)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the wgmma kernel is sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_w4a16_tail_launch(dtype):
+    """A wgmma grid as whole waves and a K-split tail launch (the state's SM count lowered so that a small layer
+    has both): the whole waves' rows are the one-launch grid's bits, the tail's rows are within the oracle bound,
+    and the tail's splits summed in clusters give the workspace form's bits."""
+    import dataclasses
+
+    from qtool.bench.layers import random_plain
+    from qtool.formats.plain import dequantize
+    from qtool.kernels.base import PackedLayer, get_kernel
+    from qtool.kernels.cuda.launch import WGMMA, Config, plan
+
+    dev = torch.device("cuda")
+    n, k = 1000, 3072  # 8 tiles of 128 rows, the last partial
+    plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=9)
+    w64 = dequantize(plain, torch.float64)
+    kern = get_kernel("cuda-w4a16")
+    st = kern.prepare(PackedLayer.from_plain(plain))
+    st.n_sm = 3  # two whole waves of 3 tiles, a tail of 2
+    slots = st.cluster_slots
+    for m, bn in ((100, 128), (160, 192), (256, 256)):
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        ref = x.double() @ w64.t()
+        base = float((torch.nn.functional.linear(x, w64.to(dtype)).double() - ref).norm() / ref.norm())
+        one = Config(kind=WGMMA, bn=bn, wgs=2, splits=1)
+        outs = {}
+        for name, cfg, cl in (("one", one, slots), ("cluster", dataclasses.replace(one, splits=0, tail=3), slots),
+                              ("workspace", dataclasses.replace(one, splits=0, tail=3), ())):
+            st.cluster_slots = cl
+            p = plan(cfg, m, st)
+            if name != "one":
+                assert p["grid"][0] == 6 and p["tail"]["grid"] == (2, 3, 1) and p["tail"]["bx0"] == 6, p
+                assert (p["tail"]["ws_floats"] == 0) == (name == "cluster"), (name, p["tail"])
+            st.override = cfg
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+            outs[name] = kern.forward(x, st, out=out)
+            assert torch.isfinite(outs[name]).all(), (name, m)
+            err = float((outs[name].double() - ref).norm() / ref.norm())
+            assert err <= ERR_FACTOR * base, (name, m, err, base)
+        st.override, st.cluster_slots = None, slots
+        whole = 6 * 128
+        assert torch.equal(outs["cluster"][:, :whole], outs["one"][:, :whole]), m
+        assert torch.equal(outs["cluster"], outs["workspace"]), m
+
+
 def test_cuda_w4a16_graph_capture_and_repeatability():
     from qtool.bench.layers import random_plain
     from qtool.formats.plain import dequantize

@@ -62,7 +62,8 @@ SK_X_BUDGET = 64 * 1024  # bytes of x it stages (all of K): beyond this, fewer C
 SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # usable per SM (and per CTA)
 SMEM_OTHER = 99 * 1024  # sm_86 / sm_89
 X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough for several CTAs per SM
-WG_STAGES = {32: 6, 48: 6, 64: 6, 96: 6, 128: 6, 192: 6, 256: 4}  # default x-tile stages of the wgmma kernel per BN
+# default x-tile stages of the wgmma kernel per BN
+WG_STAGES = {32: 6, 48: 6, 64: 6, 96: 6, 112: 6, 128: 6, 160: 6, 192: 6, 224: 6, 256: 4}
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/mma.cuh mma_xs XS)
 WG_CLUSTER_MAX = 8  # CTAs of a portable thread-block cluster: the most K splits a wgmma tile sums on chip
 XR_CLUSTER_SLOTS = 4  # csrc/xr.cuh xr_small S2: rank 1's sums of a unit waiting in rank 0
@@ -103,8 +104,8 @@ def ring_bytes_per_warp(kind: str, post: bool, stages: int = 0, tn: int = 1, dep
 @dataclass(frozen=True)
 class Config:
     """kind mma: nt = batch tiles of 8 per CTA (1, 2, 4), warps per CTA; kind xs: the same with x streamed in
-    chunks of xc blocks (groups of >= 64 only); kind wgmma: bn (64/128/256), wgs warpgroups per CTA. splits: K
-    splits (0 = choose from ctas_per_sm). post: scale fp32 block sums (mma)."""
+    chunks of xc blocks (groups of >= 64 only); kind wgmma: bn batch columns (built.WG), wgs warpgroups per CTA.
+    splits: K splits (0 = choose from ctas_per_sm). post: scale fp32 block sums (mma)."""
 
     kind: str = MMA
     nt: int = 1
@@ -131,6 +132,9 @@ class Config:
     # of a tile are one cluster and sum it on chip (csrc/wgmma.cuh epilogue_cluster), at most WG_CLUSTER_MAX
     cluster: bool = False
     tma: bool = True  # wgmma: x by the tensor memory accelerator where built and K % 8 == 0 (else by cp.async)
+    # wgmma, one batch tile and more tiles than a wave: the whole waves launched unsplit, the tiles left over
+    # launched after them with their K in `tail` splits (0: one launch)
+    tail: int = 0
 
     def __post_init__(self) -> None:  # checked once here, not on every launch (flags)
         if self.trigger not in TRIGGER_FLAGS:
@@ -164,7 +168,8 @@ class Config:
         st = f" s{self.stages}" if self.stages else ""
         x = "" if self.tma else " cp.async-x"
         cl = " cluster" if self.cluster else ""
-        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{x}{tail}{cl}{ev}{nopdl}"
+        tl = f" tail{self.tail}" if self.tail else ""
+        return f"cuda wgmma bn{self.bn} wg{self.wgs}{st}{x}{tail}{cl}{tl}{ev}{nopdl}"
 
 
 def wgmma_ok(cc: tuple[int, int]) -> bool:
@@ -349,7 +354,13 @@ ROWS = (
         "tensor-core work on empty columns: on the 28 bench layer shapes at M 72, 80 and 96 it took up to 30 % less "
         "time than the bn128 launch at 82 of 84 points and at most 2 % more at two (H100, fp16, two orders; "
         "Llama-3-70B's layer 1.25-1.28x dense -> 1.45-1.58x, the MoE expert's 0.60-0.62x -> 0.63-0.66x)."),
-    Row("wgmma bn128", lambda m, st: 64 < m <= 128 and wgmma_ok(st.cc), wg_launch(128),
+    Row("wgmma bn112", lambda m, st: 96 < m <= 112 and wgmma_ok(st.cc), wg_launch(112),
+        "At M 97-112 one 112-column tile covers the batch where a 128-column one spends up to a quarter of its "
+        "tensor-core work on empty columns: on the 28 bench layer shapes at M 100 and 112 it took up to 9 % less "
+        "time than the launch M 128 gets at 104 of 112 points, and 2-14 % more at eight where that launch sums its "
+        "K splits in clusters and this one through the workspace (H100, fp16 and bf16, two orders; Llama-3-70B's "
+        "layer 1.35-1.39x dense -> 1.42-1.47x)."),
+    Row("wgmma bn128", lambda m, st: 112 < m <= 128 and wgmma_ok(st.cc), wg_launch(128),
         "128 batch columns share each dequantized weight fragment over the whole batch, in the grid of least "
         "modelled cost (Qwen2.5-7B's gate_proj at M = 128 on an H100: 148 CTAs of two warpgroups 60.3 us, 99 of "
         "three 40.4)."),
@@ -357,13 +368,25 @@ ROWS = (
         Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8),
         "A layer too narrow for a wave of 128 x 256 tiles (k/v) runs faster as small bn128 CTAs of 4 stages, two "
         "to an SM."),
-    Row("wgmma bn192", lambda m, st: 128 < m <= 192 and wgmma_ok(st.cc),
+    Row("wgmma bn160", lambda m, st: 128 < m <= 160 and wgmma_ok(st.cc),
+        Config(kind=WGMMA, bn=160, wgs=2, ctas_per_sm=1.0, min_blocks=8),
+        "At M 129-160 one 160-column tile covers the batch where a 192-column one spends up to a third of its "
+        "tensor-core work on empty columns: on the 19 bench layer shapes wider than the narrow row's, at M 136, 152 "
+        "and 160, it took up to 14 % less time than the bn192 launch at 111 of 114 points and up to 9 % more at the "
+        "other three (H100, fp16 and bf16, two orders; Llama-3-70B's layer 1.03-1.10x dense -> 1.13-1.17x)."),
+    Row("wgmma bn192", lambda m, st: 160 < m <= 192 and wgmma_ok(st.cc),
         Config(kind=WGMMA, bn=192, wgs=2, ctas_per_sm=1.0, min_blocks=8),
-        "At M 129-192 one 192-column tile covers the batch where a 256-column one spends a quarter or more of its "
+        "At M 161-192 one 192-column tile covers the batch where a 256-column one spends a quarter or more of its "
         "tensor-core work on empty columns: on the 19 bench layer shapes wider than the narrow row's it took 5-41 % "
         "less time than the bn256 launch at 56 of 57 points of M 136, 160 and 192 and 1 % more at one (H100, fp16, "
         "two orders; Llama-3-70B's layer 0.80-1.00x dense -> 1.07-1.20x), with 6 x-tile stages at least as fast as "
         "4 at 20 of 21 model points."),
+    Row("wgmma bn224", lambda m, st: 192 < m <= 224 and wgmma_ok(st.cc),
+        Config(kind=WGMMA, bn=224, wgs=2, ctas_per_sm=1.0, min_blocks=8),
+        "At M 193-224 one 224-column tile covers the batch where a 256-column one spends up to a quarter of its "
+        "tensor-core work on empty columns: on the 20 bench layer shapes it takes, at M 200, 216 and 224, it took up "
+        "to 15 % less time than the bn256 launch at 112 of 120 points and up to 5 % more at the other eight (H100, "
+        "fp16 and bf16, two orders; Llama-3-8B's layer 0.90-0.94x dense -> 0.95-1.00x)."),
     Row("wgmma bn256 s6", lambda m, st: (m > 128 and wgmma_ok(st.cc) and _wg_tiles(m, st) < st.n_sm
                                          and st.K <= 2 * st.N),
         Config(kind=WGMMA, bn=256, wgs=2, stages=6, ctas_per_sm=1.0, min_blocks=8),
@@ -439,9 +462,69 @@ def choose_row(m: int, st) -> Row:
 
 
 def choose(m: int, st) -> Config:
-    """The launch for batch size m on the state's device: its row's, with a wgmma launch's K splits summed in
-    thread-block clusters where wg_clustered says so."""
-    return wg_clustered(choose_row(m, st).make(st), m, st)
+    """The launch for batch size m on the state's device: its row's, with a wgmma grid's last partial wave
+    launched apart where wg_tailed says so, and its K splits summed in thread-block clusters where wg_clustered
+    does."""
+    return wg_clustered(wg_tailed(choose_row(m, st).make(st), m, st), m, st)
+
+
+# The wgmma kernel holds one CTA an SM, so a grid of a wave and a bit takes two CTA times. At M > 96 (112- to
+# 256-column tiles) the rows' grids can be such: Llama-3-70B's gate_proj is 224 tiles of 128 rows, Qwen2.5-7B's
+# 148. There the whole waves are launched unsplit and the tiles left over after them, each tile's K split so that
+# they fill the next wave (tail_splits). The tail's modelled cost (wg_tail_cost) against the grid's own (wg_cost)
+# decides, over the warpgroup counts built. On an H100 (benchmarks/results/tune-curve.json, key
+# h100-2026-12-06-tail; fp16 and bf16, two orders): Qwen2.5-7B's gate_proj took 24-28 % less time at M 144-256
+# (70.3 -> 50.7 us at M = 144), Llama-3-70B's 11-19 % at M 112-128 with three warpgroups (138.4 -> 111.5 us at
+# M = 112), Qwen2.5-32B's 12-17 %. The tail launch is programmatic, so its CTAs take the SMs as the first
+# launch's leave: 8-10 % less time than in plain stream order. At M <= 96 the cost model already finds one-wave
+# grids with more warpgroups a CTA. A tail there measured from 5 % faster to 2 % slower with three warpgroups
+# against four (Llama-3-70B's and Qwen2.5-32B's gate_proj), and 17-24 % slower with two against three
+# (Qwen2.5-7B's), so the tail starts above M = 96.
+TAIL_MIN_M = 97
+TAIL_MARGIN = 1.05  # the tail's modelled cost must be this much under the grid's: a second launch, its CTAs' fill
+
+
+def tail_splits(left: int, kb: int, st) -> int:
+    """K splits of a tail of `left` tiles: the most that keep it to one wave with at least 4 64-k blocks a split,
+    in clusters where the driver says they all fit at once, else through the workspace; 0 for none."""
+    slots = getattr(st, "cluster_slots", ())
+    fit = [s for s in range(2, WG_CLUSTER_MAX + 1)
+           if left * s <= st.n_sm and kb // s >= 4 and len(slots) > s and left <= slots[s]]
+    spread = [s for s in range(2, kb // 4 + 1) if left * s <= st.n_sm]
+    return fit[-1] if fit else spread[-1] if spread else 0
+
+
+def wg_tail_cost(bn: int, wgs: int, t: int, st) -> float:
+    """wg_cost's time of a grid of one batch tile launched as its whole waves, unsplit, and a tail of the tiles
+    left over, each tile's K in t splits."""
+    n16, kb = _n16(st), -(-st.K // 64)
+    gx = -(-n16 // (4 * wgs))
+    whole, left = divmod(gx, st.n_sm)
+    partials = WG_PARTIAL * t * bn * left * 4 * wgs * 16 * 8 / (st.n_sm * 512)
+    return 4 * wgs * (whole * kb + -(-kb // t)) / WG_RATE[wgs] + partials
+
+
+def wg_tailed(cfg: Config, m: int, st) -> Config:
+    """cfg as whole waves and a split tail launch (Config.tail), with the warpgroups of least modelled cost,
+    where its own grid is one batch tile a partial wave past a whole one and the tail costs less (the rules
+    above); cfg itself otherwise."""
+    if cfg.kind != WGMMA or m < TAIL_MIN_M or m > cfg.bn or cfg.tail or not wgmma_ok(st.cc):
+        return cfg
+    n16, kb = _n16(st), -(-st.K // 64)
+    gx = -(-n16 // (4 * cfg.wgs))
+    if gx <= st.n_sm or not gx % st.n_sm:
+        return cfg
+    best, pick = wg_cost(cfg.bn, cfg.wgs, plan(cfg, m, st)["splits"], st), None
+    stages = cfg.stages or WG_STAGES[cfg.bn]
+    for w in sorted({w for b, w, s, tma in built.WG if b == cfg.bn and s == stages and tma}):
+        g = -(-n16 // (4 * w))
+        t = tail_splits(g % st.n_sm, kb, st) if g > st.n_sm else 0
+        cost = wg_tail_cost(cfg.bn, w, t, st) * TAIL_MARGIN if t else best
+        if cost < best:
+            best, pick = cost, (w, t)
+    if pick is None:
+        return cfg
+    return dataclasses.replace(cfg, wgs=pick[0], splits=0, cluster=False, tail=pick[1])
 
 
 # A wgmma launch's K splits meet either through the workspace (fp32 partials to L2, the tile's last CTA sums
@@ -467,7 +550,7 @@ WG_CL_PARTIALS = 1.0
 def wg_clustered(cfg: Config, m: int, st) -> Config:
     """cfg with its K splits summed in clusters where that is faster (the rules above); cfg itself otherwise."""
     slots = st.cluster_slots
-    if cfg.kind != WGMMA or cfg.cluster or not slots:
+    if cfg.kind != WGMMA or cfg.cluster or cfg.tail or not slots:
         return cfg
     p = plan(cfg, m, st)
     splits, tiles = p["splits"], p["grid"][0] * p["grid"][2]
@@ -691,7 +774,9 @@ def _plan(cfg: Config, m: int, st) -> dict:
         max_kbps = kb
         threads = 128 * cfg.wgs
         tiles = gx * gz
-    if cfg.splits:
+    if cfg.tail:
+        splits = 1  # the whole waves run unsplit; the tail launch splits the rest
+    elif cfg.splits:
         splits = cfg.splits
     else:
         # the wgmma kernel holds one CTA per SM: a split that takes its grid past a wave costs a second wave
@@ -737,9 +822,31 @@ def _plan(cfg: Config, m: int, st) -> dict:
     if cluster and splits > WG_CLUSTER_MAX:  # (each CTA's fp32 tile fits its stages: test_kernels_cuda.py)
         raise ValueError(f"{splits} K splits as one cluster: at most {WG_CLUSTER_MAX} (portable cluster size)")
     ws = split and not cluster  # partial sums through the workspace, the last CTA of each tile sums them
+    tail = _tail(cfg, st, gx, gz, kb, rows, n16) if cfg.tail else None
+    if tail:
+        gx = tail["bx0"]
     return {"grid": (gx, splits, gz), "block": threads, "smem": smem, "splits": splits, "kbps": kbps,
             "rows": rows, "name": name, "post": post, "tma": tma, "cluster": (1, splits, 1) if cluster else (1, 1, 1),
-            "ws_floats": splits * gz * rows * n16 * 16 if ws else 0, "counters": gx * gz if ws else 0}
+            "ws_floats": splits * gz * rows * n16 * 16 if ws else 0, "counters": gx * gz if ws else 0, "tail": tail}
+
+
+def _tail(cfg: Config, st, gx: int, gz: int, kb: int, rows: int, n16: int) -> dict:
+    """The second launch of a wgmma grid with a tail (Config.tail): the tile columns past its whole waves, each
+    tile's K in cfg.tail splits, summed in a cluster where the driver says the clusters fit at once (else through
+    the workspace). bx0 is its first tile column, and the first launch's width."""
+    whole = gx // st.n_sm * st.n_sm
+    if gz != 1 or cfg.splits > 1 or cfg.cluster or not whole or whole == gx:
+        raise ValueError(f"{cfg.label()}: a tail launch needs one batch tile, no K split of its own and a grid past "
+                         f"a whole wave ({gx} x {gz} tiles on {st.n_sm} SMs)")
+    left = gx - whole
+    kbps = -(-kb // cfg.tail)
+    splits = -(-kb // kbps)
+    slots = getattr(st, "cluster_slots", ())
+    cluster = splits <= WG_CLUSTER_MAX and len(slots) > splits and left <= slots[splits]
+    ws = splits > 1 and not cluster
+    return {"grid": (left, splits, 1), "bx0": whole, "kbps": kbps, "splits": splits,
+            "cluster": (1, splits, 1) if cluster else (1, 1, 1),
+            "ws_floats": splits * rows * n16 * 16 if ws else 0, "counters": left if ws else 0}
 
 
 def x_map(st, x: torch.Tensor, box_rows: int):
@@ -792,24 +899,28 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
     p = plan(cfg, m, st)
     dt = "bf16" if x.dtype == torch.bfloat16 else "f16"
     name = p["name"].replace("{dt}", dt)
-    shared = p["ws_floats"] > 0  # partial sums in the workspace, finished in the same launch
-    if shared:
-        grow_workspace(st, p["ws_floats"], max(p["counters"], 1024), x.device)
-    ws = st.ws if shared else y
-    cnt = st.counters if shared else y
     scales, fresh = _scales(st, x.dtype)
+    mod = _module(cuda_index(x.device), st.cc)
     vp, ci = ctypes.c_void_p, ctypes.c_int
-    args = [vp(st.qweight.data_ptr()), vp(scales.data_ptr()), vp(st.zeros.data_ptr()),
-            vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
-            ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(p["kbps"]), ci(st.n_groups),
-            ci(st.gshift_blk), ci(flags(cfg, p["grid"][0] * p["grid"][1] * p["grid"][2], st.n_sm))]
-    if p["tma"]:
-        args.append(x_map(st, x, p["rows"]))
-    dev = cuda_index(x.device)
-    # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
-    # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
-    _module(dev, st.cc).launch(name, p["grid"], p["block"], p["smem"], args, pdl=use_pdl(cfg, st) and not fresh,
-                               cluster=p["cluster"])
+    for part in (p, p["tail"]) if p.get("tail") else (p,):
+        shared = part["ws_floats"] > 0  # partial sums in the workspace, finished in the same launch
+        if shared:
+            grow_workspace(st, part["ws_floats"], max(part["counters"], 1024), x.device)
+        ws = st.ws if shared else y
+        cnt = st.counters if shared else y
+        grid = part["grid"]
+        args = [vp(st.qweight.data_ptr()), vp(scales.data_ptr()), vp(st.zeros.data_ptr()),
+                vp(st.gtab.data_ptr()), vp(x.data_ptr()), vp(y.data_ptr()), vp(ws.data_ptr()), vp(cnt.data_ptr()),
+                ci(m), ci(st.N), ci(st.K), ci(-(-st.K // 64)), ci(part["kbps"]), ci(st.n_groups),
+                ci(st.gshift_blk), ci(flags(cfg, grid[0] * grid[1] * grid[2], st.n_sm)), ci(part.get("bx0", 0))]
+        if p["tma"]:
+            args.append(x_map(st, x, p["rows"]))
+        # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
+        # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
+        # A tail launch follows the first one, which writes neither weights nor scales: programmatic whenever PDL is
+        # on, so that its CTAs take the SMs as the first launch's leave.
+        pdl = pdl_enabled() if part is not p else use_pdl(cfg, st) and not fresh
+        mod.launch(name, grid, p["block"], p["smem"], args, pdl=pdl, cluster=part["cluster"])
     if y is not out:
         out.copy_(y)
     return out
