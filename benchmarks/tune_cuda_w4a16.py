@@ -445,7 +445,20 @@ def wg_cluster(cfg: Config | None, m: int, st, splits: int = 0) -> Config | None
 WIDER = ((97, 112, 128), (129, 160, 192), (193, 224, 256))
 
 
+def cluster_fit(m: int, st) -> Config | None:
+    """The dispatch's wgmma launch whose K splits meet through the workspace, as the most splits whose clusters
+    are all resident (launch.wg_clustered without its partial-bytes condition); None elsewhere."""
+    cfg = launch.wg_tailed(launch.choose_row(m, st).make(st), m, st)
+    if cfg.kind != WGMMA or cfg.tail or launch.choose(m, st).cluster:
+        return None
+    p = launch.plan(cfg, m, st)
+    tiles = p["grid"][0] * p["grid"][2]
+    fit = [s for s in range(2, min(p["splits"], launch.WG_CLUSTER_MAX) + 1) if tiles <= st.cluster_slots[s]]
+    return dataclasses.replace(cfg, splits=fit[-1], cluster=True) if fit else None
+
+
 CURVE_FAMILIES = {
+    "cluster fit": cluster_fit,
     "default": lambda m, st: None,
     "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
     "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),
