@@ -225,6 +225,16 @@ def wg_launch(bn: int) -> Callable[[object], Config]:
     return make
 
 
+def _wg_m(lo: int, hi: int) -> Callable[[int, object], bool]:
+    """A row's condition: lo < M <= hi on sm_90a (the wgmma kernel)."""
+    return lambda m, st: lo < m <= hi and wgmma_ok(st.cc)
+
+
+def _wg_whole(bn: int) -> Config:
+    """One bn-column tile covering the batch, two consumer warpgroups, one CTA an SM, K split to fill the SMs."""
+    return Config(kind=WGMMA, bn=bn, wgs=2, ctas_per_sm=1.0, min_blocks=8)
+
+
 def _xr_m16(m: int, st) -> bool:
     """M 9-16 on sm_90 with groups of >= 128 (or one group)."""
     return 8 < m <= 16 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0)
@@ -341,26 +351,26 @@ ROWS = (
         "of x in registers than as wgmma's few CTAs, each walking all of K (H100: the Qwen3-30B-A3B expert's "
         "768 x 2048 at M = 48 5.6 against 7.3 us, 2048 x 768 8.1 against 9.1, 8192 x 256 9.4 against 11.9; at "
         "two units per SM the two are even, and wider layers are 1.4-6x slower with it)."),
-    Row("wgmma bn48", lambda m, st: 32 < m <= 48 and wgmma_ok(st.cc), wg_launch(48),
+    Row("wgmma bn48", _wg_m(32, 48), wg_launch(48),
         "At M 33-48 on sm_90a one 48-column wgmma tile per CTA covers the batch: no tensor-core work on a quarter "
         "of empty columns, never slower than bn64 on the 24 bench layer shapes that take wgmma there and up to 6 % "
         "faster (H200, fp16, M = 40: Llama-3-70B's gate_proj 80.7 against 85.7 us)."),
-    Row("wgmma bn64", lambda m, st: 48 < m <= 64 and wgmma_ok(st.cc), wg_launch(64),
+    Row("wgmma bn64", _wg_m(48, 64), wg_launch(64),
         "At M 49-64 on sm_90a one 64-column wgmma tile per CTA covers the batch, in the grid of least modelled cost "
         "(wg_cost): a wave and a bit runs two CTA times (Llama-3-70B's gate_proj at M = 64 on an H100: 224 CTAs "
         "of two warpgroups 106.7 us, 112 of four 87.5)."),
-    Row("wgmma bn96", lambda m, st: 64 < m <= 96 and wgmma_ok(st.cc), wg_launch(96),
+    Row("wgmma bn96", _wg_m(64, 96), wg_launch(96),
         "At M 65-96 one 96-column tile covers the batch where a 128-column one spends a quarter or more of its "
         "tensor-core work on empty columns: on the 28 bench layer shapes at M 72, 80 and 96 it took up to 30 % less "
         "time than the bn128 launch at 82 of 84 points and at most 2 % more at two (H100, fp16, two orders; "
         "Llama-3-70B's layer 1.25-1.28x dense -> 1.45-1.58x, the MoE expert's 0.60-0.62x -> 0.63-0.66x)."),
-    Row("wgmma bn112", lambda m, st: 96 < m <= 112 and wgmma_ok(st.cc), wg_launch(112),
+    Row("wgmma bn112", _wg_m(96, 112), wg_launch(112),
         "At M 97-112 one 112-column tile covers the batch where a 128-column one spends up to a quarter of its "
         "tensor-core work on empty columns: on the 28 bench layer shapes at M 100 and 112 it took up to 9 % less "
         "time than the launch M 128 gets at 104 of 112 points, and 2-14 % more at eight where that launch sums its "
         "K splits in clusters and this one through the workspace (H100, fp16 and bf16, two orders; Llama-3-70B's "
         "layer 1.35-1.39x dense -> 1.42-1.47x)."),
-    Row("wgmma bn128", lambda m, st: 112 < m <= 128 and wgmma_ok(st.cc), wg_launch(128),
+    Row("wgmma bn128", _wg_m(112, 128), wg_launch(128),
         "128 batch columns share each dequantized weight fragment over the whole batch, in the grid of least "
         "modelled cost (Qwen2.5-7B's gate_proj at M = 128 on an H100: 148 CTAs of two warpgroups 60.3 us, 99 of "
         "three 40.4)."),
@@ -368,21 +378,18 @@ ROWS = (
         Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8),
         "A layer too narrow for a wave of 128 x 256 tiles (k/v) runs faster as small bn128 CTAs of 4 stages, two "
         "to an SM."),
-    Row("wgmma bn160", lambda m, st: 128 < m <= 160 and wgmma_ok(st.cc),
-        Config(kind=WGMMA, bn=160, wgs=2, ctas_per_sm=1.0, min_blocks=8),
+    Row("wgmma bn160", _wg_m(128, 160), _wg_whole(160),
         "At M 129-160 one 160-column tile covers the batch where a 192-column one spends up to a third of its "
         "tensor-core work on empty columns: on the 19 bench layer shapes wider than the narrow row's, at M 136, 152 "
         "and 160, it took up to 14 % less time than the bn192 launch at 111 of 114 points and up to 9 % more at the "
         "other three (H100, fp16 and bf16, two orders; Llama-3-70B's layer 1.03-1.10x dense -> 1.13-1.17x)."),
-    Row("wgmma bn192", lambda m, st: 160 < m <= 192 and wgmma_ok(st.cc),
-        Config(kind=WGMMA, bn=192, wgs=2, ctas_per_sm=1.0, min_blocks=8),
+    Row("wgmma bn192", _wg_m(160, 192), _wg_whole(192),
         "At M 161-192 one 192-column tile covers the batch where a 256-column one spends a quarter or more of its "
         "tensor-core work on empty columns: on the 19 bench layer shapes wider than the narrow row's it took 5-41 % "
         "less time than the bn256 launch at 56 of 57 points of M 136, 160 and 192 and 1 % more at one (H100, fp16, "
         "two orders; Llama-3-70B's layer 0.80-1.00x dense -> 1.07-1.20x), with 6 x-tile stages at least as fast as "
         "4 at 20 of 21 model points."),
-    Row("wgmma bn224", lambda m, st: 192 < m <= 224 and wgmma_ok(st.cc),
-        Config(kind=WGMMA, bn=224, wgs=2, ctas_per_sm=1.0, min_blocks=8),
+    Row("wgmma bn224", _wg_m(192, 224), _wg_whole(224),
         "At M 193-224 one 224-column tile covers the batch where a 256-column one spends up to a quarter of its "
         "tensor-core work on empty columns: on the 20 bench layer shapes it takes, at M 200, 216 and 224, it took up "
         "to 15 % less time than the bn256 launch at 112 of 120 points and up to 5 % more at the other eight (H100, "
