@@ -146,10 +146,12 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the wgmma kernel is sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_w4a16_tail_launch(dtype):
+@pytest.mark.parametrize("group,act", [(128, False), (32, True)])
+def test_cuda_w4a16_tail_launch(dtype, group, act):
     """A wgmma grid as whole waves and a K-split tail launch (the state's SM count lowered so that a small layer
-    has both): the whole waves' rows are the one-launch grid's bits, the tail's rows are within the oracle bound,
-    and the tail's splits summed in clusters give the workspace form's bits."""
+    has both), with one group per 64-k block and with act-order groups of 32 (the step kernels): the whole waves'
+    rows are the one-launch grid's bits, the tail's rows are within the oracle bound, and the tail's splits summed
+    in clusters give the workspace form's bits."""
     import dataclasses
 
     from qtool.bench.layers import random_plain
@@ -159,7 +161,7 @@ def test_cuda_w4a16_tail_launch(dtype):
 
     dev = torch.device("cuda")
     n, k = 1000, 3072  # 8 tiles of 128 rows, the last partial
-    plain = random_plain(n, k, group_size=128, dtype=dtype, device=dev, seed=9)
+    plain = random_plain(n, k, group_size=group, act_order=act, dtype=dtype, device=dev, seed=9)
     w64 = dequantize(plain, torch.float64)
     kern = get_kernel("cuda-w4a16")
     st = kern.prepare(PackedLayer.from_plain(plain))
