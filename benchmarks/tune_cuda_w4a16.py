@@ -453,7 +453,7 @@ def cluster_fit(m: int, st) -> Config | None:
         return None
     p = launch.plan(cfg, m, st)
     tiles = p["grid"][0] * p["grid"][2]
-    fit = [s for s in range(2, min(p["splits"], launch.WG_CLUSTER_MAX) + 1) if tiles <= st.cluster_slots[s]]
+    fit = [s for s in range(2, min(p["splits"], launch.WG_CLUSTER_MAX) + 1) if launch.clusters_fit(tiles, s, st)]
     return dataclasses.replace(cfg, splits=fit[-1], cluster=True) if fit else None
 
 

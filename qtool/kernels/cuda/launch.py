@@ -494,9 +494,8 @@ TAIL_MARGIN = 1.05  # the tail's modelled cost must be this much under the grid'
 def tail_splits(left: int, kb: int, st) -> int:
     """K splits of a tail of `left` tiles: the most that keep it to one wave with at least 4 64-k blocks a split,
     in clusters where the driver says they all fit at once, else through the workspace; 0 for none."""
-    slots = getattr(st, "cluster_slots", ())
     fit = [s for s in range(2, WG_CLUSTER_MAX + 1)
-           if left * s <= st.n_sm and kb // s >= 4 and len(slots) > s and left <= slots[s]]
+           if left * s <= st.n_sm and kb // s >= 4 and clusters_fit(left, s, st)]
     spread = [s for s in range(2, kb // 4 + 1) if left * s <= st.n_sm]
     return fit[-1] if fit else spread[-1] if spread else 0
 
@@ -554,14 +553,20 @@ def wg_tailed(cfg: Config, m: int, st) -> Config:
 WG_CL_PARTIALS = 1.0
 
 
+def clusters_fit(tiles: int, splits: int, st) -> bool:
+    """Whether `tiles` clusters of `splits` CTAs (2 to WG_CLUSTER_MAX) are all resident at once on the state's
+    device (st.cluster_slots, from the driver)."""
+    slots = getattr(st, "cluster_slots", ())
+    return 1 < splits <= WG_CLUSTER_MAX and splits < len(slots) and tiles <= slots[splits]
+
+
 def wg_clustered(cfg: Config, m: int, st) -> Config:
     """cfg with its K splits summed in clusters where that is faster (the rules above); cfg itself otherwise."""
-    slots = st.cluster_slots
-    if cfg.kind != WGMMA or cfg.cluster or cfg.tail or not slots:
+    if cfg.kind != WGMMA or cfg.cluster or cfg.tail or not st.cluster_slots:
         return cfg
     p = plan(cfg, m, st)
     splits, tiles = p["splits"], p["grid"][0] * p["grid"][2]
-    fit = [s for s in range(2, min(splits, WG_CLUSTER_MAX) + 1) if tiles <= slots[s]]
+    fit = [s for s in range(2, min(splits, WG_CLUSTER_MAX) + 1) if clusters_fit(tiles, s, st)]
     if not fit:
         return cfg
     if fit[-1] == min(splits, WG_CLUSTER_MAX) or 8 * splits * m >= WG_CL_PARTIALS * st.K:
@@ -848,8 +853,7 @@ def _tail(cfg: Config, st, gx: int, gz: int, kb: int, rows: int, n16: int) -> di
     left = gx - whole
     kbps = -(-kb // cfg.tail)
     splits = -(-kb // kbps)
-    slots = getattr(st, "cluster_slots", ())
-    cluster = splits <= WG_CLUSTER_MAX and len(slots) > splits and left <= slots[splits]
+    cluster = clusters_fit(left, splits, st)
     ws = splits > 1 and not cluster
     return {"grid": (left, splits, 1), "bx0": whole, "kbps": kbps, "splits": splits,
             "cluster": (1, splits, 1) if cluster else (1, 1, 1),
