@@ -452,9 +452,8 @@ def cluster_fit(m: int, st) -> Config | None:
     if cfg.kind != WGMMA or cfg.tail or launch.choose(m, st).cluster:
         return None
     p = launch.plan(cfg, m, st)
-    tiles = p["grid"][0] * p["grid"][2]
-    fit = [s for s in range(2, min(p["splits"], launch.WG_CLUSTER_MAX) + 1) if launch.clusters_fit(tiles, s, st)]
-    return dataclasses.replace(cfg, splits=fit[-1], cluster=True) if fit else None
+    fit = launch.cluster_splits(p["grid"][0] * p["grid"][2], p["splits"], st)
+    return dataclasses.replace(cfg, splits=fit, cluster=True) if fit else None
 
 
 CURVE_FAMILIES = {

@@ -212,11 +212,17 @@ def wg_cost(bn: int, wgs: int, splits: int, st) -> float:
     return waves * 4 * wgs * kbps / WG_RATE[wgs] + partials
 
 
+def wg_counts(bn: int, stages: int = 0) -> list[int]:
+    """The consumer warpgroup counts built for bn batch columns with `stages` x-tile stages (0: WG_STAGES[bn]) and
+    x by TMA (GPTQ packs K in words of 8, so every layer takes that form)."""
+    stages = stages or WG_STAGES[bn]
+    return sorted({w for b, w, s, tma in built.WG if b == bn and s == stages and tma})
+
+
 def wg_launch(bn: int) -> Callable[[object], Config]:
-    """The least-cost wgmma launch of bn batch columns (wg_cost) among the consumer warpgroup counts built with x
-    by TMA (GPTQ packs K in words of 8, so every layer takes that form) and the K splits of at least 8 blocks; at
-    equal cost, more warpgroups, then fewer splits."""
-    counts = sorted({w for b, w, stages, tma in built.WG if b == bn and stages == WG_STAGES[bn] and tma})
+    """The least-cost wgmma launch of bn batch columns (wg_cost) among the consumer warpgroup counts built
+    (wg_counts) and the K splits of at least 8 blocks; at equal cost, more warpgroups, then fewer splits."""
+    counts = wg_counts(bn)
 
     def make(st) -> Config:
         kb = -(-st.K // 64)
@@ -521,8 +527,7 @@ def wg_tailed(cfg: Config, m: int, st) -> Config:
     if gx <= st.n_sm or not gx % st.n_sm:
         return cfg
     best, pick = wg_cost(cfg.bn, cfg.wgs, plan(cfg, m, st)["splits"], st), None
-    stages = cfg.stages or WG_STAGES[cfg.bn]
-    for w in sorted({w for b, w, s, tma in built.WG if b == cfg.bn and s == stages and tma}):
+    for w in wg_counts(cfg.bn, cfg.stages):
         g = -(-n16 // (4 * w))
         t = tail_splits(g % st.n_sm, kb, st) if g > st.n_sm else 0
         cost = wg_tail_cost(cfg.bn, w, t, st) * TAIL_MARGIN if t else best
@@ -560,17 +565,21 @@ def clusters_fit(tiles: int, splits: int, st) -> bool:
     return 1 < splits <= WG_CLUSTER_MAX and splits < len(slots) and tiles <= slots[splits]
 
 
+def cluster_splits(tiles: int, splits: int, st) -> int:
+    """The most K splits, up to `splits` and WG_CLUSTER_MAX, whose `tiles` clusters are all resident at once; 0 for
+    none."""
+    return max((s for s in range(2, min(splits, WG_CLUSTER_MAX) + 1) if clusters_fit(tiles, s, st)), default=0)
+
+
 def wg_clustered(cfg: Config, m: int, st) -> Config:
     """cfg with its K splits summed in clusters where that is faster (the rules above); cfg itself otherwise."""
     if cfg.kind != WGMMA or cfg.cluster or cfg.tail or not st.cluster_slots:
         return cfg
     p = plan(cfg, m, st)
-    splits, tiles = p["splits"], p["grid"][0] * p["grid"][2]
-    fit = [s for s in range(2, min(splits, WG_CLUSTER_MAX) + 1) if clusters_fit(tiles, s, st)]
-    if not fit:
-        return cfg
-    if fit[-1] == min(splits, WG_CLUSTER_MAX) or 8 * splits * m >= WG_CL_PARTIALS * st.K:
-        return dataclasses.replace(cfg, splits=fit[-1], cluster=True)
+    splits = p["splits"]
+    fit = cluster_splits(p["grid"][0] * p["grid"][2], splits, st)
+    if fit and (fit == min(splits, WG_CLUSTER_MAX) or 8 * splits * m >= WG_CL_PARTIALS * st.K):
+        return dataclasses.replace(cfg, splits=fit, cluster=True)
     return cfg
 
 
