@@ -456,8 +456,35 @@ def cluster_fit(m: int, st) -> Config | None:
     return dataclasses.replace(cfg, splits=fit, cluster=True) if fit else None
 
 
+def wg_narrowest(m: int, st) -> Config | None:
+    """At M <= 64, the wgmma launch of the narrowest batch tile that covers M (32, 48, 64 columns), its warpgroups
+    and K splits by the cost model, summed in clusters where the dispatch would (launch.wg_clustered); None
+    elsewhere. Set against the rows that give M <= 64 to other kernels."""
+    bn = next((b for b in (32, 48, 64) if m <= b), None)
+    if bn is None or not launch.wgmma_ok(st.cc):
+        return None
+    return launch.wg_clustered(launch.wg_launch(bn)(st), m, st)
+
+
+def few_ctas(m: int, st) -> bool:
+    """Whether the dispatch's launch at M > 64 is a grid of under half the SMs (narrow layers: k/v, MoE experts)."""
+    if m <= 64:
+        return False
+    g = launch.plan(launch.choose(m, st), m, st)["grid"]
+    return g[0] * g[1] * g[2] < st.n_sm // 2
+
+
 CURVE_FAMILIES = {
     "cluster fit": cluster_fit,
+    # a narrow layer's launch at M > 64 with more CTAs: 64-column batch tiles (K splits in clusters where they
+    # fit, or through the workspace), or 128-column ones with up to 4x the K splits through the workspace
+    "narrow bn64": lambda m, st: (launch.wg_clustered(Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0,
+                                                             min_blocks=4), m, st) if few_ctas(m, st) else None),
+    "narrow bn64 ws": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=4)
+                                     if few_ctas(m, st) else None),
+    "narrow bn128 ws": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=4)
+                                      if few_ctas(m, st) else None),
+    "wgmma narrowest": wg_narrowest,
     "default": lambda m, st: None,
     "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
     "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),

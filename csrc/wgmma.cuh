@@ -28,12 +28,17 @@ DEVI void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" 
 DEVI void keep(const uint32_t (&a)[4]) { asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])); }
 
 // x through the tensor memory accelerator (TMA_X): the host encodes x [M][K] as a 2-D tensor map (box 64 k x BN
-// rows, 128-byte swizzle: the layout sw128_lo / sw128_desc describe); a producer warpgroup copies each block's x tile (one
-// lane, by the tensor map) and the CTA's weights and metadata for it (cp.async, all 128 threads) into a stage,
-// completing the stage's "full" mbarrier; each consumer warp releases a stage on its "empty" mbarrier once the
-// wgmmas that read it are done. The consumers copy nothing and meet at no CTA barrier and no proxy fence per
-// block, which in the cp.async form (all threads copy, then fence and __syncthreads every block) hold the
-// tensor cores back.
+// rows, 128-byte swizzle: the layout sw128_lo / sw128_desc describe); a producer warpgroup copies each block's x
+// tile and the CTA's weights and metadata for it into a stage, completing the stage's "full" mbarrier; each
+// consumer warp releases a stage on its "empty" mbarrier once the wgmmas that read it are done. The consumers copy
+// nothing and meet at no CTA barrier and no proxy fence per block, which in the cp.async form (all threads copy,
+// then fence and __syncthreads every block) hold the tensor cores back.
+// With one group a block (NS == 1) the weights and metadata come by tensor maps too (TMA_W): three boxes a block
+// from one thread (the CTA's tiles' 512-byte blocks of weights, their scale and zero records). Copied by cp.async
+// from all 128 producer threads instead (the NS == 4 form, whose four records a block are each a group's), the
+// consumers wait on a stage's "full" barrier for a fifth to a quarter of their time at M 32-64 (Nsight Compute,
+// H100) and the weights stream at half the bandwidth; by tensor maps Llama-3-70B's gate_proj at M = 32 takes
+// 60 us instead of 77.
 // The producer is a whole warpgroup so that it can give its registers to the consumers (setmaxnreg works per
 // warpgroup): at 168 registers a thread for every warp of 3 warpgroups, ptxas has 38 beside the 128 accumulators
 // and recomputes the loop's addresses, predicates and scale pairs every block and step, so the consumers'
@@ -51,6 +56,44 @@ DEVI void tma_load_2d(uint32_t dst, const TMap* map, int c0, int c1, uint32_t ba
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+
+// A 3-D box of the tensor map (innermost coordinate first) into shared memory at dst (128-byte aligned),
+// completing `bar`'s transaction bytes.
+DEVI void tma_load_3d(uint32_t dst, const TMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// A stage's weights and metadata as the tensor maps lay them (wg_large's TMA_W form): the CTA's T tiles' 512-byte
+// blocks, then their 32-byte scale records, then their 16-byte zero records; a warp reads its own tile's.
+template <int T>
+struct BoxSlot {
+  static constexpr int SCALES = T * 512, ZEROS = T * 544;
+  static constexpr int BYTES = (T * 560 + 127) / 128 * 128;  // stages stay 128-byte aligned for the copies
+  uint32_t read;
+  int lane, warp;
+  DEVI uint4 weights() const {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(read + warp * 512 + lane * 16));
+    return v;
+  }
+  DEVI uint32_t scale(int) const {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(read + SCALES + warp * 32 + (lane >> 2) * 4));
+    return v;
+  }
+  DEVI uint2 zero(int) const {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(read + ZEROS + warp * 16));
+    return v;
+  }
+  DEVI void next() {}
+};
 
 // The mbarrier's pending arrival count drops by one once every cp.async this thread issued so far has landed
 // (noinc: the barrier's expected count includes this arrival).
@@ -110,7 +153,9 @@ DEVI void epilogue_cluster(const Args& p, float (&acc)[1][NT][4], int n0, int m0
 }
 
 template <int BN, int WGS, int STAGES, bool BF16, int NS, int D, bool TMA_X = false>
-DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
+DEVI void wg_large(const Args& p, const TMap* xmap = nullptr, const TMap* wmap = nullptr, const TMap* smap = nullptr,
+                   const TMap* zmap = nullptr) {
+  constexpr bool TMA_W = TMA_X && NS == 1;  // the weights and metadata by tensor maps (wmap, smap, zmap)
   extern __shared__ uint4 smem4[];
   constexpr int SLOT = BN * 128;  // bytes: BN rows of 64 halves
   constexpr int NTH = 128 * WGS;
@@ -150,7 +195,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
   // (sw128_lo), four k16 steps. after_step(s) runs once the previous step's wgmma is done. Idle warps (past N)
   // dequantize whatever their slot holds, without a branch: only their own accumulator rows see it, and those
   // are never stored.
-  auto block = [&](uint32_t dlo, auto&& after_step) {
+  auto block = [&](auto& ws, uint32_t dlo, auto&& after_step) {
     const uint4 wv = ws.weights();
     RowConst rc = row_const<BF16>(ws.scale(0), ws.zero(0), g);
 #pragma unroll
@@ -175,7 +220,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
     // same accessors). Barriers: full[STAGES] (the producer's expect_tx arrival, whose x bytes complete with the
     // copy, and one arrival per producer thread once its cp.asyncs have landed) and empty[STAGES] (one arrival
     // per consumer warp). Block j uses stage j % STAGES, phase j / STAGES.
-    constexpr int WSLOT = R::SLOT, WSTAGE = 4 * WGS * WSLOT;
+    constexpr int WSLOT = R::SLOT, WSTAGE = TMA_W ? BoxSlot<4 * WGS>::BYTES : 4 * WGS * WSLOT;
     // setmaxnreg shares out only the CTA's registers at launch (WGS + 1 warpgroups, a multiple of 8 a thread):
     // the producer keeps PRODUCER_REGS and the consumers split what it gives back (2 consumer warpgroups:
     // 168 -> 56 and 224 a thread; 3: 128 -> 56 and 152; 4: 96 -> 56 and 104).
@@ -189,7 +234,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
     if (tid == 0) {
 #pragma unroll
       for (int j = 0; j < STAGES; ++j) {
-        mbar_init(full + j * 8, 1 + 128);
+        mbar_init(full + j * 8, TMA_W ? 1 : 1 + 128);
         mbar_init(empty + j * 8, 4 * WGS);
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
@@ -204,6 +249,37 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       // issue no copies at all: their own cp.async rings cost each consumer warp ~50 instructions a block.
       // (One 1-D bulk copy per tile's weights and per metadata record, 25 a block from one warp, is far slower.)
       if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
+      if constexpr (TMA_W) {
+        // One thread copies each block: the CTA's T tiles' weights, scale and zero records as boxes of the three
+        // tensor maps (tiles past N read as zeros, and count), and x's tile. The first stages' weights go before
+        // pdl_wait; their x after it.
+        constexpr int T = 4 * WGS, BYTES = SLOT + T * 560;
+        if (tid == NTH) {
+          const int t0 = bx * T;
+          auto weights = [&](int j) {
+            const int slot = j % STAGES, kb = kb0 + j, grp = min((kb * 64) >> p.gshift, p.NG - 1);
+            const uint32_t st = wbase + slot * WSTAGE, bar = full + slot * 8;
+            mbar_expect_tx(bar, BYTES);
+            tma_load_3d(st, wmap, 0, kb, t0, bar);
+            tma_load_3d(st + BoxSlot<T>::SCALES, smap, 0, grp, t0, bar);
+            tma_load_3d(st + BoxSlot<T>::ZEROS, zmap, 0, grp, t0, bar);
+          };
+#pragma unroll 1
+          for (int j = 0; j < min(nb, STAGES); ++j) weights(j);
+          pdl_wait(p.flags);
+#pragma unroll 1
+          for (int j = 0; j < nb; ++j) {
+            const int slot = j % STAGES;
+            if (j >= STAGES) {
+              mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // block j - STAGES released it
+              weights(j);
+            }
+            tma_load_2d(sbase + slot * SLOT, xmap, (kb0 + j) * 64, m0, full + slot * 8);
+          }
+        }
+        epilogue_barriers(split_cluster());
+        return;
+      }
       constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
       const int ptid = tid - NTH, t0 = bx * 4 * WGS;
       // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
@@ -269,20 +345,27 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
     pdl_wait(p.flags);  // before the epilogue writes y, the workspace and the counters
     if constexpr (WGS >= 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     int xslot = 0;
-    uint32_t phase = 0, xdlo = sw128_lo(sbase), wread = wbase + warp * WSLOT;
+    uint32_t phase = 0, xdlo = sw128_lo(sbase), wread = wbase + (TMA_W ? 0 : warp * WSLOT);
+    BoxSlot<4 * WGS> bs{0, lane, warp};
     for (int i = 0; i < nb; ++i) {
       mbar_wait(full + xslot * 8, phase);  // x tile i, the weights and metadata of block i have landed
-      ws.read = wread;
       const int prev = xslot == 0 ? STAGES - 1 : xslot - 1;
-      block(xdlo, [&](int s) {
-        // after step 0 every wgmma of block i - 1 is done (and its weights were read before): its stage is free
+      // after step 0 every wgmma of block i - 1 is done (and its weights were read before): its stage is free
+      auto release = [&](int s) {
         if (s == 0 && i > 0 && lane == 0) mbar_arrive(empty + prev * 8);
-      });
+      };
+      if constexpr (TMA_W) {
+        bs.read = wread;
+        block(bs, xdlo, release);
+      } else {
+        ws.read = wread;
+        block(ws, xdlo, release);
+      }
       if (++xslot == STAGES) {
         xslot = 0;
         phase ^= 1u;
         xdlo = sw128_lo(sbase);
-        wread = wbase + warp * WSLOT;
+        wread = wbase + (TMA_W ? 0 : warp * WSLOT);
       } else {
         xdlo += SLOT >> 4;
         wread += WSTAGE;
@@ -314,7 +397,7 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr) {
       if (i + STAGES - 2 < nb) load_x((i + STAGES - 2) % STAGES, kb0 + i + STAGES - 2);
       if (active && i + D - 1 < nb) ws.issue();
       cp_commit();
-      block(sw128_lo(sbase + xslot * SLOT), [](int) {});
+      block(ws, sw128_lo(sbase + xslot * SLOT), [](int) {});
       xslot = xslot + 1 == STAGES ? 0 : xslot + 1;
     }
   }

@@ -108,24 +108,26 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
     # M 17-32: four batch tiles of x in registers (4 blocks a warp) where the bn32 wgmma grid spreads worse
-    for m, (k, n) in ((17, (8192, 1024)), (32, (4096, 14336)), (24, (2048, 768)), (32, (768, 2048)),
+    for m, (k, n) in ((17, (8192, 1024)), (24, (2048, 768)), (32, (768, 2048)), (32, (8192, 512)),
                       (20, (3584, 18944))):
         four = choose(m, state(k, n))
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
-    # ... and the bn32 wgmma grid of least modelled cost where it is no dearer and each CTA walks >= 32 blocks:
-    # Llama-3-70B's down_proj and q/o, Qwen2.5-32B's 5120 x 27648 (a half-idle last K group of the x-in-registers
-    # launch); 3584 x 18944 is as cheap in the model, in CTAs of 14 blocks
-    for m, (k, n) in ((17, (28672, 8192)), (32, (8192, 8192)), (24, (5120, 27648))):
+    # ... and the bn32 wgmma grid of least modelled cost where it is one wave within WG32_EDGE of that: Llama-3-70B's
+    # down_proj and q/o, Qwen2.5-32B's 5120 x 27648, Llama-3-8B's 4096 x 14336, Qwen2.5-7B's q/o
+    for m, (k, n) in ((17, (28672, 8192)), (32, (8192, 8192)), (24, (5120, 27648)), (32, (4096, 14336)),
+                      (24, (3584, 3584))):
         wg = choose(m, state(k, n))
-        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg == launch.wg_launch(32)(state(k, n))
-        assert plan(wg, m, state(k, n))["rows"] == 32
+        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg.wgs == launch.wg_launch(32)(state(k, n)).wgs
+        p = plan(wg, m, state(k, n))
+        assert p["rows"] == 32 and p["grid"][0] * p["grid"][1] <= 132
         assert (launch.wg_cost(32, wg.wgs, wg.splits, state(k, n))
                 <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(k, n)))
+    # 3584 x 18944 is as cheap in the model, as a grid of three waves
     wg = launch.wg_launch(32)(state(3584, 18944))
     assert (launch.wg_cost(32, wg.wgs, wg.splits, state(3584, 18944))
             <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(3584, 18944)))
-    assert -(-56 // wg.splits) < launch.WG32_MIN_KBPS
+    assert plan(wg, 32, state(3584, 18944))["grid"][:2] == (99, 4)
     # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
     assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
         (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
@@ -136,6 +138,13 @@ def test_small_m_takes_stream_k_where_x_fits():
         assert (eight.kind, eight.nt, eight.r, eight.warps) == (XR, 8, 2, 8) and choose(33, state(k, n)) == eight
         assert plan(eight, 64, state(k, n))["rows"] == 64 and launch.xr_units(state(k, n), 8, 2) <= 132
     assert choose(64, state(4096, 1024)).kind == WGMMA and choose(65, state(2048, 768)).kind == WGMMA
+    # M 65-256 on a small layer (at most 32 blocks of a 16-row tile and 128 batch columns per SM): 64-column wgmma
+    # batch tiles, K split to fill the SMs; 4096 x 1024 only up to M = 128, 8192 x 1024 not at all
+    for m, (k, n) in ((65, (2048, 768)), (256, (8192, 256)), (128, (4096, 1024)), (200, (768, 2048))):
+        small = choose(m, state(k, n))
+        assert (small.kind, small.bn, small.wgs) == (WGMMA, 64, 2)
+        assert plan(small, m, state(k, n))["grid"][2] == -(-m // 64)
+    assert choose(129, state(4096, 1024)).bn == choose(128, state(8192, 1024)).bn == 128
     # M = 9-16, groups of >= 128, on the H200: x in registers, 8 warps of 8 blocks, on every layer (k/v too),
     # units of two tiles with >= 8 such units per SM (gate/up, down)
     q16, kv16, down16, gate16 = (choose(16, state(k, n)) for k, n in ((8192, 8192), (8192, 1024), (28672, 8192),
@@ -802,7 +811,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 ROW_POINTS = {
     "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
-    "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
+    "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
     "wgmma bn160": (140, 8192, 8192, (9, 0), 7), "wgmma bn192": (176, 8192, 8192, (9, 0), 7),
     "wgmma bn224": (208, 8192, 8192, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
@@ -813,7 +822,7 @@ ROW_POINTS = {
     "x in registers": (16, 8192, 8192, (9, 0), 30), "x streamed, small layer": (9, 8192, 1024, (9, 0), 6),
     "x streamed": (16, 8192, 8192, (8, 0), 7), "mma M <= 8": (4, 28672, 8192, (9, 0), -1),
     "mma M <= 16, small layer": (16, 8192, 1024, (9, 0), -1),
-    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "x in registers, four batch tiles": (32, 4096, 4096, (9, 0), 7),
+    "mma M <= 16": (12, 8192, 28672, (8, 0), 7), "x in registers, four batch tiles": (32, 4096, 1024, (9, 0), 7),
     "mma": (256, 8192, 8192, (8, 0), 7),
 }
 

@@ -60,25 +60,39 @@ class TensorMap(ctypes.Structure):
     _fields_ = [("v", ctypes.c_uint64 * 16)]
 
 
-# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16 (a 2-byte copy: fp16 and bf16 alike), CU_TENSOR_MAP_SWIZZLE_128B,
-# CU_TENSOR_MAP_L2_PROMOTION_L2_128B (INTERLEAVE_NONE and FLOAT_OOB_FILL_NONE are 0: out-of-bounds reads give 0)
-TMAP_UINT16, TMAP_SWIZZLE_128B, TMAP_L2_128B = 1, 3, 2
+# cuda.h enums: CU_TENSOR_MAP_DATA_TYPE_UINT16 (a 2-byte copy: fp16 and bf16 alike) and _UINT32,
+# CU_TENSOR_MAP_SWIZZLE_NONE and _128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B and _256B (INTERLEAVE_NONE and
+# FLOAT_OOB_FILL_NONE are 0: out-of-bounds reads give 0)
+TMAP_UINT16, TMAP_UINT32, TMAP_SWIZZLE_NONE, TMAP_SWIZZLE_128B, TMAP_L2_128B, TMAP_L2_256B = 1, 2, 0, 3, 2, 3
+
+
+def _tensor_map(dtype: int, ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
+                swizzle: int, l2: int) -> TensorMap:
+    """cuTensorMapEncodeTiled: dims and box innermost first, the byte strides of every dim but the innermost."""
+    buf = (ctypes.c_uint8 * 192)()  # the driver writes the map at a 64-byte aligned address
+    at = (ctypes.addressof(buf) + 63) & ~63
+    u64, u32, n = ctypes.c_uint64, ctypes.c_uint32, len(dims)
+    _check(_lib().cuTensorMapEncodeTiled(ctypes.c_void_p(at), dtype, n, ctypes.c_void_p(ptr), (u64 * n)(*dims),
+                                         (u64 * (n - 1))(*strides), (u32 * n)(*box), (u32 * n)(*[1] * n), 0,
+                                         swizzle, l2, 0),
+           f"cuTensorMapEncodeTiled({'x'.join(map(str, dims))}, box {'x'.join(map(str, box))})")
+    out = TensorMap()
+    ctypes.memmove(ctypes.addressof(out), at, 128)
+    return out
 
 
 def x_tensor_map(ptr: int, rows: int, cols: int, box_rows: int) -> TensorMap:
     """The tensor map of a row-major 2-byte matrix [rows][cols] at device address ptr (16-byte aligned, cols % 8
     == 0) read in boxes of 64 columns x box_rows rows, swizzled by 128 bytes (csrc/wgmma.cuh, TMA_X)."""
-    buf = (ctypes.c_uint8 * 192)()  # the driver writes the map at a 64-byte aligned address
-    at = (ctypes.addressof(buf) + 63) & ~63
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    dims, strides = (u64 * 2)(cols, rows), (u64 * 1)(cols * 2)
-    box, estr = (u32 * 2)(64, box_rows), (u32 * 2)(1, 1)
-    _check(_lib().cuTensorMapEncodeTiled(ctypes.c_void_p(at), TMAP_UINT16, 2, ctypes.c_void_p(ptr), dims, strides,
-                                         box, estr, 0, TMAP_SWIZZLE_128B, TMAP_L2_128B, 0),
-           f"cuTensorMapEncodeTiled({rows}x{cols}, box {box_rows}x64)")
-    out = TensorMap()
-    ctypes.memmove(ctypes.addressof(out), at, 128)
-    return out
+    return _tensor_map(TMAP_UINT16, ptr, (cols, rows), (cols * 2,), (64, box_rows), TMAP_SWIZZLE_128B, TMAP_L2_128B)
+
+
+def tile_tensor_map(ptr: int, tiles: int, records: int, words: int, box_tiles: int) -> TensorMap:
+    """The tensor map of a tile-major array [tiles][records][words] of 4-byte words at ptr (16-byte aligned,
+    words % 4 == 0) read in boxes of one record of box_tiles adjacent tiles, unswizzled (csrc/wgmma.cuh, TMA_W:
+    the weights' 64-k blocks, the scale and zero records)."""
+    return _tensor_map(TMAP_UINT32, ptr, (words, records, tiles), (words * 4, records * words * 4),
+                       (words, 1, box_tiles), TMAP_SWIZZLE_NONE, TMAP_L2_256B)
 
 
 @lru_cache(maxsize=1)

@@ -236,6 +236,23 @@ def _wg_m(lo: int, hi: int) -> Callable[[int, object], bool]:
     return lambda m, st: lo < m <= hi and wgmma_ok(st.cc)
 
 
+# A small layer at M > 64 (k/v, MoE experts) gives a one-batch-tile wgmma grid of 16-64 CTAs, each walking 8-16
+# 64-k blocks of its K split: the CTAs' fill and drain set the time. As 64-column batch tiles the grid has ceil(M /
+# 64) times the CTAs. Measured (H100, fp16, two orders, benchmarks/results/tune-curve.json key h100-2026-12-06-tmaw
+# `narrowkv`) where the work per SM, 64-k blocks of a 16-row tile times 128-column batch tiles, is at most
+# WG_SMALL_BLOCKS: 1-20 % less time at every M of 96, 128, 192 and 256 (Llama-3-70B TP=4's 8192 x 256 at M = 256
+# 12.2 against 14.8 us, the MoE expert's 768 x 2048 at M = 128 7.1 against 9.3); above it, on 5120 x 1024 and
+# 8192 x 1024 at M = 96, 2-7 % more, and on 8192 x 512 at M = 256 3 % less.
+WG_SMALL_BLOCKS = 32
+
+
+def _wg_small(m: int, st) -> bool:
+    """64 < M <= 256 on sm_90a, on a layer of at most WG_SMALL_BLOCKS 64-k blocks of a 16-row tile and 128-column
+    batch tile per SM."""
+    return (64 < m <= 256 and wgmma_ok(st.cc)
+            and _n16(st) * -(-st.K // 64) * -(-m // 128) <= WG_SMALL_BLOCKS * st.n_sm)
+
+
 def _wg_whole(bn: int) -> Config:
     """One bn-column tile covering the batch, two consumer warpgroups, one CTA an SM, K split to fill the SMs."""
     return Config(kind=WGMMA, bn=bn, wgs=2, ctas_per_sm=1.0, min_blocks=8)
@@ -263,18 +280,18 @@ def _xr_m32(m: int, st) -> bool:
     return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0)
 
 
-# The bn32 wgmma launch against the four-tile x-in-registers one at M 17-32 (H200, fp16, the 28 layer shapes of
-# the seven bench models; benchmarks/results/tune-curve.json, key h200-2026-12-05-wg32). Where both spread evenly over
-# the SMs, a wgmma 64-k block of a 16-row tile costs about 7 % less than an x-in-registers one (Llama-3-70B q/o
-# 26.2 against 28.1 us, gate/up 77.3 against 80.9): one wgmma a k16 step instead of four mma.sync, x read by the
-# tensor cores from shared memory. The x-in-registers launch spreads better: its units are 2048-k groups of
-# one tile, the wgmma CTA's are 4-16 tiles by a K split, one CTA an SM. So wgmma takes a layer where its
-# modelled cost (wg_cost) is within WG32_EDGE of the x-in-registers launch's 64-k blocks per SM (idle warps of a
-# last, partial K group included), and where each CTA walks at least WG32_MIN_KBPS blocks: a CTA fills and
-# drains its 6-stage pipeline once, which short ranges do not amortize (Qwen2.5-7B's 3584 x 18944, 14 blocks a
-# CTA at equal modelled cost: 33.1 against 28.6 us).
-WG32_EDGE = 1.05
-WG32_MIN_KBPS = 32
+# The bn32 wgmma launch against the four-tile x-in-registers one at M 17-32 (the 28 layer shapes of the seven
+# bench models, fp16, two orders; benchmarks/results/tune-curve.json, key h200-2026-12-06-tmaw `narrow`, an H200).
+# With its weights by tensor maps (csrc/wgmma.cuh TMA_W) a wgmma 64-k block of a 16-row tile costs 15-25 % less
+# than an x-in-registers one where both fill the SMs (Llama-3-70B TP=2's 8192 x 14336 at M = 32: 33.5 against
+# 43.6 us, Llama-3-8B's 4096 x 14336 20.0 against 23.9). The x-in-registers launch spreads better: its units are
+# 2048-k groups of one tile, the wgmma CTA's are 8-16 tiles by a K split, one CTA an SM. So wgmma takes a layer
+# whose bn32 grid is one wave and whose modelled cost (wg_cost) is within WG32_EDGE of the x-in-registers launch's
+# 64-k blocks per SM (idle warps of a last, partial K group included). Measured: up to 1.28x that, wgmma was 1-22 %
+# faster (3584 x 3584 at 1.28x: 9.2 against 11.3 us); at 1.5-2.6x the two were even (8192 x 1024, 4096 x 1024)
+# but for 8192 x 512 (2.6x: 22 % slower); the MoE expert and 8192 x 256 (3-6x) 35-50 % slower. A grid of more
+# than a wave (Qwen2.5-7B's 3584 x 18944 as 396 CTAs of 14 blocks at equal modelled cost) was 8 % slower.
+WG32_EDGE = 1.4
 
 
 def xr4_blocks_per_sm(st) -> float:
@@ -284,13 +301,14 @@ def xr4_blocks_per_sm(st) -> float:
 
 
 def _wg_m32(m: int, st) -> bool:
-    """M 17-32 on sm_90a where the bn32 wgmma launch is modelled no dearer than the x-in-registers one and gives
-    each CTA a long enough K range (see WG32_EDGE)."""
+    """M 17-32 on sm_90a where the bn32 wgmma launch is one wave, modelled within WG32_EDGE of the x-in-registers
+    one."""
     if not (16 < m <= 32 and wgmma_ok(st.cc)):
         return False
     cfg = wg_launch(32)(st)
     kb = -(-st.K // 64)
-    return (-(-kb // cfg.splits) >= WG32_MIN_KBPS
+    splits = -(-kb // -(-kb // cfg.splits))
+    return (-(-_n16(st) // (4 * cfg.wgs)) * splits <= st.n_sm
             and wg_cost(32, cfg.wgs, cfg.splits, st) <= WG32_EDGE * xr4_blocks_per_sm(st))
 
 
@@ -347,10 +365,9 @@ class Row:
 # H100, from its --curve sweep over the seven bench models (benchmarks/results/curve.md).
 ROWS = (
     Row("wgmma bn32", _wg_m32, wg_launch(32),
-        "At M 17-32 a large layer runs faster as a 32-column wgmma tile than with four batch tiles of x in "
-        "registers, where its grid spreads as evenly (WG32_EDGE; H200, fp16, M = 32: Qwen2.5-32B's 5120 x 27648 "
-        "50.3 against 58.4 us, Llama-3-70B's TP=4 7168 x 8192 23.5 against 26.7, down_proj 71.6 against 78.0 "
-        "with bn64)."),
+        "At M 17-32 a layer that fills the SMs runs faster as a 32-column wgmma tile than with four batch tiles "
+        "of x in registers, where its one-wave grid spreads nearly as evenly (WG32_EDGE; H200, fp16, M = 32: "
+        "Llama-3-70B TP=2's 8192 x 14336 33.5 against 43.6 us, Qwen2.5-7B's 3584 x 3584 9.2 against 11.3)."),
     Row("x in registers, eight batch tiles", _xr_m64,
         lambda st: Config(kind=XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "A layer of at most one unit per SM (MoE experts, small k/v) is faster at M 33-64 with eight batch tiles "
@@ -365,6 +382,11 @@ ROWS = (
         "At M 49-64 on sm_90a one 64-column wgmma tile per CTA covers the batch, in the grid of least modelled cost "
         "(wg_cost): a wave and a bit runs two CTA times (Llama-3-70B's gate_proj at M = 64 on an H100: 224 CTAs "
         "of two warpgroups 106.7 us, 112 of four 87.5)."),
+    Row("wgmma bn64 tiles, small layer", _wg_small,
+        Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=4),
+        "At M 65-256 a small layer (k/v, MoE experts) runs faster as 64-column batch tiles, its K split to fill "
+        "the SMs, than as one wider tile in a grid of 16-64 CTAs (WG_SMALL_BLOCKS; H100, fp16: Llama-3-70B TP=4's "
+        "8192 x 256 at M = 256 12.2 against 14.8 us, the MoE expert's 768 x 2048 at M = 128 7.1 against 9.3)."),
     Row("wgmma bn96", _wg_m(64, 96), wg_launch(96),
         "At M 65-96 one 96-column tile covers the batch where a 128-column one spends a quarter or more of its "
         "tensor-core work on empty columns: on the 28 bench layer shapes at M 72, 80 and 96 it took up to 30 % less "
@@ -461,8 +483,8 @@ ROWS = (
         lambda st: Config(kind=XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "At M 17-32 four batch tiles of x in registers (4 blocks a warp) stream each weight byte once, which beats "
         "the split-K mma kernel on every bench shape and wgmma on the layers the bn32 row leaves, whose wgmma grids "
-        "spread unevenly (H200, fp16, M = 32: Qwen2.5-7B's 3584 x 18944 28.6 against 33.1 us, Llama-3-8B's "
-        "4096 x 14336 24.3 against 26.0, the MoE expert's 2048 x 768 4.9 against 7.7)."),
+        "spread unevenly (H200, fp16, M = 32: Qwen2.5-7B's 3584 x 18944 28.4 against 30.9 us, Llama-3-70B TP=4's "
+        "8192 x 256 7.3 against 9.7, the MoE expert's 2048 x 768 5.0 against 7.1)."),
     Row("mma", lambda m, st: True,
         Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0),
         "M 17-32, and any larger M without wgmma: four batch tiles per CTA, two tiles per warp."),
@@ -835,8 +857,12 @@ def _plan(cfg: Config, m: int, st) -> dict:
         name = f"qt_wg_{{dt}}_bn{cfg.bn}_wg{cfg.wgs}_s{stages}_{'blk' if post else 'step'}"
         if tma:
             name += "_tma"
-            # no per-warp rings: each stage also holds every warp's weights and metadata of its block
-            smem = 1024 + stages * (cfg.bn * 128 + threads // 32 * slot_bytes(post))
+            # no per-warp rings: each stage also holds every warp's weights and metadata of its block, with one
+            # group a block as the tensor maps' boxes, each stage 128-byte aligned (csrc/wgmma.cuh BoxSlot)
+            wbytes = threads // 32 * slot_bytes(post)
+            if post:
+                wbytes = -(-wbytes // 128) * 128
+            smem = 1024 + stages * (cfg.bn * 128 + wbytes)
             threads += 128  # its producer warpgroup, which copies x and the weights
     split = splits > 1
     cluster = cfg.kind == WGMMA and cfg.cluster and split
@@ -880,6 +906,23 @@ def x_map(st, x: torch.Tensor, box_rows: int):
         if len(maps) >= 64:
             maps.clear()
         maps[key] = x_tensor_map(*key)
+    return maps[key]
+
+
+def w_maps(st, scales: torch.Tensor, tiles: int) -> tuple:
+    """The tensor maps of the weights' 64-k blocks, the scale and the zero records for the wgmma kernel's TMA form
+    with one group a block (boxes of `tiles` adjacent 16-row tiles), cached on the state with the x maps."""
+    from qtool.kernels.cuda.driver import tile_tensor_map
+
+    key = ("w", scales.data_ptr(), tiles)
+    maps = st.tmaps
+    if key not in maps:
+        if len(maps) >= 64:
+            maps.clear()
+        n16, kb, ng = st.qweight.shape[0], st.qweight.shape[1], st.zeros.shape[1]
+        maps[key] = (tile_tensor_map(st.qweight.data_ptr(), n16, kb, 128, tiles),
+                     tile_tensor_map(scales.data_ptr(), n16, ng, 8, tiles),
+                     tile_tensor_map(st.zeros.data_ptr(), n16, ng, 4, tiles))
     return maps[key]
 
 
@@ -935,6 +978,8 @@ def run(x: torch.Tensor, st, cfg: Config, out: torch.Tensor | None = None) -> to
                 ci(st.gshift_blk), ci(flags(cfg, grid[0] * grid[1] * grid[2], st.n_sm)), ci(part.get("bx0", 0))]
         if p["tma"]:
             args.append(x_map(st, x, p["rows"]))
+            if p["post"]:
+                args.extend(w_maps(st, scales, 4 * cfg.wgs))
         # The kernel reads its weights and scales before it waits for the previous kernel (pdl_wait): never right
         # after the kernels that made them (prepare synchronizes; scales tiled just now for another dtype do not).
         # A tail launch follows the first one, which writes neither weights nor scales: programmatic whenever PDL is
