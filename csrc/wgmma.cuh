@@ -216,10 +216,10 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr, const TMap* wmap =
   };
   if constexpr (TMA_X) {
     // A stage holds x tile j (SLOT bytes at sbase + slot SLOT) and, after all x slots, block j's weights and
-    // metadata for the CTA's 4 WGS warps (WSLOT each, laid out as a Stream slot: the warp reads it with the
-    // same accessors). Barriers: full[STAGES] (the producer's expect_tx arrival, whose x bytes complete with the
-    // copy, and one arrival per producer thread once its cp.asyncs have landed) and empty[STAGES] (one arrival
-    // per consumer warp). Block j uses stage j % STAGES, phase j / STAGES.
+    // metadata for the CTA's 4 WGS warps (TMA_W: a BoxSlot; else WSLOT each, laid out as a Stream slot, read with
+    // the same accessors). Barriers: full[STAGES] (the producer's expect_tx arrival, whose bytes complete with the
+    // copies, and without TMA_W one arrival per producer thread once its cp.asyncs have landed) and empty[STAGES]
+    // (one arrival per consumer warp). Block j uses stage j % STAGES, phase j / STAGES.
     constexpr int WSLOT = R::SLOT, WSTAGE = TMA_W ? BoxSlot<4 * WGS>::BYTES : 4 * WGS * WSLOT;
     // setmaxnreg shares out only the CTA's registers at launch (WGS + 1 warpgroups, a multiple of 8 a thread):
     // the producer keeps PRODUCER_REGS and the consumers split what it gives back (2 consumer warpgroups:
@@ -242,12 +242,12 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr, const TMap* wmap =
     __syncthreads();  // the barriers are initialized before anyone waits on them
 
     if (producer) {
-      // The producer warpgroup fills each stage once the consumers have released its previous block: its 128
-      // threads copy the CTA's weights and metadata (16-byte cp.asyncs, the same PPT pieces of each block per
-      // thread) and arrive when they land; thread 0 arms the barrier with x's bytes and copies the x tile (tensor
-      // map). Warps of their own, so the copies run ahead of every consumer warp, not of one, and the consumers
-      // issue no copies at all: their own cp.async rings cost each consumer warp ~50 instructions a block.
-      // (One 1-D bulk copy per tile's weights and per metadata record, 25 a block from one warp, is far slower.)
+      // The producer warpgroup fills each stage once the consumers have released its previous block: by tensor
+      // maps (TMA_W, below), or its 128 threads copy the CTA's weights and metadata (16-byte cp.asyncs, the same
+      // PPT pieces of each block per thread) and arrive when they land, thread 0 arming the barrier with x's bytes
+      // and copying the x tile. Warps of their own, so the copies run ahead of every consumer warp, not of one,
+      // and the consumers issue no copies at all: their own cp.async rings cost each consumer warp ~50
+      // instructions a block. (One 1-D bulk copy per tile's weights and per record, 25 a block, is far slower.)
       if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
       if constexpr (TMA_W) {
         // One thread copies each block: the CTA's T tiles' weights, scale and zero records as boxes of the three

@@ -64,7 +64,7 @@ class CudaState:
     ws: torch.Tensor | None = None
     counters: torch.Tensor | None = None
     retired: list = field(default_factory=list)  # superseded buffers that captured graphs may still use
-    tmaps: dict = field(default_factory=dict)  # x tensor maps of the wgmma kernel's TMA form (launch.x_map)
+    tmaps: dict = field(default_factory=dict)  # tensor maps of the wgmma kernel's TMA form (launch.x_map, w_maps)
     cluster_slots: tuple = ()  # launch.cluster_slots: clusters of s CTAs resident at once (index s); () none
 
     def config(self, m: int):
