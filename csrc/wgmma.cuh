@@ -249,96 +249,91 @@ DEVI void wg_large(const Args& p, const TMap* xmap = nullptr, const TMap* wmap =
       // and the consumers issue no copies at all: their own cp.async rings cost each consumer warp ~50
       // instructions a block. (One 1-D bulk copy per tile's weights and per record, 25 a block, is far slower.)
       if constexpr (WGS >= 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
-      if constexpr (TMA_W) {
-        // One thread copies each block: the CTA's T tiles' weights, scale and zero records as boxes of the three
-        // tensor maps (tiles past N read as zeros, and count), and x's tile. The first stages' weights go before
-        // pdl_wait; their x after it.
-        constexpr int T = 4 * WGS, BYTES = SLOT + T * 560;
-        if (tid == NTH) {
-          const int t0 = bx * T;
-          auto weights = [&](int j) {
-            const int slot = j % STAGES, kb = kb0 + j, grp = min((kb * 64) >> p.gshift, p.NG - 1);
-            const uint32_t st = wbase + slot * WSTAGE, bar = full + slot * 8;
-            mbar_expect_tx(bar, BYTES);
-            tma_load_3d(st, wmap, 0, kb, t0, bar);
-            tma_load_3d(st + BoxSlot<T>::SCALES, smap, 0, grp, t0, bar);
-            tma_load_3d(st + BoxSlot<T>::ZEROS, zmap, 0, grp, t0, bar);
-          };
+      const int ptid = tid - NTH, t0 = bx * 4 * WGS;
+      // The stages in order: weights(j) copies block j's weights and metadata into its stage once release(bar,
+      // parity) has seen the consumers release the stage's previous block (the first stages' before pdl_wait: no
+      // earlier kernel writes them); thread 0 copies its x tile after pdl_wait.
+      auto stream = [&](auto&& weights, auto&& release) {
 #pragma unroll 1
-          for (int j = 0; j < min(nb, STAGES); ++j) weights(j);
-          pdl_wait(p.flags);
+        for (int j = 0; j < min(nb, STAGES); ++j) weights(j);
+        pdl_wait(p.flags);
 #pragma unroll 1
-          for (int j = 0; j < nb; ++j) {
-            const int slot = j % STAGES;
-            if (j >= STAGES) {
-              mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // block j - STAGES released it
-              weights(j);
-            }
+        for (int j = 0; j < nb; ++j) {
+          const int slot = j % STAGES;
+          if (j >= STAGES) {
+            release(empty + slot * 8, ((j / STAGES) - 1) & 1);  // block j - STAGES released it
+            weights(j);
+          }
+          if (ptid == 0) {
+            if constexpr (!TMA_W) mbar_expect_tx(full + slot * 8, SLOT);  // (TMA_W: armed with the weights)
             tma_load_2d(sbase + slot * SLOT, xmap, (kb0 + j) * 64, m0, full + slot * 8);
           }
         }
-        epilogue_barriers(split_cluster());
-        return;
-      }
-      constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
-      const int ptid = tid - NTH, t0 = bx * 4 * WGS;
-      // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
-      // (q - 32) / 3 (group step), part (q - 32) % 3 (scales 0-3, 4-7; zeros)
-      const char* src[PPT];
-      uint32_t dst[PPT];
-      int step[PPT];  // -1: weights (src advances 512 bytes a block); else the record's group step ...
-      uint32_t mstride[PPT];  // ... and the bytes from one group's record to the next (scales 32, zeros 16)
-      bool valid[PPT];
-#pragma unroll
-      for (int r = 0; r < PPT; ++r) {
-        const int c = ptid + 128 * r, t = c / PT, q = c - t * PT, tile = t0 + t;
-        valid[r] = t < 4 * WGS && tile < n16;
-        const int tl = valid[r] ? tile : 0;
-        if (q < 32) {
-          src[r] = reinterpret_cast<const char*>(p.qw + ((size_t)tl * p.KB + kb0) * 32 + q);
-          dst[r] = t * WSLOT + q * 16;
-          step[r] = -1;
-          mstride[r] = 0;
-        } else {
-          const int rec = (q - 32) / 3, part = q - 32 - 3 * rec;
-          src[r] = part < 2 ? reinterpret_cast<const char*>(p.msc + (size_t)tl * p.NG * 8 + part * 4)
-                            : reinterpret_cast<const char*>(p.mzp + (size_t)tl * p.NG);
-          dst[r] = t * WSLOT + 512 + rec * R::META + part * 16;
-          step[r] = rec;
-          mstride[r] = part < 2 ? 32 : 16;
+      };
+      if constexpr (TMA_W) {
+        // One thread copies each block: the CTA's T tiles' weights, scale and zero records as boxes of the three
+        // tensor maps (tiles past N read as zeros, and count), arming the stage's barrier with them and x's tile.
+        constexpr int T = 4 * WGS, BYTES = SLOT + T * 560;
+        if (ptid == 0) {
+          stream(
+              [&](int j) {
+                const int slot = j % STAGES, kb = kb0 + j, grp = min((kb * 64) >> p.gshift, p.NG - 1);
+                const uint32_t st = wbase + slot * WSTAGE, bar = full + slot * 8;
+                mbar_expect_tx(bar, BYTES);
+                tma_load_3d(st, wmap, 0, kb, t0, bar);
+                tma_load_3d(st + BoxSlot<T>::SCALES, smap, 0, grp, t0, bar);
+                tma_load_3d(st + BoxSlot<T>::ZEROS, zmap, 0, grp, t0, bar);
+              },
+              [](uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); });
         }
-      }
-      auto weights = [&](int j) {  // block j's pieces into its stage, then this thread's arrival
-        const int slot = j % STAGES, kb = kb0 + j;
-        const uint32_t base = wbase + slot * WSTAGE;
+      } else {
+        constexpr int PT = 32 + 3 * NS, PPT = (4 * WGS * PT + 127) / 128;  // pieces per tile, per thread
+        // piece c = ptid + 128 r: tile t = c / PT; q < 32: the tile's weights, 16 bytes q; else metadata record
+        // (q - 32) / 3 (group step), part (q - 32) % 3 (scales 0-3, 4-7; zeros)
+        const char* src[PPT];
+        uint32_t dst[PPT];
+        int step[PPT];  // -1: weights (src advances 512 bytes a block); else the record's group step ...
+        uint32_t mstride[PPT];  // ... and the bytes from one group's record to the next (scales 32, zeros 16)
+        bool valid[PPT];
 #pragma unroll
         for (int r = 0; r < PPT; ++r) {
-          if (!valid[r]) continue;
-          // No L2 policy hint (evict-first) here: with one, ptxas 13.0 gives these cp.asyncs an odd uniform
-          // register as their memory descriptor, which faults (illegal instruction under compute-sanitizer).
-          const size_t off = step[r] < 0 ? (size_t)j * 512 : (size_t)ws.group(kb, step[r]) * mstride[r];
-          cp_async16(base + dst[r], src[r] + off, true);
+          const int c = ptid + 128 * r, t = c / PT, q = c - t * PT, tile = t0 + t;
+          valid[r] = t < 4 * WGS && tile < n16;
+          const int tl = valid[r] ? tile : 0;
+          if (q < 32) {
+            src[r] = reinterpret_cast<const char*>(p.qw + ((size_t)tl * p.KB + kb0) * 32 + q);
+            dst[r] = t * WSLOT + q * 16;
+            step[r] = -1;
+            mstride[r] = 0;
+          } else {
+            const int rec = (q - 32) / 3, part = q - 32 - 3 * rec;
+            src[r] = part < 2 ? reinterpret_cast<const char*>(p.msc + (size_t)tl * p.NG * 8 + part * 4)
+                              : reinterpret_cast<const char*>(p.mzp + (size_t)tl * p.NG);
+            dst[r] = t * WSLOT + 512 + rec * R::META + part * 16;
+            step[r] = rec;
+            mstride[r] = part < 2 ? 32 : 16;
+          }
         }
-        cp_async_arrive(full + slot * 8);
-      };
-      // The first stages' weights before pdl_wait (no earlier kernel writes them); their x after it.
-#pragma unroll 1
-      for (int j = 0; j < min(nb, STAGES); ++j) weights(j);
-      pdl_wait(p.flags);
-#pragma unroll 1
-      for (int j = 0; j < nb; ++j) {
-        const int slot = j % STAGES;
-        if (j >= STAGES) {
-          if (lane == 0) mbar_wait(empty + slot * 8, ((j / STAGES) - 1) & 1);  // block j - STAGES released it
-          __syncwarp();
-          weights(j);
-        }
-        if (ptid == 0) {
-          mbar_expect_tx(full + slot * 8, SLOT);
-          tma_load_2d(sbase + slot * SLOT, xmap, (kb0 + j) * 64, m0, full + slot * 8);
-        }
+        stream(
+            [&](int j) {  // block j's pieces into its stage, then this thread's arrival
+              const int slot = j % STAGES, kb = kb0 + j;
+              const uint32_t base = wbase + slot * WSTAGE;
+#pragma unroll
+              for (int r = 0; r < PPT; ++r) {
+                if (!valid[r]) continue;
+                // No L2 policy hint (evict-first) here: with one, ptxas 13.0 gives these cp.asyncs an odd uniform
+                // register as their memory descriptor, which faults (illegal instruction under compute-sanitizer).
+                const size_t off = step[r] < 0 ? (size_t)j * 512 : (size_t)ws.group(kb, step[r]) * mstride[r];
+                cp_async16(base + dst[r], src[r] + off, true);
+              }
+              cp_async_arrive(full + slot * 8);
+            },
+            [&](uint32_t bar, uint32_t parity) {  // one lane of each warp waits, the warp follows
+              if (lane == 0) mbar_wait(bar, parity);
+              __syncwarp();
+            });
+        cp_wait<0>();
       }
-      cp_wait<0>();
       epilogue_barriers(split_cluster());
       return;
     }

@@ -592,6 +592,52 @@ def test_x_map_is_cached_per_address_shape_and_box(monkeypatch):
     assert len(made) == 3 and made[0] == (x.data_ptr(), 4, 64, 128)
 
 
+def test_tile_tensor_map_arguments(monkeypatch):
+    """tile_tensor_map asks the driver for a tile-major [tiles][records][words] array of 4-byte words as dims
+    {words, records, tiles}, byte strides {4 words, 4 words records}, boxes of one record of box_tiles tiles,
+    unswizzled, 256-byte L2 promotion, zero fill (csrc/wgmma.cuh tma_load_3d reads it at {0, record, tile})."""
+    import ctypes
+
+    from qtool.kernels.cuda import driver
+
+    seen = {}
+
+    class FakeLib:
+        def cuTensorMapEncodeTiled(self, at, dtype, rank, ptr, dims, strides, box, estr, inter, swz, l2, oob):
+            seen.update(at=at.value, dtype=dtype, rank=rank, ptr=ptr.value, dims=list(dims[:3]),
+                        strides=list(strides[:2]), box=list(box[:3]), estr=list(estr[:3]), rest=(inter, swz, l2, oob))
+            ctypes.memmove(at.value, bytes(range(128, 256)), 128)
+            return 0
+
+    monkeypatch.setattr(driver, "_lib", lambda: FakeLib())
+    m = driver.tile_tensor_map(0x7F0000002000, 1792, 128, 128, 16)  # 8192 x 28672's weights, 16 tiles a CTA
+    assert seen["at"] % 64 == 0 and seen["ptr"] == 0x7F0000002000 and (seen["dtype"], seen["rank"]) == (2, 3)
+    assert seen["dims"] == [128, 128, 1792] and seen["strides"] == [512, 65536] and seen["box"] == [128, 1, 16]
+    assert seen["estr"] == [1, 1, 1] and seen["rest"] == (0, driver.TMAP_SWIZZLE_NONE, driver.TMAP_L2_256B, 0)
+    assert bytes(m) == bytes(range(128, 256))
+
+
+def test_w_maps_describe_the_state_and_are_cached(monkeypatch):
+    """The wgmma kernel's weight, scale and zero maps cover the state's tile-major tensors (qweight [N16, KB, 32, 4],
+    scales [N16, G, 8], zeros [N16, G, 4] int32) in boxes of the CTA's 4 x warpgroups tiles, once per scales
+    tensor (fp16 and bf16 scales are two) and tile count."""
+    from qtool.kernels.cuda import driver, launch
+
+    made = []
+    monkeypatch.setattr(driver, "tile_tensor_map", lambda *a: made.append(a) or a)
+    n16, kb, g = 40, 80, 40
+    st = SimpleNamespace(tmaps={}, qweight=torch.zeros(n16, kb, 32, 4, dtype=torch.int32),
+                         zeros=torch.zeros(n16, g, 4, dtype=torch.int32))
+    s16, s_bf = (torch.zeros(n16, g, 8, dtype=torch.int32) for _ in range(2))
+    maps = launch.w_maps(st, s16, 12)
+    assert maps == launch.w_maps(st, s16, 12) and len(made) == 3
+    assert made == [(st.qweight.data_ptr(), n16, kb, 128, 12), (s16.data_ptr(), n16, g, 8, 12),
+                    (st.zeros.data_ptr(), n16, g, 4, 12)]
+    launch.w_maps(st, s_bf, 12)
+    launch.w_maps(st, s16, 8)
+    assert len(made) == 9
+
+
 def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     from qtool.kernels.cuda.launch import flags, use_pdl
 
