@@ -306,10 +306,8 @@ def _wg_m32(m: int, st) -> bool:
     if not (16 < m <= 32 and wgmma_ok(st.cc)):
         return False
     cfg = wg_launch(32)(st)
-    kb = -(-st.K // 64)
-    splits = -(-kb // -(-kb // cfg.splits))
-    return (-(-_n16(st) // (4 * cfg.wgs)) * splits <= st.n_sm
-            and wg_cost(32, cfg.wgs, cfg.splits, st) <= WG32_EDGE * xr4_blocks_per_sm(st))
+    gx, splits, _ = plan(cfg, m, st)["grid"]
+    return gx * splits <= st.n_sm and wg_cost(32, cfg.wgs, cfg.splits, st) <= WG32_EDGE * xr4_blocks_per_sm(st)
 
 
 def _xr_m64(m: int, st) -> bool:
@@ -583,7 +581,7 @@ WG_CL_PARTIALS = 1.0
 def clusters_fit(tiles: int, splits: int, st) -> bool:
     """Whether `tiles` clusters of `splits` CTAs (2 to WG_CLUSTER_MAX) are all resident at once on the state's
     device (st.cluster_slots, from the driver)."""
-    slots = getattr(st, "cluster_slots", ())
+    slots = st.cluster_slots
     return 1 < splits <= WG_CLUSTER_MAX and splits < len(slots) and tiles <= slots[splits]
 
 
@@ -613,7 +611,7 @@ def cluster_slots(device_index: int, cc: tuple[int, int]) -> tuple[int, ...]:
         return ()
     mod = _module(device_index, cc)
     cfg = Config(kind=WGMMA, bn=256, wgs=2, stages=6)
-    p = plan(cfg, 256, SimpleNamespace(K=64, N=128, n_sm=1, cc=cc, gshift_blk=6))
+    p = plan(cfg, 256, SimpleNamespace(K=64, N=128, n_sm=1, cc=cc, gshift_blk=6, cluster_slots=()))
     name = p["name"].replace("{dt}", "f16")
     return (0, 0, *(mod.max_active_clusters(name, p["block"], p["smem"], (1, s, 1))
                     for s in range(2, WG_CLUSTER_MAX + 1)))
