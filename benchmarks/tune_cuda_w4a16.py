@@ -474,6 +474,16 @@ def few_ctas(m: int, st) -> bool:
     return g[0] * g[1] * g[2] < st.n_sm // 2
 
 
+def small(bn: int, m: int, st, splits: int = 0) -> Config | None:
+    """On a small layer (launch._wg_small at M = 128) at M 33-256: bn-column batch tiles of two warpgroups, the K
+    splits by the cost model and summed in clusters where they fit (splits 0), or `splits` through the
+    workspace."""
+    if not (32 < m <= 256 and launch._wg_small(128, st)):
+        return None
+    cfg = Config(kind=WGMMA, bn=bn, wgs=2, ctas_per_sm=1.0, min_blocks=4, splits=splits)
+    return cfg if splits else launch.wg_clustered(cfg, m, st)
+
+
 CURVE_FAMILIES = {
     "cluster fit": cluster_fit,
     # a narrow layer's launch at M > 64 with more CTAs: 64-column batch tiles (K splits in clusters where they
@@ -485,6 +495,11 @@ CURVE_FAMILIES = {
     "narrow bn128 ws": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=4)
                                       if few_ctas(m, st) else None),
     "wgmma narrowest": wg_narrowest,
+    # small layers at M 33-256: 32- or 64-column batch tiles, K split to fill the SMs (summed in clusters) or not
+    "small bn64": lambda m, st: small(64, m, st),
+    "small bn32": lambda m, st: small(32, m, st),
+    "small bn64 s1": lambda m, st: small(64, m, st, 1),
+    "small bn32 s1": lambda m, st: small(32, m, st, 1),
     "default": lambda m, st: None,
     "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
     "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),

@@ -278,6 +278,8 @@ DEVI void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 DEVI void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+// An arrival that orders none of this thread's memory operations before the other CTAs' wait (no fence).
+DEVI void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 DEVI void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 DEVI void cluster_sync() {
   cluster_arrive();

@@ -104,7 +104,8 @@ DEVI void epilogue_barriers(bool cluster = false) {
     if (cluster) {
 #ifdef QT_WGMMA
       cluster_sync();
-      cluster_sync();
+      cluster_arrive_relaxed();  // as epilogue_cluster's second barrier
+      cluster_wait();
 #endif
     } else {
       __syncthreads();

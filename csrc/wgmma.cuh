@@ -112,7 +112,54 @@ DEVI bool split_cluster() { return gridDim.y > 1 && cluster_ctas() == gridDim.y;
 // y. No workspace, no counter, and the sum is spread over all the tile's CTAs instead of its last one, which
 // reads every split's partials from L2 alone (at BN 128-256 that tail is several microseconds). The second
 // cluster barrier keeps every CTA's shared memory alive until the others have read it.
-template <int NT, bool BF16, int V = 4>
+// Slice [e_begin, e_end) of the tile (float4s; tile rows of w floats, w4 float4s of them written) summed over
+// the cluster's ranks into y: each thread has the R ranks' float4s of V elements in flight at once and adds them
+// in rank order. (One rank at a time, a thread waits out a shared::cluster round trip per rank: with 8 splits
+// that wait was most of a small layer's epilogue.)
+template <int R, int V, bool BF16>
+DEVI void cluster_sum(const Args& p, int ranks, int e_begin, int e_end, int w, int w4, int m0, int tile_n0,
+                      int nthr, uint32_t sbase) {
+  for (int e0 = e_begin + threadIdx.x; e0 < e_end; e0 += nthr * V) {
+    uint32_t off[V];
+    bool ok[V];
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const int e = e0 + u * nthr, ml = e / w4;
+      ok[u] = e < e_end;
+      off[u] = sbase + (uint32_t)(ml * w + 4 * (e - ml * w4)) * 4u;
+    }
+    float4 part[R][V];
+#pragma unroll
+    for (int s = 0; s < R; ++s)
+#pragma unroll
+      for (int u = 0; u < V; ++u)
+        if (s < ranks && ok[u]) part[s][u] = ld_cluster_f4(cluster_map(off[u], s));
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      if (!ok[u]) continue;
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < R; ++s)
+        if (s < ranks) add_to(sum, part[s][u]);
+      const int e = e0 + u * nthr, ml = e / w4, n = tile_n0 + 4 * (e - ml * w4);
+      uint16_t* dst = p.y + (size_t)(m0 + ml) * p.N + n;
+      const float f[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (n + c < p.N) dst[c] = from_f32<BF16>(f[c]);
+    }
+  }
+}
+
+// Split K summed on chip (sm_90a): the gridDim.y CTAs of one output tile are one cluster. Each writes its fp32
+// tile [BN batch rows][tile_w + 4] (the pad spreads a warp's stores over all 32 banks) into its own shared memory
+// at sbase, whose pipeline stages are done with; after a cluster barrier CTA r sums slice r of the tile over the
+// ranks' copies in rank (= split) order, the same order and so the same bits as the workspace form, and writes
+// y. No workspace, no counter, and the sum is spread over all the tile's CTAs instead of its last one, which
+// reads every split's partials from L2 alone (at BN 128-256 that tail is several microseconds). The second
+// cluster barrier keeps every CTA's shared memory alive until the others have read it; its arrival is relaxed,
+// as the reads it follows are complete (their values are stored), so it does not wait for y's stores to drain.
+template <int NT, bool BF16>
 DEVI void epilogue_cluster(const Args& p, float (&acc)[1][NT][4], int n0, int m0, int mc, int tile_n0, int tile_w,
                            int nthr, uint32_t sbase) {
   const int w = tile_w + 4;
@@ -123,33 +170,17 @@ DEVI void epilogue_cluster(const Args& p, float (&acc)[1][NT][4], int n0, int m0
   cluster_sync();
   const int ranks = gridDim.y, rank = (int)cluster_rank();
   const int w4 = tile_w >> 2, total = mc * w4, per = (total + ranks - 1) / ranks;
-  const int e_end = min(total, (rank + 1) * per);
-  for (int e0 = rank * per + threadIdx.x; e0 < e_end; e0 += nthr * V) {
-    uint32_t off[V];
-    float4 sum[V];
-#pragma unroll
-    for (int u = 0; u < V; ++u) {
-      const int e = min(e0 + u * nthr, e_end - 1), ml = e / w4;
-      off[u] = sbase + (uint32_t)(ml * w + 4 * (e - ml * w4)) * 4u;
-      sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    for (int s = 0; s < ranks; ++s) {
-#pragma unroll
-      for (int u = 0; u < V; ++u) add_to(sum[u], ld_cluster_f4(cluster_map(off[u], s)));
-    }
-#pragma unroll
-    for (int u = 0; u < V; ++u) {
-      const int e = e0 + u * nthr;
-      if (e >= e_end) continue;
-      const int ml = e / w4, n = tile_n0 + 4 * (e - ml * w4);
-      uint16_t* dst = p.y + (size_t)(m0 + ml) * p.N + n;
-      const float f[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (n + c < p.N) dst[c] = from_f32<BF16>(f[c]);
-    }
-  }
-  cluster_sync();
+  const int e_begin = rank * per, e_end = min(total, e_begin + per);
+  // 16 float4s in flight a thread (64 registers: the accumulators are stored by now); at most 8 ranks, a portable
+  // cluster (launch.WG_CLUSTER_MAX)
+  if (ranks <= 2)
+    cluster_sum<2, 8, BF16>(p, ranks, e_begin, e_end, w, w4, m0, tile_n0, nthr, sbase);
+  else if (ranks <= 4)
+    cluster_sum<4, 4, BF16>(p, ranks, e_begin, e_end, w, w4, m0, tile_n0, nthr, sbase);
+  else
+    cluster_sum<8, 2, BF16>(p, ranks, e_begin, e_end, w, w4, m0, tile_n0, nthr, sbase);
+  cluster_arrive_relaxed();
+  cluster_wait();
 }
 
 template <int BN, int WGS, int STAGES, bool BF16, int NS, int D, bool TMA_X = false>

@@ -131,12 +131,13 @@ def test_small_m_takes_stream_k_where_x_fits():
     # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
     assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
         (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
-    # M 33-64: eight batch tiles of x in registers on a layer of at most one unit (8 warps x 2 blocks, 16 rows)
-    # per SM: the MoE expert's 2048 x 768 (96 units), 8192 x 256 (128); not 4096 x 1024 (256)
+    # M 33-64: 32-column wgmma batch tiles, K split to fill the SMs, on a layer of at most one 16-row tile's
+    # 1024-k slice per SM: the MoE expert's 2048 x 768 (96 slices), 8192 x 256 (128); not 4096 x 1024 (256)
     for k, n in ((2048, 768), (768, 2048), (8192, 256)):
-        eight = choose(64, state(k, n))
-        assert (eight.kind, eight.nt, eight.r, eight.warps) == (XR, 8, 2, 8) and choose(33, state(k, n)) == eight
-        assert plan(eight, 64, state(k, n))["rows"] == 64 and launch.xr_units(state(k, n), 8, 2) <= 132
+        small = choose(64, state(k, n))
+        assert (small.kind, small.bn, small.wgs) == (WGMMA, 32, 2) and choose(33, state(k, n)) == small
+        p = plan(small, 64, state(k, n))
+        assert p["grid"][2] == 2 and p["grid"][0] * p["grid"][1] * p["grid"][2] <= 132
     assert choose(64, state(4096, 1024)).kind == WGMMA and choose(65, state(2048, 768)).kind == WGMMA
     # M 65-256 on a small layer (at most 32 blocks of a 16-row tile and 128 batch columns per SM): 64-column wgmma
     # batch tiles, K split to fill the SMs; 4096 x 1024 only up to M = 128, 8192 x 1024 not at all
@@ -855,7 +856,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
-    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "x in registers, eight batch tiles": (48, 2048, 768, (9, 0), 7),
+    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
     "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
