@@ -138,6 +138,12 @@ def test_small_m_takes_stream_k_where_x_fits():
         assert (small.kind, small.bn, small.wgs) == (WGMMA, 32, 2) and choose(33, state(k, n)) == small
         p = plan(small, 64, state(k, n))
         assert p["grid"][2] == 2 and p["grid"][0] * p["grid"][1] * p["grid"][2] <= 132
+    # ... and where K is under 8 64-k blocks (BERT-size 384 x N), eight batch tiles of x in registers
+    for k, n in ((384, 384), (384, 1536)):
+        eight = choose(48, state(k, n))
+        assert (eight.kind, eight.nt, eight.r, eight.warps) == (XR, 8, 2, 8) and choose(64, state(k, n)) == eight
+        assert plan(eight, 64, state(k, n))["rows"] == 64
+    assert choose(48, state(1536, 384)).kind == WGMMA
     assert choose(64, state(4096, 1024)).kind == WGMMA and choose(65, state(2048, 768)).kind == WGMMA
     # M 65-256 on a small layer (at most 32 blocks of a 16-row tile and 128 batch columns per SM): 64-column wgmma
     # batch tiles, K split to fill the SMs; 4096 x 1024 only up to M = 128, 8192 x 1024 not at all
@@ -856,7 +862,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
-    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7),
+    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7), "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
     "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
