@@ -105,13 +105,6 @@ DEVI void cp_async_arrive(uint32_t bar) {
 // _plan launches them so where the Config says).
 DEVI bool split_cluster() { return gridDim.y > 1 && cluster_ctas() == gridDim.y; }
 
-// Split K summed on chip (sm_90a): the gridDim.y CTAs of one output tile are one cluster. Each writes its fp32
-// tile [BN batch rows][tile_w + 4] (the pad spreads a warp's stores over all 32 banks) into its own shared memory
-// at sbase, whose pipeline stages are done with; after a cluster barrier CTA r sums slice r of the tile over the
-// ranks' copies in rank (= split) order, the same order and so the same bits as the workspace form, and writes
-// y. No workspace, no counter, and the sum is spread over all the tile's CTAs instead of its last one, which
-// reads every split's partials from L2 alone (at BN 128-256 that tail is several microseconds). The second
-// cluster barrier keeps every CTA's shared memory alive until the others have read it.
 // Slice [e_begin, e_end) of the tile (float4s; tile rows of w floats, w4 float4s of them written) summed over
 // the cluster's ranks into y: each thread has the R ranks' float4s of V elements in flight at once and adds them
 // in rank order. (One rank at a time, a thread waits out a shared::cluster round trip per rank: with 8 splits

@@ -862,7 +862,8 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
-    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7), "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
+    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7),
+    "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
     "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
     "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
