@@ -325,6 +325,26 @@ def test_wgmma_split_k_in_a_cluster_plan():
         plan(dataclasses.replace(cfg, splits=9), 128, state(8192, 4096))
 
 
+def test_wgmma_sources_and_plan_agree():
+    """Two rules spelled in both csrc/wgmma.cuh and launch.py: a TMA stage's weights are BoxSlot<4 wgs>'s bytes
+    (each tile's 512 bytes of weights, 32 of scales and 16 of zeros, rounded to 128), and the cluster sum takes as
+    many ranks as WG_CLUSTER_MAX (cluster_sum's largest R)."""
+    src = (Path(launch.__file__).resolve().parents[3] / "csrc" / "wgmma.cuh").read_text()
+    slot = re.search(r"struct BoxSlot \{(.*?)\n\};", src, re.S).group(1)
+    scales, zeros = (int(v) for v in re.search(r"SCALES = T \* (\d+), ZEROS = T \* (\d+);", slot).groups())
+    per_tile, align = (int(v) for v in re.search(r"BYTES = \(T \* (\d+) \+ \d+\) / (\d+) \* \2;", slot).groups())
+    assert (scales, zeros, per_tile) == (512, 512 + 32, launch.slot_bytes(True))  # 512 + 32 + 16 = 560
+    st = state(8192, 8192)
+    for bn, wgs, stages, tma in built.WG:
+        if not tma:
+            continue
+        p = plan(Config(kind=WGMMA, bn=bn, wgs=wgs, stages=stages), bn, st)
+        box = -(-(4 * wgs * per_tile) // align) * align
+        assert p["tma"] and p["smem"] == 1024 + stages * (bn * 128 + box), (bn, wgs, stages)
+    ranks = max(int(r) for r in re.findall(r"cluster_sum<(\d+), \d+, BF16>", src))
+    assert ranks == launch.WG_CLUSTER_MAX
+
+
 def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     """wg_clustered: the same splits in clusters where the tiles' clusters are resident at once (cluster_slots);
     more than WG_CLUSTER_MAX splits cut to it where those fit; where they do not, the most splits that fit,
