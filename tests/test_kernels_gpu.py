@@ -129,8 +129,10 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
     plain = random_plain(1000, 3072, group_size=128, dtype=dtype, device=dev, seed=5)
     kern = get_kernel("cuda-w4a16")
     st = kern.prepare(PackedLayer.from_plain(plain))
+    # 2, 3, 5 and 8 splits: every form of csrc/wgmma.cuh cluster_sum (up to 2, 4 and 8 ranks; 5 of 8 a partial one)
     for m, cfg in ((100, Config(kind=WGMMA, bn=128, wgs=2, splits=5)), (37, Config(kind=WGMMA, bn=48, wgs=3, splits=8)),
-                   (256, Config(kind=WGMMA, bn=256, wgs=2, stages=6, splits=2))):
+                   (256, Config(kind=WGMMA, bn=256, wgs=2, stages=6, splits=2)),
+                   (70, Config(kind=WGMMA, bn=64, wgs=2, splits=3))):
         x = torch.randn(m, 3072, device=dev, dtype=dtype)
         p = plan(dataclasses.replace(cfg, cluster=True), m, st)  # a cluster launch, not the workspace form again
         assert p["cluster"] == (1, cfg.splits, 1) and p["ws_floats"] == 0, (m, cfg)

@@ -903,18 +903,24 @@ def _tail(cfg: Config, st, gx: int, gz: int, kb: int, rows: int, n16: int) -> di
             "ws_floats": splits * rows * n16 * 16 if ws else 0, "counters": left if ws else 0}
 
 
+def _cached_map(st, key: tuple, make: Callable[[], object]):
+    """st.tmaps[key], made on a miss; the cache is emptied at 64 entries (the bench rotates a few x buffers, and a
+    map costs one driver call to remake)."""
+    maps = st.tmaps
+    if key not in maps:
+        if len(maps) >= 64:
+            maps.clear()
+        maps[key] = make()
+    return maps[key]
+
+
 def x_map(st, x: torch.Tensor, box_rows: int):
     """x's tensor map for the wgmma kernel's TMA form, cached per (address, shape, box) on the state: a map
     holds only those, so it stays right for any tensor later at the same address (the bench rotates a few)."""
     from qtool.kernels.cuda.driver import x_tensor_map
 
     key = (x.data_ptr(), x.shape[0], x.shape[1], box_rows)
-    maps = st.tmaps
-    if key not in maps:
-        if len(maps) >= 64:
-            maps.clear()
-        maps[key] = x_tensor_map(*key)
-    return maps[key]
+    return _cached_map(st, key, lambda: x_tensor_map(*key))
 
 
 def w_maps(st, scales: torch.Tensor, tiles: int) -> tuple:
@@ -922,16 +928,11 @@ def w_maps(st, scales: torch.Tensor, tiles: int) -> tuple:
     with one group a block (boxes of `tiles` adjacent 16-row tiles), cached on the state with the x maps."""
     from qtool.kernels.cuda.driver import tile_tensor_map
 
-    key = ("w", scales.data_ptr(), tiles)
-    maps = st.tmaps
-    if key not in maps:
-        if len(maps) >= 64:
-            maps.clear()
-        n16, kb, ng = st.qweight.shape[0], st.qweight.shape[1], st.zeros.shape[1]
-        maps[key] = (tile_tensor_map(st.qweight.data_ptr(), n16, kb, 128, tiles),
-                     tile_tensor_map(scales.data_ptr(), n16, ng, 8, tiles),
-                     tile_tensor_map(st.zeros.data_ptr(), n16, ng, 4, tiles))
-    return maps[key]
+    n16, kb, ng = st.qweight.shape[0], st.qweight.shape[1], st.zeros.shape[1]
+    return _cached_map(st, ("w", scales.data_ptr(), tiles), lambda: (
+        tile_tensor_map(st.qweight.data_ptr(), n16, kb, 128, tiles),
+        tile_tensor_map(scales.data_ptr(), n16, ng, 8, tiles),
+        tile_tensor_map(st.zeros.data_ptr(), n16, ng, 4, tiles)))
 
 
 def grow_workspace(st, floats: int, counters: int, device: torch.device) -> None:
