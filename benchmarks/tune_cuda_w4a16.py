@@ -83,7 +83,7 @@ def forced_configs(m: int, st) -> list[Config]:
                                              (2, 3, 12, 4, 1, False), (1, 7, 6, 2, 5, True))]
     if st.gshift_blk >= 0 and m <= 16:  # x in registers: one and several K groups, CTAs crossing K groups, pdl
         cs += [Config(kind=launch.XR, nt=2, r=r, warps=w, depth=d, ctas_per_sm=c, pdl=pdl)
-               for r, w, d, c, pdl in ((4, 16, 4, 1.0, None), (4, 16, 3, 1.0, True), (2, 8, 4, 2.0, True),
+               for r, w, d, c, pdl in ((4, 16, 4, 1.0, None), (4, 16, 3, 1.0, True), (4, 10, 4, 1.0, True), (2, 8, 4, 2.0, True),
                                        (4, 4, 4, 0.3, False), (2, 3, 4, 1.0, True), (8, 8, 3, 1.0, True),
                                        (8, 4, 3, 2.0, None), (8, 3, 3, 0.4, False))]
         cs += [Config(kind=launch.XR, nt=2, r=8, t=2, warps=w, depth=2, ctas_per_sm=c, pdl=pdl)
@@ -99,7 +99,7 @@ def forced_configs(m: int, st) -> list[Config]:
                           cluster=True)
                    for t, d, c, pdl, b in ((2, 2, 1.0, None, True), (1, 3, 0.05, False, False), (2, 2, 0.03, True, False))]
         if m <= 8:  # and one batch tile: r 4 (16 warps) and r 8 (8 warps), CTAs crossing K groups, warps past K
-            cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7))]
+            cs += [Config(kind=launch.XR, nt=1, r=4, warps=w, ctas_per_sm=c, pdl=True) for w, c in ((16, 1.0), (5, 0.7), (3, 1.0))]
             cs += [Config(kind=launch.XR, nt=1, r=8, warps=w, depth=3, ctas_per_sm=c, pdl=pdl)
                    for w, c, pdl in ((8, 1.0, True), (3, 0.4, False))]
     if st.gshift_blk >= 0 and 16 < m <= 64:  # x in registers, eight batch tiles (M 33-64; also 17-32)
@@ -484,6 +484,27 @@ def small(bn: int, m: int, st, splits: int = 0) -> Config | None:
     return cfg if splits else launch.wg_clustered(cfg, m, st)
 
 
+XR1 = Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)  # the one-batch-tile row's
+
+
+def xr_balanced(cfg: Config | None, st, most: int = 8) -> Config | None:
+    """An x-in-registers launch with the fewest warps (at most `most`) that keep its K groups: every group full
+    but the last by at most r - 1 blocks a warp; None for another kernel or no change."""
+    if cfg is None or cfg.kind != launch.XR:
+        return None
+    kb = -(-st.K // 64)
+    groups = -(-kb // (most * cfg.r))
+    w = -(-kb // (groups * cfg.r))
+    return dataclasses.replace(cfg, warps=w) if w != cfg.warps else None
+
+
+def xr_biased(cfg: Config | None) -> Config | None:
+    """The two-batch-tile x-in-registers launch with biased weights (corrected by the sums of x); None elsewhere."""
+    if cfg is None or cfg.kind != launch.XR or cfg.nt != 2 or cfg.bias:
+        return None
+    return dataclasses.replace(cfg, bias=True)
+
+
 CURVE_FAMILIES = {
     "cluster fit": cluster_fit,
     # a narrow layer's launch at M > 64 with more CTAs: 64-column batch tiles (K splits in clusters where they
@@ -501,6 +522,19 @@ CURVE_FAMILIES = {
     "small bn64 s1": lambda m, st: small(64, m, st, 1),
     "small bn32 s1": lambda m, st: small(32, m, st, 1),
     "default": lambda m, st: None,
+    # M <= 16 on x in registers: the fewest warps that keep the K groups (no group of mostly idle warps), biased
+    # weights where the dispatch's launch is not; four blocks a warp and up to 16 warps (the evidence of the
+    # four-blocks-a-warp rows), also where stream-K takes the layer; and the launch those rows replace
+    "xr balanced": lambda m, st: xr_balanced(launch.choose(m, st), st),
+    "xr biased": lambda m, st: xr_biased(launch.choose(m, st)) if 8 < m <= 16 else None,
+    "xr nt1 balanced": lambda m, st: (xr_balanced(XR1, st) or XR1) if m <= 8 else None,
+    "r4 any": lambda m, st: (launch._xr_r4_launch(1 if m <= 8 else 2)(st)
+                             if m <= 16 and st.gshift_blk >= 7 and launch.xr_live(st) < launch.XR_LIVE_MIN else None),
+    "eight blocks a warp": lambda m, st: (next(r for r in launch.ROWS if r.when(m, st) and "four blocks" not in r.name
+                                               ).make(st) if "four blocks" in launch.choose_row(m, st).name else None),
+    "xr r4 balanced": lambda m, st: (xr_balanced(Config(kind=launch.XR, nt=2 if m > 8 else 1, r=4, warps=16,
+                                                        depth=4, ctas_per_sm=1.0, pdl=True), st, 16)
+                                     if 2 < m <= 16 else None),
     "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
     "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),
     **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(launch.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},

@@ -105,7 +105,8 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert not launch.sk_fits(4, state(28672, 8192)) and choose(4, state(28672, 8192)).kind == XR  # x 229 KB
     one = choose(4, state(28672, 8192))
     assert (one.nt, one.r, one.warps, one.depth, one.t, one.bias, one.cluster) == (1, 8, 8, 3, 1, False, False)
-    assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [SK, XR, XR, SK]
+    assert [choose(1, state(k, 4096)).kind for k in (2048, 3584, 4096, 5120)] == [XR, XR, XR, SK]
+    assert [choose(1, state(k, 4096)).r for k in (2048, 3584, 4096)] == [4, 8, 8]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
     # M 17-32: four batch tiles of x in registers (4 blocks a warp) where the bn32 wgmma grid spreads worse
     for m, (k, n) in ((17, (8192, 1024)), (24, (2048, 768)), (32, (768, 2048)), (32, (8192, 512)),
@@ -166,10 +167,27 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(gate16, 16, state(8192, 28672))["cluster"] == (2, 1, 1)
     assert plan(q16, 16, state(8192, 8192))["cluster"] == (1, 1, 1)
     assert [launch.xr_kgroups(state(k, 64), 8, 8) for k in (4096, 4097, 8192, 8193)] == [1, 2, 2, 3]
-    for k, cl in ((4096, False), (4160, True), (12288, False)):  # one K group, two (the second one block), three
+    for k, cl in ((4096, False), (7680, True), (12288, False)):  # one K group, two (the second 7/8 full), three
         wide = choose(16, state(k, 65536))
-        assert (wide.kind, wide.t, wide.cluster, wide.bias) == (XR, 2, cl, cl)
+        assert (wide.kind, wide.r, wide.t, wide.cluster, wide.bias) == (XR, 8, 2, cl, cl)
         assert plan(wide, 16, state(k, 65536))["cluster"] == ((2, 1, 1) if cl else (1, 1, 1))
+    # K groups of 8 x 8 blocks over a quarter idle (Qwen2.5-32B's K of 5120: 64 + 16 blocks; the MoE expert's 768
+    # and 2048; two groups, the second one block): four blocks a warp, the fewest warps that keep groups of 16
+    for m, k, nt, warps, groups in ((8, 5120, 1, 10, 2), (12, 5120, 2, 10, 2), (16, 768, 2, 3, 1),
+                                    (9, 2048, 2, 8, 1), (16, 4160, 2, 9, 2)):
+        assert launch.xr_live(state(k, 768)) < launch.XR_LIVE_MIN
+        four = choose(m, state(k, 768))
+        assert (four.kind, four.nt, four.r, four.warps, four.t, four.bias, four.cluster) == (
+            XR, nt, 4, warps, 1, False, False)
+        assert plan(four, m, state(k, 768))["splits"] == groups
+    # at least 3/4 busy (K of 3584, 7168, 14336: 7/8) keeps eight blocks a warp
+    assert [choose(16, state(k, 768)).r for k in (3584, 7168, 14336, 27648)] == [8, 8, 8, 8]
+    # M <= 8: K under XR1_MIN_K (stream-K's before) takes four blocks a warp at every M; a K of 5120 only where x
+    # is too long for stream-K
+    for m, k, warps in ((1, 2048, 8), (4, 768, 3), (8, 384, 2), (1, 3008, 12)):
+        one = choose(m, state(k, 768))
+        assert (one.kind, one.nt, one.r, one.warps) == (XR, 1, 4, warps)
+    assert choose(4, state(5120, 768)).kind == SK and choose(1, state(3072, 768)).r == 8
     g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6, cluster_slots=())  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
@@ -889,7 +907,9 @@ ROW_POINTS = {
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
     "wgmma bn160": (140, 8192, 8192, (9, 0), 7), "wgmma bn192": (176, 8192, 8192, (9, 0), 7),
     "wgmma bn224": (208, 8192, 8192, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
-    "wgmma bn256": (256, 8192, 28672, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
+    "wgmma bn256": (256, 8192, 28672, (9, 0), 7),
+    "x in registers, four blocks a warp, one batch tile": (8, 5120, 27648, (9, 0), 7),
+    "x in registers, four blocks a warp": (16, 2048, 768, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),
     "stream-K tile per CTA": (1, 8192, 1024, (9, 0), 7),
     "stream-K whole tiles": (1, 28672, 8192, (9, 0), 7), "stream-K 1/SM": (1, 8192, 28672, (8, 0), 7),
     "x in registers, two-tile units": (16, 8192, 28672, (9, 0), 7),

@@ -275,6 +275,43 @@ def _xr_m8(m: int, st) -> bool:
             and (xr_kgroups(st, 8, 8) == 1 or not sk_fits(m, st)))
 
 
+# Least share of an x-in-registers K group's warp blocks (8 warps x 8 64-k blocks) that hold K, below which a layer
+# takes four blocks a warp (_xr_r4). A warp past K idles, and a K group's unit takes about as long with two busy
+# warps as with eight: Qwen2.5-32B's K of 5120 (two groups of 64 blocks, the second three-quarters idle), the MoE
+# expert's 2048 and 768, Llama-3-70B TP=4's 2048 and MiniLM's 384 and 1536 (one group half or more idle). With four
+# blocks a warp and the fewest warps, up to 16, that keep the K groups of 16 warps, every group is full but for at
+# most three blocks a warp of its last. H100, fp16, two orders (tune-curve.json h100-2026-12-06-r4):
+# - where x in registers took those layers (M 8-16): 3-34 % less time (Qwen2.5-32B's gate_proj at M = 8
+#   35.5 -> 29.6 us, the MoE expert's 768 x 2048 at M = 16 4.1 -> 2.7); on layers of 7/8 or more busy (K of 3584,
+#   7168, 14336, 18944) from 4 % less to 15 % more, so those keep eight;
+# - where stream-K took them (M <= 8, K under XR1_MIN_K): 6-27 % less time at every M 1-8 (the MoE expert's
+#   2048 x 768 at M = 4 3.0 -> 2.4 us, TP=4's o_proj at M = 1 6.1 -> 4.9). Qwen2.5-32B's K of 5120 stays with
+#   stream-K at M <= 6: its k/v took 8-28 % more time so, and q_proj 10 % more at M = 1.
+XR_LIVE_MIN = 0.75
+
+
+def xr_live(st, warps: int = 8, r: int = 8) -> float:
+    """The share of the x-in-registers kernel's K-group warp blocks (warps x r each) that hold K."""
+    kb = -(-st.K // 64)
+    return kb / (xr_kgroups(st, warps, r) * warps * r)
+
+
+def _xr_r4(m: int, st) -> bool:
+    """At M <= 16 on sm_90 with groups of >= 128, a layer whose K groups of 8 warps x 8 blocks are less than
+    XR_LIVE_MIN busy, where x in registers takes it (_xr_m8, _xr_m16) or K is under XR1_MIN_K."""
+    short = m <= 8 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0) and st.K < XR1_MIN_K
+    return (short or _xr_m8(m, st) or _xr_m16(m, st)) and xr_live(st) < XR_LIVE_MIN
+
+
+def _xr_r4_launch(nt: int):
+    """Four blocks a warp, nt batch tiles, the fewest warps (at most 16) that keep the K groups of 16."""
+    def make(st) -> Config:
+        kb = -(-st.K // 64)
+        warps = -(-kb // (4 * xr_kgroups(st, 16, 4)))
+        return Config(kind=XR, nt=nt, r=4, warps=warps, depth=4, ctas_per_sm=1.0, pdl=pdl_enabled())
+    return make
+
+
 def _xr_m32(m: int, st) -> bool:
     """M 17-32 on sm_90, one group per 64-k block or coarser."""
     return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0)
@@ -437,6 +474,16 @@ ROWS = (
     Row("wgmma bn256", lambda m, st: m > 128 and wgmma_ok(st.cc),
         Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8),
         "Long-K and wide layers (down, gate/up) are fastest with bn256 and 4 stages."),
+    Row("x in registers, four blocks a warp, one batch tile", lambda m, st: m <= 8 and _xr_r4(m, st),
+        _xr_r4_launch(1),
+        "A layer whose K groups of 8 warps x 8 blocks are over a quarter idle (XR_LIVE_MIN) runs faster at M <= 8 "
+        "with four blocks a warp and its groups full, also where K is too short for the eight-block row and "
+        "stream-K took it (H100, fp16, two orders: Qwen2.5-32B's gate_proj at M = 8 29.6 against 35.5 us, the MoE "
+        "expert's 2048 x 768 at M = 4 2.4 against 3.0)."),
+    Row("x in registers, four blocks a warp", _xr_r4, _xr_r4_launch(2),
+        "A layer whose K groups of 8 warps x 8 blocks are over a quarter idle (XR_LIVE_MIN) runs faster at M 9-16 "
+        "with four blocks a warp and its groups full (H100, fp16, two orders: Llama-3-70B TP=4's o_proj at M = 16 "
+        "6.8 against 8.1 us, the MoE expert's 768 x 2048 2.7 against 4.1)."),
     Row("x in registers, one batch tile", _xr_m8,
         lambda st: Config(kind=XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "One batch tile of x in registers (8 blocks a warp) streams the weights with no x stream and no barrier per "
