@@ -480,7 +480,7 @@ ROWS = (
         "with four blocks a warp and its groups full, also where K is too short for the eight-block row and "
         "stream-K took it (H100, fp16, two orders: Qwen2.5-32B's gate_proj at M = 8 29.6 against 35.5 us, the MoE "
         "expert's 2048 x 768 at M = 4 2.4 against 3.0)."),
-    Row("x in registers, four blocks a warp", _xr_r4, _xr_r4_launch(2),
+    Row("x in registers, four blocks a warp", lambda m, st: m > 8 and _xr_r4(m, st), _xr_r4_launch(2),
         "A layer whose K groups of 8 warps x 8 blocks are over a quarter idle (XR_LIVE_MIN) runs faster at M 9-16 "
         "with four blocks a warp and its groups full (H100, fp16, two orders: Llama-3-70B TP=4's o_proj at M = 16 "
         "6.8 against 8.1 us, the MoE expert's 768 x 2048 2.7 against 4.1)."),
