@@ -1,4 +1,4 @@
-"""Check and tune the `cuda-w4a16` kernels on a GPU (the numbers behind qtool/kernels/cuda/launch.py).
+"""Check and tune the `cuda-w4a16` kernels on a GPU (the numbers behind qtool/kernels/cuda/rows.py).
 
     python benchmarks/tune_cuda_w4a16.py --check                      # every kernel variant vs the float64 oracle
     python benchmarks/tune_cuda_w4a16.py --tune --batch-sizes 1 16 256 --json tune-cuda.json
@@ -33,8 +33,9 @@ from qtool.bench.layers import random_plain  # noqa: E402
 from qtool.bench.timing import rotation_count, time_calls  # noqa: E402
 from qtool.formats.plain import dequantize  # noqa: E402
 from qtool.kernels.base import PackedLayer, get_kernel  # noqa: E402
-from qtool.kernels.cuda import built, launch  # noqa: E402
-from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, XS, Config, choose, sk_takes  # noqa: E402
+from qtool.kernels.cuda import built, launch, rows  # noqa: E402
+from qtool.kernels.cuda.launch import MMA, PDL_KINDS, SK, SK_MAX_M, WGMMA, XS, Config, sk_takes  # noqa: E402
+from qtool.kernels.cuda.rows import choose  # noqa: E402
 
 ERR_FACTOR = 4.0
 SHAPES_70B = [("q/o_proj", 8192, 8192, 2), ("k/v_proj", 8192, 1024, 2), ("gate/up_proj", 8192, 28672, 2),
@@ -363,7 +364,7 @@ def tune(batch_sizes: list[int], dtype: torch.dtype, out_json: Path | None, full
         out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
 
 
-# --scaling: (M, launch) pairs; None = launch.choose(), "dense" = F.linear
+# --scaling: (M, launch) pairs; None = rows.choose(), "dense" = F.linear
 SCALING = [(16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=True)),
            (16, Config(kind=launch.XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True)),
            (16, Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)),
@@ -408,7 +409,7 @@ def scaling(dtype: torch.dtype, out_json: Path | None) -> None:
         out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
 
 
-# --curve: the families that can take each range of M, by name (None: launch.choose()); each a function of
+# --curve: the families that can take each range of M, by name (None: rows.choose()); each a function of
 # (m, state) giving a Config, or None where the family does not take that M
 XR_ROWS_M16 = ("x in registers, two-tile units", "x in registers", "x streamed, small layer", "x streamed")
 
@@ -416,7 +417,7 @@ XR_ROWS_M16 = ("x in registers, two-tile units", "x in registers", "x streamed, 
 def before_curve(m: int, st) -> Config | None:
     """The launch ROWS gave before the x-in-registers and x-streaming rows took M <= 8 (where stream-K does not)
     and the four-tile x-in-registers row M 17-32: the split-K mma kernel; None where the choice is unchanged."""
-    row = launch.choose_row(m, st).name
+    row = rows.choose_row(m, st).name
     if m <= 8 and row in XR_ROWS_M16:
         return Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0)
     if row == "x in registers, four batch tiles":
@@ -447,41 +448,41 @@ WIDER = ((97, 112, 128), (129, 160, 192), (193, 224, 256))
 
 def cluster_fit(m: int, st) -> Config | None:
     """The dispatch's wgmma launch whose K splits meet through the workspace, as the most splits whose clusters
-    are all resident (launch.wg_clustered without its partial-bytes condition); None elsewhere."""
-    cfg = launch.wg_tailed(launch.choose_row(m, st).make(st), m, st)
-    if cfg.kind != WGMMA or cfg.tail or launch.choose(m, st).cluster:
+    are all resident (rows.wg_clustered without its partial-bytes condition); None elsewhere."""
+    cfg = rows.wg_tailed(rows.choose_row(m, st).make(st), m, st)
+    if cfg.kind != WGMMA or cfg.tail or rows.choose(m, st).cluster:
         return None
     p = launch.plan(cfg, m, st)
-    fit = launch.cluster_splits(p["grid"][0] * p["grid"][2], p["splits"], st)
+    fit = rows.cluster_splits(p["grid"][0] * p["grid"][2], p["splits"], st)
     return dataclasses.replace(cfg, splits=fit, cluster=True) if fit else None
 
 
 def wg_narrowest(m: int, st) -> Config | None:
     """At M <= 64, the wgmma launch of the narrowest batch tile that covers M (32, 48, 64 columns), its warpgroups
-    and K splits by the cost model, summed in clusters where the dispatch would (launch.wg_clustered); None
+    and K splits by the cost model, summed in clusters where the dispatch would (rows.wg_clustered); None
     elsewhere. Set against the rows that give M <= 64 to other kernels."""
     bn = next((b for b in (32, 48, 64) if m <= b), None)
     if bn is None or not launch.wgmma_ok(st.cc):
         return None
-    return launch.wg_clustered(launch.wg_launch(bn)(st), m, st)
+    return rows.wg_clustered(rows.wg_launch(bn)(st), m, st)
 
 
 def few_ctas(m: int, st) -> bool:
     """Whether the dispatch's launch at M > 64 is a grid of under half the SMs (narrow layers: k/v, MoE experts)."""
     if m <= 64:
         return False
-    g = launch.plan(launch.choose(m, st), m, st)["grid"]
+    g = launch.plan(rows.choose(m, st), m, st)["grid"]
     return g[0] * g[1] * g[2] < st.n_sm // 2
 
 
 def small(bn: int, m: int, st, splits: int = 0) -> Config | None:
-    """On a small layer (launch._wg_small at M = 128) at M 33-256: bn-column batch tiles of two warpgroups, the K
+    """On a small layer (rows._wg_small at M = 128) at M 33-256: bn-column batch tiles of two warpgroups, the K
     splits by the cost model and summed in clusters where they fit (splits 0), or `splits` through the
     workspace."""
-    if not (32 < m <= 256 and launch._wg_small(128, st)):
+    if not (32 < m <= 256 and rows._wg_small(128, st)):
         return None
     cfg = Config(kind=WGMMA, bn=bn, wgs=2, ctas_per_sm=1.0, min_blocks=4, splits=splits)
-    return cfg if splits else launch.wg_clustered(cfg, m, st)
+    return cfg if splits else rows.wg_clustered(cfg, m, st)
 
 
 XR1 = Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)  # the one-batch-tile row's
@@ -498,6 +499,11 @@ def xr_balanced(cfg: Config | None, st, most: int = 8) -> Config | None:
     return dataclasses.replace(cfg, warps=w) if w != cfg.warps else None
 
 
+def xr_r4(m: int, st) -> Config:
+    """The four-blocks-a-warp rows' launch for batch size m (one batch tile at M <= 8, two above)."""
+    return rows._xr_r4_launch(1 if m <= 8 else 2)(st)
+
+
 def xr_biased(cfg: Config | None) -> Config | None:
     """The two-batch-tile x-in-registers launch with biased weights (corrected by the sums of x); None elsewhere."""
     if cfg is None or cfg.kind != launch.XR or cfg.nt != 2 or cfg.bias:
@@ -509,7 +515,7 @@ CURVE_FAMILIES = {
     "cluster fit": cluster_fit,
     # a narrow layer's launch at M > 64 with more CTAs: 64-column batch tiles (K splits in clusters where they
     # fit, or through the workspace), or 128-column ones with up to 4x the K splits through the workspace
-    "narrow bn64": lambda m, st: (launch.wg_clustered(Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0,
+    "narrow bn64": lambda m, st: (rows.wg_clustered(Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0,
                                                              min_blocks=4), m, st) if few_ctas(m, st) else None),
     "narrow bn64 ws": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=4)
                                      if few_ctas(m, st) else None),
@@ -525,25 +531,22 @@ CURVE_FAMILIES = {
     # M <= 16 on x in registers: the fewest warps that keep the K groups (no group of mostly idle warps), biased
     # weights where the dispatch's launch is not; four blocks a warp and up to 16 warps (the evidence of the
     # four-blocks-a-warp rows), also where stream-K takes the layer; and the launch those rows replace
-    "xr balanced": lambda m, st: xr_balanced(launch.choose(m, st), st),
-    "xr biased": lambda m, st: xr_biased(launch.choose(m, st)) if 8 < m <= 16 else None,
+    "xr balanced": lambda m, st: xr_balanced(rows.choose(m, st), st),
+    "xr biased": lambda m, st: xr_biased(rows.choose(m, st)) if 8 < m <= 16 else None,
     "xr nt1 balanced": lambda m, st: (xr_balanced(XR1, st) or XR1) if m <= 8 else None,
-    "r4 any": lambda m, st: (launch._xr_r4_launch(1 if m <= 8 else 2)(st)
-                             if m <= 16 and st.gshift_blk >= 7 and launch.xr_live(st) < launch.XR_LIVE_MIN else None),
-    "eight blocks a warp": lambda m, st: (next(r for r in launch.ROWS if r.when(m, st) and "four blocks" not in r.name
-                                               ).make(st) if "four blocks" in launch.choose_row(m, st).name else None),
-    "xr r4 balanced": lambda m, st: (xr_balanced(Config(kind=launch.XR, nt=2 if m > 8 else 1, r=4, warps=16,
-                                                        depth=4, ctas_per_sm=1.0, pdl=True), st, 16)
-                                     if 2 < m <= 16 else None),
-    "rows only": lambda m, st: launch.choose_row(m, st).make(st),  # the default without launch.wg_clustered
-    "cluster": lambda m, st: wg_cluster(launch.choose(m, st), m, st),
-    **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(launch.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},
-    "wgmma bn128 cost cluster": lambda m, st: wg_cluster(launch.wg_launch(128)(st), m, st) if 64 < m else None,
-    "wgmma bn256 cost cluster": lambda m, st: wg_cluster(launch.wg_launch(256)(st), m, st) if 128 < m else None,
+    "r4 any": lambda m, st: (xr_r4(m, st)
+                             if m <= 16 and st.gshift_blk >= 7 and rows.xr_live(st) < rows.XR_LIVE_MIN else None),
+    "eight blocks a warp": lambda m, st: (next(r for r in rows.ROWS if r.when(m, st) and "four blocks" not in r.name
+                                               ).make(st) if "four blocks" in rows.choose_row(m, st).name else None),
+    "xr r4 balanced": lambda m, st: xr_r4(m, st) if 2 < m <= 16 and xr_r4(m, st).warps != 16 else None,
+    "rows only": lambda m, st: rows.choose_row(m, st).make(st),  # the default without rows.wg_clustered
+    "cluster": lambda m, st: wg_cluster(rows.choose(m, st), m, st),
+    **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(rows.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},
+    "wgmma bn128 cost cluster": lambda m, st: wg_cluster(rows.wg_launch(128)(st), m, st) if 64 < m else None,
+    "wgmma bn256 cost cluster": lambda m, st: wg_cluster(rows.wg_launch(256)(st), m, st) if 128 < m else None,
     "before": before_curve,
-    "as M=16": lambda m, st: launch.choose(16, st) if m <= 16 else None,
-    "xr nt1 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
-                                   if m <= 8 else None),
+    "as M=16": lambda m, st: rows.choose(16, st) if m <= 16 else None,
+    "xr nt1 r8 w8": lambda m, st: XR1 if m <= 8 else None,
     "xr nt1 r4 w16": lambda m, st: (Config(kind=launch.XR, nt=1, r=4, warps=16, depth=4, ctas_per_sm=1.0, pdl=True)
                                     if m <= 8 else None),
     "xr nt2 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
@@ -556,7 +559,7 @@ CURVE_FAMILIES = {
                                    if 16 < m <= 64 else None),
     "sk 1/sm": lambda m, st: (Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")
                               if m <= SK_MAX_M else None),
-    "sk whole tiles": lambda m, st: launch._sk_whole_tiles(st) if m <= SK_MAX_M else None,
+    "sk whole tiles": lambda m, st: rows._sk_whole_tiles(st) if m <= SK_MAX_M else None,
     "sk tile/cta": lambda m, st: Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True) if m <= SK_MAX_M else None,
     "mma m8": lambda m, st: Config(kind=MMA, nt=1, tn=1, warps=4, ctas_per_sm=16.0) if m <= 8 else None,
     "mma nt4": lambda m, st: Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0) if 8 < m else None,
@@ -570,11 +573,11 @@ CURVE_FAMILIES = {
                                      if 16 < m <= 64 else None),
     "wgmma bn128 wg3": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=3, ctas_per_sm=1.0, min_blocks=8)
                                       if 32 < m else None),
-    "wgmma bn32 cost": lambda m, st: launch.wg_launch(32)(st) if 16 < m <= 32 else None,
-    "wgmma bn48 cost": lambda m, st: launch.wg_launch(48)(st) if 32 < m <= 48 else None,
-    "wgmma bn64 cost": lambda m, st: launch.wg_launch(64)(st) if 16 < m <= 64 else None,
-    "wgmma bn128 cost": lambda m, st: launch.wg_launch(128)(st) if 64 < m else None,
-    "wgmma bn256 cost": lambda m, st: launch.wg_launch(256)(st) if 128 < m else None,
+    "wgmma bn32 cost": lambda m, st: rows.wg_launch(32)(st) if 16 < m <= 32 else None,
+    "wgmma bn48 cost": lambda m, st: rows.wg_launch(48)(st) if 32 < m <= 48 else None,
+    "wgmma bn64 cost": lambda m, st: rows.wg_launch(64)(st) if 16 < m <= 64 else None,
+    "wgmma bn128 cost": lambda m, st: rows.wg_launch(128)(st) if 64 < m else None,
+    "wgmma bn256 cost": lambda m, st: rows.wg_launch(256)(st) if 128 < m else None,
     "wgmma bn64 fine": lambda m, st: (Config(kind=WGMMA, bn=64, wgs=2, ctas_per_sm=1.0, min_blocks=2)
                                       if 16 < m <= 64 else None),
     "wgmma bn128 fine": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, ctas_per_sm=1.0, min_blocks=2)
@@ -582,16 +585,16 @@ CURVE_FAMILIES = {
     "wgmma bn128 s4": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
                                      if 64 < m else None),
     # M 129-192 as the dispatch launches M 193-256 (a 256-column tile): the bn192 row's baseline
-    "as M=256": lambda m, st: launch.choose(256, st) if 128 < m <= 192 else None,
-    # the dispatch without its tail launches (launch.wg_tailed): the tail rule's baseline
-    "no tail": lambda m, st: (launch.wg_clustered(launch.choose_row(m, st).make(st), m, st)
-                              if launch.choose(m, st).tail else None),
+    "as M=256": lambda m, st: rows.choose(256, st) if 128 < m <= 192 else None,
+    # the dispatch without its tail launches (rows.wg_tailed): the tail rule's baseline
+    "no tail": lambda m, st: (rows.wg_clustered(rows.choose_row(m, st).make(st), m, st)
+                              if rows.choose(m, st).tail else None),
     # M 97-112, 129-160 and 193-224 as the dispatch launches the top of their range (128-, 192- and 256-column
     # tiles): the bn112, bn160 and bn224 rows' baseline
-    "as the wider tile": lambda m, st: next((launch.choose(top, st) for lo, hi, top in WIDER if lo <= m <= hi),
+    "as the wider tile": lambda m, st: next((rows.choose(top, st) for lo, hi, top in WIDER if lo <= m <= hi),
                                             None),
     # M 65-96 as the dispatch launches M 97-128 (a 128-column tile): the bn96 row's baseline
-    "as M=128": lambda m, st: launch.choose(128, st) if 64 < m <= 96 else None,
+    "as M=128": lambda m, st: rows.choose(128, st) if 64 < m <= 96 else None,
 }
 
 
@@ -629,7 +632,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                     if fam != "default" and cfg is None:
                         continue
                     try:
-                        launch.plan(cfg or launch.choose(m, states[0]), m, states[0])
+                        launch.plan(cfg or rows.choose(m, states[0]), m, states[0])
                     except ValueError:
                         continue
                     states[0].override = cfg  # the oracle check's call; the timed calls set their own (forward_as)

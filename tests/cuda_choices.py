@@ -1,6 +1,6 @@
 """The launch `cuda-w4a16` picks at every point of a grid, as plain data (tests/data/cuda_choices.json).
 
-    python tests/cuda_choices.py   # rewrites tests/data/cuda_choices.json from the current launch.py
+    python tests/cuda_choices.py   # rewrites tests/data/cuda_choices.json from the current rows.py and launch.py
 
 The JSON holds the points (devices, group shifts, layer shapes: every layer and fused layer of
 configs/models.yaml plus a few odd ones) and, per (device, group shift, shape), runs of M with the same
@@ -47,10 +47,12 @@ def model_shapes() -> list[list[int]]:
     return sorted([k, n] for k, n in out)
 
 
-def launch_of(launch, m: int, st) -> tuple[dict, dict]:
+def launch_of(m: int, st) -> tuple[dict, dict]:
     """Everything a launch is: the Config's non-default fields, the kernel per dtype, whether it is a dependent
     launch; and the rest of its plan (grid, block, shared memory, split, workspace) and flags."""
-    cfg = launch.choose(m, st)
+    from qtool.kernels.cuda import launch, rows
+
+    cfg = rows.choose(m, st)
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
               if getattr(cfg, f.name) != f.default}
     p = dict(launch.plan(cfg, m, st))
@@ -62,7 +64,7 @@ def launch_of(launch, m: int, st) -> tuple[dict, dict]:
              "pdl": launch.use_pdl(cfg, st)}, p)
 
 
-def record(launch, shapes: list[list[int]]) -> dict:
+def record(shapes: list[list[int]]) -> dict:
     """runs {"device/gshift/KxN": [[m_first, m_last, launch index], ...]}, the distinct launches, and plans
     {"device/gshift/KxN": SHA-256 of the plans over every M} (they vary with M too often to list)."""
     from types import SimpleNamespace
@@ -75,30 +77,28 @@ def record(launch, shapes: list[list[int]]) -> dict:
         for gs in GSHIFTS:
             for k, n in shapes:
                 st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs, cluster_slots=tuple(slots))
-                rows: list = []
+                spans: list = []
                 h = hashlib.sha256()
                 for m in MS:
-                    what, p = launch_of(launch, m, st)
+                    what, p = launch_of(m, st)
                     h.update(json.dumps([m, p], sort_keys=True).encode())
                     key = json.dumps(what, sort_keys=True)
                     i = index.setdefault(key, len(launches))
                     if i == len(launches):
                         launches.append(key)
-                    if rows and rows[-1][2] == i:
-                        rows[-1][1] = m
+                    if spans and spans[-1][2] == i:
+                        spans[-1][1] = m
                     else:
-                        rows.append([m, m, i])
-                runs[f"{dev}/{gs}/{k}x{n}"] = rows
+                        spans.append([m, m, i])
+                runs[f"{dev}/{gs}/{k}x{n}"] = spans
                 plans[f"{dev}/{gs}/{k}x{n}"] = h.hexdigest()[:16]
     return {"runs": runs, "launches": [json.loads(s) for s in launches], "plans": plans}
 
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from qtool.kernels.cuda import launch
-
     shapes = model_shapes() + ODD_SHAPES
-    out = {"devices": DEVICES, "gshifts": list(GSHIFTS), "ms": MS, "shapes": shapes, **record(launch, shapes)}
+    out = {"devices": DEVICES, "gshifts": list(GSHIFTS), "ms": MS, "shapes": shapes, **record(shapes)}
     DATA.parent.mkdir(exist_ok=True)
     DATA.write_text(json.dumps(out, sort_keys=True, separators=(",", ":")) + "\n")
 

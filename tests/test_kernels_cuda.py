@@ -19,8 +19,9 @@ import torch
 
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, get_kernel
-from qtool.kernels.cuda import act_order_plan, build, built, group_shift, launch
-from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XR, XS, Config, choose, plan, ring_depth
+from qtool.kernels.cuda import act_order_plan, build, built, group_shift, launch, rows
+from qtool.kernels.cuda.launch import MMA, SK, WG_STAGES, WGMMA, XR, XS, Config, plan, ring_depth
+from qtool.kernels.cuda.rows import choose
 
 ENTRY = built.NAMES | built.NAMES_SM90A  # every entry point of the sm_90a build
 SMEM_MAX = 227 * 1024
@@ -119,15 +120,15 @@ def test_small_m_takes_stream_k_where_x_fits():
     for m, (k, n) in ((17, (28672, 8192)), (32, (8192, 8192)), (24, (5120, 27648)), (32, (4096, 14336)),
                       (24, (3584, 3584))):
         wg = choose(m, state(k, n))
-        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg.wgs == launch.wg_launch(32)(state(k, n)).wgs
+        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg.wgs == rows.wg_launch(32)(state(k, n)).wgs
         p = plan(wg, m, state(k, n))
         assert p["rows"] == 32 and p["grid"][0] * p["grid"][1] <= 132
-        assert (launch.wg_cost(32, wg.wgs, wg.splits, state(k, n))
-                <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(k, n)))
+        assert (rows.wg_cost(32, wg.wgs, wg.splits, state(k, n))
+                <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(state(k, n)))
     # 3584 x 18944 is as cheap in the model, as a grid of three waves
-    wg = launch.wg_launch(32)(state(3584, 18944))
-    assert (launch.wg_cost(32, wg.wgs, wg.splits, state(3584, 18944))
-            <= launch.WG32_EDGE * launch.xr4_blocks_per_sm(state(3584, 18944)))
+    wg = rows.wg_launch(32)(state(3584, 18944))
+    assert (rows.wg_cost(32, wg.wgs, wg.splits, state(3584, 18944))
+            <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(state(3584, 18944)))
     assert plan(wg, 32, state(3584, 18944))["grid"][:2] == (99, 4)
     # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
     assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
@@ -175,7 +176,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     # and 2048; two groups, the second one block): four blocks a warp, the fewest warps that keep groups of 16
     for m, k, nt, warps, groups in ((8, 5120, 1, 10, 2), (12, 5120, 2, 10, 2), (16, 768, 2, 3, 1),
                                     (9, 2048, 2, 8, 1), (16, 4160, 2, 9, 2)):
-        assert launch.xr_live(state(k, 768)) < launch.XR_LIVE_MIN
+        assert rows.xr_live(state(k, 768)) < rows.XR_LIVE_MIN
         four = choose(m, state(k, 768))
         assert (four.kind, four.nt, four.r, four.warps, four.t, four.bias, four.cluster) == (
             XR, nt, 4, warps, 1, False, False)
@@ -272,7 +273,7 @@ def test_large_m_choice_follows_the_layer_shape():
     # Llama-3-70B at M = 256 (bench.md, ninth pass): k/v narrow, q/o square, gate/up wide, down long-K; x by TMA
     # (one more warp) where K allows it
     narrow = Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
-    assert launch.choose_row(256, state(8192, 1024)).make(state(8192, 1024)) == narrow
+    assert rows.choose_row(256, state(8192, 1024)).make(state(8192, 1024)) == narrow
     q = choose(256, state(8192, 8192))
     assert (q.bn, q.wgs, q.stages) == (256, 2, 6)
     p = plan(q, 256, state(8192, 8192))
@@ -290,10 +291,10 @@ def test_large_m_choice_follows_the_layer_shape():
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
     # M 129-192: one 192-column tile (6 x-tile stages) where the narrow row does not take the layer
     for k, n in ((8192, 8192), (8192, 28672), (28672, 8192)):
-        c = launch.choose_row(192, state(k, n)).make(state(k, n))
+        c = rows.choose_row(192, state(k, n)).make(state(k, n))
         assert (c.kind, c.bn, c.wgs, c.stages) == (WGMMA, 192, 2, 0)
         assert plan(c, 129, state(k, n))["name"] == "qt_wg_{dt}_bn192_wg2_s6_blk_tma"
-    assert launch.choose_row(160, state(8192, 1024)).name == "wgmma bn128 narrow"
+    assert rows.choose_row(160, state(8192, 1024)).name == "wgmma bn128 narrow"
 
 
 def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
@@ -307,7 +308,7 @@ def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
     assert (c.bn, c.wgs, c.splits) == (64, 4, 1)
     p = plan(c, 64, gate)
     assert p["grid"] == (112, 1, 1) and p["block"] == 5 * 128 and p["name"] == "qt_wg_{dt}_bn64_wg4_s6_blk_tma"
-    assert launch.wg_cost(64, 4, 1, gate) < launch.wg_cost(64, 2, 1, gate)  # one wave against two
+    assert rows.wg_cost(64, 4, 1, gate) < rows.wg_cost(64, 2, 1, gate)  # one wave against two
     qwen = rows_state(3584, 18944)  # Qwen2.5-7B gate_proj at M = 128: 99 CTAs of three warpgroups (148 of two)
     assert (choose(128, qwen).wgs, choose(128, qwen).splits) == (3, 1)
     down = rows_state(18944, 3584)  # 14 column blocks of four warpgroups, 9 splits: 126 CTAs, not 140 of two
@@ -318,7 +319,7 @@ def test_wgmma_grid_has_the_least_modelled_cost(monkeypatch):
     kv = rows_state(8192, 1024)
     assert (choose(64, kv).wgs, choose(64, kv).splits) == (2, 16)
     assert (choose(100, kv).wgs, choose(100, kv).splits) == (2, 13)
-    monkeypatch.setattr(launch, "WG_PARTIAL", 0.0)
+    monkeypatch.setattr(rows, "WG_PARTIAL", 0.0)
     assert choose(100, kv).splits == 16
 
 
@@ -368,11 +369,12 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     more than WG_CLUSTER_MAX splits cut to it where those fit; where they do not, the most splits that fit,
     only if the workspace's partials are at least WG_CL_PARTIALS of the weight bytes; nothing without slots."""
     slots = tuple(H100_SLOTS)  # launch.cluster_slots on an H100
-    rows = lambda m, st: launch.choose_row(m, st).make(st)  # noqa: E731
+    def row_launch(m, st):
+        return rows.choose_row(m, st).make(st)
 
     def clustered(m, k, n):
         st = state(k, n, slots=slots)
-        return rows(m, st), choose(m, st), st
+        return row_launch(m, st), choose(m, st), st
 
     before, after, st = clustered(128, 3584, 3584)  # 28 tiles of 4 splits: 28 clusters fit
     assert (plan(before, 128, st)["splits"], after.splits, after.cluster) == (4, 4, True)
@@ -387,13 +389,13 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     assert plan(before, 128, st)["splits"] == 4 and (after.splits, after.cluster) == (3, True)
     # the edge itself: K = 8 x 4 x 128 takes it, a K past it does not (KB 64 -> 66 keeps 4 splits)
     st = state(4224, 4096, slots=slots)
-    assert plan(rows(128, st), 128, st)["splits"] == 4 and not choose(128, st).cluster
+    assert plan(row_launch(128, st), 128, st)["splits"] == 4 and not choose(128, st).cluster
     # Llama-3-70B's down_proj at M = 128: 43 tiles of 3 splits, 2 would fit, the partials are light: unchanged
     before, after, st = clustered(128, 28672, 8192)
     assert after == before and plan(before, 128, st)["splits"] == 3
     # one split, another kernel, a device without slots: unchanged
     assert not choose(128, state(8192, 28672, slots=slots)).cluster
-    assert choose(16, state(4096, 4096, slots=slots)) == rows(16, state(4096, 4096))
+    assert choose(16, state(4096, 4096, slots=slots)) == row_launch(16, state(4096, 4096))
     assert not choose(128, state(3584, 3584, slots=())).cluster
 
 
@@ -418,7 +420,7 @@ def test_wgmma_grid_past_a_wave_takes_a_tail_launch():
     big = state(8192, 28672, slots=slots)
     cfg = choose(128, big)
     assert (cfg.wgs, cfg.tail) == (3, 5) and plan(cfg, 128, big)["tail"]["grid"] == (18, 5, 1)
-    assert launch.wg_tail_cost(128, 3, 5, big) * launch.TAIL_MARGIN < launch.wg_cost(128, 2, 1, big)
+    assert rows.wg_tail_cost(128, 3, 5, big) * rows.TAIL_MARGIN < rows.wg_cost(128, 2, 1, big)
     assert choose(96, big).tail == 0 and choose(256, big).tail == 0  # M <= 96; 92 tiles left: no split fits
     # without cluster slots the tail's splits meet in the workspace
     bare = state(3584, 18944, slots=())
@@ -888,7 +890,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
     monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
     want = json.loads(cuda_choices.DATA.read_text())
-    got = cuda_choices.record(launch, want["shapes"])
+    got = cuda_choices.record(want["shapes"])
     for key, runs in want["runs"].items():
         dev = key.split("/")[0]
         expect = [(a, b, want["launches"][i]) for a, b, i in runs]
@@ -898,7 +900,7 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
             assert set(lc["names"]) <= launch.kernels(tuple(want["devices"][dev][0])), (key, lc)
 
 
-# a point where each row of launch.ROWS is the first to apply: (M, K, N, compute capability, group shift)
+# a point where each row of rows.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
     "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7),
     "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
@@ -924,12 +926,12 @@ ROW_POINTS = {
 def test_every_row_is_reachable_and_built():
     """Each row of the launch table is the first to match somewhere (so none is dead), its launch names a kernel
     the device's cubin has, and its evidence is one sentence."""
-    assert [r.name for r in launch.ROWS] == list(ROW_POINTS)
-    for row in launch.ROWS:
+    assert [r.name for r in rows.ROWS] == list(ROW_POINTS)
+    for row in rows.ROWS:
         m, k, n, cc, gs = ROW_POINTS[row.name]
         st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs,
                              cluster_slots=tuple(H100_SLOTS) if cc == (9, 0) else ())
-        assert launch.choose_row(m, st) is row, row.name
+        assert rows.choose_row(m, st) is row, row.name
         p = plan(choose(m, st), m, st)
         assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= launch.kernels(cc), row.name
         assert p["smem"] <= launch.smem_per_sm(cc), row.name

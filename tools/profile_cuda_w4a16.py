@@ -6,7 +6,7 @@
     python tools/profile_cuda_w4a16.py 256 --dense                        # and cuBLAS's dense GEMM after it
 
 Batch sizes from the command line (default 1 and 256); the layer is random, group size 128, fp16; each launch is
-the one launch.choose() makes (printed with its description).
+the one rows.choose() makes (printed with its description).
 """
 
 import sys

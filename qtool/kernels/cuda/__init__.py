@@ -1,7 +1,7 @@
 """`cuda-w4a16`: CUDA C++ W4A16 kernels (csrc/*.cuh) over the mma tile layout (qtool/packing/mma_tiles.py).
 
 Five kernel families (csrc/gen_kernels.py's table lists the built shapes), chosen per call by M and the layer
-(launch.ROWS):
+(rows.ROWS):
 - `sk` (sm_80+, M <= 8): stream-K over the tile-major weight, one equal contiguous range per warp of a
   persistent grid, mma.sync fed the biased nibbles (four LOP3s per word) with the zero point removed from each
   unit's fp32 sum through sum(x), or (grids of whole tiles per CTA) from each fragment by one FMA; shared tiles
@@ -68,7 +68,7 @@ class CudaState:
     cluster_slots: tuple = ()  # launch.cluster_slots: clusters of s CTAs resident at once (index s); () none
 
     def config(self, m: int):
-        from qtool.kernels.cuda.launch import choose
+        from qtool.kernels.cuda.rows import choose
 
         if self.override is not None:
             return self.override
