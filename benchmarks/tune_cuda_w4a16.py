@@ -609,7 +609,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
     kern = get_kernel("cuda-w4a16")
     dev = torch.device("cuda")
     fams = {k: v for k, v in CURVE_FAMILIES.items() if not families or k in families or k == "default"}
-    rows, bad = [], 0
+    recs, bad = [], 0
     for model in models.split(","):
         counts: dict[tuple[int, int], int] = {}
         for sh in parse_shapes(model, "cuda"):
@@ -644,7 +644,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                         bad += 1
                         print(f"FAIL {model} {k}x{n} M={m} {fam} ({label}): err {err:.3g} vs base {base:.3g}",
                               flush=True)
-                        rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
+                        recs.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
                                          base_err=base, us=None))
                         continue
                     timed.append((fam, label, err, [(lambda x=x, s=s, c=cfg: forward_as(kern, x, s, c))
@@ -655,9 +655,9 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                         us[fam] += time_calls(calls, dev, graphs=True, max_seconds=seconds / 2).median_s * 1e6 / 2
                 for fam, label, err, _ in timed:
                     if fam == "dense":
-                        rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family="dense", us=us[fam]))
+                        recs.append(dict(model=model, K=k, N=n, M=m, mult=mult, family="dense", us=us[fam]))
                         continue
-                    rows.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
+                    recs.append(dict(model=model, K=k, N=n, M=m, mult=mult, family=fam, label=label, err=err,
                                      base_err=base, us=us[fam]))
                     print(f"row {model} {k}x{n} M={m} {fam}: {us[fam]:.1f} us (dense {us['dense']:.1f}) {label}",
                           flush=True)
@@ -669,7 +669,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
     for model in models.split(","):
         print(f"== {model} {dtype}: layer x dense per family (a family missing a shape takes the default there)")
         for m in batch_sizes:
-            rs = [r for r in rows if r["model"] == model and r["M"] == m]
+            rs = [r for r in recs if r["model"] == model and r["M"] == m]
             shapes = sorted({(r["K"], r["N"], r["mult"]) for r in rs})
             dense = {(r["K"], r["N"]): r["us"] for r in rs if r["family"] == "dense"}
             tdense = sum(dense[(k, n)] * c for k, n, c in shapes)
@@ -689,7 +689,7 @@ def curve(models: str, batch_sizes: list[int], dtype: torch.dtype, out_json: Pat
                 line.append(f"| {k}x{n}: {best['family']} {best['us']:.1f}/{dense[(k, n)]:.1f}")
             print(f"M={m:>3} best {tdense / best_t:.2f} " + " ".join(line), flush=True)
     if out_json:
-        out_json.write_text(json.dumps({"dtype": str(dtype), "rows": rows}, indent=1))
+        out_json.write_text(json.dumps({"dtype": str(dtype), "rows": recs}, indent=1))
     return 1 if bad else 0
 
 

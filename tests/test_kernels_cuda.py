@@ -93,13 +93,27 @@ def test_forced_configs_and_labels():
 
 
 def test_small_m_takes_stream_k_where_x_fits():
-    assert choose(1, state(8192, 28672)).kind == SK and choose(1, state(28672, 8192)).kind == SK
-    # Llama-3-70B at M = 1: k/v one CTA per tile; down (long K) and q/o (4 tiles per SM) 4 whole tiles per CTA;
-    # gate/up 132 CTAs
-    assert choose(1, state(8192, 1024)).tpc == 1 and choose(1, state(28672, 8192)).tpc == 4
-    assert choose(1, state(8192, 8192)).tpc == 4 and choose(1, state(8192, 28672)).tpc == 0
-    assert choose(1, state(8192, 28672)).trigger == "start"
+    # Llama-3-70B at M = 1: k/v one CTA per tile; down (long K) and q/o (4 tiles per SM) 4 whole tiles per CTA
+    assert choose(1, state(28672, 8192)).kind == SK and choose(1, state(8192, 1024)).tpc == 1
+    assert choose(1, state(28672, 8192)).tpc == 4 and choose(1, state(8192, 8192)).tpc == 4
     assert plan(choose(1, state(28672, 8192)), 1, state(28672, 8192))["grid"] == (128, 1, 1)
+    # equal ranges, one CTA per SM, only at M = 1 on a wide layer whose x-in-registers K groups would be over a
+    # quarter idle (Qwen2.5-32B's 5120 x 27648 and 5120 x 5120)
+    for k, n in ((5120, 27648), (5120, 5120)):
+        ranges = choose(1, state(k, n))
+        assert (ranges.kind, ranges.tpc, ranges.trigger) == (SK, 0, "start") and rows._sk_ranges(1, state(k, n))
+        assert rows.xr_live(state(k, n)) < rows.XR_LIVE_MIN
+    # elsewhere a layer stream-K would take over equal ranges goes to one batch tile of x in registers: 8 blocks a
+    # warp at every M <= 8 where its K groups are full (Llama-3-70B's gate/up, TP=2's and TP=4's, Qwen2.5-32B's
+    # down_proj), four blocks a warp at M 2-8 where they are not (Qwen2.5-32B's 5120 K: 2 groups of 10 warps)
+    for m, k, n in ((1, 8192, 28672), (3, 8192, 28672), (2, 8192, 14336), (1, 8192, 7168), (1, 27648, 5120)):
+        assert rows._sk_ranges(m, state(k, n))
+        one = choose(m, state(k, n))
+        assert (one.kind, one.nt, one.r, one.warps) == (XR, 1, 8, 8)
+    for m, k, n in ((2, 5120, 27648), (6, 5120, 27648), (3, 5120, 5120)):
+        assert rows._sk_ranges(m, state(k, n))
+        one = choose(m, state(k, n))
+        assert (one.kind, one.nt, one.r, one.warps) == (XR, 1, 4, 10) and plan(one, m, state(k, n))["splits"] == 2
     # where x is too long for stream-K (70B at M >= 4), and on layers of one K group of 8 x 8 blocks (K 3072-4096:
     # Llama-3-8B, Qwen2.5-7B) at any M <= 8: one batch tile of x in registers, 8 warps of 8 blocks
     assert choose(3, state(8192, 1024)).kind == SK and choose(4, state(8192, 1024)).kind == XR  # x 65.6 KB
@@ -211,7 +225,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert p["name"] == "qt_sk_{dt}_u2_d4"
     assert plan(Config(kind=SK, depth=6), 1, state(8192, 1024))["name"] == "qt_sk_{dt}_u2_d6"
     # the whole-tile grids (k/v, down) subtract the zero per fragment; the 1/sm grid keeps the x sums
-    kv, down, gate = (choose(1, state(k, n)) for k, n in ((8192, 1024), (28672, 8192), (8192, 28672)))
+    kv, down, gate = (choose(1, state(k, n)) for k, n in ((8192, 1024), (28672, 8192), (5120, 27648)))
     assert kv.zsub and down.zsub and not gate.zsub and "zsub" in kv.label() and "zsub" not in gate.label()
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
     assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings

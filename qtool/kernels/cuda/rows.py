@@ -124,11 +124,22 @@ def _xr_m16(m: int, st) -> bool:
 XR1_MIN_K = 3072
 
 
+# Where stream-K would take a layer over equal ranges (wide layers: gate/up, and q/o past 4 tiles an SM), x in
+# registers takes it at M <= 8 too: its time is nearly flat in M (Llama-3-70B's gate_proj 44.3 us at M = 1, 45.4 at
+# M = 8), where the equal-range grid, which stages all of x per CTA and sums the tiles cut at range ends through the
+# workspace, grows with M (44.5 us at M = 1, 46.8 at M = 3). H100, two orders, fp16 and bf16 (tune-curve.json
+# h100-2026-12-06-xr, 'default' against 'sk 1/sm'): one batch tile of 8 blocks a warp took 4-6 % less time on
+# Llama-3-70B's gate/up at M 2-3 (0-1 % at M = 1), 4-11 % on TP=2's 8192 x 14336 and 3-17 % on TP=4's 8192 x 7168
+# at M 1-3, 3 % on Qwen2.5-32B's down_proj at M = 1. With K groups over a quarter idle (Qwen2.5-32B's 5120: four
+# blocks a warp, _xr_r4) 7-23 % less on 5120 x 5120 at M 2-6 and from 4 % more to 7 % less on 5120 x 27648; at M = 1
+# those two took 8-9 and 4-7 % more time so, and keep stream-K.
 def _xr_m8(m: int, st) -> bool:
     """M <= 8 on sm_90, groups of >= 128 (or one group), K >= XR1_MIN_K, and either K within one K group of 8 warps
-    x 8 blocks (no partial sums through the workspace) or x too long for stream-K to stage."""
+    x 8 blocks (no partial sums through the workspace), x too long for stream-K to stage, or a layer stream-K
+    would take over equal ranges (_sk_ranges) but at M = 1 with K groups over a quarter idle (XR_LIVE_MIN)."""
     return (m <= 8 and st.gshift_blk >= 7 and tuple(st.cc) == (9, 0) and st.K >= XR1_MIN_K
-            and (xr_kgroups(st, 8, 8) == 1 or not sk_fits(m, st)))
+            and (xr_kgroups(st, 8, 8) == 1 or not sk_fits(m, st)
+                 or (_sk_ranges(m, st) and (m > 1 or xr_live(st) >= XR_LIVE_MIN))))
 
 
 # Least share of an x-in-registers K group's warp blocks (8 warps x 8 64-k blocks) that hold K, below which a layer
@@ -228,6 +239,22 @@ def _sk_tpc(st) -> int:
 def _sk_one_wave(st) -> bool:
     """Whether the whole-tile grid fits one wave (no CTA waits for an SM while the others stream)."""
     return -(-_n16(st) // _sk_tpc(st)) <= st.n_sm
+
+
+def _sk_tile_per_cta(m: int, st) -> bool:
+    """Stream-K with one tile a CTA: a small layer of at most one tile per SM."""
+    return sk_fits(m, st) and small_layer(st) and _n16(st) <= st.n_sm
+
+
+def _sk_whole(m: int, st) -> bool:
+    """Stream-K with whole tiles a CTA: a long-K layer or one of at most 4 tiles per SM, its CTAs one wave."""
+    return (sk_fits(m, st) and _n16(st) >= st.n_sm and _sk_one_wave(st)
+            and (st.K >= 2 * st.N or _n16(st) <= 4 * st.n_sm))
+
+
+def _sk_ranges(m: int, st) -> bool:
+    """Stream-K over equal ranges of the weight: a layer it takes with neither one nor whole tiles a CTA."""
+    return sk_fits(m, st) and not _sk_tile_per_cta(m, st) and not _sk_whole(m, st)
 
 
 def _sk_whole_tiles(st) -> Config:
@@ -344,16 +371,16 @@ ROWS = (
         lambda st: Config(kind=XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "One batch tile of x in registers (8 blocks a warp) streams the weights with no x stream and no barrier per "
         "block, which beats stream-K on layers of one K group (Llama-3-8B at M = 3: q/o 6.3 against 10.4 us, "
-        "gate/up 11.8 against 13.7) and, where x is too long for stream-K (70B at M >= 4), the split-K mma kernel "
-        "(q/o 14.2 against 25.4 us) and the two-tile M = 16 forms (q/o 14.2 against 16.3, k/v 5.7 against 6.9)."),
-    Row("stream-K tile per CTA", lambda m, st: sk_fits(m, st) and small_layer(st) and _n16(st) <= st.n_sm,
+        "gate/up 11.8 against 13.7) and on the wide layers it would take over equal ranges (H100, fp16, M = 3: "
+        "Llama-3-70B TP=4's 8192 x 7168 13.6 against 16.4), and, where x is too long for stream-K (70B at M >= 4), "
+        "the split-K mma kernel (q/o 14.2 against 25.4 us) and the two-tile M = 16 forms (q/o 14.2 against 16.3, "
+        "k/v 5.7 against 6.9)."),
+    Row("stream-K tile per CTA", _sk_tile_per_cta,
         Config(kind=SK, warps=16, tpc=1, depth=6, zsub=True),
         "A small layer of at most one tile per SM (k/v, MoE experts) puts its whole weight in flight with one "
         "16-warp CTA of 6-slot rings per tile, each tile summed in shared memory; with more tiles than SMs the "
         "CTAs queue in waves (Llama-3-70B's TP=4 o_proj, 2048 x 8192: 15.5 us against 5.8 with whole tiles)."),
-    Row("stream-K whole tiles", lambda m, st: (sk_fits(m, st) and _n16(st) >= st.n_sm and _sk_one_wave(st)
-                                               and (st.K >= 2 * st.N or _n16(st) <= 4 * st.n_sm)),
-        _sk_whole_tiles,
+    Row("stream-K whole tiles", _sk_whole, _sk_whole_tiles,
         "A long-K layer (down, with 6-slot rings) or one of at most 4 tiles per SM (q/o) is faster with whole "
         "tiles per CTA, every hand-over in shared memory, than with the equal-range grid, as long as the CTAs fit "
         "one wave: a second wave runs its tiles after the first (Qwen2.5-32B's down_proj, 320 tiles in 160 CTAs: "
