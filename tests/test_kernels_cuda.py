@@ -805,6 +805,32 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
                 flags(cfg, p["grid"][0], 132)
 
 
+def test_every_curve_family_is_plannable(monkeypatch):
+    """benchmarks/tune_cuda_w4a16.py --curve's launch families, each a function of the rows' predicates and
+    launches: on the bench shapes every family gives, somewhere, a launch that plans and names instantiated kernels
+    (a family whose launch does not plan is skipped on the GPU, so a stale one would go unmeasured unseen)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_cuda_w4a16 as tune
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    planned = dict.fromkeys(tune.CURVE_FAMILIES, 0)
+    for k, n in ((8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (5120, 27648), (2048, 768),
+                 (768, 2048), (384, 384), (8192, 256)):
+        st = state(k, n)
+        for m in (1, 2, 6, 12, 16, 24, 40, 64, 72, 100, 128, 150, 192, 200, 256):
+            for fam, make in tune.CURVE_FAMILIES.items():
+                cfg = make(m, st)
+                if cfg is None:
+                    continue
+                try:
+                    p = plan(cfg, m, st)
+                except ValueError:
+                    continue  # --curve skips it there too
+                assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= ENTRY, (fam, cfg)
+                planned[fam] += 1
+    assert [fam for fam, c in planned.items() if not c] == ["default"]  # the dispatch's own launch: None
+
+
 def test_x_in_registers_plan():
     """K groups of warps x r blocks; units (K group, tile) over about ctas_per_sm CTAs per SM; partials per K
     group in the workspace only when there are several; every built shape fits one CTA per SM."""
