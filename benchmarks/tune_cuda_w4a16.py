@@ -504,6 +504,16 @@ def xr_r4(m: int, st) -> Config:
     return rows._xr_r4_launch(1 if m <= 8 else 2)(st)
 
 
+def xr_least_idle(m: int, st, depth: int = 4) -> Config | None:
+    """Two batch tiles of x in registers, four blocks a warp, with the warp count of 8-16 that leaves the fewest
+    idle warp blocks in its K groups (more warps at a tie); None outside M 9-16 or groups of < 128."""
+    if not (8 < m <= 16 and st.gshift_blk >= 7):
+        return None
+    kb = -(-st.K // 64)
+    w = min(range(8, 17), key=lambda w: (-(-kb // (4 * w)) * 4 * w - kb, -w))
+    return Config(kind=launch.XR, nt=2, r=4, warps=w, depth=depth, ctas_per_sm=1.0, pdl=True)
+
+
 def xr_biased(cfg: Config | None) -> Config | None:
     """The two-batch-tile x-in-registers launch with biased weights (corrected by the sums of x); None elsewhere."""
     if cfg is None or cfg.kind != launch.XR or cfg.nt != 2 or cfg.bias:
@@ -538,7 +548,14 @@ CURVE_FAMILIES = {
                              if m <= 16 and st.gshift_blk >= 7 and rows.xr_live(st) < rows.XR_LIVE_MIN else None),
     "eight blocks a warp": lambda m, st: (next(r for r in rows.ROWS if r.when(m, st) and "four blocks" not in r.name
                                                ).make(st) if "four blocks" in rows.choose_row(m, st).name else None),
-    "xr r4 balanced": lambda m, st: xr_r4(m, st) if 2 < m <= 16 and xr_r4(m, st).warps != 16 else None,
+    "xr r4 balanced": lambda m, st: c if 2 < m <= 16 and (c := xr_r4(m, st)).warps != 16 else None,
+    # M 9-16: four blocks a warp with the fewest idle K-group blocks, or 16 warps (K groups of 64 blocks as eight
+    # blocks a warp, half its x registers); the two-tile units with the fewest warps that keep their K groups
+    "xr r4 least idle": xr_least_idle,
+    "xr r4 least idle d3": lambda m, st: xr_least_idle(m, st, depth=3),
+    "xr r4 w16": lambda m, st: (Config(kind=launch.XR, nt=2, r=4, warps=16, depth=4, ctas_per_sm=1.0, pdl=True)
+                                if 8 < m <= 16 else None),
+    "xr t2 balanced": lambda m, st: xr_balanced(rows._xr_two_tiles(st), st) if 8 < m <= 16 else None,
     "rows only": lambda m, st: rows.choose_row(m, st).make(st),  # the default without rows.wg_clustered
     "cluster": lambda m, st: wg_cluster(rows.choose(m, st), m, st),
     **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(rows.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},

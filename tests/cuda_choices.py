@@ -19,10 +19,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "cuda_choices.json"
-# [compute capability, SMs, launch.cluster_slots]: sm_90's as launch.cluster_slots returns them on an H100 80GB
-# HBM3 (driver 580.159.04, 2026-12-05); the 114-SM profile without clusters (the rule's other side)
+# [compute capability, SMs, launch.cluster_slots, memory GB/s]: sm_90's slots as launch.cluster_slots returns them
+# on an H100 80GB HBM3 (driver 580.159.04, 2026-12-05), its bandwidth the h100 profile's (configs/devices.yaml);
+# the H200 profile's bandwidth with the same slots, and a 114-SM device without clusters (the rules' other sides)
 H100_SLOTS = [0, 0, 66, 39, 30, 22, 17, 15, 15]
-DEVICES = {"sm_80": [[8, 0], 108, []], "sm_90": [[9, 0], 132, H100_SLOTS], "sm_90-114": [[9, 0], 114, []]}
+H100_GBPS, H200_GBPS = 3350, 4800
+DEVICES = {"sm_80": [[8, 0], 108, [], 2039], "sm_90": [[9, 0], 132, H100_SLOTS, H100_GBPS],
+           "sm_90-h200": [[9, 0], 132, H100_SLOTS, H200_GBPS], "sm_90-114": [[9, 0], 114, [], H100_GBPS]}
 # group shift of a layer: -1 the group table (groups of 32, act-order), 6/7/8 groups of 64/128/256, 30 one group
 GSHIFTS = (-1, 6, 7, 8, 30)
 MS = [*range(1, 257), 257, 300, 384, 500, 512, 1000, 1024, 2048, 4096, 8192]
@@ -73,10 +76,11 @@ def record(shapes: list[list[int]]) -> dict:
     index: dict[str, int] = {}
     runs: dict[str, list] = {}
     plans: dict[str, str] = {}
-    for dev, (cc, n_sm, slots) in DEVICES.items():
+    for dev, (cc, n_sm, slots, gbps) in DEVICES.items():
         for gs in GSHIFTS:
             for k, n in shapes:
-                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs, cluster_slots=tuple(slots))
+                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs, cluster_slots=tuple(slots),
+                                     hbm_gbps=gbps)
                 spans: list = []
                 h = hashlib.sha256()
                 for m in MS:

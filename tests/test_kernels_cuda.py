@@ -29,12 +29,12 @@ SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), 
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_choices import H100_SLOTS  # noqa: E402
+from cuda_choices import H100_GBPS, H100_SLOTS, H200_GBPS  # noqa: E402
 
 
-def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS)):
+def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS):
     return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1,
-                           cluster_slots=slots if cc == (9, 0) else ())
+                           cluster_slots=slots if cc == (9, 0) else (), hbm_gbps=gbps)
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 256, 1000])
@@ -179,6 +179,11 @@ def test_small_m_takes_stream_k_where_x_fits():
     # two K groups (gate/up): the weights biased and the K groups summed in a cluster; seven (down) and q/o plain
     assert (gate16.bias, gate16.cluster, down16.bias, down16.cluster, q16.bias, q16.cluster) == (
         True, True, False, False, False, False)
+    # down's seven K groups take two-tile units only on H200-class memory (XR_T2_GBPS_SM): one tile of depth 3 on
+    # the H100 (and on a device of no known bandwidth); gate/up's cluster form on both
+    for gbps in (H100_GBPS, 0):
+        assert choose(16, state(28672, 8192, gbps=gbps)) == q16 == choose(12, state(27648, 5120, gbps=gbps))
+        assert choose(16, state(8192, 28672, gbps=gbps)) == gate16
     assert plan(gate16, 16, state(8192, 28672))["cluster"] == (2, 1, 1)
     assert plan(q16, 16, state(8192, 8192))["cluster"] == (1, 1, 1)
     assert [launch.xr_kgroups(state(k, 64), 8, 8) for k in (4096, 4097, 8192, 8193)] == [1, 2, 2, 3]
@@ -203,7 +208,7 @@ def test_small_m_takes_stream_k_where_x_fits():
         one = choose(m, state(k, 768))
         assert (one.kind, one.nt, one.r, one.warps) == (XR, 1, 4, warps)
     assert choose(4, state(5120, 768)).kind == SK and choose(1, state(3072, 768)).r == 8
-    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6, cluster_slots=())  # groups of 64: not run on a GPU
+    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6, cluster_slots=(), hbm_gbps=0)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
     down16 = choose(16, state(28672, 8192, cc=(8, 0)))
@@ -230,7 +235,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
     assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings
     assert plan(choose(1, state(8192, 8192)), 1, state(8192, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"  # q/o: 4
-    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8, cluster_slots=())  # group 256: units of 4 would fit
+    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8, cluster_slots=(), hbm_gbps=0)  # group 256: units of 4 would fit
     with pytest.raises(ValueError, match="zsub"):
         plan(Config(kind=SK, ub=4, zsub=True), 1, st8)
     with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
@@ -970,7 +975,7 @@ def test_every_row_is_reachable_and_built():
     for row in rows.ROWS:
         m, k, n, cc, gs = ROW_POINTS[row.name]
         st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs,
-                             cluster_slots=tuple(H100_SLOTS) if cc == (9, 0) else ())
+                             cluster_slots=tuple(H100_SLOTS) if cc == (9, 0) else (), hbm_gbps=H100_GBPS)
         assert rows.choose_row(m, st) is row, row.name
         p = plan(choose(m, st), m, st)
         assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= launch.kernels(cc), row.name

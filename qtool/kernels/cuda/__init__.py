@@ -26,13 +26,21 @@ load time); nothing dense is kept. Importing this package imports neither ctypes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 
 from qtool.kernels.base import Kernel, PackedLayer, register, unpack_gptq
-from qtool.kernels.devices import cuda_index
+from qtool.kernels.devices import cuda_index, live_cuda, load_profiles
 
 MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands
+
+
+@cache
+def hbm_gbps(index: int) -> float:
+    """GPU `index`'s peak memory bandwidth in GB/s, from the configs/devices.yaml profile its name matches (as
+    `qtool select cuda:N` finds it); 0 where none does."""
+    return live_cuda(index, load_profiles()).hbm_gbps or 0.0
 
 
 @dataclass
@@ -66,6 +74,7 @@ class CudaState:
     retired: list = field(default_factory=list)  # superseded buffers that captured graphs may still use
     tmaps: dict = field(default_factory=dict)  # tensor maps of the wgmma kernel's TMA form (launch.x_map, w_maps)
     cluster_slots: tuple = ()  # launch.cluster_slots: clusters of s CTAs resident at once (index s); () none
+    hbm_gbps: float = 0.0  # memory bandwidth, GB/s, of the device's profile (hbm_gbps); 0 where none matches
 
     def config(self, m: int):
         from qtool.kernels.cuda.rows import choose
@@ -175,7 +184,7 @@ class CudaW4A16(Kernel):
         index = cuda_index(dev)
         return CudaState(k, n, qw, zt, scales, gtab, perm, n_sm, cc, layer.n_groups,
                          group_shift(eff, layer.n_groups, 64) if perm is None or layer.n_groups == 1 else -1,
-                         scales_src=layer.scales, cluster_slots=cluster_slots(index, cc))
+                         scales_src=layer.scales, cluster_slots=cluster_slots(index, cc), hbm_gbps=hbm_gbps(index))
 
     def forward(self, x: torch.Tensor, state: CudaState, out: torch.Tensor | None = None) -> torch.Tensor:
         from qtool.kernels.cuda.launch import run

@@ -262,6 +262,25 @@ def _sk_whole_tiles(st) -> Config:
     return Config(kind=SK, warps=16, tpc=_sk_tpc(st), zsub=True, depth=6 if long_k else 0)
 
 
+# Two-tile units hold two tiles' 64-k blocks in each slot of a warp's ring, at depth 2 (shared memory holds no third).
+# With one K group, or two that meet in a cluster (gate/up, biased weights), no partial sums go through the workspace
+# and they are the faster form (H100: Llama-3-70B's gate_proj at M 10-16 3-6 % less time than one tile, Qwen2.5-7B's
+# 3584 x 18944 as units of 7 warps 3-5 %). With more K groups (Llama-3-70B's and Qwen2.5-32B's down_proj) the memory
+# decides: on an H200 (4.8 TB/s, 36 GB/s an SM) they took 6 % less time than one-tile units of depth 3 on
+# Llama-3-70B's down_proj at M = 16 and the same on Qwen2.5-32B's (tune-curve.json h200-2026-12-03); on an H100
+# (3.35 TB/s, 25 GB/s an SM) 5-21 % more on both at M 10-16, fp16 and bf16, two orders (tune-curve.json
+# h100-2026-12-06-m16: 70B's 59.3 against 52.3 us, Qwen2.5-32B's 42.1 against 35.4 at M = 16, fp16). So they take such
+# a layer only where the device's profile gives at least XR_T2_GBPS_SM an SM; an unknown device takes one tile.
+XR_T2_GBPS_SM = 30.0
+
+
+def _xr_t2(m: int, st) -> bool:
+    """M 9-16 on sm_90 with groups of >= 128, at least 8 two-tile units per SM, and either at most two K groups
+    (none through the workspace) or memory of at least XR_T2_GBPS_SM an SM."""
+    return (_xr_m16(m, st) and xr_units(st, 8, 8, 2) >= 8 * st.n_sm
+            and (xr_kgroups(st, 8, 8) <= 2 or st.hbm_gbps >= XR_T2_GBPS_SM * st.n_sm))
+
+
 def _xr_two_tiles(st) -> Config:
     two = xr_kgroups(st, 8, 8) == 2
     return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=pdl_enabled(), bias=two,
@@ -389,10 +408,10 @@ ROWS = (
         Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start"),
         "Wide layers (gate/up) stream best as one 16-warp CTA per SM over equal ranges, the next layer launched at "
         "this one's start (every SM has the same work, so the cascade is even)."),
-    Row("x in registers, two-tile units", lambda m, st: _xr_m16(m, st) and xr_units(st, 8, 8, 2) >= 8 * st.n_sm,
-        _xr_two_tiles,
+    Row("x in registers, two-tile units", _xr_t2, _xr_two_tiles,
         "Layers of at least 8 two-tile units per SM (gate/up, down) run fastest with x in registers and one "
-        "exchange per two tiles; with exactly two K groups (gate/up), biased weights summed in a cluster of 2."),
+        "exchange per two tiles; with exactly two K groups (gate/up), biased weights summed in a cluster of 2; "
+        "with more than two (down), on H200-class memory only (XR_T2_GBPS_SM)."),
     Row("x in registers", _xr_m16,
         lambda st: Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=pdl_enabled()),
         "Any other layer (q/o, k/v, MoE experts, TP shards) is fastest with x in registers, one tile a unit, "
