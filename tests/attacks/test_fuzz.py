@@ -91,6 +91,15 @@ import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 import numpy as np
 from gguf import GGUFReader
+# the reader slices a memory map, so a value cut off by the end of the file comes back short, not as an error:
+# made strict here, so that a truncated file counts as one the reference rejects
+_get = GGUFReader._get
+def _strict_get(self, offset, dtype, count=1, override_order=None):
+    arr = _get(self, offset, dtype, count, override_order)
+    if len(arr) < int(count):
+        raise ValueError("read past the end of the file")
+    return arr
+GGUFReader._get = _strict_get
 try:
     with np.errstate(all="ignore"):
         r = GGUFReader(sys.argv[1])
