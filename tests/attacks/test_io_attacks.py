@@ -219,10 +219,12 @@ def test_source_truncated_during_repack(tmp_path):
         shutil.copytree(master, src)
         dest = tmp_path / f"out{k}"
         argv = ["repack", str(src), "--to", "marlin", "-q", "-o", str(dest)]
-        p = start(argv, delay="0")
+        # 10 ms before each tensor: the write of its 32 tensors spans over 0.3 s (0.7-1.0 s measured), so a moment
+        # drawn from its first 0.2 s falls inside it on any machine; without the delay a fast run was over first
+        p = start(argv, delay="0.01")
         while p.poll() is None and not any(tmp_path.glob(f"{TMP}{p.pid}-*")):
             time.sleep(0.002)
-        time.sleep(rng.uniform(0, 0.05))
+        time.sleep(rng.uniform(0, 0.2))
         os.truncate(src / "model.safetensors", 0)
         r = finish(p, argv)
         assert r.rc in (0, 2), (k, r.rc, r.stderr)  # -7 is SIGBUS
