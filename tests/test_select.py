@@ -357,3 +357,28 @@ def test_live_cuda_reads_torch_properties(monkeypatch):
     assert select_kernel(gptq(28672, 8192, "row"), dev, "vllm", tp=2).chosen == "MacheteLinearKernel"
     with pytest.raises(DeviceError, match=r"torch sees 1 device\(s\)"):
         resolve_device("cuda:3")
+
+
+@pytest.mark.parametrize("name, gbps, two_tiles", [("NVIDIA H100 80GB HBM3", 3350, False), ("NVIDIA H200", 4800, True),
+                                                  ("NVIDIA Hopper Engineering Sample", 0, False)])
+def test_cuda_w4a16_takes_the_bandwidth_of_the_cards_profile(monkeypatch, name, gbps, two_tiles):
+    """cuda-w4a16's layer state carries the memory bandwidth of the profile the card's name matches (0 for none),
+    and the M 9-16 dispatch reads it: two-tile units on Llama-3-70B's down_proj (seven K groups) only on the H200."""
+    import torch
+
+    from qtool.kernels import cuda
+    from qtool.kernels.cuda.rows import choose
+
+    props = SimpleNamespace(name=name, major=9, minor=0, multi_processor_count=132,
+                            shared_memory_per_block_optin=232448, total_memory=85_000_000_000)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.version, "hip", None)
+    cuda.hbm_gbps.cache_clear()
+    try:
+        assert cuda.hbm_gbps(0) == gbps
+    finally:
+        cuda.hbm_gbps.cache_clear()
+    down = SimpleNamespace(K=28672, N=8192, n_sm=132, cc=(9, 0), gshift_blk=7, cluster_slots=(), hbm_gbps=gbps)
+    assert (choose(16, down).t == 2) is two_tiles
