@@ -556,6 +556,10 @@ CURVE_FAMILIES = {
     "xr r4 w16": lambda m, st: (Config(kind=launch.XR, nt=2, r=4, warps=16, depth=4, ctas_per_sm=1.0, pdl=True)
                                 if 8 < m <= 16 else None),
     "xr t2 balanced": lambda m, st: xr_balanced(rows._xr_two_tiles(st), st) if 8 < m <= 16 else None,
+    # the dispatch's wgmma launch as a programmatic dependent launch: its first weight stages stream while the
+    # previous kernel ends
+    "wgmma pdl": lambda m, st: (dataclasses.replace(c, pdl=True) if (c := rows.choose(m, st)).kind == WGMMA
+                                else None),
     "rows only": lambda m, st: rows.choose_row(m, st).make(st),  # the default without rows.wg_clustered
     "cluster": lambda m, st: wg_cluster(rows.choose(m, st), m, st),
     **{f"split{s} cluster": (lambda m, st, s=s: wg_cluster(rows.choose(m, st), m, st, s)) for s in (2, 3, 4, 6, 8)},

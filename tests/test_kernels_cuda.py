@@ -306,7 +306,7 @@ def test_large_m_choice_follows_the_layer_shape():
 
     st = state(8192, 8192)
     assert CudaW4A16().describe(SimpleNamespace(**vars(st), config=lambda m: q), 256) == (
-        "cuda wgmma bn256 wg2 s6 split2 cluster x-tma")
+        "cuda wgmma bn256 wg2 s6 split2 cluster x-tma pdl")
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
     # M 129-192: one 192-column tile (6 x-tile stages) where the narrow row does not take the layer
     for k, n in ((8192, 8192), (8192, 28672), (28672, 8192)):
@@ -391,9 +391,9 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
     def row_launch(m, st):
         return rows.choose_row(m, st).make(st)
 
-    def clustered(m, k, n):
+    def clustered(m, k, n):  # the launch before and after wg_clustered (and wg_tailed: none of these M take one)
         st = state(k, n, slots=slots)
-        return row_launch(m, st), choose(m, st), st
+        return row_launch(m, st), rows.wg_clustered(rows.wg_tailed(row_launch(m, st), m, st), m, st), st
 
     before, after, st = clustered(128, 3584, 3584)  # 28 tiles of 4 splits: 28 clusters fit
     assert (plan(before, 128, st)["splits"], after.splits, after.cluster) == (4, 4, True)
@@ -735,6 +735,30 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
         Config(trigger="later")
     assert Config(kind=SK, trigger="start").label().endswith("pdl-start")
     assert "no-pdl" in Config(kind=MMA, pdl=False).label()
+
+
+def test_wgmma_launches_are_programmatic_on_layers_up_to_the_byte_line(monkeypatch):
+    from qtool.kernels.cuda.launch import use_pdl
+
+    monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
+    # (K, N): the MoE expert, Llama-3-8B's q/o, Qwen2.5-32B's MLP (67.5 MiB) take it; Llama-3-70B's MLP (112 MiB)
+    # does not, at any M the wgmma kernel runs
+    for k, n in ((2048, 768), (768, 2048), (4096, 4096), (5120, 27648), (27648, 5120)):
+        st = state(k, n)
+        assert all(use_pdl(c, st) for m in (24, 64, 128, 256) if (c := choose(m, st)).kind == WGMMA), (k, n)
+    for k, n in ((8192, 28672), (28672, 8192)):
+        st = state(k, n)
+        cs = [choose(m, st) for m in (24, 48, 64, 96, 128, 192, 256)]
+        assert all(c.kind == WGMMA and not use_pdl(c, st) for c in cs), (k, n)
+    assert rows.WG_PDL_MAX_BYTES < 28672 * 8192 // 2 and 27648 * 5120 // 2 <= rows.WG_PDL_MAX_BYTES
+    # the tail launch's first part too (Qwen2.5-7B's gate/up at M = 256: a wave unsplit, the rest in a tail)
+    gate7 = state(3584, 18944)
+    assert choose(256, gate7).tail and use_pdl(choose(256, gate7), gate7)
+    # the rule leaves other kernels, an explicit choice and the switch alone
+    assert choose(16, state(2048, 768)).kind != WGMMA
+    assert rows.wg_programmatic(Config(kind=WGMMA, bn=64, pdl=False), state(2048, 768)).pdl is False
+    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
+    assert not use_pdl(choose(128, state(2048, 768)), state(2048, 768))
 
 
 @pytest.mark.parametrize("n16,upt,ctas,warps", [(64, 64, 64, 16), (512, 64, 132, 16), (13, 3, 5, 4), (64, 32, 22, 4),

@@ -346,7 +346,7 @@ def flags(cfg: Config, grid: int | None = None, n_sm: int | None = None) -> int:
 
 
 PDL_KINDS = (SK, WGMMA, XS, XR)  # kernels that wait (pdl_wait) before they touch x or their outputs; mma_small does not
-# on by default for stream-K only: the wgmma kernel gains nothing from it at large M
+# on by default (cfg.pdl None) for stream-K; the rows set it for the others (wgmma: rows.wg_programmatic, by layer)
 PDL_DEFAULT_KINDS = (SK,)
 
 

@@ -1,5 +1,6 @@
 """Which launch `cuda-w4a16` takes: the rows of the dispatch table (ROWS, first match wins), the wgmma kernel's cost
-model (wg_cost) and its grid's tail launch (wg_tailed) and cluster sums (wg_clustered).
+model (wg_cost), its grid's tail launch (wg_tailed), cluster sums (wg_clustered) and programmatic launch
+(wg_programmatic).
 
 `choose(m, state)` is a pure function of the batch size and the layer's state (K, N, group shift, device facts:
 compute capability, SMs, the driver's cluster capacity); launch.py holds what a launch is (Config), its grid
@@ -455,9 +456,30 @@ def choose_row(m: int, st) -> Row:
 
 def choose(m: int, st) -> Config:
     """The launch for batch size m on the state's device: its row's, with a wgmma grid's last partial wave
-    launched apart where wg_tailed says so, and its K splits summed in thread-block clusters where wg_clustered
-    does."""
-    return wg_clustered(wg_tailed(choose_row(m, st).make(st), m, st), m, st)
+    launched apart where wg_tailed says so, its K splits summed in thread-block clusters where wg_clustered
+    does, and programmatic where wg_programmatic does."""
+    return wg_programmatic(wg_clustered(wg_tailed(choose_row(m, st).make(st), m, st), m, st), st)
+
+
+# A wgmma launch is a programmatic dependent launch on layers of at most WG_PDL_MAX_BYTES of 4-bit weights. Its
+# CTAs then start while the previous kernel drains, set up their barriers and tensor maps and fill their first
+# weight stages before they wait for it (csrc/wgmma.cuh): that hides a fixed 1-2.5 us a call, most of a small
+# layer's gap to cuBLAS. On an H100 (benchmarks/results/tune-curve.json, key h100-2026-12-06-pdl; seven models at
+# M 24-256, fp16 and bf16, two orders, every output within its oracle bound): on layers of at most 32 MiB 1-22 %
+# less time at all but one of 316 points (the MoE expert's 2048 x 768 and 768 x 2048 16-22 %, Llama-3-8B's q/o
+# 6-18 %); on those of 56-68 MiB (70B TP=2's and Qwen2.5-32B's MLP) from 13 % less to 3 % more, less at 58 of 64
+# points. On Llama-3-70B's MLP (112 MiB) the fixed saving is a few percent of a 60-200 us call, and the launch
+# measured from 6 % less to 7 % more: its down_proj (28672 x 8192) 3-7 % more at M 64-192 in both dtypes, its
+# gate/up 2-7 % more at M 48-64. The line lies between those.
+WG_PDL_MAX_BYTES = 96 << 20
+
+
+def wg_programmatic(cfg: Config, st) -> Config:
+    """cfg as a programmatic dependent launch where the rule above says so (PDL not switched off); cfg itself
+    otherwise."""
+    if cfg.kind != WGMMA or cfg.pdl is not None or st.K * st.N // 2 > WG_PDL_MAX_BYTES:
+        return cfg
+    return dataclasses.replace(cfg, pdl=pdl_enabled())
 
 
 # The wgmma kernel holds one CTA an SM, so a grid of a wave and a bit takes two CTA times. At M > 96 (112- to
