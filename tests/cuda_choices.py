@@ -32,6 +32,15 @@ MS = [*range(1, 257), 257, 300, 384, 500, 512, 1000, 1024, 2048, 4096, 8192]
 ODD_SHAPES = [[384, 200], [160, 48], [4104, 4096], [8192, 1000], [1024, 16]]
 
 
+def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS):
+    """A layer's state as the dispatch reads it, for the CPU tests: 132 SMs, groups of 128 (post) or the group
+    table, the H100's cluster slots on sm_90 and the H200 profile's bandwidth unless told otherwise."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1,
+                           cluster_slots=slots if cc == (9, 0) else (), hbm_gbps=gbps)
+
+
 def model_shapes() -> list[list[int]]:
     """(K, N) of every layer and fused layer of every model in configs/models.yaml."""
     data = yaml.safe_load((ROOT / "configs" / "models.yaml").read_text())

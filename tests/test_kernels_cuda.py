@@ -29,12 +29,7 @@ SHAPES = [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (384, 200), 
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_choices import H100_GBPS, H100_SLOTS, H200_GBPS  # noqa: E402
-
-
-def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS):
-    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1,
-                           cluster_slots=slots if cc == (9, 0) else (), hbm_gbps=gbps)
+from cuda_choices import H100_GBPS, H100_SLOTS, state  # noqa: E402
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64, 100, 256, 1000])
@@ -702,63 +697,6 @@ def test_w_maps_describe_the_state_and_are_cached(monkeypatch):
     launch.w_maps(st, s_bf, 12)
     launch.w_maps(st, s16, 8)
     assert len(made) == 9
-
-
-def test_pdl_use_follows_device_config_and_environment(monkeypatch):
-    from qtool.kernels.cuda.launch import flags, use_pdl
-
-    hopper, ampere = state(8192, 8192), state(8192, 8192, cc=(8, 0))
-    monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
-    assert use_pdl(Config(kind=SK), hopper) and not use_pdl(Config(kind=SK), ampere)
-    assert not use_pdl(Config(kind=SK, pdl=False), hopper) and not use_pdl(Config(kind=SK, pdl=True), ampere)
-    assert use_pdl(choose(1, hopper), hopper)
-    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
-    assert not use_pdl(Config(kind=SK), hopper) and use_pdl(Config(kind=SK, pdl=True), hopper)
-    plain = {"evict": "none"}
-    assert flags(Config(**plain)) == 0 and flags(Config(trigger="start", **plain)) == 1
-    # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
-    assert flags(Config(trigger="start", **plain), 264, 132) == 1
-    assert flags(Config(trigger="start", **plain), 128, 132) == 0
-    # evict-first weight copies: the default, for every kernel (each Stream and the stream-K ring read the bit)
-    assert flags(Config()) == 2 and flags(Config(kind=SK, trigger="start"), 264, 132) == 3
-    assert all(flags(choose(m, hopper)) & 2 for m in (1, 16, 256))
-    with pytest.raises(ValueError, match="evict"):
-        Config(evict="all")  # refused where it is made, not at launch
-    gate = state(8192, 28672)
-    assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, gate), gate)
-    assert not use_pdl(choose(16, hopper), hopper)  # the x-streaming choice made under QTOOL_CUDA_PDL=0 ...
-    monkeypatch.delenv("QTOOL_CUDA_PDL")
-    assert use_pdl(choose(16, hopper), hopper)  # ... and without it (q/o)
-    assert use_pdl(choose(16, state(28672, 8192)), hopper)  # down too
-    assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
-    with pytest.raises(ValueError, match="trigger"):
-        Config(trigger="later")
-    assert Config(kind=SK, trigger="start").label().endswith("pdl-start")
-    assert "no-pdl" in Config(kind=MMA, pdl=False).label()
-
-
-def test_wgmma_launches_are_programmatic_on_layers_up_to_the_byte_line(monkeypatch):
-    from qtool.kernels.cuda.launch import use_pdl
-
-    monkeypatch.delenv("QTOOL_CUDA_PDL", raising=False)
-    # (K, N): the MoE expert, Llama-3-8B's q/o, Qwen2.5-32B's MLP (67.5 MiB) take it; Llama-3-70B's MLP (112 MiB)
-    # does not, at any M the wgmma kernel runs
-    for k, n in ((2048, 768), (768, 2048), (4096, 4096), (5120, 27648), (27648, 5120)):
-        st = state(k, n)
-        assert all(use_pdl(c, st) for m in (24, 64, 128, 256) if (c := choose(m, st)).kind == WGMMA), (k, n)
-    for k, n in ((8192, 28672), (28672, 8192)):
-        st = state(k, n)
-        cs = [choose(m, st) for m in (24, 48, 64, 96, 128, 192, 256)]
-        assert all(c.kind == WGMMA and not use_pdl(c, st) for c in cs), (k, n)
-    assert rows.WG_PDL_MAX_BYTES < 28672 * 8192 // 2 and 27648 * 5120 // 2 <= rows.WG_PDL_MAX_BYTES
-    # the tail launch's first part too (Qwen2.5-7B's gate/up at M = 256: a wave unsplit, the rest in a tail)
-    gate7 = state(3584, 18944)
-    assert choose(256, gate7).tail and use_pdl(choose(256, gate7), gate7)
-    # the rule leaves other kernels, an explicit choice and the switch alone
-    assert choose(16, state(2048, 768)).kind != WGMMA
-    assert rows.wg_programmatic(Config(kind=WGMMA, bn=64, pdl=False), state(2048, 768)).pdl is False
-    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
-    assert not use_pdl(choose(128, state(2048, 768)), state(2048, 768))
 
 
 @pytest.mark.parametrize("n16,upt,ctas,warps", [(64, 64, 64, 16), (512, 64, 132, 16), (13, 3, 5, 4), (64, 32, 22, 4),
