@@ -463,12 +463,12 @@ def choose(m: int, st) -> Config:
 
 # A wgmma launch is a programmatic dependent launch on layers of at most WG_PDL_MAX_BYTES of 4-bit weights. Its
 # CTAs then start while the previous kernel drains, set up their barriers and tensor maps and fill their first
-# weight stages before they wait for it (csrc/wgmma.cuh): that hides a fixed 1-2.5 us a call, most of a small
-# layer's gap to cuBLAS. On an H100 (benchmarks/results/tune-curve.json, key h100-2026-12-06-pdl; seven models at
+# weight stages before they wait for it (csrc/wgmma.cuh): that saves about 1-3 us a call (median 1.5), most of a
+# small layer's gap to cuBLAS. On an H100 (benchmarks/results/tune-curve.json, key h100-2026-12-06-pdl; seven models at
 # M 24-256, fp16 and bf16, two orders, every output within its oracle bound): on layers of at most 32 MiB 1-22 %
 # less time at all but one of 316 points (the MoE expert's 2048 x 768 and 768 x 2048 16-22 %, Llama-3-8B's q/o
-# 6-18 %); on those of 56-68 MiB (70B TP=2's and Qwen2.5-32B's MLP) from 13 % less to 3 % more, less at 58 of 64
-# points. On Llama-3-70B's MLP (112 MiB) the fixed saving is a few percent of a 60-200 us call, and the launch
+# 6-18 %); on those of 56-68 MiB (70B TP=2's and Qwen2.5-32B's MLP) from 12 % less to 3 % more, less at 58 of 64
+# points. On Llama-3-70B's MLP (112 MiB) that saving is a few percent of a 60-200 us call, and the launch
 # measured from 6 % less to 7 % more: its down_proj (28672 x 8192) 3-7 % more at M 64-192 in both dtypes, its
 # gate/up 2-7 % more at M 48-64. The line lies between those.
 WG_PDL_MAX_BYTES = 96 << 20
