@@ -14,6 +14,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -32,13 +33,13 @@ MS = [*range(1, 257), 257, 300, 384, 500, 512, 1000, 1024, 2048, 4096, 8192]
 ODD_SHAPES = [[384, 200], [160, 48], [4104, 4096], [8192, 1000], [1024, 16]]
 
 
-def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS):
-    """A layer's state as the dispatch reads it, for the CPU tests: 132 SMs, groups of 128 (post) or the group
-    table, the H100's cluster slots on sm_90 and the H200 profile's bandwidth unless told otherwise."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(K=k, N=n, n_sm=132, cc=cc, gshift_blk=7 if post else -1,
-                           cluster_slots=slots if cc == (9, 0) else (), hbm_gbps=gbps)
+def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS, *, gshift=None, n_sm=132):
+    """A layer's state as the dispatch reads it (CudaState's device and shape fields): 132 SMs, groups of 128
+    (post) or the group table unless gshift says otherwise, cluster slots on sm_90 only (the H100's unless told
+    otherwise) and the H200 profile's bandwidth unless told otherwise."""
+    gs = gshift if gshift is not None else 7 if post else -1
+    return SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs,
+                           cluster_slots=tuple(slots) if tuple(cc) == (9, 0) else (), hbm_gbps=gbps)
 
 
 def model_shapes() -> list[list[int]]:
@@ -79,8 +80,6 @@ def launch_of(m: int, st) -> tuple[dict, dict]:
 def record(shapes: list[list[int]]) -> dict:
     """runs {"device/gshift/KxN": [[m_first, m_last, launch index], ...]}, the distinct launches, and plans
     {"device/gshift/KxN": SHA-256 of the plans over every M} (they vary with M too often to list)."""
-    from types import SimpleNamespace
-
     launches: list[str] = []
     index: dict[str, int] = {}
     runs: dict[str, list] = {}
@@ -88,8 +87,7 @@ def record(shapes: list[list[int]]) -> dict:
     for dev, (cc, n_sm, slots, gbps) in DEVICES.items():
         for gs in GSHIFTS:
             for k, n in shapes:
-                st = SimpleNamespace(K=k, N=n, n_sm=n_sm, cc=tuple(cc), gshift_blk=gs, cluster_slots=tuple(slots),
-                                     hbm_gbps=gbps)
+                st = state(k, n, cc=cc, slots=slots, gbps=gbps, gshift=gs, n_sm=n_sm)
                 spans: list = []
                 h = hashlib.sha256()
                 for m in MS:

@@ -203,7 +203,7 @@ def test_small_m_takes_stream_k_where_x_fits():
         one = choose(m, state(k, 768))
         assert (one.kind, one.nt, one.r, one.warps) == (XR, 1, 4, warps)
     assert choose(4, state(5120, 768)).kind == SK and choose(1, state(3072, 768)).r == 8
-    g64 = SimpleNamespace(K=8192, N=8192, n_sm=132, cc=(9, 0), gshift_blk=6, cluster_slots=(), hbm_gbps=0)  # groups of 64: not run on a GPU
+    g64 = state(8192, 8192, slots=(), gbps=0, gshift=6)  # groups of 64: not run on a GPU
     assert choose(16, g64).kind == XS
     # elsewhere (not measured there) the earlier choices: x streamed for down, the split mma grid for gate/up
     down16 = choose(16, state(28672, 8192, cc=(8, 0)))
@@ -230,7 +230,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(kv, 1, state(8192, 1024))["name"] == "qt_sk_z_{dt}_u2_d6"
     assert plan(down, 1, state(28672, 8192))["name"] == "qt_sk_z_{dt}_u2_d6"  # long K: 6-slot rings
     assert plan(choose(1, state(8192, 8192)), 1, state(8192, 8192))["name"] == "qt_sk_z_{dt}_u2_d4"  # q/o: 4
-    st8 = SimpleNamespace(K=8192, N=1024, n_sm=132, cc=(9, 0), gshift_blk=8, cluster_slots=(), hbm_gbps=0)  # group 256: units of 4 would fit
+    st8 = state(8192, 1024, slots=(), gbps=0, gshift=8)  # group 256: units of 4 would fit
     with pytest.raises(ValueError, match="zsub"):
         plan(Config(kind=SK, ub=4, zsub=True), 1, st8)
     with pytest.raises(ValueError, match="no stream-K kernel with 4 blocks per unit"):
@@ -936,8 +936,7 @@ def test_every_row_is_reachable_and_built():
     assert [r.name for r in rows.ROWS] == list(ROW_POINTS)
     for row in rows.ROWS:
         m, k, n, cc, gs = ROW_POINTS[row.name]
-        st = SimpleNamespace(K=k, N=n, n_sm=132 if cc == (9, 0) else 108, cc=cc, gshift_blk=gs,
-                             cluster_slots=tuple(H100_SLOTS) if cc == (9, 0) else (), hbm_gbps=H100_GBPS)
+        st = state(k, n, cc=cc, gbps=H100_GBPS, gshift=gs, n_sm=132 if cc == (9, 0) else 108)
         assert rows.choose_row(m, st) is row, row.name
         p = plan(choose(m, st), m, st)
         assert {p["name"].replace("{dt}", dt) for dt in ("f16", "bf16")} <= launch.kernels(cc), row.name
