@@ -24,8 +24,8 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     assert use_pdl(Config(kind=SK), hopper) and not use_pdl(Config(kind=SK), ampere)
     assert not use_pdl(Config(kind=SK, pdl=False), hopper) and not use_pdl(Config(kind=SK, pdl=True), ampere)
     assert use_pdl(choose(1, hopper), hopper)
-    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
-    assert not use_pdl(Config(kind=SK), hopper) and use_pdl(Config(kind=SK, pdl=True), hopper)
+    monkeypatch.setenv("QTOOL_CUDA_PDL", "0")  # the switch turns every programmatic launch off, asked for or not
+    assert not use_pdl(Config(kind=SK), hopper) and not use_pdl(Config(kind=SK, pdl=True), hopper)
     plain = {"evict": "none"}
     assert flags(Config(**plain)) == 0 and flags(Config(trigger="start", **plain)) == 1
     # a start trigger only where every SM gets the same CTAs (else the cascade of later grids lands unevenly)
@@ -38,9 +38,14 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
         Config(evict="all")  # refused where it is made, not at launch
     gate = state(8192, 28672)
     assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, gate), gate)
-    assert not use_pdl(choose(16, hopper), hopper)  # the x-streaming choice made under QTOOL_CUDA_PDL=0 ...
+    # the dispatch does not read the switch: the same launches with it as without it, none of them programmatic
+    ms = (1, 5, 16, 24, 64, 128, 256)
+    layers = [hopper, gate, state(28672, 8192), state(2048, 768)]
+    off = [choose(m, st) for st in layers for m in ms]
+    assert not any(use_pdl(c, st) for c, st in zip(off, [st for st in layers for _ in ms]))
     monkeypatch.delenv("QTOOL_CUDA_PDL")
-    assert use_pdl(choose(16, hopper), hopper)  # ... and without it (q/o)
+    assert [choose(m, st) for st in layers for m in ms] == off
+    assert use_pdl(choose(16, hopper), hopper)  # x streamed (q/o)
     assert use_pdl(choose(16, state(28672, 8192)), hopper)  # down too
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)
     with pytest.raises(ValueError, match="trigger"):
@@ -71,4 +76,4 @@ def test_wgmma_launches_are_programmatic_on_layers_up_to_the_byte_line(monkeypat
     assert choose(16, state(2048, 768)).kind != WGMMA
     assert rows.wg_programmatic(Config(kind=WGMMA, bn=64, pdl=False), state(2048, 768)).pdl is False
     monkeypatch.setenv("QTOOL_CUDA_PDL", "0")
-    assert not use_pdl(choose(128, state(2048, 768)), state(2048, 768))
+    assert choose(128, state(2048, 768)).pdl and not use_pdl(choose(128, state(2048, 768)), state(2048, 768))

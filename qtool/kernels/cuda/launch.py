@@ -352,9 +352,10 @@ PDL_DEFAULT_KINDS = (SK,)
 
 def use_pdl(cfg: Config, st) -> bool:
     """Whether this launch is a programmatic dependent launch: sm_90+, a kernel that waits for it, and cfg.pdl
-    (None: the kind's default, unless QTOOL_CUDA_PDL=0)."""
-    want = (cfg.kind in PDL_DEFAULT_KINDS and pdl_enabled()) if cfg.pdl is None else cfg.pdl
-    return want and cfg.kind in PDL_KINDS and tuple(st.cc) >= (9, 0)
+    (None: the kind's default), unless QTOOL_CUDA_PDL=0, which turns every one off. The switch is read here, at
+    launch, so that the dispatch (rows.choose) stays a pure function of M and the layer."""
+    want = cfg.kind in PDL_DEFAULT_KINDS if cfg.pdl is None else cfg.pdl
+    return want and pdl_enabled() and cfg.kind in PDL_KINDS and tuple(st.cc) >= (9, 0)
 
 
 def plan(cfg: Config, m: int, st) -> dict:
