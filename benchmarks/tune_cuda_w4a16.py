@@ -558,8 +558,8 @@ CURVE_FAMILIES = {
     "xr t2 balanced": lambda m, st: xr_balanced(rows._xr_two_tiles(st), st) if 8 < m <= 16 else None,
     # where the memory rule gives two-tile units a layer of more than two K groups (an H200's down_proj): one tile a
     # unit, the launch every other device gives it (rows.XR_T2_GBPS_SM)
-    "xr one tile": lambda m, st: (Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
-                                  if rows._xr_t2(m, st) and rows.xr_kgroups(st, 8, 8) > 2 else None),
+    "xr one tile": lambda m, st: (rows._xr_one_tile(st) if rows._xr_t2(m, st) and rows.xr_kgroups(st, 8, 8) > 2
+                                  else None),
     # the dispatch's wgmma launch as a programmatic dependent launch: its first weight stages stream while the
     # previous kernel ends
     "wgmma pdl": lambda m, st: (dataclasses.replace(c, pdl=True) if (c := rows.choose(m, st)).kind == WGMMA

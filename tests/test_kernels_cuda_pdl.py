@@ -39,12 +39,12 @@ def test_pdl_use_follows_device_config_and_environment(monkeypatch):
     gate = state(8192, 28672)
     assert not use_pdl(choose(256, hopper), hopper) and not use_pdl(choose(16, gate), gate)
     # the dispatch does not read the switch: the same launches with it as without it, none of them programmatic
-    ms = (1, 5, 16, 24, 64, 128, 256)
-    layers = [hopper, gate, state(28672, 8192), state(2048, 768)]
-    off = [choose(m, st) for st in layers for m in ms]
-    assert not any(use_pdl(c, st) for c, st in zip(off, [st for st in layers for _ in ms]))
+    points = [(m, st) for st in (hopper, gate, state(28672, 8192), state(2048, 768))
+              for m in (1, 5, 16, 24, 64, 128, 256)]
+    off = [choose(m, st) for m, st in points]
+    assert not any(use_pdl(c, st) for c, (_, st) in zip(off, points))
     monkeypatch.delenv("QTOOL_CUDA_PDL")
-    assert [choose(m, st) for st in layers for m in ms] == off
+    assert [choose(m, st) for m, st in points] == off
     assert use_pdl(choose(16, hopper), hopper)  # x streamed (q/o)
     assert use_pdl(choose(16, state(28672, 8192)), hopper)  # down too
     assert not use_pdl(Config(kind=MMA, pdl=True), hopper) and use_pdl(Config(kind=WGMMA, pdl=True), hopper)

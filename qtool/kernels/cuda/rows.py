@@ -281,6 +281,10 @@ def _xr_t2(m: int, st) -> bool:
             and (xr_kgroups(st, 8, 8) <= 2 or st.hbm_gbps >= XR_T2_GBPS_SM * st.n_sm))
 
 
+def _xr_one_tile(st) -> Config:
+    return Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+
+
 def _xr_two_tiles(st) -> Config:
     two = xr_kgroups(st, 8, 8) == 2
     return Config(kind=XR, nt=2, r=8, t=2, warps=8, depth=2, ctas_per_sm=1.0, pdl=True, bias=two,
@@ -412,8 +416,7 @@ ROWS = (
         "Layers of at least 8 two-tile units per SM (gate/up, down) run fastest with x in registers and one "
         "exchange per two tiles; with exactly two K groups (gate/up), biased weights summed in a cluster of 2; "
         "with more than two (down), on H200-class memory only (XR_T2_GBPS_SM)."),
-    Row("x in registers", _xr_m16,
-        lambda st: Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
+    Row("x in registers", _xr_m16, _xr_one_tile,
         "Any other layer (q/o, k/v, MoE experts, TP shards) is fastest with x in registers, one tile a unit, "
         "neither biased nor clustered: on the 11 bench shapes the x-streaming kernel took before, 1.07-1.38x "
         "faster (Qwen2.5-7B k/v at M = 16: 4.7 against 6.2 us)."),
