@@ -388,7 +388,8 @@ def test_wgmma_splits_meet_in_a_cluster_where_its_clusters_fit():
 
     def clustered(m, k, n):  # the launch before and after wg_clustered (and wg_tailed: none of these M take one)
         st = state(k, n, slots=slots)
-        return row_launch(m, st), rows.wg_clustered(rows.wg_tailed(row_launch(m, st), m, st), m, st), st
+        before = row_launch(m, st)
+        return before, rows.wg_clustered(rows.wg_tailed(before, m, st), m, st), st
 
     before, after, st = clustered(128, 3584, 3584)  # 28 tiles of 4 splits: 28 clusters fit
     assert (plan(before, 128, st)["splits"], after.splits, after.cluster) == (4, 4, True)
