@@ -514,6 +514,25 @@ def xr_least_idle(m: int, st, depth: int = 4) -> Config | None:
     return Config(kind=launch.XR, nt=2, r=4, warps=w, depth=depth, ctas_per_sm=1.0, pdl=True)
 
 
+def tail_waves(m: int, st, t: int = 0) -> Config | None:
+    """The dispatch's one-batch-tile wgmma grid a partial wave past a whole one, without a tail, as its whole waves
+    and a tail whose split tiles may take more than one wave: t splits, or the t of least modelled cost (waves of
+    the tail's K share, plus its partials as wg_tail_cost counts them)."""
+    c = rows.choose(m, st)
+    if c.kind != WGMMA or c.tail or m < rows.TAIL_MIN_M or m > c.bn:
+        return None
+    n16, kb = rows._n16(st), -(-st.K // 64)
+    whole, left = divmod(-(-n16 // (4 * c.wgs)), st.n_sm)
+    if not whole or not left:
+        return None
+
+    def cost(s: int) -> float:
+        waves = -(-left * s // st.n_sm) * -(-kb // s) * 4 * c.wgs / rows.WG_RATE[c.wgs]
+        return waves + rows.WG_PARTIAL * s * c.bn * left * 4 * c.wgs * 16 * 8 / (st.n_sm * 512)
+    pick = t or min(range(2, kb // 4 + 1), key=cost)
+    return dataclasses.replace(c, splits=0, cluster=False, tail=pick)
+
+
 def xr_biased(cfg: Config | None) -> Config | None:
     """The two-batch-tile x-in-registers launch with biased weights (corrected by the sums of x); None elsewhere."""
     if cfg is None or cfg.kind != launch.XR or cfg.nt != 2 or cfg.bias:
@@ -562,6 +581,18 @@ CURVE_FAMILIES = {
                                   else None),
     # the dispatch's wgmma launch as a programmatic dependent launch: its first weight stages stream while the
     # previous kernel ends
+    # at M > 96 a one-batch-tile grid a partial wave past a whole one that the tail rule leaves (its tail's split
+    # tiles would pass a wave): whole waves and a tail of more than one wave
+    "tail waves": tail_waves,
+    "tail3": lambda m, st: tail_waves(m, st, 3),
+    "tail4": lambda m, st: tail_waves(m, st, 4),
+    # at M > 224 on squarish layers of under a wave of bn256 tiles (q/o, the TP shards): the dispatch's bn256
+    # launch with 6 x-tile stages, the launch of the row that took them before 4 stages did
+    "s6": lambda m, st: (dataclasses.replace(c, stages=6) if (c := rows.choose(m, st)).kind == WGMMA and c.bn == 256
+                         and rows._wg_tiles(m, st) < st.n_sm and st.K <= 2 * st.N else None),
+    # the dispatch's programmatic wgmma launch in plain stream order
+    "wgmma no pdl": lambda m, st: (dataclasses.replace(c, pdl=False) if (c := rows.choose(m, st)).kind == WGMMA
+                                   and c.pdl else None),
     "wgmma pdl": lambda m, st: (dataclasses.replace(c, pdl=True) if (c := rows.choose(m, st)).kind == WGMMA
                                 else None),
     "rows only": lambda m, st: rows.choose_row(m, st).make(st),  # the default without rows.wg_clustered

@@ -284,14 +284,14 @@ def test_stream_k_partition(n16, upt, tw):
 
 
 def test_large_m_choice_follows_the_layer_shape():
-    # Llama-3-70B at M = 256 (bench.md, ninth pass): k/v narrow, q/o square, gate/up wide, down long-K; x by TMA
-    # (one more warp) where K allows it
+    # Llama-3-70B at M = 256: k/v narrow, the rest one 256-column tile of 4 x-tile stages; x by TMA (one more
+    # warp) where K allows it
     narrow = Config(kind=WGMMA, bn=128, wgs=2, stages=4, ctas_per_sm=1.0, min_blocks=8)
     assert rows.choose_row(256, state(8192, 1024)).make(state(8192, 1024)) == narrow
     q = choose(256, state(8192, 8192))
-    assert (q.bn, q.wgs, q.stages) == (256, 2, 6)
+    assert (q.bn, q.wgs, q.stages) == (256, 2, 0)
     p = plan(q, 256, state(8192, 8192))
-    assert p["tma"] and p["block"] == 384 and p["name"] == "qt_wg_{dt}_bn256_wg2_s6_blk_tma" and p["grid"] == (64, 2, 1)
+    assert p["tma"] and p["block"] == 384 and p["name"] == "qt_wg_{dt}_bn256_wg2_s4_blk_tma" and p["grid"] == (64, 2, 1)
     assert choose(256, state(8192, 28672)).bn == 256 and choose(256, state(28672, 8192)).bn == 256
     # one CTA per SM: the K split keeps the grid within a wave (Qwen2.5-7B's down_proj, 28 column blocks: 4
     # splits, 112 CTAs, where rounding 132 / 28 up gave 5 and 140)
@@ -301,7 +301,7 @@ def test_large_m_choice_follows_the_layer_shape():
 
     st = state(8192, 8192)
     assert CudaW4A16().describe(SimpleNamespace(**vars(st), config=lambda m: q), 256) == (
-        "cuda wgmma bn256 wg2 s6 split2 cluster x-tma pdl")
+        "cuda wgmma bn256 wg2 split2 cluster x-tma pdl")
     assert choose(256, state(8192, 8192, cc=(8, 0))).kind == MMA
     # M 129-192: one 192-column tile (6 x-tile stages) where the narrow row does not take the layer
     for k, n in ((8192, 8192), (8192, 28672), (28672, 8192)):
@@ -916,7 +916,7 @@ ROW_POINTS = {
     "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
     "wgmma bn160": (140, 8192, 8192, (9, 0), 7), "wgmma bn192": (176, 8192, 8192, (9, 0), 7),
-    "wgmma bn224": (208, 8192, 8192, (9, 0), 7), "wgmma bn256 s6": (256, 8192, 8192, (9, 0), 7),
+    "wgmma bn224": (208, 8192, 8192, (9, 0), 7),
     "wgmma bn256": (256, 8192, 28672, (9, 0), 7),
     "x in registers, four blocks a warp, one batch tile": (8, 5120, 27648, (9, 0), 7),
     "x in registers, four blocks a warp": (16, 2048, 768, (9, 0), 7), "x in registers, one batch tile": (4, 8192, 8192, (9, 0), 7),

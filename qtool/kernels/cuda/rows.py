@@ -373,13 +373,12 @@ ROWS = (
         "tensor-core work on empty columns: on the 20 bench layer shapes it takes, at M 200, 216 and 224, it took up "
         "to 15 % less time than the bn256 launch at 112 of 120 points and up to 5 % more at the other eight (H100, "
         "fp16 and bf16, two orders; Llama-3-8B's layer 0.90-0.94x dense -> 0.95-1.00x)."),
-    Row("wgmma bn256 s6", lambda m, st: (m > 128 and wgmma_ok(st.cc) and _wg_tiles(m, st) < st.n_sm
-                                         and st.K <= 2 * st.N),
-        Config(kind=WGMMA, bn=256, wgs=2, stages=6, ctas_per_sm=1.0, min_blocks=8),
-        "A squarish layer of under a wave of tiles (q/o) gains from 6 x-tile stages over 4 at bn256."),
     Row("wgmma bn256", lambda m, st: m > 128 and wgmma_ok(st.cc),
         Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8),
-        "Long-K and wide layers (down, gate/up) are fastest with bn256 and 4 stages."),
+        "At M > 224 one 256-column tile covers the batch with 4 x-tile stages, also on squarish layers of under a "
+        "wave of tiles (q/o, the TP shards), where 6 stages took more time: 4 took up to 12 % less at 46 of 48 "
+        "points of M 232 and 256 and up to 2.5 % more at two (H100, fp16 and bf16, two orders, tune-curve.json "
+        "h100-2026-12-07-m256 runs.s4; 70B TP=2's layer 0.91x dense -> 0.99x at M = 256)."),
     Row("x in registers, four blocks a warp, one batch tile", lambda m, st: m <= 8 and _xr_r4(m, st),
         _xr_r4_launch(1),
         "A layer whose K groups of 8 warps x 8 blocks are over a quarter idle (XR_LIVE_MIN) runs faster at M <= 8 "
