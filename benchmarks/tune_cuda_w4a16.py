@@ -579,8 +579,6 @@ CURVE_FAMILIES = {
     # unit, the launch every other device gives it (rows.XR_T2_GBPS_SM)
     "xr one tile": lambda m, st: (rows._xr_one_tile(st) if rows._xr_t2(m, st) and rows.xr_kgroups(st, 8, 8) > 2
                                   else None),
-    # the dispatch's wgmma launch as a programmatic dependent launch: its first weight stages stream while the
-    # previous kernel ends
     # at M > 96 a one-batch-tile grid a partial wave past a whole one that the tail rule leaves (its tail's split
     # tiles would pass a wave): whole waves and a tail of more than one wave
     "tail waves": tail_waves,
@@ -593,6 +591,8 @@ CURVE_FAMILIES = {
     # the dispatch's programmatic wgmma launch in plain stream order
     "wgmma no pdl": lambda m, st: (dataclasses.replace(c, pdl=False) if (c := rows.choose(m, st)).kind == WGMMA
                                    and c.pdl else None),
+    # the dispatch's wgmma launch as a programmatic dependent launch: its first weight stages stream while the
+    # previous kernel ends
     "wgmma pdl": lambda m, st: (dataclasses.replace(c, pdl=True) if (c := rows.choose(m, st)).kind == WGMMA
                                 else None),
     "rows only": lambda m, st: rows.choose_row(m, st).make(st),  # the default without rows.wg_clustered
