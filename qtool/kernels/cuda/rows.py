@@ -376,9 +376,9 @@ ROWS = (
     Row("wgmma bn256", lambda m, st: m > 128 and wgmma_ok(st.cc),
         Config(kind=WGMMA, bn=256, wgs=2, ctas_per_sm=1.0, min_blocks=8),
         "At M > 224 one 256-column tile covers the batch with 4 x-tile stages, also on squarish layers of under a "
-        "wave of tiles (q/o, the TP shards), where 6 stages took more time: 4 took up to 12 % less at 46 of 48 "
-        "points of M 232 and 256 and up to 2.5 % more at two (H100, fp16 and bf16, two orders, tune-curve.json "
-        "h100-2026-12-07-m256 runs.s4; 70B TP=2's layer 0.91x dense -> 0.99x at M = 256)."),
+        "wave of tiles (q/o, the TP shards), where 6 stages were no faster: over two H100 runs of M 232 and 256, "
+        "fp16 and bf16, two orders, 4 stages took less time at 73 of 96 points (median 1.6 % less, from 12 % less "
+        "to 11 % more, within the runs' spread; tune-curve.json h100-2026-12-07-m256 runs.s4 and runs.v)."),
     Row("x in registers, four blocks a warp, one batch tile", lambda m, st: m <= 8 and _xr_r4(m, st),
         _xr_r4_launch(1),
         "A layer whose K groups of 8 warps x 8 blocks are over a quarter idle (XR_LIVE_MIN) runs faster at M <= 8 "
