@@ -516,20 +516,15 @@ def xr_least_idle(m: int, st, depth: int = 4) -> Config | None:
 
 def tail_waves(m: int, st, t: int = 0) -> Config | None:
     """The dispatch's one-batch-tile wgmma grid a partial wave past a whole one, without a tail, as its whole waves
-    and a tail whose split tiles may take more than one wave: t splits, or the t of least modelled cost (waves of
-    the tail's K share, plus its partials as wg_tail_cost counts them)."""
+    and a tail whose split tiles may take more than one wave: t splits, or the t of least rows.wg_tail_cost."""
     c = rows.choose(m, st)
     if c.kind != WGMMA or c.tail or m < rows.TAIL_MIN_M or m > c.bn:
         return None
-    n16, kb = rows._n16(st), -(-st.K // 64)
-    whole, left = divmod(-(-n16 // (4 * c.wgs)), st.n_sm)
+    whole, left = divmod(-(-rows._n16(st) // (4 * c.wgs)), st.n_sm)
     if not whole or not left:
         return None
-
-    def cost(s: int) -> float:
-        waves = -(-left * s // st.n_sm) * -(-kb // s) * 4 * c.wgs / rows.WG_RATE[c.wgs]
-        return waves + rows.WG_PARTIAL * s * c.bn * left * 4 * c.wgs * 16 * 8 / (st.n_sm * 512)
-    pick = t or min(range(2, kb // 4 + 1), key=cost)
+    kb = -(-st.K // 64)
+    pick = t or min(range(2, kb // 4 + 1), key=lambda s: rows.wg_tail_cost(c.bn, c.wgs, s, st))
     return dataclasses.replace(c, splits=0, cluster=False, tail=pick)
 
 

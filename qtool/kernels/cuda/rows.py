@@ -509,12 +509,13 @@ def tail_splits(left: int, kb: int, st) -> int:
 
 def wg_tail_cost(bn: int, wgs: int, t: int, st) -> float:
     """wg_cost's time of a grid of one batch tile launched as its whole waves, unsplit, and a tail of the tiles
-    left over, each tile's K in t splits."""
+    left over, each tile's K in t splits (the tail's waves counted, so a tail past one wave costs its waves)."""
     n16, kb = _n16(st), -(-st.K // 64)
     gx = -(-n16 // (4 * wgs))
     whole, left = divmod(gx, st.n_sm)
+    tail_waves = -(-left * t // st.n_sm)
     partials = WG_PARTIAL * t * bn * left * 4 * wgs * 16 * 8 / (st.n_sm * 512)
-    return 4 * wgs * (whole * kb + -(-kb // t)) / WG_RATE[wgs] + partials
+    return 4 * wgs * (whole * kb + tail_waves * -(-kb // t)) / WG_RATE[wgs] + partials
 
 
 def wg_tailed(cfg: Config, m: int, st) -> Config:
