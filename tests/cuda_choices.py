@@ -44,20 +44,11 @@ def state(k, n, post=True, cc=(9, 0), slots=tuple(H100_SLOTS), gbps=H200_GBPS, *
 
 def model_shapes() -> list[list[int]]:
     """(K, N) of every layer and fused layer of every model in configs/models.yaml."""
-    data = yaml.safe_load((ROOT / "configs" / "models.yaml").read_text())
-    out = set()
-    for row in data["models"].values():
-        arch = data["architectures"][row["arch"]]
-        heads = row["num_attention_heads"]
-        hd = row.get("head_dim") or row["hidden_size"] // heads
-        sizes = {"hidden_size": row["hidden_size"], "intermediate_size": row["intermediate_size"],
-                 "q_size": heads * hd, "kv_size": (row.get("num_key_value_heads") or heads) * hd}
-        layers = {it["name"]: (sizes[it["in"]], sizes[it["out"]]) for it in arch["layers"]}
-        out.update(layers.values())
-        for fused in arch.get("fused", []):
-            parts = [layers[p] for p in fused["parts"]]
-            out.add((parts[0][0], sum(n for _, n in parts)))
-    return sorted([k, n] for k, n in out)
+    from qtool.bench.shapes import parse_shapes
+
+    names = yaml.safe_load((ROOT / "configs" / "models.yaml").read_text())["models"]
+    return sorted([k, n] for k, n in {(s.K, s.N) for name in names for spec in (name, f"{name}+fused")
+                                      for s in parse_shapes(spec, "cuda")})
 
 
 def launch_of(m: int, st) -> tuple[dict, dict]:

@@ -76,6 +76,52 @@ def test_model_shapes_qwen_moe_and_tp_shards():
         parse_shapes("llama-9@tp2", "cuda")
 
 
+def test_fused_layers_are_the_gemms_a_serving_engine_launches():
+    """MODEL+fused: q/k/v as one qkv_proj and gate/up as one gate_up_proj (configs/models.yaml `fused`, vLLM's
+    QKVParallelLinear and MergedColumnParallelLinear), in the first part's place; under tensor parallelism each part
+    is sharded first, as the engine shards it."""
+    assert kn("llama-3-8b+fused") == [("qkv_proj", 4096, 4096 + 1024 + 1024), ("o_proj", 4096, 4096),
+                                      ("gate_up_proj", 4096, 2 * 14336), ("down_proj", 14336, 4096)]
+    assert kn("llama-3-70b@tp2+fused") == [("qkv_proj/tp2", 8192, 4096 + 512 + 512), ("o_proj/tp2", 4096, 8192),
+                                           ("gate_up_proj/tp2", 8192, 2 * 14336), ("down_proj/tp2", 14336, 8192)]
+    assert kn("qwen3-30b-a3b-expert+fused") == [("gate_up_proj", 2048, 1536), ("down_proj", 768, 2048)]
+    assert kn("minilm-l6+fused")[0] == ("qkv_proj", 384, 3 * 384)
+    # the same weights in fewer GEMMs, for every model and shard
+    for spec in ("llama-3-70b", "qwen2.5-7b", "qwen2.5-32b", "llama-3-70b@tp4", "mistral-7b@tp8"):
+        assert sum(k * n for _, k, n in kn(spec + "+fused")) == sum(k * n for _, k, n in kn(spec))
+        assert len(kn(spec + "+fused")) == len(kn(spec)) - 3
+    # a part that does not split: the part is named, not the fused layer
+    with pytest.raises(UsageError, match=r"q_proj \(8192x8192\) does not split 3 ways"):
+        parse_shapes("llama-3-70b@tp3+fused", "cuda")
+    with pytest.raises(UsageError, match="MODEL\\+fused"):
+        parse_shapes("llama-3-8b+fuse", "cuda")
+
+
+def test_fused_needs_layers_to_fuse(monkeypatch):
+    from qtool.bench import shapes
+
+    row = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+           "_layers": [{"name": "a.q_proj", "in": "hidden_size", "out": "q_size"},
+                       {"name": "a.k_proj", "in": "hidden_size", "out": "kv_size"},
+                       {"name": "m.down_proj", "in": "intermediate_size", "out": "hidden_size", "parallel": "row"}]}
+    monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=None)})
+    assert kn("toy") == [("q_proj", 64, 64), ("k_proj", 64, 64), ("down_proj", 128, 64)]
+    with pytest.raises(UsageError, match="no layers a serving engine fuses"):
+        parse_shapes("toy+fused", "cuda")
+    bad = [{"name": "odd", "parts": ["a.q_proj", "m.down_proj"]}]
+    monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=bad)})
+    with pytest.raises(UsageError, match="fused layer 'odd' joins layers of different in-widths"):
+        parse_shapes("toy+fused", "cuda")
+    typo = [{"name": "a.qkv_proj", "parts": ["a.q_proj", "a.k_proj", "a.v_proj"]}]
+    monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=typo)})
+    with pytest.raises(UsageError, match="names 'a.v_proj', which is not one of its layers"):
+        parse_shapes("toy+fused", "cuda")
+    # a rule none of whose parts the model has is another architecture's: the rest still apply
+    ok = [{"name": "a.qk_proj", "parts": ["a.q_proj", "a.k_proj"]}, {"name": "absent", "parts": ["x", "y"]}]
+    monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=ok)})
+    assert kn("toy+fused") == [("qk_proj", 64, 128), ("down_proj", 128, 64)]
+
+
 def anchor_layer(a, model: str, m: int) -> float:
     """The anchor kernel's speedup over fp16 for the model's layer at M, its shapes counted as the bench sums."""
     shapes = parse_shapes(model, "cuda")

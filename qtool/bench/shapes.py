@@ -47,7 +47,7 @@ class Shape:
 
 def _model_table() -> dict[str, dict]:
     """name -> model row; rows from configs/models.yaml (schema qtool.models/v1) carry their
-    architecture's layer list under "_layers"."""
+    architecture's layer list under "_layers" and its fused layers under "_fused"."""
     from qtool.paths import CONFIG_DIR
 
     table = {k: dict(v) for k, v in BUILTIN_MODELS.items()}
@@ -71,6 +71,7 @@ def _model_table() -> dict[str, dict]:
         arch = archs.get(row.get("arch"))
         if isinstance(arch, dict) and isinstance(arch.get("layers"), list):
             row["_layers"] = arch["layers"]
+            row["_fused"] = arch.get("fused")
         table[str(name).lower()] = row
     return table
 
@@ -87,25 +88,60 @@ def _width(expr, sizes: dict[str, int], name: str) -> int:
 # How tensor parallelism splits each projection of the built-in layer list: column layers split N, row layers K.
 BUILTIN_PARALLEL = {"q_proj": "column", "k_proj": "column", "v_proj": "column", "o_proj": "row",
                     "gate_proj": "column", "up_proj": "column", "down_proj": "row"}
+# The layers a serving engine builds as one GEMM (vLLM's QKVParallelLinear and MergedColumnParallelLinear), for the
+# built-in layer list; configs/models.yaml gives each architecture's own under `fused`.
+BUILTIN_FUSED = [{"name": "qkv_proj", "parts": ["q_proj", "k_proj", "v_proj"]},
+                 {"name": "gate_up_proj", "parts": ["gate_proj", "up_proj"]}]
 MAX_TP = 64
 
+Layer = tuple[str, int, int, str]  # full name, K, N, how tensor parallelism splits it
 
-def _shard(shapes: list[tuple[Shape, str]], tp: int, name: str) -> list[Shape]:
+
+def _shard(layers: list[Layer], tp: int, name: str) -> list[Layer]:
     """One GPU's shard of each layer under tp-way tensor parallelism: column layers' N / tp, row layers' K / tp
     (replicated layers whole)."""
-    if tp == 1:
-        return [s for s, _ in shapes]
     out = []
-    for s, par in shapes:
-        k, n = (s.K // tp, s.N) if par == "row" else (s.K, s.N // tp) if par == "column" else (s.K, s.N)
-        if (par == "row" and s.K % tp) or (par == "column" and s.N % tp):
-            raise UsageError(f"--shapes {name}@tp{tp}: {s.name} ({s.K}x{s.N}) does not split {tp} ways",
+    for lname, k, n, par in layers:
+        if (par == "row" and k % tp) or (par == "column" and n % tp):
+            raise UsageError(f"--shapes {name}@tp{tp}: {_short(lname)} ({k}x{n}) does not split {tp} ways",
                              fix="use a tensor-parallel degree that divides the layer's width")
-        out.append(Shape(f"{s.name}/tp{tp}", k, n))
+        out.append((lname, k // tp if par == "row" else k, n // tp if par == "column" else n, par))
     return out
 
 
-def _layers_of(name: str, row: dict, tp: int = 1) -> list[Shape]:
+def _fuse(layers: list[Layer], rules: list, name: str) -> list[Layer]:
+    """Each rule's parts (all present, one K, split by N) as one layer of their summed N, in the first part's
+    place: what the serving engine launches. Applied to the shards, as the engine shards each part."""
+    index = {lname: i for i, (lname, *_) in enumerate(layers)}
+    out: list[Layer | None] = list(layers)
+    applied = 0
+    for rule in rules:
+        parts = rule.get("parts") if isinstance(rule, dict) else None
+        if not isinstance(parts, list) or not any(str(p) in index for p in parts):
+            continue
+        if missing := [str(p) for p in parts if str(p) not in index]:
+            raise UsageError(f"configs/models.yaml: model '{name}': fused layer {rule.get('name')!r} names "
+                             f"{missing[0]!r}, which is not one of its layers", fix="fix its `fused` list")
+        group = [layers[index[str(p)]] for p in parts]
+        if len({k for _, k, _, _ in group}) != 1 or any(par != "column" for *_, par in group):
+            raise UsageError(f"configs/models.yaml: model '{name}': fused layer {rule.get('name')!r} joins layers "
+                             f"of different in-widths or not split by N", fix="fix its `fused` list")
+        out[index[str(parts[0])]] = (str(rule.get("name", parts[0])), group[0][1], sum(n for _, _, n, _ in group),
+                                     "column")
+        for p in parts[1:]:
+            out[index[str(p)]] = None
+        applied += 1
+    if not applied:
+        raise UsageError(f"--shapes {name}+fused: the model has no layers a serving engine fuses",
+                         fix="drop +fused, or give its architecture a `fused` list in configs/models.yaml")
+    return [x for x in out if x is not None]
+
+
+def _short(lname: str) -> str:
+    return lname.rsplit(".", 1)[-1] if "proj" in lname else lname
+
+
+def _layers_of(name: str, row: dict, tp: int = 1, fused: bool = False) -> list[Shape]:
     try:
         h = int(row["hidden_size"])
         inter = int(row["intermediate_size"])
@@ -116,26 +152,30 @@ def _layers_of(name: str, row: dict, tp: int = 1) -> list[Shape]:
         raise UsageError(f"configs/models.yaml: model '{name}' lacks hidden_size / intermediate_size / "
                          f"num_attention_heads", fix="add them or give --shapes KxN") from None
     sizes = {"hidden_size": h, "intermediate_size": inter, "q_size": heads * hd, "kv_size": kv * hd}
+    layers: list[Layer] = []
     if isinstance(row.get("_layers"), list):
-        out = []
-        for item in row["_layers"]:
-            if not isinstance(item, dict) or "name" not in item:
-                continue
-            short = str(item["name"]).rsplit(".", 1)[-1] if "proj" in str(item["name"]) else str(item["name"])
-            out.append((Shape(short, _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name)),
-                        str(item.get("parallel", "column"))))
-        if out:
-            return _shard(out, tp, name)
-    base = [Shape("q_proj", h, heads * hd), Shape("k_proj", h, kv * hd), Shape("v_proj", h, kv * hd),
-            Shape("o_proj", heads * hd, h), Shape("gate_proj", h, inter), Shape("up_proj", h, inter),
-            Shape("down_proj", inter, h)]
-    return _shard([(s, BUILTIN_PARALLEL[s.name]) for s in base], tp, name)
+        layers = [(str(item["name"]), _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name),
+                   str(item.get("parallel", "column")))
+                  for item in row["_layers"] if isinstance(item, dict) and "name" in item]
+        rules = row.get("_fused") if isinstance(row.get("_fused"), list) else []
+    if not layers:
+        layers = [("q_proj", h, heads * hd), ("k_proj", h, kv * hd), ("v_proj", h, kv * hd),
+                  ("o_proj", heads * hd, h), ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
+        layers = [(n, k, o, BUILTIN_PARALLEL[n]) for n, k, o in layers]
+        rules = BUILTIN_FUSED
+    if tp > 1:
+        layers = _shard(layers, tp, name)
+    if fused:
+        layers = _fuse(layers, rules, name)
+    suffix = f"/tp{tp}" if tp > 1 else ""
+    return [Shape(_short(lname) + suffix, k, n) for lname, k, n, _ in layers]
 
 
 def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
     """'llama-3-70b', 'llama-3-8b,4096x4096', '4096x1024,8192x8192', 'llama-3-70b@tp4' (one GPU's shard under
-    4-way tensor parallelism) -> shapes; None -> a default for the device (Llama-3-8B on a GPU, two small layers
-    on the CPU)."""
+    4-way tensor parallelism), 'llama-3-8b+fused' or 'llama-3-70b@tp2+fused' (q/k/v and gate/up as the one GEMM
+    each that a serving engine launches) -> shapes; None -> a default for the device (Llama-3-8B on a GPU, two
+    small layers on the CPU)."""
     if not spec:
         spec = "llama-3-8b" if device_type == "cuda" else CPU_DEFAULT
     table = _model_table()
@@ -149,17 +189,15 @@ def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
             if not (0 < k <= MAX_DIM and 0 < n <= MAX_DIM):
                 raise UsageError(f"--shapes {part[:40]} is out of range", fix=f"allowed: K and N from 1 to {MAX_DIM}")
             out.append(Shape(f"{k}x{n}", k, n))
-        elif part.lower() in table:
-            out += _layers_of(part.lower(), table[part.lower()])
-        elif (t := re.fullmatch(r"(.+)@tp(\d{1,3})", part.lower())) and t.group(1) in table:
-            tp = int(t.group(2))
+        elif (t := re.fullmatch(r"(.+?)(?:@tp(\d{1,3}))?(\+fused)?", part.lower())) and t.group(1) in table:
+            tp = int(t.group(2) or 1)
             if not 1 <= tp <= MAX_TP:
                 raise UsageError(f"--shapes {part[:40]}: tensor-parallel degree {tp} is out of range",
                                  fix=f"use @tp1 to @tp{MAX_TP}, e.g. llama-3-70b@tp2")
-            out += _layers_of(t.group(1), table[t.group(1)], tp)
+            out += _layers_of(t.group(1), table[t.group(1)], tp, fused=bool(t.group(3)))
         else:
             raise UsageError(f"--shapes: unknown model or shape '{part}'",
-                             fix=f"use KxN (e.g. 4096x14336), MODEL or MODEL@tpN with a model of: "
+                             fix=f"use KxN (e.g. 4096x14336), MODEL, MODEL@tpN or MODEL+fused with a model of: "
                                  f"{', '.join(sorted(table))}")
         if len(parts) > 1 and not m:  # several models name their layers alike (q_proj/tp8): say whose
             out[before:] = [Shape(f"{part.lower()}:{s.name}", s.K, s.N) for s in out[before:]]

@@ -43,6 +43,8 @@ EPILOG = """Examples:
 
   qtool bench --device cuda:0 --shapes llama-3-70b@tp2 --graphs --anchor benchmarks/anchors/marlin-orig-h200.csv
 
+  qtool bench --device cuda:0 --shapes llama-3-8b+fused,llama-3-70b@tp4+fused --dtype bf16 --graphs
+
   qtool bench --device cuda:0 --bits 8 --format fp8 --dtype bf16 --shapes llama-3-70b --batch-sizes 1 16 64 256 1024 --graphs
 
   qtool bench --device cuda:0 --bits 8 --format fp8 --strategy block --dtype bf16 --shapes llama-3-70b --graphs
@@ -59,8 +61,9 @@ def bench_cmd(
         show_default="1 2 3 4 6 8 12 16 24 32 48 64 96 128 192 256 on a GPU, 1 16 256 on the CPU")] = None,
     shapes: Annotated[str | None, typer.Option(
         "--shapes", help="Models of configs/models.yaml (llama-3-70b, qwen2.5-32b, ...), MODEL@tpN (one GPU's "
-                         "shard under N-way tensor parallelism) or KxN, comma-separated (default: llama-3-8b on a "
-                         "GPU, two small layers on the CPU).", show_default=False)] = None,
+                         "shard under N-way tensor parallelism), MODEL+fused (q/k/v and gate/up as the one GEMM "
+                         "each a serving engine launches) or KxN, comma-separated (default: llama-3-8b on a GPU, "
+                         "two small layers on the CPU).", show_default=False)] = None,
     kernels: Annotated[list[str] | None, typer.Option(
         "--kernels", help="Kernel ids, repeatable or comma-separated (default: all that run here).",
         show_default=False)] = None,
