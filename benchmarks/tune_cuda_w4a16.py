@@ -528,6 +528,24 @@ def tail_waves(m: int, st, t: int = 0) -> Config | None:
     return dataclasses.replace(c, splits=0, cluster=False, tail=pick)
 
 
+def wide32(m: int, st, how: str) -> Config | None:
+    """M 17-32 on sm_90a, a layer whose least-cost bn32 wgmma grid (rows.wg_launch) is more than one wave, which
+    the rows once left to four batch tiles of x in registers (`xr4`): that grid (`cost`), the least-cost grid of one
+    wave (`wave`), four warpgroups unsplit (`w4`: what two launches of half the columns each give a wide layer) or
+    the whole waves and a split tail of least modelled cost (`tail`); composed as the dispatch composes a launch."""
+    if not (16 < m <= 32 and launch.wgmma_ok(st.cc)):
+        return None
+    cost = rows.wg_launch(32)(st)
+    if -(-rows._n16(st) // (4 * cost.wgs)) * cost.splits <= st.n_sm:
+        return None
+    if how == "xr4":
+        return Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+    picks = {"cost": cost, "w4": Config(kind=WGMMA, bn=32, wgs=4, splits=1, min_blocks=8),
+             "wave": (rows.wg32_wave(st) or (0, None))[1], "tail": (rows.wg32_tail(st) or (0, None))[1]}
+    cfg = picks[how]
+    return cfg and rows.wg_programmatic(rows.wg_clustered(cfg, m, st), st)
+
+
 def xr_biased(cfg: Config | None) -> Config | None:
     """The two-batch-tile x-in-registers launch with biased weights (corrected by the sums of x); None elsewhere."""
     if cfg is None or cfg.kind != launch.XR or cfg.nt != 2 or cfg.bias:
@@ -625,6 +643,7 @@ CURVE_FAMILIES = {
     "wgmma bn128 wg3": lambda m, st: (Config(kind=WGMMA, bn=128, wgs=3, ctas_per_sm=1.0, min_blocks=8)
                                       if 32 < m else None),
     "wgmma bn32 cost": lambda m, st: rows.wg_launch(32)(st) if 16 < m <= 32 else None,
+    **{f"wide32 {how}": (lambda m, st, how=how: wide32(m, st, how)) for how in ("xr4", "cost", "wave", "w4", "tail")},
     "wgmma bn48 cost": lambda m, st: rows.wg_launch(48)(st) if 32 < m <= 48 else None,
     "wgmma bn64 cost": lambda m, st: rows.wg_launch(64)(st) if 16 < m <= 64 else None,
     "wgmma bn128 cost": lambda m, st: rows.wg_launch(128)(st) if 64 < m else None,

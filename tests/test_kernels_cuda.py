@@ -119,8 +119,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert [choose(1, state(k, 4096)).r for k in (2048, 3584, 4096)] == [4, 8, 8]
     assert choose(1, state(14336, 4096)).kind == SK and choose(3, state(14336, 4096)).kind == XR
     # M 17-32: four batch tiles of x in registers (4 blocks a warp) where the bn32 wgmma grid spreads worse
-    for m, (k, n) in ((17, (8192, 1024)), (24, (2048, 768)), (32, (768, 2048)), (32, (8192, 512)),
-                      (20, (3584, 18944))):
+    for m, (k, n) in ((17, (8192, 1024)), (24, (2048, 768)), (32, (768, 2048)), (32, (8192, 512))):
         four = choose(m, state(k, n))
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
@@ -134,11 +133,24 @@ def test_small_m_takes_stream_k_where_x_fits():
         assert p["rows"] == 32 and p["grid"][0] * p["grid"][1] <= 132
         assert (rows.wg_cost(32, wg.wgs, wg.splits, state(k, n))
                 <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(state(k, n)))
-    # 3584 x 18944 is as cheap in the model, as a grid of three waves
-    wg = rows.wg_launch(32)(state(3584, 18944))
-    assert (rows.wg_cost(32, wg.wgs, wg.splits, state(3584, 18944))
-            <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(state(3584, 18944)))
-    assert plan(wg, 32, state(3584, 18944))["grid"][:2] == (99, 4)
+    # Qwen2.5-7B's gate_proj: the model's least-cost grid is three waves (99 x 4); the row takes the least-cost
+    # grid of one wave, three warpgroups unsplit
+    assert plan(rows.wg_launch(32)(state(3584, 18944)), 32, state(3584, 18944))["grid"][:2] == (99, 4)
+    for m in (17, 20, 32):
+        wg = choose(m, state(3584, 18944))
+        assert (wg.kind, wg.bn, wg.wgs, wg.tail) == (WGMMA, 32, 3, 0)
+        assert plan(wg, m, state(3584, 18944))["grid"][:2] == (99, 1)
+    # the fused gate_up_proj of Llama-3-70B, Qwen2.5-32B and Qwen2.5-7B: no bn32 grid fits one wave, so its whole
+    # waves run unsplit and a tail launch splits the tiles left over; its cost within WG32_EDGE of x in registers
+    for (k, n), (whole, left, t) in (((8192, 57344), (264, 35, 3)), ((5120, 55296), (264, 24, 4)),
+                                    ((3584, 37888), (132, 66, 2))):
+        st = state(k, n)
+        for m in (17, 24, 32):
+            wg = choose(m, st)
+            assert (wg.kind, wg.bn, wg.wgs, wg.splits, wg.tail) == (WGMMA, 32, 3, 0, t), (k, n, m, wg)
+            p = plan(wg, m, st)
+            assert p["rows"] == 32 and p["grid"] == (whole, 1, 1) and p["tail"]["grid"] == (left, t, 1)
+        assert rows.wg32(st)[0] <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(st)
     # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
     assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
         (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
@@ -783,7 +795,7 @@ def test_every_curve_family_is_plannable(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     planned = dict.fromkeys(tune.CURVE_FAMILIES, 0)
     for k, n in ((8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192), (5120, 27648), (2048, 768),
-                 (768, 2048), (384, 384), (8192, 256)):
+                 (768, 2048), (384, 384), (8192, 256), (3584, 18944), (8192, 57344)):
         st = state(k, n)
         for m in (1, 2, 6, 12, 16, 24, 40, 64, 72, 100, 128, 150, 192, 200, 256):
             for fam, make in tune.CURVE_FAMILIES.items():

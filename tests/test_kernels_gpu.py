@@ -151,9 +151,9 @@ def test_cuda_w4a16_split_k_cluster_gives_the_workspace_bits(dtype):
 @pytest.mark.parametrize("group,act", [(128, False), (32, True)])
 def test_cuda_w4a16_tail_launch(dtype, group, act):
     """A wgmma grid as whole waves and a K-split tail launch (the state's SM count lowered so that a small layer
-    has both), with one group per 64-k block and with act-order groups of 32 (the step kernels): the whole waves'
-    rows are the one-launch grid's bits, the tail's rows are within the oracle bound, and the tail's splits summed
-    in clusters give the workspace form's bits."""
+    has both; batch tiles of 32 to 256 columns), with one group per 64-k block and with act-order groups of 32
+    (the step kernels): the whole waves' rows are the one-launch grid's bits, the tail's rows are within the
+    oracle bound, and the tail's splits summed in clusters give the workspace form's bits."""
     import dataclasses
 
     from qtool.bench.layers import random_plain
@@ -169,7 +169,7 @@ def test_cuda_w4a16_tail_launch(dtype, group, act):
     st = kern.prepare(PackedLayer.from_plain(plain))
     st.n_sm = 3  # two whole waves of 3 tiles, a tail of 2
     slots = st.cluster_slots
-    for m, bn in ((100, 128), (160, 192), (256, 256)):
+    for m, bn in ((24, 32), (100, 128), (160, 192), (256, 256)):
         x = torch.randn(m, k, device=dev, dtype=dtype)
         ref = x.double() @ w64.t()
         base = float((torch.nn.functional.linear(x, w64.to(dtype)).double() - ref).norm() / ref.norm())

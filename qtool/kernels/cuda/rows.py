@@ -194,7 +194,15 @@ def _xr_m32(m: int, st) -> bool:
 # 64-k blocks per SM (idle warps of a last, partial K group included). Measured: up to 1.28x that, wgmma was 1-22 %
 # faster (3584 x 3584 at 1.28x: 9.2 against 11.3 us); at 1.5-2.6x the two were even (8192 x 1024, 4096 x 1024)
 # but for 8192 x 512 (2.6x: 22 % slower); the MoE expert and 8192 x 256 (3-6x) 35-50 % slower. A grid of more
-# than a wave (Qwen2.5-7B's 3584 x 18944 as 396 CTAs of 14 blocks at equal modelled cost) was 8 % slower.
+# than a wave (Qwen2.5-7B's 3584 x 18944 as 396 CTAs of 14 blocks at equal modelled cost) was 8 % slower, so the
+# launch is the least-cost grid of one wave. Where no grid of bn32 tiles fits one wave (the fused gate_up_proj a
+# serving engine launches: N of 37888-57344), the whole waves run unsplit and the tiles left over in a split tail
+# launch (wg_tail_cost, as wg_tailed). Measured on an H100 (tune-curve.json key h100-2026-12-07-wide32; M 17-32,
+# fp16 and bf16, two orders, every launch within its oracle bound) against four tiles of x in registers: the
+# tail launch 20-29 % less time on Llama-3-70B's fused 8192 x 57344 (M = 24 fp16: 120.5 against 151.5 us),
+# Qwen2.5-32B's 5120 x 55296 and Qwen2.5-7B's 3584 x 37888; the one-wave grid (three warpgroups, unsplit: 99
+# CTAs) 16-21 % less on Qwen2.5-7B's 3584 x 18944. On the two widest layers four warpgroups unsplit, two waves,
+# were within 4 % of the tail; the cost model's own multi-wave grids (K split 2-3 ways) 13-23 % slower.
 WG32_EDGE = 1.4
 
 
@@ -204,14 +212,42 @@ def xr4_blocks_per_sm(st) -> float:
     return xr_units(st, 8, 4) * 32 / st.n_sm
 
 
+def wg32_wave(st) -> tuple[float, Config] | None:
+    """The least-cost bn32 wgmma grid (wg_cost) of at most one wave, and its cost; None where none fits one wave."""
+    n16, kb = _n16(st), -(-st.K // 64)
+    one = [(wg_cost(32, w, s, st), -w, s, w) for w in wg_counts(32) for s in range(1, max(1, kb // 8) + 1)
+           if -(-n16 // (4 * w)) * s <= st.n_sm]
+    if not one:
+        return None
+    cost, _, s, w = min(one)
+    return cost, Config(kind=WGMMA, bn=32, wgs=w, splits=s, min_blocks=8)
+
+
+def wg32_tail(st) -> tuple[float, Config] | None:
+    """A bn32 wgmma grid past one wave as its whole waves, unsplit, and a split tail, of least wg_tail_cost, and
+    that cost; None where no grid has a tail that splits."""
+    n16, kb = _n16(st), -(-st.K // 64)
+    tails = [(wg_tail_cost(32, w, t, st), w, t) for w in wg_counts(32)
+             if (g := -(-n16 // (4 * w))) > st.n_sm and g % st.n_sm and (t := tail_splits(g % st.n_sm, kb, st))]
+    if not tails:
+        return None
+    cost, w, t = min(tails)
+    return cost, Config(kind=WGMMA, bn=32, wgs=w, splits=0, min_blocks=8, tail=t)
+
+
+def wg32(st) -> tuple[float, Config] | None:
+    """The bn32 wgmma launch the M 17-32 row weighs (the rules above) and its modelled cost: the least-cost grid of
+    one wave, or where none fits one wave, the whole waves and a split tail; None for neither."""
+    return wg32_wave(st) or wg32_tail(st)
+
+
 def _wg_m32(m: int, st) -> bool:
-    """M 17-32 on sm_90a where the bn32 wgmma launch is one wave, modelled within WG32_EDGE of the x-in-registers
+    """M 17-32 on sm_90a where the bn32 wgmma launch (wg32) is modelled within WG32_EDGE of the x-in-registers
     one."""
     if not (16 < m <= 32 and wgmma_ok(st.cc)):
         return False
-    cfg = wg_launch(32)(st)
-    gx, splits, _ = plan(cfg, m, st)["grid"]
-    return gx * splits <= st.n_sm and wg_cost(32, cfg.wgs, cfg.splits, st) <= WG32_EDGE * xr4_blocks_per_sm(st)
+    pick = wg32(st)
+    return pick is not None and pick[0] <= WG32_EDGE * xr4_blocks_per_sm(st)
 
 
 def _small64(m: int, st) -> bool:
@@ -309,10 +345,11 @@ class Row:
 # layers (q/o 8192 x 8192, k/v 8192 x 1024, gate/up 8192 x 28672, down 28672 x 8192), and where a row names an
 # H100, from its --curve sweep over the seven bench models (benchmarks/results/curve.md).
 ROWS = (
-    Row("wgmma bn32", _wg_m32, wg_launch(32),
+    Row("wgmma bn32", _wg_m32, lambda st: wg32(st)[1],
         "At M 17-32 a layer that fills the SMs runs faster as a 32-column wgmma tile than with four batch tiles "
         "of x in registers, where its one-wave grid spreads nearly as evenly (WG32_EDGE; H200, fp16, M = 32: "
-        "Llama-3-70B TP=2's 8192 x 14336 33.5 against 43.6 us, Qwen2.5-7B's 3584 x 3584 9.2 against 11.3)."),
+        "Llama-3-70B TP=2's 8192 x 14336 33.5 against 43.6 us, Qwen2.5-7B's 3584 x 3584 9.2 against 11.3), or "
+        "past one wave as whole waves and a split tail (H100, M = 24: a fused 8192 x 57344 120.5 against 151.5)."),
     Row("wgmma bn32 tiles, small layer", _wg_small64,
         Config(kind=WGMMA, bn=32, wgs=2, ctas_per_sm=1.0, min_blocks=4),
         "At M 33-64 a small layer (MoE experts, small k/v) runs fastest as 32-column batch tiles, its K split to "
