@@ -255,6 +255,11 @@ def test_flags_below_dense_and_below_anchor(tmp_path):
     assert "below ref (2.00x against 2.50x" in flags[(1, "layer")]
     assert flags[(32, "layer")].startswith("below dense (0.80x)")
     assert set(flags) == {(1, "layer"), (32, "layer"), (1, "a"), (1, "b"), (32, "a"), (32, "b")}
+    # the comparison the anchor cannot make is named, not left blank
+    assert report.summary["anchor"]["uncovered"] == [{"shape": "b", "K": 256, "N": 512, "M": [32]}]
+    from qtool.bench.report import anchor_gap_lines
+    assert anchor_gap_lines(report) == ["ref.csv has no figures for b (256x512) at M = 32: the layer sums there "
+                                        "are not compared with it"]
     # without an anchor only the dense flags, and no anchor keys
     plain = fake_report()
     apply_anchor(plain, None)
@@ -299,6 +304,8 @@ def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
     assert "vs_anchor" not in d["summary"]["per_m"]["torch-ref"]["3"]
     assert any(f["M"] == 1 and f["scope"] == "layer" for f in d["summary"]["flags"])
     assert "Flags:" in md.read_text() and "/ fast" in md.read_text()
+    assert re.search(r"anchor: ref.csv has no figures for 256x96, 192x128 at M = 3:", stdout)
+    assert d["summary"]["anchor"]["uncovered"][0]["M"] == [3] and "Anchor:" in md.read_text()
     # a bad anchor is refused before the sweep: one line, exit 2
     bad = tmp_path / "bad.csv"
     bad.write_text("K,N,M\n", encoding="utf-8")

@@ -88,7 +88,8 @@ def load_anchor(path: Path) -> Anchor:
 
 def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
     """Add the anchor's speedups to the report's rows and per-M layer sums, and the flags (always: below dense;
-    with an anchor: below it). A layer sum is compared with the anchor only where the anchor has every shape.
+    with an anchor: below it). A layer sum is compared with the anchor only where the anchor has every shape; the
+    shapes and M it lacks are listed (summary.anchor.uncovered), so a missing comparison is said, not blank.
     `dense`: the kernel id of the dense baseline's rows."""
     DENSE = dense  # noqa: N806 - the baseline's id, as run.py names it
 
@@ -100,7 +101,13 @@ def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
             if a is not None and r.speedup_vs_dense is not None:
                 r.anchor_x_dense = a
                 r.vs_anchor = r.speedup_vs_dense / a
-        summary["anchor"] = {"kernel": anchor.name, "file": Path(anchor.path).name}
+        gaps: dict[tuple[str, int, int], list[int]] = {}
+        for r in report.rows:
+            if r.kernel == DENSE and anchor.speedup(r.K, r.N, r.M) is None:
+                gaps.setdefault((r.shape, r.K, r.N), []).append(r.M)
+        summary["anchor"] = {"kernel": anchor.name, "file": Path(anchor.path).name,
+                             "uncovered": [{"shape": sh, "K": k, "N": n, "M": sorted(ms)}
+                                           for (sh, k, n), ms in gaps.items()]}
     dense = {(r.shape, r.M): r for r in report.rows if r.kernel == DENSE}
     flags = []
     for kname, per_m in summary.get("per_m", {}).items():

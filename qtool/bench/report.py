@@ -132,8 +132,22 @@ def render_tables(report: BenchReport, console) -> None:
                 cells += [_f(e.get("anchor_x_dense"), ".2f"), _f(e.get("vs_anchor"), ".2f")]
             s.add_row(*cells)
     console.print(s)
+    for line in anchor_gap_lines(report):
+        console.print(f"[cyan]anchor[/]: {sanitize(line)}")
     for line in flag_lines(report):
         console.print(f"[yellow]flag[/]: {sanitize(line)}")
+
+
+def anchor_gap_lines(report: BenchReport) -> list[str]:
+    """One line per set of M the anchor has no figures for, naming the shapes (their layer sums are not compared
+    there)."""
+    anchor = report.summary.get("anchor") or {}
+    by_ms: dict[tuple[int, ...], list[str]] = {}
+    for g in anchor.get("uncovered", []):
+        kn = f"{g['K']}x{g['N']}"
+        by_ms.setdefault(tuple(g["M"]), []).append(kn if g["shape"] == kn else f"{g['shape']} ({kn})")
+    return [f"{anchor['file']} has no figures for {', '.join(shapes)} at M = {', '.join(map(str, ms))}: "
+            "the layer sums there are not compared with it" for ms, shapes in by_ms.items()]
 
 
 def flag_lines(report: BenchReport) -> list[str]:
@@ -168,6 +182,9 @@ def to_markdown(report: BenchReport) -> str:
             lines.append(f"| {e_(kname)} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
                          f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
                          f"{_f(mstar, '.0f')} |{tail}")
+    gaps = anchor_gap_lines(report)
+    if gaps:
+        lines += ["", "Anchor:", ""] + [f"- {e_(g)}" for g in gaps]
     flags = flag_lines(report)
     if flags:
         lines += ["", "Flags:", ""] + [f"- {e_(f)}" for f in flags]
