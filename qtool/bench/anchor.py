@@ -101,10 +101,10 @@ def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
             if a is not None and r.speedup_vs_dense is not None:
                 r.anchor_x_dense = a
                 r.vs_anchor = r.speedup_vs_dense / a
-        gaps: dict[tuple[str, int, int], list[int]] = {}
+        gaps: dict[tuple[str, int, int], set[int]] = {}
         for r in report.rows:
-            if r.kernel == DENSE and anchor.speedup(r.K, r.N, r.M) is None:
-                gaps.setdefault((r.shape, r.K, r.N), []).append(r.M)
+            if anchor.speedup(r.K, r.N, r.M) is None:
+                gaps.setdefault((r.shape, r.K, r.N), set()).add(r.M)
         summary["anchor"] = {"kernel": anchor.name, "file": Path(anchor.path).name,
                              "uncovered": [{"shape": sh, "K": k, "N": n, "M": sorted(ms)}
                                            for (sh, k, n), ms in gaps.items()]}
