@@ -116,7 +116,7 @@ def test_fused_needs_layers_to_fuse(monkeypatch):
     monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=typo)})
     with pytest.raises(UsageError, match="names 'a.v_proj', which is not one of its layers"):
         parse_shapes("toy+fused", "cuda")
-    # a rule none of whose parts the model has is another architecture's: the rest still apply
+    # a rule that names none of the model's layers leaves them as they are; the others still apply
     ok = [{"name": "a.qk_proj", "parts": ["a.q_proj", "a.k_proj"]}, {"name": "absent", "parts": ["x", "y"]}]
     monkeypatch.setattr(shapes, "_model_table", lambda: {"toy": dict(row, _fused=ok)})
     assert kn("toy+fused") == [("qk_proj", 64, 128), ("down_proj", 128, 64)]
