@@ -539,10 +539,14 @@ def wide32(m: int, st, how: str) -> Config | None:
     if -(-rows._n16(st) // (4 * cost.wgs)) * cost.splits <= st.n_sm:
         return None
     if how == "xr4":
-        return Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
-    picks = {"cost": cost, "w4": Config(kind=WGMMA, bn=32, wgs=4, splits=1, min_blocks=8),
-             "wave": (rows.wg32_wave(st) or (0, None))[1], "tail": (rows.wg32_tail(st) or (0, None))[1]}
-    cfg = picks[how]
+        return rows.XR4
+    if how == "tail":
+        pick = rows.wg_tail_least(32, 0, st)
+        cfg = pick and Config(kind=WGMMA, bn=32, wgs=pick[1], splits=0, min_blocks=8, tail=pick[2])
+    elif how == "wave":
+        cfg = (rows.wg_least(32, st, one_wave=True) or (0, None))[1]
+    else:
+        cfg = cost if how == "cost" else Config(kind=WGMMA, bn=32, wgs=4, splits=1, min_blocks=8)
     return cfg and rows.wg_programmatic(rows.wg_clustered(cfg, m, st), st)
 
 
@@ -620,10 +624,8 @@ CURVE_FAMILIES = {
                                     if m <= 8 else None),
     "xr nt2 r8 w8": lambda m, st: (Config(kind=launch.XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
                                    if m <= 16 else None),
-    "xr nt4 r4 w8": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
-                                   if 8 < m <= 32 else None),
-    "xr nt4 r4 w8 2/sm": lambda m, st: (Config(kind=launch.XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=2.0, pdl=True)
-                                        if 8 < m <= 32 else None),
+    "xr nt4 r4 w8": lambda m, st: rows.XR4 if 8 < m <= 32 else None,
+    "xr nt4 r4 w8 2/sm": lambda m, st: dataclasses.replace(rows.XR4, ctas_per_sm=2.0) if 8 < m <= 32 else None,
     "xr nt8 r2 w8": lambda m, st: (Config(kind=launch.XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
                                    if 16 < m <= 64 else None),
     "sk 1/sm": lambda m, st: (Config(kind=SK, warps=16, ctas_per_sm=1.0, min_blocks=8, trigger="start")

@@ -75,16 +75,22 @@ def wg_counts(bn: int, stages: int = 0) -> list[int]:
     return sorted({w for b, w, s, tma in built.WG if b == bn and s == stages and tma})
 
 
-def wg_launch(bn: int) -> Callable[[object], Config]:
+def wg_least(bn: int, st, one_wave: bool = False) -> tuple[float, Config] | None:
     """The least-cost wgmma launch of bn batch columns (wg_cost) among the consumer warpgroup counts built
-    (wg_counts) and the K splits of at least 8 blocks; at equal cost, more warpgroups, then fewer splits."""
-    counts = wg_counts(bn)
+    (wg_counts) and the K splits of at least 8 blocks, and its cost; at equal cost, more warpgroups, then fewer
+    splits. one_wave: only grids of at most one CTA an SM (None where there is none)."""
+    n16, kb = _n16(st), -(-st.K // 64)
+    fits = [(wg_cost(bn, w, s, st), -w, s, w) for w in wg_counts(bn) for s in range(1, max(1, kb // 8) + 1)
+            if not one_wave or -(-n16 // (4 * w)) * s <= st.n_sm]
+    if not fits:
+        return None
+    cost, _, splits, wgs = min(fits)
+    return cost, Config(kind=WGMMA, bn=bn, wgs=wgs, splits=splits, min_blocks=8)
 
-    def make(st) -> Config:
-        kb = -(-st.K // 64)
-        _, _, splits, wgs = min((wg_cost(bn, w, s, st), -w, s, w) for w in counts for s in range(1, max(1, kb // 8) + 1))
-        return Config(kind=WGMMA, bn=bn, wgs=wgs, splits=splits, min_blocks=8)
-    return make
+
+def wg_launch(bn: int) -> Callable[[object], Config]:
+    """wg_least's launch of bn batch columns, as a row's launch."""
+    return lambda st: wg_least(bn, st)[1]
 
 
 def _wg_m(lo: int, hi: int) -> Callable[[int, object], bool]:
@@ -179,6 +185,10 @@ def _xr_r4_launch(nt: int):
     return make
 
 
+# The x-in-registers launch of four batch tiles at M 17-32 (4 blocks a warp, 8 warps).
+XR4 = Config(kind=XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+
+
 def _xr_m32(m: int, st) -> bool:
     """M 17-32 on sm_90, one group per 64-k block or coarser."""
     return 16 < m <= 32 and st.gshift_blk >= 0 and tuple(st.cc) == (9, 0)
@@ -212,33 +222,15 @@ def xr4_blocks_per_sm(st) -> float:
     return xr_units(st, 8, 4) * 32 / st.n_sm
 
 
-def wg32_wave(st) -> tuple[float, Config] | None:
-    """The least-cost bn32 wgmma grid (wg_cost) of at most one wave, and its cost; None where none fits one wave."""
-    n16, kb = _n16(st), -(-st.K // 64)
-    one = [(wg_cost(32, w, s, st), -w, s, w) for w in wg_counts(32) for s in range(1, max(1, kb // 8) + 1)
-           if -(-n16 // (4 * w)) * s <= st.n_sm]
-    if not one:
-        return None
-    cost, _, s, w = min(one)
-    return cost, Config(kind=WGMMA, bn=32, wgs=w, splits=s, min_blocks=8)
-
-
-def wg32_tail(st) -> tuple[float, Config] | None:
-    """A bn32 wgmma grid past one wave as its whole waves, unsplit, and a split tail, of least wg_tail_cost, and
-    that cost; None where no grid has a tail that splits."""
-    n16, kb = _n16(st), -(-st.K // 64)
-    tails = [(wg_tail_cost(32, w, t, st), w, t) for w in wg_counts(32)
-             if (g := -(-n16 // (4 * w))) > st.n_sm and g % st.n_sm and (t := tail_splits(g % st.n_sm, kb, st))]
-    if not tails:
-        return None
-    cost, w, t = min(tails)
-    return cost, Config(kind=WGMMA, bn=32, wgs=w, splits=0, min_blocks=8, tail=t)
-
-
 def wg32(st) -> tuple[float, Config] | None:
     """The bn32 wgmma launch the M 17-32 row weighs (the rules above) and its modelled cost: the least-cost grid of
     one wave, or where none fits one wave, the whole waves and a split tail; None for neither."""
-    return wg32_wave(st) or wg32_tail(st)
+    if one := wg_least(32, st, one_wave=True):
+        return one
+    if tail := wg_tail_least(32, 0, st):
+        cost, w, t = tail
+        return cost, Config(kind=WGMMA, bn=32, wgs=w, splits=0, min_blocks=8, tail=t)
+    return None
 
 
 def _wg_m32(m: int, st) -> bool:
@@ -475,12 +467,11 @@ ROWS = (
     Row("mma M <= 16", lambda m, st: m <= 16,
         Config(kind=MMA, nt=2, tn=2, warps=8, ctas_per_sm=3.0),
         "Two tiles per warp share the x fragments, and about 3 CTAs of split K per SM keep every SM streaming."),
-    Row("x in registers, four batch tiles", _xr_m32,
-        lambda st: Config(kind=XR, nt=4, r=4, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
+    Row("x in registers, four batch tiles", _xr_m32, lambda st: XR4,
         "At M 17-32 four batch tiles of x in registers (4 blocks a warp) stream each weight byte once, which beats "
-        "the split-K mma kernel on every bench shape and wgmma on the layers the bn32 row leaves, whose wgmma grids "
-        "spread unevenly (H200, fp16, M = 32: Qwen2.5-7B's 3584 x 18944 28.4 against 30.9 us, Llama-3-70B TP=4's "
-        "8192 x 256 7.3 against 9.7, the MoE expert's 2048 x 768 5.0 against 7.1)."),
+        "the split-K mma kernel on every bench shape and wgmma on the small layers the bn32 row leaves, whose "
+        "wgmma grids spread unevenly (H200, fp16, M = 32: Llama-3-70B TP=4's 8192 x 256 7.3 against 9.7 us, the "
+        "MoE expert's 2048 x 768 5.0 against 7.1)."),
     Row("mma", lambda m, st: True,
         Config(kind=MMA, nt=4, tn=2, warps=8, ctas_per_sm=3.0),
         "M 17-32, and any larger M without wgmma: four batch tiles per CTA, two tiles per warp."),
@@ -555,26 +546,28 @@ def wg_tail_cost(bn: int, wgs: int, t: int, st) -> float:
     return 4 * wgs * (whole * kb + tail_waves * -(-kb // t)) / WG_RATE[wgs] + partials
 
 
+def wg_tail_least(bn: int, stages: int, st) -> tuple[float, int, int] | None:
+    """(wg_tail_cost, warpgroups, tail splits) of least cost among the warpgroup counts built whose one-batch-tile
+    grid is a partial wave past a whole one with a tail that splits (tail_splits); None for none."""
+    n16, kb = _n16(st), -(-st.K // 64)
+    tails = [(wg_tail_cost(bn, w, t, st), w, t) for w in wg_counts(bn, stages)
+             if (g := -(-n16 // (4 * w))) > st.n_sm and g % st.n_sm and (t := tail_splits(g % st.n_sm, kb, st))]
+    return min(tails, default=None)
+
+
 def wg_tailed(cfg: Config, m: int, st) -> Config:
     """cfg as whole waves and a split tail launch (Config.tail), with the warpgroups of least modelled cost,
     where its own grid is one batch tile a partial wave past a whole one and the tail costs less (the rules
     above); cfg itself otherwise."""
     if cfg.kind != WGMMA or m < TAIL_MIN_M or m > cfg.bn or cfg.tail or not wgmma_ok(st.cc):
         return cfg
-    n16, kb = _n16(st), -(-st.K // 64)
-    gx = -(-n16 // (4 * cfg.wgs))
+    gx = -(-_n16(st) // (4 * cfg.wgs))
     if gx <= st.n_sm or not gx % st.n_sm:
         return cfg
-    best, pick = wg_cost(cfg.bn, cfg.wgs, plan(cfg, m, st)["splits"], st), None
-    for w in wg_counts(cfg.bn, cfg.stages):
-        g = -(-n16 // (4 * w))
-        t = tail_splits(g % st.n_sm, kb, st) if g > st.n_sm else 0
-        cost = wg_tail_cost(cfg.bn, w, t, st) * TAIL_MARGIN if t else best
-        if cost < best:
-            best, pick = cost, (w, t)
-    if pick is None:
+    pick = wg_tail_least(cfg.bn, cfg.stages, st)
+    if pick is None or pick[0] * TAIL_MARGIN >= wg_cost(cfg.bn, cfg.wgs, plan(cfg, m, st)["splits"], st):
         return cfg
-    return dataclasses.replace(cfg, wgs=pick[0], splits=0, cluster=False, tail=pick[1])
+    return dataclasses.replace(cfg, wgs=pick[1], splits=0, cluster=False, tail=pick[2])
 
 
 # A wgmma launch's K splits meet either through the workspace (fp32 partials to L2, the tile's last CTA sums
