@@ -62,7 +62,8 @@ def forced_configs(m: int, st) -> list[Config]:
     if torch.cuda.get_device_capability() == (9, 0):
         cs += [Config(kind=WGMMA, bn=bn, wgs=2, splits=sp) for bn in (64, 128, 256) for sp in (1, 2)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=4, splits=1))
-        cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn in (32, 48) for w in (2, 4) for sp in (1, 3)]
+        cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn in (24, 32, 40, 48) for w in (2, 4) for sp in (1, 3)]
+        cs += [Config(kind=WGMMA, bn=bn, wgs=3, splits=sp) for bn in (24, 40) for sp in (1, 3)]
         # three and four consumer warpgroups (the TMA form; setmaxnreg shares the registers out differently)
         cs += [Config(kind=WGMMA, bn=bn, wgs=w, splits=sp) for bn, w in ((64, 3), (64, 4), (128, 3)) for sp in (1, 3)]
         cs.append(Config(kind=WGMMA, bn=128, wgs=2, stages=4, splits=2))
@@ -442,8 +443,8 @@ def wg_cluster(cfg: Config | None, m: int, st, splits: int = 0) -> Config | None
     return dataclasses.replace(cfg, splits=s, cluster=True) if s > 1 else None
 
 
-# the M ranges of the bn112, bn160 and bn224 rows, and the M whose launch each had before
-WIDER = ((97, 112, 128), (129, 160, 192), (193, 224, 256))
+# the M ranges of the bn24, bn40, bn112, bn160 and bn224 rows, and the M whose launch each had before
+WIDER = ((17, 24, 32), (33, 40, 48), (97, 112, 128), (129, 160, 192), (193, 224, 256))
 
 
 def cluster_fit(m: int, st) -> Config | None:
@@ -661,8 +662,8 @@ CURVE_FAMILIES = {
     # the dispatch without its tail launches (rows.wg_tailed): the tail rule's baseline
     "no tail": lambda m, st: (rows.wg_clustered(rows.choose_row(m, st).make(st), m, st)
                               if rows.choose(m, st).tail else None),
-    # M 97-112, 129-160 and 193-224 as the dispatch launches the top of their range (128-, 192- and 256-column
-    # tiles): the bn112, bn160 and bn224 rows' baseline
+    # M 17-24, 33-40, 97-112, 129-160 and 193-224 as the dispatch launches the top of their range (32-, 48-, 128-,
+    # 192- and 256-column tiles): the bn24, bn40, bn112, bn160 and bn224 rows' baseline
     "as the wider tile": lambda m, st: next((rows.choose(top, st) for lo, hi, top in WIDER if lo <= m <= hi),
                                             None),
     # M 65-96 as the dispatch launches M 97-128 (a 128-column tile): the bn96 row's baseline

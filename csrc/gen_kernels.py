@@ -44,7 +44,8 @@ XR = [(2, 4, 3, 1, 4, 2, 512, False, False), (2, 4, 4, 1, 4, 2, 512, False, Fals
       (8, 2, 3, 1, 4, 2, 256, False, False)]
 # wg_large (sm_90a): (batch columns BN, consumer warpgroups, x-tile stages, x by the tensor memory accelerator);
 # each with one group per block ("blk") and one per k16 step ("step")
-WG = [(32, 2, 6, True), (32, 3, 6, True), (32, 4, 6, True), (48, 2, 6, True), (48, 3, 6, True), (48, 4, 6, True),
+WG = [(24, 2, 6, True), (24, 3, 6, True), (24, 4, 6, True), (32, 2, 6, True), (32, 3, 6, True), (32, 4, 6, True),
+      (40, 2, 6, True), (40, 3, 6, True), (40, 4, 6, True), (48, 2, 6, True), (48, 3, 6, True), (48, 4, 6, True),
       (64, 2, 6, True), (64, 3, 6, True), (64, 4, 6, True), (96, 2, 6, True), (96, 3, 6, True), (96, 4, 6, True),
       (112, 2, 6, True), (112, 3, 6, True), (112, 4, 6, True), (128, 3, 6, True), (128, 2, 6, True),
       (128, 2, 4, True), (160, 2, 6, True), (192, 2, 6, True), (224, 2, 6, True), (256, 2, 4, True), (256, 2, 6, True),
@@ -78,7 +79,7 @@ def wg_name(dt: str, bn: int, wgs: int, stages: int, ns: int, tma: bool) -> str:
 
 def entry(name: str, attrs: str, call: str, extra: str = "") -> tuple[str, str]:
     return name, (f'extern "C" __global__ void {attrs} {name}(QT_ARGS{extra}) {{\n'
-                  f"  const qt::Args a = QT_PACK;\n  {call};\n}}\n")
+                  f"  const qt::Args a = QT_PACK; {call};\n}}\n")
 
 
 def entries() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

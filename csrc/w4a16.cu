@@ -25,333 +25,267 @@
 #endif
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn1_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, true, 6, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, true, 6, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn1_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, false, 4, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, false, 4, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn1_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, true, 6, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, true, 6, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn1_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, false, 4, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, false, 4, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt4_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<4, false, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<4, false, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt4_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<4, false, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<4, false, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn1_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, true, 12, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, true, 12, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt1_tn2_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, false, true, 12, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, false, true, 12, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn1_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, true, 12, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, true, 12, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_f16_nt2_tn2_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, false, true, 12, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, false, true, 12, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, QT_SK_MINB4) qt_sk_f16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 4, false>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<false, 2, 4, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_sk_f16_u2_d6(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 6, false>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<false, 2, 6, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, QT_SK_MINB4) qt_sk_z_f16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 4, true>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<false, 2, 4, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_sk_z_f16_u2_d6(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<false, 2, 6, true>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<false, 2, 6, true>(a);
 }
 
 extern "C" __global__ void __maxnreg__(80) qt_xs_f16_nt2_tn1_d6_x2(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, false, 6, 1, 2, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, false, 6, 1, 2, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(80) qt_xs_f16_nt2_tn1_d12_x4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, false, 12, 1, 4, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, false, 12, 1, 4, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(128) qt_xs_f16_nt2_tn2_d6_x2(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, false, 6, 2, 2, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, false, 6, 2, 2, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(128) qt_xs_f16_nt2_tn2_d12_x4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, false, 12, 2, 4, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, false, 12, 2, 4, 4>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt2_r4_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 4, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 4, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt2_r4_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 4, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 4, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt2_r2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 2, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 2, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_f16_nt1_r4_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 1, 4, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 1, 4, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 2, 4, 2, 2, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 2, 4, 2, 2, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d3_b(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 3, 4, 2, 1, true, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 3, 4, 2, 1, true, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4_b(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 2, 4, 2, 2, true, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 2, 4, 2, 2, true, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt1_r8_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 1, 8, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 1, 8, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt4_r4_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 4, 4, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 4, 4, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt8_r2_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 8, 2, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 8, 2, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn1_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, true, 6, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, true, 6, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn1_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, false, 4, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, false, 4, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn1_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, true, 6, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, true, 6, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn1_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, false, 4, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, false, 4, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt4_tn2_post(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<4, true, true, 6, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<4, true, true, 6, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt4_tn2_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<4, true, false, 4, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<4, true, false, 4, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn1_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, true, 12, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, true, 12, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt1_tn2_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<1, true, true, 12, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<1, true, true, 12, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn1_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, true, 12, 1>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, true, 12, 1>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256) qt_mma_bf16_nt2_tn2_post_d12(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_small<2, true, true, 12, 2>(a);
+  const qt::Args a = QT_PACK; qt::mma_small<2, true, true, 12, 2>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, QT_SK_MINB4) qt_sk_bf16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<true, 2, 4, false>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<true, 2, 4, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_sk_bf16_u2_d6(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<true, 2, 6, false>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<true, 2, 6, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, QT_SK_MINB4) qt_sk_z_bf16_u2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<true, 2, 4, true>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<true, 2, 4, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_sk_z_bf16_u2_d6(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::sk_small<true, 2, 6, true>(a);
+  const qt::Args a = QT_PACK; qt::sk_small<true, 2, 6, true>(a);
 }
 
 extern "C" __global__ void __maxnreg__(80) qt_xs_bf16_nt2_tn1_d6_x2(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, true, 6, 1, 2, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, true, 6, 1, 2, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(80) qt_xs_bf16_nt2_tn1_d12_x4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, true, 12, 1, 4, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, true, 12, 1, 4, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(128) qt_xs_bf16_nt2_tn2_d6_x2(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, true, 6, 2, 2, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, true, 6, 2, 2, 4>(a);
 }
 
 extern "C" __global__ void __maxnreg__(128) qt_xs_bf16_nt2_tn2_d12_x4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::mma_xs<2, true, 12, 2, 4, 4>(a);
+  const qt::Args a = QT_PACK; qt::mma_xs<2, true, 12, 2, 4, 4>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt2_r4_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 4, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 4, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt2_r4_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 4, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 4, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt2_r2_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 2, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 2, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_xr_bf16_nt1_r4_d4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 1, 4, 4, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 1, 4, 4, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 2, 4, 2, 2, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 2, 4, 2, 2, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d3_b(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 3, 4, 2, 1, true, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 3, 4, 2, 1, true, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4_b(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 2, 4, 2, 2, true, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 2, 4, 2, 2, true, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt1_r8_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 1, 8, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 1, 8, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt4_r4_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 4, 4, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 4, 4, 3, 4, 2, 1, false, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt8_r2_d3(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 8, 2, 3, 4, 2, 1, false, false>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 8, 2, 3, 4, 2, 1, false, false>(a);
 }
 
 // sm_90a only: wgmma, and the x-in-registers kernels whose two K groups meet in a
@@ -359,533 +293,523 @@ extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt8_r2_d3(QT_ARG
 #ifdef QT_WGMMA
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4_b_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 2, 4, 2, 2, true, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 2, 4, 2, 2, true, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d3_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 3, 4, 2, 1, false, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 3, 4, 2, 1, false, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_f16_nt2_r8_d2_t2_s4_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<false, 2, 8, 2, 4, 2, 2, false, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<false, 2, 8, 2, 4, 2, 2, false, true>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn24_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn24_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn24_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn24_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn24_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn24_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn32_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn32_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn32_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn32_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn32_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn32_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 4, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 4, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn40_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn40_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 2, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn40_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn40_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 3, 6, false, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn40_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn40_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn48_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn48_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn48_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn48_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn48_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn48_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 4, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn64_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn64_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn64_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn64_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn64_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn64_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 4, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn96_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn96_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn96_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn96_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn96_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn96_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 4, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn112_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn112_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn112_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn112_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn112_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 4, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_f16_bn112_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 4, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 4, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 3, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 3, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 3, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, false, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, false, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn128_wg2_s4_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, false, 4, 3, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, false, 4, 3, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn160_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<160, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<160, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn160_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<160, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<160, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<192, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<192, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<192, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<192, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn224_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<224, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<224, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn224_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<224, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<224, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 4, false, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 4, false, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s4_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 4, false, 4, 3, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 4, false, 4, 3, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 6, false, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_f16_bn256_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 6, false, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 6, false, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_wg_f16_bn128_wg2_s4_blk(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, false, 1, 4, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, false, 1, 4, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_wg_f16_bn128_wg2_s4_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, false, 4, 3, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, false, 4, 3, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg4_s6_blk(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 4, 6, false, 1, 6, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 4, 6, false, 1, 6, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_f16_bn128_wg4_s6_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 4, 6, false, 4, 5, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 4, 6, false, 4, 5, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4_b_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 2, 4, 2, 2, true, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 2, 4, 2, 2, true, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d3_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 3, 4, 2, 1, false, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 3, 4, 2, 1, false, true>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_xr_bf16_nt2_r8_d2_t2_s4_c(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::xr_small<true, 2, 8, 2, 4, 2, 2, false, true>(a);
+  const qt::Args a = QT_PACK; qt::xr_small<true, 2, 8, 2, 4, 2, 2, false, true>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn24_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn24_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn24_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn24_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn24_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn24_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<24, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn32_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn32_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn32_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn32_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn32_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn32_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<32, 4, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<32, 4, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn40_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn40_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 2, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn40_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn40_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 3, 6, true, 4, 5, true>(a, &xmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn40_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+}
+
+extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn40_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
+  const qt::Args a = QT_PACK; qt::wg_large<40, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn48_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn48_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn48_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn48_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn48_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn48_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<48, 4, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<48, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn64_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn64_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn64_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn64_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn64_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn64_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<64, 4, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<64, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn96_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn96_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn96_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn96_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn96_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn96_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<96, 4, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<96, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn112_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn112_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn112_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn112_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn112_wg4_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 4, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(640, 1) qt_wg_bf16_bn112_wg4_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<112, 4, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<112, 4, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg3_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 3, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg3_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 3, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 3, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, true, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, true, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn128_wg2_s4_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, true, 4, 3, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, true, 4, 3, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn160_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<160, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<160, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn160_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<160, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<160, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<192, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<192, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn192_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<192, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<192, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn224_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<224, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<224, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn224_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<224, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<224, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s4_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 4, true, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 4, true, 1, 4, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s4_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 4, true, 4, 3, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 4, true, 4, 3, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s6_blk_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap, const __grid_constant__ qt::TMap wmap, const __grid_constant__ qt::TMap smap, const __grid_constant__ qt::TMap zmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 6, true, 1, 6, true>(a, &xmap, &wmap, &smap, &zmap);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1) qt_wg_bf16_bn256_wg2_s6_step_tma(QT_ARGS, const __grid_constant__ qt::TMap xmap) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<256, 2, 6, true, 4, 5, true>(a, &xmap);
+  const qt::Args a = QT_PACK; qt::wg_large<256, 2, 6, true, 4, 5, true>(a, &xmap);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_wg_bf16_bn128_wg2_s4_blk(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, true, 1, 4, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, true, 1, 4, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) qt_wg_bf16_bn128_wg2_s4_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 2, 4, true, 4, 3, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 2, 4, true, 4, 3, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg4_s6_blk(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 4, 6, true, 1, 6, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 4, 6, true, 1, 6, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) qt_wg_bf16_bn128_wg4_s6_step(QT_ARGS) {
-  const qt::Args a = QT_PACK;
-  qt::wg_large<128, 4, 6, true, 4, 5, false>(a);
+  const qt::Args a = QT_PACK; qt::wg_large<128, 4, 6, true, 4, 5, false>(a);
 }
 
 #endif  // QT_WGMMA

@@ -2,6 +2,21 @@
 #pragma once
 #include <stdint.h>
 
+// D[64 x 24] (fp32, wgmma accumulator layout) += A[64 x 16] (f16, registers, mma A-fragment layout per warp)
+//                                                * B[16 x 24] (f16, shared memory, K-major, described by desc)
+__device__ __forceinline__ void wgmma_rs_m64n24k16_f16(float (&d)[12], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                        uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %17, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, %16, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
 // D[64 x 32] (fp32, wgmma accumulator layout) += A[64 x 16] (f16, registers, mma A-fragment layout per warp)
 //                                                * B[16 x 32] (f16, shared memory, K-major, described by desc)
 __device__ __forceinline__ void wgmma_rs_m64n32k16_f16(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -14,6 +29,21 @@ __device__ __forceinline__ void wgmma_rs_m64n32k16_f16(float (&d)[16], uint32_t 
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+// D[64 x 40] (fp32, wgmma accumulator layout) += A[64 x 16] (f16, registers, mma A-fragment layout per warp)
+//                                                * B[16 x 40] (f16, shared memory, K-major, described by desc)
+__device__ __forceinline__ void wgmma_rs_m64n40k16_f16(float (&d)[20], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                        uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %25, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, {%20, %21, %22, %23}, %24, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 
@@ -152,6 +182,21 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16_f16(float (&d)[128], uint32_
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 
+// D[64 x 24] (fp32, wgmma accumulator layout) += A[64 x 16] (bf16, registers, mma A-fragment layout per warp)
+//                                                * B[16 x 24] (bf16, shared memory, K-major, described by desc)
+__device__ __forceinline__ void wgmma_rs_m64n24k16_bf16(float (&d)[12], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                        uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %17, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, %16, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
 // D[64 x 32] (fp32, wgmma accumulator layout) += A[64 x 16] (bf16, registers, mma A-fragment layout per warp)
 //                                                * B[16 x 32] (bf16, shared memory, K-major, described by desc)
 __device__ __forceinline__ void wgmma_rs_m64n32k16_bf16(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -164,6 +209,21 @@ __device__ __forceinline__ void wgmma_rs_m64n32k16_bf16(float (&d)[16], uint32_t
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+// D[64 x 40] (fp32, wgmma accumulator layout) += A[64 x 16] (bf16, registers, mma A-fragment layout per warp)
+//                                                * B[16 x 40] (bf16, shared memory, K-major, described by desc)
+__device__ __forceinline__ void wgmma_rs_m64n40k16_bf16(float (&d)[20], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                        uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %25, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, {%20, %21, %22, %23}, %24, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 
@@ -305,10 +365,12 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16_bf16(float (&d)[128], uint32
 // The wrapper above of batch width N for x's dtype (the widths csrc/gen_kernels.py's WG table builds)
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
-  static_assert(N == 32 || N == 48 || N == 64 || N == 96 || N == 112 || N == 128 || N == 160 || N == 192 || N == 224 || N == 256,
+  static_assert(N == 24 || N == 32 || N == 40 || N == 48 || N == 64 || N == 96 || N == 112 || N == 128 || N == 160 || N == 192 || N == 224 || N == 256,
                 "no wgmma wrapper of this width: add it to WG in csrc/gen_kernels.py");
   if constexpr (BF16) {
-    if constexpr (N == 32) wgmma_rs_m64n32k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (N == 24) wgmma_rs_m64n24k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    else if constexpr (N == 32) wgmma_rs_m64n32k16_bf16(d, a[0], a[1], a[2], a[3], desc);
+    else if constexpr (N == 40) wgmma_rs_m64n40k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 48) wgmma_rs_m64n48k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 64) wgmma_rs_m64n64k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 96) wgmma_rs_m64n96k16_bf16(d, a[0], a[1], a[2], a[3], desc);
@@ -319,7 +381,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     else if constexpr (N == 224) wgmma_rs_m64n224k16_bf16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 256) wgmma_rs_m64n256k16_bf16(d, a[0], a[1], a[2], a[3], desc);
   } else {
-    if constexpr (N == 32) wgmma_rs_m64n32k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    if constexpr (N == 24) wgmma_rs_m64n24k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    else if constexpr (N == 32) wgmma_rs_m64n32k16_f16(d, a[0], a[1], a[2], a[3], desc);
+    else if constexpr (N == 40) wgmma_rs_m64n40k16_f16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 48) wgmma_rs_m64n48k16_f16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 64) wgmma_rs_m64n64k16_f16(d, a[0], a[1], a[2], a[3], desc);
     else if constexpr (N == 96) wgmma_rs_m64n96k16_f16(d, a[0], a[1], a[2], a[3], desc);

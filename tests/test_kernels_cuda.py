@@ -124,13 +124,16 @@ def test_small_m_takes_stream_k_where_x_fits():
         assert (four.kind, four.nt, four.r, four.warps) == (XR, 4, 4, 8)
         assert plan(four, m, state(k, n))["rows"] == 32
     # ... and the bn32 wgmma grid of least modelled cost where it is one wave within WG32_EDGE of that: Llama-3-70B's
-    # down_proj and q/o, Qwen2.5-32B's 5120 x 27648, Llama-3-8B's 4096 x 14336, Qwen2.5-7B's q/o
+    # down_proj and q/o, Qwen2.5-32B's 5120 x 27648, Llama-3-8B's 4096 x 14336, Qwen2.5-7B's q/o; at M <= 24 the same
+    # grid with 24 batch columns
     for m, (k, n) in ((17, (28672, 8192)), (32, (8192, 8192)), (24, (5120, 27648)), (32, (4096, 14336)),
-                      (24, (3584, 3584))):
+                      (24, (3584, 3584)), (25, (3584, 3584))):
         wg = choose(m, state(k, n))
-        assert (wg.kind, wg.bn) == (WGMMA, 32) and wg.wgs == rows.wg_launch(32)(state(k, n)).wgs
+        bn = 24 if m <= 24 else 32
+        assert (wg.kind, wg.bn) == (WGMMA, bn) and wg.wgs == rows.wg_launch(32)(state(k, n)).wgs
         p = plan(wg, m, state(k, n))
-        assert p["rows"] == 32 and p["grid"][0] * p["grid"][1] <= 132
+        assert p["rows"] == bn and p["grid"] == plan(choose(32, state(k, n)), 32, state(k, n))["grid"]
+        assert p["grid"][0] * p["grid"][1] <= 132
         assert (rows.wg_cost(32, wg.wgs, wg.splits, state(k, n))
                 <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(state(k, n)))
     # Qwen2.5-7B's gate_proj: the model's least-cost grid is three waves (99 x 4); the row takes the least-cost
@@ -138,7 +141,7 @@ def test_small_m_takes_stream_k_where_x_fits():
     assert plan(rows.wg_launch(32)(state(3584, 18944)), 32, state(3584, 18944))["grid"][:2] == (99, 4)
     for m in (17, 20, 32):
         wg = choose(m, state(3584, 18944))
-        assert (wg.kind, wg.bn, wg.wgs, wg.tail) == (WGMMA, 32, 3, 0)
+        assert (wg.kind, wg.bn, wg.wgs, wg.tail) == (WGMMA, 24 if m <= 24 else 32, 3, 0)
         assert plan(wg, m, state(3584, 18944))["grid"][:2] == (99, 1)
     # the fused gate_up_proj of Llama-3-70B, Qwen2.5-32B and Qwen2.5-7B: no bn32 grid fits one wave, so its whole
     # waves run unsplit and a tail launch splits the tiles left over; its cost within WG32_EDGE of x in registers
@@ -147,13 +150,16 @@ def test_small_m_takes_stream_k_where_x_fits():
         st = state(k, n)
         for m in (17, 24, 32):
             wg = choose(m, st)
-            assert (wg.kind, wg.bn, wg.wgs, wg.splits, wg.tail) == (WGMMA, 32, 3, 0, t), (k, n, m, wg)
+            bn = 24 if m <= 24 else 32
+            assert (wg.kind, wg.bn, wg.wgs, wg.splits, wg.tail) == (WGMMA, bn, 3, 0, t), (k, n, m, wg)
             p = plan(wg, m, st)
-            assert p["rows"] == 32 and p["grid"] == (whole, 1, 1) and p["tail"]["grid"] == (left, t, 1)
-        assert rows.wg32(st)[0] <= rows.WG32_EDGE * rows.xr4_blocks_per_sm(st)
-    # M 33-48 a 48-column wgmma tile, M 49-64 a 64-column one
-    assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 48, 49, 64))] == [
-        (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
+            assert p["rows"] == bn and p["grid"] == (whole, 1, 1) and p["tail"]["grid"] == (left, t, 1)
+    # M 33-40 a 40-column wgmma tile in the grid the 48-column one takes at M 41-48, M 49-64 a 64-column one
+    assert [(c.kind, c.bn) for c in (choose(m, state(8192, 8192)) for m in (33, 40, 41, 48, 49, 64))] == [
+        (WGMMA, 40), (WGMMA, 40), (WGMMA, 48), (WGMMA, 48), (WGMMA, 64), (WGMMA, 64)]
+    for k, n in ((8192, 8192), (8192, 28672), (28672, 8192), (8192, 1024)):
+        assert plan(choose(40, state(k, n)), 40, state(k, n))["grid"] == plan(choose(48, state(k, n)), 48,
+                                                                              state(k, n))["grid"]
     # M 33-64: 32-column wgmma batch tiles, K split to fill the SMs, on a layer of at most one 16-row tile's
     # 1024-k slice per SM: the MoE expert's 2048 x 768 (96 slices), 8192 x 256 (128); not 4096 x 1024 (256)
     for k, n in ((2048, 768), (768, 2048), (8192, 256)):
@@ -922,9 +928,9 @@ def test_choose_and_plan_match_the_frozen_choices(monkeypatch):
 
 # a point where each row of rows.ROWS is the first to apply: (M, K, N, compute capability, group shift)
 ROW_POINTS = {
-    "wgmma bn32": (32, 28672, 8192, (9, 0), 7), "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7),
-    "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
-    "wgmma bn48": (40, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
+    "wgmma bn24": (24, 28672, 8192, (9, 0), 7), "wgmma bn32": (32, 28672, 8192, (9, 0), 7),
+    "wgmma bn32 tiles, small layer": (48, 2048, 768, (9, 0), 7), "x in registers, eight batch tiles": (48, 384, 384, (9, 0), 7),
+    "wgmma bn40": (40, 8192, 8192, (9, 0), 7), "wgmma bn48": (48, 8192, 8192, (9, 0), 7), "wgmma bn64": (64, 8192, 8192, (9, 0), 7),
     "wgmma bn64 tiles, small layer": (128, 8192, 256, (9, 0), 7), "wgmma bn96": (80, 8192, 8192, (9, 0), 7), "wgmma bn112": (100, 8192, 8192, (9, 0), 7),
     "wgmma bn128": (120, 8192, 8192, (9, 0), 7), "wgmma bn128 narrow": (256, 8192, 1024, (9, 0), 7),
     "wgmma bn160": (140, 8192, 8192, (9, 0), 7), "wgmma bn192": (176, 8192, 8192, (9, 0), 7),

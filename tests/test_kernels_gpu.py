@@ -103,9 +103,9 @@ def test_all_kernels_on_gpu_large_shape_and_graph_capture():
 
 def test_cuda_w4a16_every_variant_vs_oracle():
     """Every instantiated cuda-w4a16 launch (mma nt1/2/4 with and without split, stream-K grids with global and
-    shared-memory hand-overs, wgmma bn32/48/64/128/256 with 2/3/4 warpgroups on sm_90) x awkward layers x fp16/bf16 x M;
-    outputs poisoned; then chains of calls each reading the previous output, with and without programmatic
-    dependent launch (same bits): benchmarks/tune_cuda_w4a16.py --check."""
+    shared-memory hand-overs, wgmma bn24/32/40/48/64/128/256 with 2/3/4 warpgroups on sm_90) x awkward layers x
+    fp16/bf16 x M; outputs poisoned; then chains of calls each reading the previous output, with and without
+    programmatic dependent launch (same bits): benchmarks/tune_cuda_w4a16.py --check."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from tune_cuda_w4a16 import chain_check, check
 

@@ -63,7 +63,7 @@ SMEM_PER_SM = {(9, 0): 227 * 1024, (8, 0): 163 * 1024, (8, 7): 163 * 1024}  # us
 SMEM_OTHER = 99 * 1024  # sm_86 / sm_89
 X_BUDGET = 32 * 1024  # bytes of x a mma CTA stages (its K slice): small enough for several CTAs per SM
 # default x-tile stages of the wgmma kernel per BN
-WG_STAGES = {32: 6, 48: 6, 64: 6, 96: 6, 112: 6, 128: 6, 160: 6, 192: 6, 224: 6, 256: 4}
+WG_STAGES = {24: 6, 32: 6, 40: 6, 48: 6, 64: 6, 96: 6, 112: 6, 128: 6, 160: 6, 192: 6, 224: 6, 256: 4}
 XS_STAGES = 4  # x chunk slots of the x-streaming mma kernel (csrc/mma.cuh mma_xs XS)
 WG_CLUSTER_MAX = 8  # CTAs of a portable thread-block cluster: the most K splits a wgmma tile sums on chip
 XR_CLUSTER_SLOTS = 4  # csrc/xr.cuh xr_small S2: rank 1's sums of a unit waiting in rank 0

@@ -242,6 +242,25 @@ def _wg_m32(m: int, st) -> bool:
     return pick is not None and pick[0] <= WG32_EDGE * xr4_blocks_per_sm(st)
 
 
+# At M 17-24 and 33-40 a 24- or 40-column tile covers the batch where the 32- or 48-column one spends a quarter or a
+# sixth of its tensor-core work on empty columns. The launch is the wider tile's (its warpgroups, K splits, tail
+# and clusters) with the narrower width. Measured so against that launch on an H100 (tune-curve.json key
+# h100-2026-12-07-narrow, family `narrow`: the six dense bench models' shapes and two fused ones, fp16 at M 17, 20,
+# 24, 33 and 40, bf16 at 24 and 40 on three, two orders, every launch within its oracle bound): the layer sums took
+# 1.8-2.9 % less time at M 17-24 (median 2.5 %; bf16 2.2-2.4 %) and 1.2-3.0 % at M 33-40 (median 2.4 %; bf16
+# 1.3-1.9 %), and no layer took more. The MoE expert's launches there are other rows'. A 56-column tile at M 49-56
+# gained 0.4-1.9 % (median 1.6 %) and up to 1.3 % more time on single layers: not built.
+WHY_NARROW = ("At M 17-24 and 33-40 a 24- or 40-column wgmma tile covers the batch where a 32- or 48-column one "
+              "spends a quarter or a sixth of its tensor-core work on empty columns: as the wider tile's launch with "
+              "fewer columns, 1.2-3.0 % less time on the layer sums of the bench models (median 2.4-2.5 %; H100, "
+              "fp16 and bf16, two orders) and on no layer more.")
+
+
+def narrower(cfg: Config, bn: int) -> Config:
+    """A wgmma launch with bn batch columns instead of its own (a narrower width that still covers M)."""
+    return dataclasses.replace(cfg, bn=bn)
+
+
 def _small64(m: int, st) -> bool:
     """M 33-64 on sm_90, one group per 64-k block or coarser, on a layer of at most one 16-row tile's 1024-k
     slice per SM (MoE experts, small k/v, BERT-size layers)."""
@@ -337,6 +356,7 @@ class Row:
 # layers (q/o 8192 x 8192, k/v 8192 x 1024, gate/up 8192 x 28672, down 28672 x 8192), and where a row names an
 # H100, from its --curve sweep over the seven bench models (benchmarks/results/curve.md).
 ROWS = (
+    Row("wgmma bn24", lambda m, st: m <= 24 and _wg_m32(m, st), lambda st: narrower(wg32(st)[1], 24), WHY_NARROW),
     Row("wgmma bn32", _wg_m32, lambda st: wg32(st)[1],
         "At M 17-32 a layer that fills the SMs runs faster as a 32-column wgmma tile than with four batch tiles "
         "of x in registers, where its one-wave grid spreads nearly as evenly (WG32_EDGE; H200, fp16, M = 32: "
@@ -354,6 +374,7 @@ ROWS = (
         "A small layer too short in K to split (under 8 64-k blocks) is faster at M 33-64 with eight batch tiles of "
         "x in registers, its whole weight in flight at once, than as 32-column wgmma tiles each walking all of K "
         "(H100, fp16, two orders, M = 48: MiniLM-L6's 384 x 384 3.8 against 4.6 us, 384 x 1536 4.2 against 4.6)."),
+    Row("wgmma bn40", _wg_m(32, 40), lambda st: narrower(wg_launch(48)(st), 40), WHY_NARROW),
     Row("wgmma bn48", _wg_m(32, 48), wg_launch(48),
         "At M 33-48 on sm_90a one 48-column wgmma tile per CTA covers the batch: no tensor-core work on a quarter "
         "of empty columns, never slower than bn64 on the 24 bench layer shapes that take wgmma there and up to 6 % "
