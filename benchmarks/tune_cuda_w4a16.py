@@ -595,8 +595,7 @@ CURVE_FAMILIES = {
     "xr t2 balanced": lambda m, st: xr_balanced(rows._xr_two_tiles(st), st) if 8 < m <= 16 else None,
     # where the memory rule gives two-tile units a layer of more than two K groups (an H200's down_proj): one tile a
     # unit, the launch every other device gives it (rows.XR_T2_GBPS_SM)
-    "xr one tile": lambda m, st: (rows._xr_one_tile(st) if rows._xr_t2(m, st) and rows.xr_kgroups(st, 8, 8) > 2
-                                  else None),
+    "xr one tile": lambda m, st: rows.XR1 if rows._xr_t2(m, st) and rows.xr_kgroups(st, 8, 8) > 2 else None,
     # at M > 96 a one-batch-tile grid a partial wave past a whole one that the tail rule leaves (its tail's split
     # tiles would pass a wave): whole waves and a tail of more than one wave
     "tail waves": tail_waves,

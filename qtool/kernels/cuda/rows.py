@@ -328,8 +328,8 @@ def _xr_t2(m: int, st) -> bool:
             and (xr_kgroups(st, 8, 8) <= 2 or st.hbm_gbps >= XR_T2_GBPS_SM * st.n_sm))
 
 
-def _xr_one_tile(st) -> Config:
-    return Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
+# The x-in-registers launch of one tile a unit at M 9-16 (8 blocks a warp, 8 warps).
+XR1 = Config(kind=XR, nt=2, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True)
 
 
 def _xr_two_tiles(st) -> Config:
@@ -370,7 +370,7 @@ ROWS = (
         "8.3 us, 768 x 2048 5.4 against 5.6, Qwen2.5-7B's 3584 x 512 6.5 against 8.5, Llama-3-70B TP=4's "
         "8192 x 256 9.0 against 9.7)."),
     Row("x in registers, eight batch tiles", _small64,
-        lambda st: Config(kind=XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
+        Config(kind=XR, nt=8, r=2, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
         "A small layer too short in K to split (under 8 64-k blocks) is faster at M 33-64 with eight batch tiles of "
         "x in registers, its whole weight in flight at once, than as 32-column wgmma tiles each walking all of K "
         "(H100, fp16, two orders, M = 48: MiniLM-L6's 384 x 384 3.8 against 4.6 us, 384 x 1536 4.2 against 4.6)."),
@@ -440,7 +440,7 @@ ROWS = (
         "with four blocks a warp and its groups full (H100, fp16, two orders: Llama-3-70B TP=4's o_proj at M = 16 "
         "6.8 against 8.1 us, the MoE expert's 768 x 2048 2.7 against 4.1)."),
     Row("x in registers, one batch tile", _xr_m8,
-        lambda st: Config(kind=XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
+        Config(kind=XR, nt=1, r=8, warps=8, depth=3, ctas_per_sm=1.0, pdl=True),
         "One batch tile of x in registers (8 blocks a warp) streams the weights with no x stream and no barrier per "
         "block, which beats stream-K on layers of one K group (Llama-3-8B at M = 3: q/o 6.3 against 10.4 us, "
         "gate/up 11.8 against 13.7) and on the wide layers it would take over equal ranges (H100, fp16, M = 3: "
@@ -465,16 +465,16 @@ ROWS = (
         "Layers of at least 8 two-tile units per SM (gate/up, down) run fastest with x in registers and one "
         "exchange per two tiles; with exactly two K groups (gate/up), biased weights summed in a cluster of 2; "
         "with more than two (down), on H200-class memory only (XR_T2_GBPS_SM)."),
-    Row("x in registers", _xr_m16, _xr_one_tile,
+    Row("x in registers", _xr_m16, XR1,
         "Any other layer (q/o, k/v, MoE experts, TP shards) is fastest with x in registers, one tile a unit, "
         "neither biased nor clustered: on the 11 bench shapes the x-streaming kernel took before, 1.07-1.38x "
         "faster (Qwen2.5-7B k/v at M = 16: 4.7 against 6.2 us)."),
     Row("x streamed, small layer", lambda m, st: _xs_m16(m, st) and small_layer(st),
-        lambda st: Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8, pdl=True),
+        Config(kind=XS, nt=2, tn=1, warps=8, ctas_per_sm=3.0, min_blocks=8, pdl=True),
         "A small layer (k/v) at M 9-16 is fastest with x streamed by three 8-warp CTAs per SM, 8 blocks a warp at "
         "least, so few K splits meet at the end."),
     Row("x streamed", _xs_m16,
-        lambda st: Config(kind=XS, nt=2, tn=1, warps=16, ctas_per_sm=1.0, pdl=True),
+        Config(kind=XS, nt=2, tn=1, warps=16, ctas_per_sm=1.0, pdl=True),
         "A layer of under 8 tiles per SM is fastest with x streamed by one 16-warp CTA per SM, each warp a long K "
         "slice of one tile."),
     Row("mma M <= 8", lambda m, st: m <= 8,
@@ -488,7 +488,7 @@ ROWS = (
     Row("mma M <= 16", lambda m, st: m <= 16,
         Config(kind=MMA, nt=2, tn=2, warps=8, ctas_per_sm=3.0),
         "Two tiles per warp share the x fragments, and about 3 CTAs of split K per SM keep every SM streaming."),
-    Row("x in registers, four batch tiles", _xr_m32, lambda st: XR4,
+    Row("x in registers, four batch tiles", _xr_m32, XR4,
         "At M 17-32 four batch tiles of x in registers (4 blocks a warp) stream each weight byte once, which beats "
         "the split-K mma kernel on every bench shape and wgmma on the small layers the bn32 row leaves, whose "
         "wgmma grids spread unevenly (H200, fp16, M = 32: Llama-3-70B TP=4's 8192 x 256 7.3 against 9.7 us, the "
