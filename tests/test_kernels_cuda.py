@@ -378,7 +378,7 @@ def test_wgmma_sources_and_plan_agree():
     """Two rules spelled in both csrc/wgmma.cuh and launch.py: a TMA stage's weights are BoxSlot<4 wgs>'s bytes
     (each tile's 512 bytes of weights, 32 of scales and 16 of zeros, rounded to 128), and the cluster sum takes as
     many ranks as WG_CLUSTER_MAX (cluster_sum's largest R)."""
-    src = (Path(launch.__file__).resolve().parents[3] / "csrc" / "wgmma.cuh").read_text()
+    src = (build.CSRC / "wgmma.cuh").read_text()
     slot = re.search(r"struct BoxSlot \{(.*?)\n\};", src, re.S).group(1)
     scales, zeros = (int(v) for v in re.search(r"SCALES = T \* (\d+), ZEROS = T \* (\d+);", slot).groups())
     per_tile, align = (int(v) for v in re.search(r"BYTES = \(T \* (\d+) \+ \d+\) / (\d+) \* \2;", slot).groups())

@@ -242,14 +242,9 @@ def _wg_m32(m: int, st) -> bool:
     return pick is not None and pick[0] <= WG32_EDGE * xr4_blocks_per_sm(st)
 
 
-# At M 17-24 and 33-40 a 24- or 40-column tile covers the batch where the 32- or 48-column one spends a quarter or a
-# sixth of its tensor-core work on empty columns. The launch is the wider tile's (its warpgroups, K splits, tail
-# and clusters) with the narrower width. Measured so against that launch on an H100 (tune-curve.json key
-# h100-2026-12-07-narrow, family `narrow`: the six dense bench models' shapes and two fused ones, fp16 at M 17, 20,
-# 24, 33 and 40, bf16 at 24 and 40 on three, two orders, every launch within its oracle bound): the layer sums took
-# 1.8-2.9 % less time at M 17-24 (median 2.5 %; bf16 2.2-2.4 %) and 1.2-3.0 % at M 33-40 (median 2.4 %; bf16
-# 1.3-1.9 %), and no layer took more. The MoE expert's launches there are other rows'. A 56-column tile at M 49-56
-# gained 0.4-1.9 % (median 1.6 %) and up to 1.3 % more time on single layers: not built.
+# The bn24 and bn40 rows' launch is the wider tile's (its warpgroups, K splits, tail and clusters) with the narrower
+# width. Evidence: tune-curve.json keys h100-2026-12-07-narrow (family `narrow`) and h100-2026-12-07-wider (family
+# `as the wider tile`, on the committed kernel). A 56-column tile at M 49-56 gained under 2 % there: not built.
 WHY_NARROW = ("At M 17-24 and 33-40 a 24- or 40-column wgmma tile covers the batch where a 32- or 48-column one "
               "spends a quarter or a sixth of its tensor-core work on empty columns: as the wider tile's launch with "
               "fewer columns, 1.2-3.0 % less time on the layer sums of the bench models (median 2.4-2.5 %; H100, "
