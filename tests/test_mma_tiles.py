@@ -13,8 +13,6 @@ The kernel cannot run here; what can be checked is everything it relies on:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -23,6 +21,7 @@ from hypothesis import strategies as st
 
 from qtool.bench.layers import random_plain
 from qtool.kernels.base import PackedLayer, dequantize_packed, unpack_gptq
+from qtool.kernels.cuda import build
 from qtool.packing import mma_tiles
 
 
@@ -329,7 +328,7 @@ def test_x_in_registers_fragments_come_out_in_mma_order():
     assert "const int k0 = (kg * nw + warp) * R * 64 + 8 * t;" in _SRC and "k0 + b * 64 + c * 32" in _SRC
 
 
-_SRC = "".join(p.read_text() for p in sorted((Path(__file__).parents[1] / "csrc").glob("*.cuh")))  # the kernels
+_SRC = "".join(p.read_text() for p in sorted(build.CSRC.glob("*.cuh")))  # the kernels
 
 
 # (K, group, warps, blocks per warp, tiles per unit, CTAs, M, biased, clusters of 2): a warp partly past K with
