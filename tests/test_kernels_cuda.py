@@ -764,7 +764,7 @@ def test_every_gpu_check_and_tuning_launch_is_plannable(monkeypatch):
     import tune_cuda_w4a16 as tune
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    for k, n in SHAPES + [(4096, 1024), (1536, 520)]:
+    for k, n in SHAPES + [(4096, 1024), (1536, 520), (512, 202)]:
         st = state(k, n)
         for m in (1, 5, 16, 33, 100, 256):
             base = choose(m, st)
