@@ -367,6 +367,75 @@ def test_bad_input_is_exit_2(tmp_path, packed):
         cli("validate", tmp_path / "m.bin")
 
 
+@pytest.mark.parametrize("device", ["bogus", "h100", "cuda:7" if torch.cuda.is_available() else "cuda:0"])
+def test_a_device_that_is_not_there_is_exit_2_whatever_the_checks(packed, device):
+    """Not a failed contract row (exit 1), and not ignored by checks that run no kernel (exit 0)."""
+    for checks in ("integrity,contract", "integrity,hashes"):
+        with pytest.raises(UsageError, match=f"--device {device}"):
+            cli("validate", packed[1], "--checks", checks, "--device", device)
+
+
+def test_against_compares_content_without_hashes_in_checks(packed, copy):
+    same = copy("same")
+    rep, code = run_json(packed[1], "--checks", "integrity", "--against", same)
+    assert code == 0 and not fails(rep), fails(rep)
+    assert any(c["name"] == "hashes" and "every tensor equals" in c["detail"] for c in rep["checks"])
+    other = copy("other")
+    edit_tensor(other, f"{Q}.scales", lambda s: s * 2)
+    rep, code = run_json(packed[1], "--checks", "integrity", "--against", other)
+    assert code == 1 and fails(rep) == [("hashes", f"{Q}.scales")]
+
+
+def test_report_folder_is_checked_before_the_run_and_never_replaces_a_report(packed, tmp_path, monkeypatch):
+    import qtool.validate
+
+    ran = []
+    real = qtool.validate.validate_path
+    monkeypatch.setattr(qtool.validate, "validate_path", lambda *a, **k: ran.append(1) or real(*a, **k))
+    ci = tmp_path / "ci"
+    _, code = cli("validate", packed[1], "--checks", "integrity", "--report", ci, "-q")
+    assert code == 0 and sorted(p.name for p in ci.iterdir()) == ["report.json", "report.md"]
+    before = {p.name: p.read_bytes() for p in ci.iterdir()}
+    with pytest.raises(UsageError, match="report.json is there already"):
+        cli("validate", packed[1], "--checks", "contract", "--report", ci)
+    assert {p.name: p.read_bytes() for p in ci.iterdir()} == before
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "report.md").write_text("old")
+    with pytest.raises(UsageError, match="report.md is there already"):
+        cli("validate", packed[1], "--checks", "integrity", "--report", stale)
+    assert [p.name for p in stale.iterdir()] == ["report.md"] and (stale / "report.md").read_text() == "old"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="is not a directory"):
+        cli("validate", packed[1], "--checks", "integrity", "--report", tmp_path / "afile" / "sub")
+    assert len(ran) == 1  # only the first run validated anything
+
+
+def test_report_is_both_files_or_neither(packed, tmp_path, monkeypatch):
+    import qtool.bench.report as bench_report
+    from qtool.errors import OutputError
+
+    real = bench_report.write_report
+
+    def fail_md(flag, path, fill, replace=True):
+        if path.name == "report.md":
+            raise OutputError("disk full", path=path)
+        real(flag, path, fill, replace)
+
+    monkeypatch.setattr(bench_report, "write_report", fail_md)
+    with pytest.raises(OutputError):
+        cli("validate", packed[1], "--checks", "integrity", "--report", tmp_path / "ci", "-q")
+    assert list((tmp_path / "ci").iterdir()) == []
+
+
+def test_kernel_check_memory_is_refused_before_any_module_is_read(packed, monkeypatch):
+    import qtool.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "device_available_bytes", lambda dev: (1 << 20, "free (test)"))
+    with pytest.raises(UsageError, match=r"--batch-sizes 4096 needs about .* more than the 1\.0 MiB free \(test\)"):
+        cli("validate", packed[1], "--checks", "kernels", "--device", "cpu", "--batch-sizes", "4096")
+
+
 # --- GPU (skipped without CUDA; the coordinator runs these on the H200) ---------------------------------------
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

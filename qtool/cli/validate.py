@@ -89,10 +89,8 @@ def validate_cmd(
 
     for m in v["batch_sizes"] or ():
         check_range("--batch-sizes", m, 1, 1 << 20)
-    if v["report"] is not None and v["report"].exists() and not v["report"].is_dir():
-        from qtool.errors import UsageError
-
-        raise UsageError(f"--report {v['report']}: is not a directory", fix="name a directory (it is created)")
+    if v["report"] is not None:
+        _check_report_dir(v["report"])
     _names_exist(v)
     opt = ValidateOptions(checks=_split(v["checks"]) or CHECKS, reference=v["reference"], device=v["device"],
                           kernels=_split(v["kernels"]) or None,
@@ -103,12 +101,12 @@ def validate_cmd(
         task = bar.add_task("validate", total=None)
         result = validate_path(v["path"], opt,
                                on_progress=lambda done, total: bar.update(task, completed=done, total=total))
-    if v["report"] is not None:
-        _write(v["report"], result, to_markdown(result))
     if v["json_"]:
         emit_json(result.to_dict())
     elif not v["quiet"]:
         render(result, stdout_console(), verbose=v["verbose"])
+    if v["report"] is not None:  # after the verdict is shown: a report that cannot be written does not hide it
+        _write(v["report"], result, to_markdown(result))
     return 1 if result.failed else 0
 
 
@@ -132,10 +130,40 @@ def _names_exist(v: dict) -> None:
         get_kernel(k)
 
 
+REPORT_FILES = ("report.json", "report.md")
+
+
+def _check_report_dir(folder: Path) -> None:
+    """Refuse, before any check runs, a --report folder that cannot take both files: it is a file, a parent is a
+    file, or one of the files is there already (a report never replaces a file: an earlier run's verdict is an
+    artifact too)."""
+    from qtool.errors import UsageError
+
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--report {folder}: is not a directory", fix="name a directory (it is created)")
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--report {folder}: {parent} is not a directory",
+                         fix="choose a path whose parent directories are directories")
+    for name in REPORT_FILES:
+        if (folder / name).is_symlink() or (folder / name).exists():
+            raise UsageError(f"--report {folder}: {name} is there already, and a report does not replace a file",
+                             fix="remove the earlier report, or name another directory")
+
+
 def _write(folder: Path, result, markdown: str) -> None:
+    """Both files or neither: report.md that cannot be written takes the report.json just published with it."""
     from qtool.bench.report import write_report
     from qtool.cli.common import json_text
 
     text = json_text(result.to_dict())
-    write_report("--report", folder / "report.json", lambda p: p.write_text(text, encoding="utf-8"))
-    write_report("--report", folder / "report.md", lambda p: p.write_text(markdown, encoding="utf-8"))
+    first = folder / REPORT_FILES[0]
+    write_report("--report", first, lambda p: p.write_text(text, encoding="utf-8"), replace=False)
+    try:
+        write_report("--report", folder / REPORT_FILES[1], lambda p: p.write_text(markdown, encoding="utf-8"),
+                     replace=False)
+    except BaseException:
+        first.unlink(missing_ok=True)
+        raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +81,24 @@ class ValidateOptions:
         for flag, p in (("--reference", self.reference), ("--against", self.against)):
             if p is not None and not Path(p).exists():
                 raise InputError(f"{flag}: no such file or directory", path=p, fix="check the path")
+        if self.device is not None:  # a device that is not there is bad input, never a failed check
+            from qtool.errors import DeviceError
+            from qtool.kernels.devices import torch_device
+
+            try:
+                torch_device(self.device)
+            except DeviceError as e:
+                raise UsageError(f"--device {self.device}: {e.problem}",
+                                 fix="use cpu, cuda or cuda:N of this machine; --target PROFILE plans the "
+                                     "contract for a device profile (h100, a100, ...)") from None
 
 
 def validate_path(path: str | Path, opt: ValidateOptions | None = None,
                   on_progress: Callable[[int, int], None] | None = None) -> ValidateReport:
     opt = opt or ValidateOptions()
     opt.check()
+    if opt.against is not None and "hashes" not in opt.checks:  # the comparison is of the content hashes
+        opt = replace(opt, checks=(*opt.checks, "hashes"))
     t0 = time.perf_counter()
     run = _Run(Path(path), opt)
     threads = run.share_cores()
@@ -186,6 +198,8 @@ class _Run:
         others = [t for t in self.header.tensors if t.name not in in_module]
         if not self.on & DATA_CHECKS:  # the contract alone reads headers and configs only
             modules, others = [], []
+        if "kernels" in self.on:
+            self._check_memory(modules)
         total = len(modules) + (1 if others else 0)
         for k, m in enumerate(modules):
             self._module(m)
@@ -226,6 +240,26 @@ class _Run:
         if not any(c.name == "hashes" and c.status == "fail" for c in rep.checks):
             self.add("hashes", None, "pass", f"{len(rep.tensor_hashes)} tensors hashed; model {ALGORITHM} "
                                              f"{rep.model_hash}", {"tensors": len(rep.tensor_hashes)})
+
+    def _check_memory(self, modules) -> None:
+        """Refuse, before any module is read, kernel checks whose largest layer and M would not fit the device
+        (the float64 oracle holds the layer and each M's products)."""
+        from qtool.bench.run import device_available_bytes
+        from qtool.report.common import human_bytes
+        from qtool.validate.kernelcheck import need_bytes
+
+        m = max(self.opt.batch_sizes)
+        sized = [(need_bytes(x.out_features, x.in_features, m), x) for x in modules
+                 if x.quantized and x.in_features and x.out_features]
+        if not sized:
+            return
+        need, worst = max(sized, key=lambda t: t[0])
+        avail, source = device_available_bytes(self.device)
+        if need > avail:
+            raise UsageError(f"the kernels check of {worst.name} ([{worst.out_features}, {worst.in_features}]) at "
+                             f"--batch-sizes {m} needs about {human_bytes(need)} on {self.device}, more than the "
+                             f"{human_bytes(avail)} {source}",
+                             fix="give smaller --batch-sizes, or leave kernels out of --checks")
 
     def _contract_target(self) -> str:
         if self.device is not None:

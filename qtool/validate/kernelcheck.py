@@ -114,6 +114,13 @@ def eligible(plain: Plain | ScaledPlain, device: torch.device, only: tuple[str, 
     return run, refused
 
 
+def need_bytes(n: int, k: int, m: int) -> int:
+    """About the most memory `run_kernel` holds for an [n, k] layer at batch size m: the float64 and 16-bit
+    dequantized weights (with the fp32 copy the baseline multiplies), and per M x in four precisions and the
+    outputs, oracle and differences in 16, 32 and 64 bits."""
+    return 16 * n * k + m * (16 * k + 40 * n)
+
+
 def run_kernel(kernel, layer, plain: Plain | ScaledPlain, device: torch.device, batch_sizes: tuple[int, ...],
                seed: int = 0) -> tuple[str, str, dict]:
     """(status, detail, numbers) for one kernel on one layer."""
