@@ -46,17 +46,34 @@ def test_mxfp8_follows_vllm_mains_kernel_list(device, chosen):
         assert any("weight-only MXFP8 (W8A16) through Marlin" in n for n in sel.notes)
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "gptqmodel", "qtool"])
+def test_gptoss_expert_stacks_are_not_planned_as_linear_layers(engine):
+    # [E, O, I/32, 16] stacks are fused-MoE weights: no engine's linear kernel (nor qtool's torch-ref, which reads
+    # 2-D weights) runs them; inspect gives their true shape and select leaves them out with a note
+    from qtool.inspect.core import inspect_path
+
+    (m,) = inspect_path(FP4 / "gptoss-mxfp4").modules
+    assert (m.scheme.extra["experts"], m.out_features, m.in_features) == (2, 64, 384)
+    groups, notes = path_groups(FP4 / "gptoss-mxfp4", "bf16")
+    assert groups == [] and any("1 gptoss_mxfp4 mixture-of-experts stack(s) not planned" in n for n in notes)
+    assert notes[-1] == "no selectable layer: every quantized module a mixture-of-experts stack"
+    assert plan_select(groups, profile("b200"), engine).layers == []
+
+
 @pytest.mark.parametrize("engine,needle", [
-    ("vllm", "vLLM runs them through Mxfp4MoEMethod"),
-    ("sglang", "SGLang's Mxfp4 MoE method runs them"),
+    ("vllm", "vLLM's Mxfp4Config has no MXFP4 linear method"),
+    ("sglang", "SGLang's Mxfp4Config has no MXFP4 linear path"),
 ])
-def test_gptoss_expert_stacks_are_refused_with_the_true_reason(engine, needle):
-    # vLLM's Mxfp4Config has no MXFP4 linear method; the expert stacks are fused-MoE weights, which select does
-    # not plan: the refusal names both, and no kernel is listed as if it could run them
-    groups, _ = path_groups(FP4 / "gptoss-mxfp4", "bf16")
-    for r in plan_select(groups, profile("b200"), engine).layers:
-        sel = r.selection
-        assert sel.chosen is None and [c.kind for c in sel.candidates] == ["method"]
-        assert needle in sel.candidates[0].reason and "select plans linear layers only" in sel.candidates[0].reason
-        assert any(n.startswith("refused by ") and n.endswith(" at config time, before any kernel is tried")
-                   for n in sel.notes)
+def test_a_2d_gptoss_layer_is_refused_with_the_true_reason(engine, needle):
+    # gpt-oss's config quantizes MoE experts only: a linear layer in its layout meets a method that has no
+    # linear path, refused at config time, and no kernel is listed as if it could run it
+    from qtool.kernels.select import LayerQuant, select_kernel
+    from qtool.scheme import QuantScheme
+
+    q = QuantScheme(format="gptoss_mxfp4", bits=4, group_size=32, sym=True, desc_act=False)
+    sel = select_kernel(LayerQuant(name="l", in_features=2048, out_features=1024, scheme=q, act_dtype="bfloat16"),
+                        profile("b200"), engine)
+    assert sel.chosen is None and [c.kind for c in sel.candidates] == ["method"]
+    assert needle in sel.candidates[0].reason
+    assert any(n.startswith("refused by ") and n.endswith(" at config time, before any kernel is tried")
+               for n in sel.notes)

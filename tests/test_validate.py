@@ -534,3 +534,12 @@ def test_asymmetric_zeros_under_a_sym_config_fail(packed, copy):
         assert code == 1 and ("integrity", Q) in fails(rep), (checks, fails(rep))
         detail = next(c["detail"] for c in rep["checks"] if c["status"] == "fail" and c["module"] == Q)
         assert detail.count("config says sym but the zero points vary") == 1, detail
+
+
+def test_contract_skips_a_checkpoint_that_quantizes_only_expert_stacks():
+    """gpt-oss quantizes its MoE experts only, as [E, O, I] stacks the engines run through their MoE methods: no
+    linear layer to plan is a skip that says why, not a failure of a file vLLM loads."""
+    rep, code = run_json(fixture_path("fp4/gptoss-mxfp4"), "--checks", "contract", "--device", "cpu")
+    rows = [c for c in rep["checks"] if "no linear layer to plan" in c["detail"]]
+    assert code == 0 and not fails(rep) and [r["status"] for r in rows] == ["skip"], rep["checks"]
+    assert "mixture-of-experts stack(s) not planned" in rows[0]["detail"]

@@ -242,16 +242,18 @@ class GptOssMxfp4(_Mx):
                 e *= d
             total += e * o * i
             parts.append(f"{n} {'x'.join(map(str, lead)) + ' experts of ' if lead else ''}[{o}, {i}]")
-            first = first or (o, i)
+            first = first or (o, i, e if lead else None)
         if claims.quant_method not in (None, "mxfp4"):
             notes.append(("error", f"config says {claims.quant_method} but the tensors are gpt-oss MXFP4 "
                                    "(_blocks / _scales)"))
         if any(len(t[f"{n}_blocks"][1]) > 3 for n in names):
             notes.append(("info", "3-D MoE expert stacks: inspect decodes them; pack/repack convert 2-D linear "
                                   "weights only"))
-        o, i = first or (None, None)
+        o, i, experts = first or (None, None, None)
+        if experts:  # a stack is its E * O rows, and says it is one (select plans no linear layer of it)
+            o *= experts
         return Detected(self.spec.id, 4, GROUP, True, False, i, o, total or None,
-                        detail="gpt-oss MXFP4: " + "; ".join(parts), notes=notes)
+                        detail="gpt-oss MXFP4: " + "; ".join(parts), notes=notes, experts=experts)
 
     def pack(self, plain: ScaledPlain) -> dict[str, torch.Tensor]:
         p = self.require(plain)

@@ -309,7 +309,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
         if fmt in ("dense", "unknown"):
             dense[fmt] = dense.get(fmt, 0) + 1
             continue
-        if (s.extra or {}).get("experts"):  # a GGUF mixture of experts' [E, O, I] stack: fused-MoE weights
+        if (s.extra or {}).get("experts"):  # an [E, O, I] stack (GGUF, gpt-oss): fused-MoE weights
             stacks[fmt] = stacks.get(fmt, 0) + 1
             continue
         if s.bits is None or m.in_features is None or m.out_features is None:
@@ -349,7 +349,8 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
               "can be chosen for them (`qtool inspect --deep` reads what the data holds)"
               for fmt, n in shapeless.items()]
     if not out:
-        notes.append("no selectable layer: every quantized module lacks a shape or bits")
+        why = [w for w, n in (("a mixture-of-experts stack", stacks), ("lacks a shape or bits", shapeless)) if n]
+        notes.append(f"no selectable layer: every quantized module {' or '.join(why) or 'is dense'}")
     if dtype is None and "float16" in acts:
         notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
     for fa in sorted(config_acts):

@@ -185,7 +185,11 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
 
     plans = []
     try:
-        groups, _ = path_groups(path, modules=report.modules)
+        groups, notes = path_groups(path, modules=report.modules)
+        if not groups:  # nothing a linear kernel runs: expert stacks are fused-MoE weights, and fail nothing here
+            stacks = next((n for n in notes if "stack(s) not planned" in n), None)
+            return [CheckResult(NAME, None, "skip" if stacks else "fail",
+                                f"{' or '.join(engines)} on {target}: no linear layer to plan ({stacks or notes[-1]})")]
         for engine in engines:
             sel = plan_select(groups, resolve_device(target), engine)
             plans.append((engine, sel))
