@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 import qtool.cli.main  # noqa: F401  (registers the commands)
@@ -130,6 +131,30 @@ def test_usage_and_device_errors():
     assert isinstance(r.exception, UsageError) and "did you mean 'llama-3-8b'" in str(r.exception)
     r = runner.invoke(app, ["select", "--layer", "4096", "--device", "h100"])
     assert isinstance(r.exception, UsageError) and "K,N" in str(r.exception)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--format", "gptq", "--scale", "block"], "--scale block: gptq weights carry one scale per group"),
+    (["--format", "awq", "--scale", "tensor"], "--scale tensor: awq weights carry one scale per group"),
+    (["--format", "fp8", "--block", "64,64"], "--block applies to --scale block, and the scale here is channel"),
+    (["--format", "fp8", "--asym"], "--asym: fp8 codes are floats"),
+    (["--format", "nvfp4", "--asym"], "--asym: nvfp4 codes are floats"),
+    (["--format", "gptq", "--scale", "channel", "--group-size", "128"], "one scale per channel is --group-size -1"),
+    (["--format", "gptq", "--scale", "group", "--group-size", "-1"], "one scale per channel is --group-size -1"),
+])
+def test_flags_the_format_contradicts_are_refused_not_dropped(flags, needle):
+    """An answer for another layer than the one asked about (block scales on GPTQ, an --asym or --block that
+    nothing reads) would be untrue: exit 2, naming the flag."""
+    for src in (["--layer", "4096,4096"], ["--model", "llama-3-8b"]):
+        r = runner.invoke(app, ["select", *src, "--device", "h100", "--engine", "vllm", *flags])
+        assert isinstance(r.exception, UsageError) and needle in str(r.exception), (flags, r.output)
+
+
+def test_flags_the_format_reads_still_work():
+    for flags in (["--format", "fp8", "--scale", "block", "--block", "64,64"], ["--format", "int8", "--asym"],
+                  ["--format", "gptq", "--scale", "channel", "--group-size", "-1"], ["--format", "ct", "--asym"]):
+        r = runner.invoke(app, ["select", "--layer", "4096,4096", "--device", "h100", "--engine", "vllm", *flags])
+        assert r.exception is None or isinstance(r.exception, SystemExit), (flags, r.output)
 
 
 def test_config_file(tmp_path):

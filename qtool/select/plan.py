@@ -106,11 +106,31 @@ class SyntheticLayer:
         return SYNTHETIC.get(str(self.scheme.format).split(":", 1)[0], {}).get("act", model_default)
 
 
+# Formats whose weights carry one scale per group of K (a group of all of K: per channel), never per tensor or
+# per block; and formats whose codes are floats, which have no zero point.
+GROUP_SCALED = ("gptq", "gptq_v2", "gptq_p", "awq", "marlin", "bnb", "gguf")
+FLOAT_CODED = ("fp8", "nvfp4", "mxfp4", "mxfp8")
+
+
 def resolve_scheme(q: QuantScheme, scale: str | None = None, block: tuple[int, int] | None = None) -> SyntheticLayer:
     """Fill what the flags left open (bits / group_size None) from the format's row; refuse a format nothing
-    knows. A scheme without a format is GPTQ's (DEFAULT_SCHEME)."""
+    knows, and flags the format contradicts (an answer for a layer other than the one asked about would be
+    untrue). A scheme without a format is GPTQ's (DEFAULT_SCHEME)."""
     fmt = check_format(q.format or "gptq")
-    d = dict(SYNTHETIC.get(fmt.split(":", 1)[0], {}))
+    family = fmt.split(":", 1)[0]
+    if scale in ("tensor", "block") and family in GROUP_SCALED:
+        raise UsageError(f"--scale {scale}: {fmt} weights carry one scale per group of inputs",
+                         fix="use --scale group with --group-size G, or --scale channel (--group-size -1)")
+    if block is not None and scale != "block":
+        said = scale or f"{SYNTHETIC.get(family, {}).get('scale', 'group')} ({fmt}'s default)"
+        raise UsageError(f"--block applies to --scale block, and the scale here is {said}",
+                         fix="add --scale block, or drop --block")
+    if q.sym is False and family in FLOAT_CODED:
+        raise UsageError(f"--asym: {fmt} codes are floats, which have no zero point", fix="drop --asym")
+    if scale == "channel" and q.group_size not in (None, -1) or scale == "group" and q.group_size == -1:
+        raise UsageError(f"--scale {scale} with --group-size {q.group_size}: one scale per channel is "
+                         "--group-size -1", fix="drop one of the two")
+    d = dict(SYNTHETIC.get(family, {}))
     if fmt.startswith("gguf:"):
         d.update(gguf_defaults(fmt.split(":", 1)[1]))
     scale = scale or d.get("scale")
