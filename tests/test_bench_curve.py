@@ -97,6 +97,21 @@ def test_fused_layers_are_the_gemms_a_serving_engine_launches():
         parse_shapes("llama-3-8b+fuse", "cuda")
 
 
+def test_tp_shards_split_attention_by_whole_heads():
+    """vLLM's QKVParallelLinear: q heads / tp each rank; where there are fewer key/value heads than ranks, each rank
+    holds one whole copied head; a degree that splits a head is refused, naming the heads."""
+    tp16 = dict((name, (k, n)) for name, k, n in kn("llama-3-70b@tp16"))  # 64 q heads, 8 kv heads of 128
+    assert tp16["q_proj/tp16"] == (8192, 512) and tp16["k_proj/tp16"] == tp16["v_proj/tp16"] == (8192, 128)
+    assert tp16["o_proj/tp16"] == (512, 8192) and tp16["down_proj/tp16"] == (1792, 8192)
+    assert kn("llama-3-70b@tp16+fused")[0] == ("qkv_proj/tp16", 8192, (4 + 1 + 1) * 128)
+    assert dict((name, n) for name, _, n in kn("qwen2.5-7b@tp4"))["k_proj/tp4"] == 128  # 4 kv heads, one a rank
+    with pytest.raises(UsageError, match="TP 8 does not divide the 28 attention heads"):
+        parse_shapes("qwen2.5-7b@tp8", "cuda")
+    with pytest.raises(UsageError, match=r"k_proj \(3584x512\) does not split 7 ways: TP 7 does not divide the 4 "
+                                         r"key/value heads \(nor is it a multiple of them\)"):
+        parse_shapes("qwen2.5-7b@tp7", "cuda")  # 28 q heads split 7 ways, 4 kv heads neither split nor copy
+
+
 def test_fused_needs_layers_to_fuse(monkeypatch):
     from qtool.bench import shapes
 

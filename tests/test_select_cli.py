@@ -167,3 +167,17 @@ def test_config_file(tmp_path):
     # Machete: not Hopper; Marlin and Conch disabled; Exllama: bf16 model -> Triton W4A16
     assert d["device"] == "b200" and d["disabled"] == ["ConchLinearKernel", "MarlinLinearKernel"]
     assert {x["chosen"] for x in d["layers"]} == {"TritonW4A16LinearKernel"}
+
+
+def test_tp_splits_attention_by_whole_heads():
+    """--model under TP: q/k/v/o per rank as vLLM's QKVParallelLinear cuts them (a key/value head copied to each
+    rank where there are fewer than ranks), and a degree that splits a head refuses with that reason."""
+    from qtool.select.plan import model_groups
+
+    rep = plan_select(model_groups("llama-3-70b", QuantScheme(format="gptq"), "fp16"), profile("h100"), "vllm", tp=16)
+    parts = {r.name.rsplit(".", 1)[-1]: (r.selection.in_features_per_partition,
+                                         r.selection.out_features_per_partition) for r in rep.layers}
+    assert parts["qkv_proj"] == (8192, 768) and parts["o_proj"] == (512, 8192)
+    rep = plan_select(model_groups("qwen2.5-7b", QuantScheme(format="gptq"), "fp16"), profile("h100"), "vllm", tp=8)
+    qkv = next(r.selection for r in rep.layers if r.name.endswith("qkv_proj"))
+    assert qkv.chosen is None and "TP 8 does not divide the 28 attention heads" in qkv.notes

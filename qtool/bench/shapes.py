@@ -94,18 +94,27 @@ BUILTIN_FUSED = [{"name": "qkv_proj", "parts": ["q_proj", "k_proj", "v_proj"]},
                  {"name": "gate_up_proj", "parts": ["gate_proj", "up_proj"]}]
 MAX_TP = 64
 
-Layer = tuple[str, int, int, str]  # full name, K, N, how tensor parallelism splits it
+# full name, K, N, how tensor parallelism splits it, the attention heads along the split dimension
+Layer = tuple[str, int, int, str, tuple]
 
 
 def _shard(layers: list[Layer], tp: int, name: str) -> list[Layer]:
-    """One GPU's shard of each layer under tp-way tensor parallelism: column layers' N / tp, row layers' K / tp
-    (replicated layers whole)."""
+    """One GPU's shard of each layer under tp-way tensor parallelism as vLLM and SGLang cut it: column layers'
+    N and row layers' K split by tp, by whole attention heads where the width is heads (a key/value head copied
+    to each rank where there are fewer than ranks); replicated layers whole. The shard keeps no heads: it is
+    not split again."""
+    from qtool.kernels.select import split_width
+
     out = []
-    for lname, k, n, par in layers:
-        if (par == "row" and k % tp) or (par == "column" and n % tp):
-            raise UsageError(f"--shapes {name}@tp{tp}: {_short(lname)} ({k}x{n}) does not split {tp} ways",
-                             fix="use a tensor-parallel degree that divides the layer's width")
-        out.append((lname, k // tp if par == "row" else k, n // tp if par == "column" else n, par))
+    for lname, k, n, par, heads in layers:
+        if par not in ("row", "column"):
+            out.append((lname, k, n, par, ()))
+            continue
+        part, why = split_width(k if par == "row" else n, heads, tp)
+        if why:
+            raise UsageError(f"--shapes {name}@tp{tp}: {_short(lname)} ({k}x{n}) does not split {tp} ways: {why}",
+                             fix="use a tensor-parallel degree that divides the layer's width and heads")
+        out.append((lname, part if par == "row" else k, part if par == "column" else n, par, ()))
     return out
 
 
@@ -123,11 +132,11 @@ def _fuse(layers: list[Layer], rules: list, name: str) -> list[Layer]:
             raise UsageError(f"configs/models.yaml: model '{name}': fused layer {rule.get('name')!r} names "
                              f"{missing[0]!r}, which is not one of its layers", fix="fix its `fused` list")
         group = [layers[index[str(p)]] for p in parts]
-        if len({k for _, k, _, _ in group}) != 1 or any(par != "column" for *_, par in group):
+        if len({k for _, k, *_ in group}) != 1 or any(par != "column" for _, _, _, par, _ in group):
             raise UsageError(f"configs/models.yaml: model '{name}': fused layer {rule.get('name')!r} joins layers "
                              f"of different in-widths or not split by N", fix="fix its `fused` list")
-        out[index[str(parts[0])]] = (str(rule.get("name", parts[0])), group[0][1], sum(n for _, _, n, _ in group),
-                                     "column")
+        out[index[str(parts[0])]] = (str(rule.get("name", parts[0])), group[0][1], sum(n for _, _, n, *_ in group),
+                                     "column", ())
         for p in parts[1:]:
             out[index[str(p)]] = None
         applied += 1
@@ -151,24 +160,36 @@ def _layers_of(name: str, row: dict, tp: int = 1, fused: bool = False) -> list[S
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"configs/models.yaml: model '{name}' lacks hidden_size / intermediate_size / "
                          f"num_attention_heads", fix="add them or give --shapes KxN") from None
+    from qtool.kernels.select import Heads
+
     sizes = {"hidden_size": h, "intermediate_size": inter, "q_size": heads * hd, "kv_size": kv * hd}
+    by_heads = {"q_size": (Heads(heads, hd),), "kv_size": (Heads(kv, hd, replicated=True),)}
+
+    def split_heads(k_expr, n_expr, par: str) -> tuple:
+        expr = k_expr if par == "row" else n_expr
+        return by_heads.get(expr, ()) if isinstance(expr, str) else ()
+
     layers: list[Layer] = []
     if isinstance(row.get("_layers"), list):
         layers = [(str(item["name"]), _width(item.get("in"), sizes, name), _width(item.get("out"), sizes, name),
-                   str(item.get("parallel", "column")))
-                  for item in row["_layers"] if isinstance(item, dict) and "name" in item]
+                   par, split_heads(item.get("in"), item.get("out"), par))
+                  for item in row["_layers"] if isinstance(item, dict) and "name" in item
+                  for par in (str(item.get("parallel", "column")),)]
         rules = row.get("_fused") if isinstance(row.get("_fused"), list) else []
     if not layers:
-        layers = [("q_proj", h, heads * hd), ("k_proj", h, kv * hd), ("v_proj", h, kv * hd),
-                  ("o_proj", heads * hd, h), ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
-        layers = [(n, k, o, BUILTIN_PARALLEL[n]) for n, k, o in layers]
+        layers = [("q_proj", "hidden_size", "q_size"), ("k_proj", "hidden_size", "kv_size"),
+                  ("v_proj", "hidden_size", "kv_size"), ("o_proj", "q_size", "hidden_size"),
+                  ("gate_proj", "hidden_size", "intermediate_size"), ("up_proj", "hidden_size", "intermediate_size"),
+                  ("down_proj", "intermediate_size", "hidden_size")]
+        layers = [(n, sizes[k], sizes[o], BUILTIN_PARALLEL[n], split_heads(k, o, BUILTIN_PARALLEL[n]))
+                  for n, k, o in layers]
         rules = BUILTIN_FUSED
     if tp > 1:
         layers = _shard(layers, tp, name)
     if fused:
         layers = _fuse(layers, rules, name)
     suffix = f"/tp{tp}" if tp > 1 else ""
-    return [Shape(_short(lname) + suffix, k, n) for lname, k, n, _ in layers]
+    return [Shape(_short(lname) + suffix, k, n) for lname, k, n, *_ in layers]
 
 
 def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:

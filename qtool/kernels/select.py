@@ -28,6 +28,36 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
+class Heads:
+    """Attention heads laid along the dimension tensor parallelism splits: `count` heads of `dim` each. vLLM's
+    and SGLang's QKVParallelLinear give each rank count / tp of them; key/value heads (`replicated`) are copied
+    instead when there are fewer than ranks, one whole head a rank (tp a multiple of count)."""
+
+    count: int
+    dim: int
+    replicated: bool = False
+
+
+def split_width(width: int, heads: tuple[Heads, ...], tp: int) -> tuple[int, str | None]:
+    """(one rank's share of `width` under tp-way tensor parallelism, why it does not split or None): by
+    whole heads where the width is attention heads, else width / tp."""
+    if not heads or sum(h.count * h.dim for h in heads) != width:
+        return width // tp, (None if width % tp == 0 else f"TP {tp} does not divide {width}")
+    part, why = 0, None
+    for h in heads:
+        if h.count % tp == 0:
+            part += h.count // tp * h.dim
+        elif h.replicated and tp % h.count == 0:
+            part += h.dim
+        else:
+            part += h.dim * max(1, h.count // tp)
+            kind = "key/value heads" if h.replicated else "attention heads"
+            why = why or (f"TP {tp} does not divide the {h.count} {kind}" +
+                          (" (nor is it a multiple of them)" if h.replicated else ""))
+    return part, why
+
+
+@dataclass(frozen=True)
 class LayerQuant:
     """One linear layer as a kernel sees it: its quantization (`scheme`, read through the properties
     format / bits / group_size / sym / desc_act, all set) and what the deployment adds.
@@ -41,6 +71,8 @@ class LayerQuant:
     scale: weight-scale granularity, "tensor" | "channel" | "group" | "block"; None = from group_size
     (-1 -> channel, else group). block: [rows, cols] of a block scale (DeepSeek-V3: (128, 128)).
     act_dtype may be a quantized activation ("float8_e4m3fn", "int8"): the operand the kernel multiplies.
+    heads: the attention heads along the split dimension (q/k/v's N, o's K; a fused qkv: q's, then k's and
+    v's), which tensor parallelism splits by whole heads; () = split evenly.
     """
 
     name: str
@@ -53,6 +85,7 @@ class LayerQuant:
     pack_dtype: str | None = None
     scale: str | None = None
     block: tuple[int, int] | None = None
+    heads: tuple[Heads, ...] = ()
 
     def __post_init__(self) -> None:
         q = self.scheme
@@ -272,12 +305,15 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
     k_split = layer.parallel == "row" and tp > 1
     n_split = layer.parallel == "column" and tp > 1
     tp_fail = []
-    if k_split and K % tp:
-        tp_fail.append(Failure("tp", f"TP {tp} does not divide K {K}"))
-    if n_split and N % tp:
-        tp_fail.append(Failure("tp", f"TP {tp} does not divide N {N}"))
-    k_part = K // tp if k_split else K
-    n_part = N // tp if n_split else N
+    k_part, n_part = K, N
+    if k_split:
+        k_part, why = split_width(K, layer.heads, tp)
+        if why:
+            tp_fail.append(Failure("tp", why.replace(f"divide {K}", f"divide K {K}")))
+    if n_split:
+        n_part, why = split_width(N, layer.heads, tp)
+        if why:
+            tp_fail.append(Failure("tp", why.replace(f"divide {N}", f"divide N {N}")))
 
     method, method_failures = None, []
     if decls.methods:
@@ -666,10 +702,9 @@ def _preferred_groups(k: KernelDecl, layer: LayerQuant) -> list[int]:
 
 
 def _tp_divides(layer: LayerQuant, tp: int) -> bool:
-    if layer.parallel == "row":
-        return layer.in_features % tp == 0
-    if layer.parallel == "column":
-        return layer.out_features % tp == 0
+    if layer.parallel in ("row", "column"):
+        return split_width(layer.in_features if layer.parallel == "row" else layer.out_features, layer.heads,
+                           tp)[1] is None
     return True
 
 

@@ -29,7 +29,7 @@ from qtool.kernels.decls import (
     validate,
 )
 from qtool.kernels.devices import Device
-from qtool.kernels.select import LayerQuant, select_kernel
+from qtool.kernels.select import Heads, LayerQuant, select_kernel
 from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
 from qtool.scheme import QuantScheme
@@ -253,16 +253,25 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
     syn = resolve_scheme(q, scale, block)
     q = syn.scheme
     act = syn.activation(dtype, DTYPES[m.get("dtype", "bf16")])
+    heads = model_heads(m)
     prefix = arch["prefix"].replace("{i}", "#")
     out = []
     for row in arch["layers"]:
         k = sizes[row["in"]] if isinstance(row["in"], str) else row["in"]
         n = sizes[row["out"]] if isinstance(row["out"], str) else row["out"]
         name = f"{prefix}.{row['name']}"
+        split = row["in"] if row["parallel"] == "row" else row["out"]
         layer = LayerQuant(name=name, in_features=k, out_features=n, scheme=q, act_dtype=act,
-                           parallel=row["parallel"], scale=syn.scale, block=syn.block)
+                           parallel=row["parallel"], scale=syn.scale, block=syn.block, heads=heads.get(split, ()))
         out.append(LayerGroup(name, m["num_hidden_layers"], layer))
     return out
+
+
+def model_heads(m: dict) -> dict[str, tuple[Heads, ...]]:
+    """The attention heads of a model's q_size and kv_size widths (the key/value heads replicated where there
+    are fewer than ranks)."""
+    return {"q_size": (Heads(int(m["num_attention_heads"]), int(m["head_dim"])),),
+            "kv_size": (Heads(int(m["num_key_value_heads"]), int(m["head_dim"]), replicated=True),)}
 
 
 def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None, scale: str | None = None,
@@ -444,7 +453,9 @@ def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None,
                 notes.append(f"{prefix + rule['name']}: parts differ in shape or quantization; kept separate")
                 continue
             name = prefix + rule["name"]
-            fused = replace(lay[0], name=name, out_features=sum(x.out_features for x in lay), parallel="column")
+            heads = tuple(h for x in lay for h in x.heads) if all(x.heads for x in lay) else ()
+            fused = replace(lay[0], name=name, out_features=sum(x.out_features for x in lay), parallel="column",
+                            heads=heads)
             merged[parts[0].pattern] = LayerGroup(name, parts[0].count, fused)
             used.update(p.pattern for p in parts)
     out = []
