@@ -28,6 +28,11 @@ def test_fixtures_named_and_decoded(folder, fid):
         w = next(v for k, v in ref.items() if k.startswith(m.name))
         if fid != "gptoss_mxfp4":
             assert (m.in_features, m.out_features) == (w.shape[1], w.shape[0])
+        else:  # an [E, O, I] stack (the reference as transformers holds it, [E, I, O]): its E * O rows, and says
+            # it is one; E2M1 codes and an E8M0 scale per 32
+            assert (m.scheme.extra["experts"], m.in_features, m.out_features) == (w.shape[0], w.shape[1],
+                                                                                   w.shape[0] * w.shape[2])
+            assert r.bpw == pytest.approx(4 + 8 / 32)
         # the statistics are those of the foreign tool's own dequantized weights
         assert m.stats["absmax"] == pytest.approx(float(w.float().abs().max()), rel=1e-6)
         assert m.stats["mean"] == pytest.approx(float(w.double().mean()), rel=1e-3, abs=1e-7)

@@ -30,6 +30,8 @@ LAYOUT_NAMES = frozenset({
     "weight_zero_point", "weight_g_idx", "weight_shape", "weight_global_scale", "input_global_scale",
     "input_scale", "weight", "weight_scale_inv", "SCB", "weight_format", "output_scale", "k_scale", "v_scale",
 }) | SIDECARS
+# gpt-oss names its codes and scales after the projection they hold (`gate_up_proj_blocks`, `down_proj_scales`)
+LAYOUT_SUFFIXES = ("_blocks", "_scales")
 MAX_STRING = 2048
 _DIGITS = re.compile(r"(\d+)")
 
@@ -185,7 +187,8 @@ def _inspect_safetensors(p: Path):
                 other_params += src.tensors[n].numel
             continue
         nbytes = sum(src.tensors[n].nbytes for n in names)
-        extra = sum(src.tensors[pre + s].numel for s in t if s not in LAYOUT_NAMES and not s.startswith("weight."))
+        extra = sum(src.tensors[pre + s].numel for s in t
+                    if s not in LAYOUT_NAMES and not s.startswith("weight.") and not s.endswith(LAYOUT_SUFFIXES))
         modules.append(_module_report(prefix, d, nbytes, extra, names))
         for n in names:
             module_of[n] = prefix
