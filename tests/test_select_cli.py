@@ -181,3 +181,21 @@ def test_tp_splits_attention_by_whole_heads():
     rep = plan_select(model_groups("qwen2.5-7b", QuantScheme(format="gptq"), "fp16"), profile("h100"), "vllm", tp=8)
     qkv = next(r.selection for r in rep.layers if r.name.endswith("qkv_proj"))
     assert qkv.chosen is None and "TP 8 does not divide the 28 attention heads" in qkv.notes
+
+
+def test_a_checkpoint_under_tp_splits_attention_by_the_heads_its_config_gives(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 64, "num_key_value_heads": 8,
+                                                      "hidden_size": 8192}))
+    q4 = QuantScheme("gptq", 4, 128, sym=True, desc_act=False)
+    shapes = {"q_proj": (8192, 8192), "k_proj": (8192, 1024), "v_proj": (8192, 1024), "o_proj": (8192, 8192)}
+    mods = [SimpleNamespace(name=f"model.layers.0.self_attn.{n}", in_features=k, out_features=o, scheme=q4)
+            for n, (k, o) in shapes.items()]
+    groups, _ = path_groups(tmp_path, "bf16", modules=mods)
+    rep = plan_select(groups, profile("h100"), "vllm", tp=16)
+    parts = {r.name.rsplit(".", 1)[-1]: (r.selection.in_features_per_partition,
+                                         r.selection.out_features_per_partition) for r in rep.layers}
+    assert parts == {"qkv_proj": (8192, 512 + 2 * 128), "o_proj": (512, 8192)}
+    # without a config the widths split evenly, as before
+    groups, _ = path_groups(None, "bf16", modules=mods)
+    qkv = plan_select(groups, profile("h100"), "vllm", tp=16).layers[0].selection
+    assert qkv.out_features_per_partition == (8192 + 2 * 1024) // 16

@@ -326,6 +326,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     notes about modules left out (dense, or missing a shape)."""
     mods = inspect_modules(path) if modules is None else list(modules)
     rules = load_models(config_dir).get("parallel_rules", {})
+    heads = config_heads(path)
     groups: dict[tuple, list] = {}
     dense: dict[str, int] = {}
     shapeless: dict[str, int] = {}
@@ -364,7 +365,7 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
                          sym=True if s.sym is None else bool(s.sym), desc_act=bool(s.desc_act))
         layer = LayerQuant(name=str(m.name), in_features=int(m.in_features), out_features=int(m.out_features),
                            scheme=scheme, act_dtype=act, parallel=parallel_of(str(m.name), rules), method=source_method(m),
-                           scale=scale, block=block)
+                           scale=scale, block=block, heads=heads.get(str(m.name).rsplit(".", 1)[-1], ()))
         key = (collapse(layer.name), layer.in_features, layer.out_features, layer.format, layer.bits,
                layer.group_size, layer.sym, layer.desc_act, layer.scale, layer.block, layer.method)
         groups.setdefault(key, []).append(layer)
@@ -385,6 +386,43 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     for fa in sorted(config_acts):
         notes.append(f"{fa} activations, as the checkpoint's config quantizes them (input_activations)")
     return out, notes
+
+
+# The attention projections whose split dimension is heads, by the last part of the module name: q (and o's
+# inputs) are the attention heads, k and v the key/value heads; a stored qkv_proj is all three.
+HEAD_MODULES = {"q": ("q_proj", "query", "o_proj", "dense"), "kv": ("k_proj", "v_proj", "key", "value"),
+                "qkv": ("qkv_proj",)}
+
+
+def config_heads(path: Path | None) -> dict[str, tuple[Heads, ...]]:
+    """Module name ending -> the heads tensor parallelism splits it by, from the checkpoint's config.json
+    (num_attention_heads, num_key_value_heads, head_dim); {} where there is none. A width that is not the heads'
+    (an `o_proj` of another shape, a `dense` that is an MLP's) is split evenly: split_width checks the sum."""
+    from qtool.errors import QtoolError
+    from qtool.io.checkpoint import read_json
+
+    if path is None:
+        return {}
+    p = Path(path)
+    cfg_path = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        cfg = read_json(cfg_path) if cfg_path.is_file() else {}
+    except QtoolError:
+        return {}
+    if isinstance(cfg, dict) and "num_attention_heads" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    if not isinstance(cfg, dict):
+        return {}
+    heads, kv, hidden, dim = (cfg.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size",
+                                                   "head_dim"))
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+    if not ok(heads) or not (ok(dim) or ok(hidden) and hidden % heads == 0):
+        return {}
+    dim = dim if ok(dim) else hidden // heads
+    kv = kv if ok(kv) else heads
+    q, k = Heads(heads, dim), Heads(kv, dim, replicated=True)
+    by_kind = {"q": (q,), "kv": (k,), "qkv": (q, k, k)}
+    return {name: by_kind[kind] for kind, names in HEAD_MODULES.items() for name in names}
 
 
 def scale_of(m: Any) -> tuple[str | None, tuple[int, int] | None]:
