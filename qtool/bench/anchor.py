@@ -7,12 +7,15 @@ the mean of the anchor's rows of the same K x N and M (several models or project
 anchor speedup of a shape is mean(fp16_us) / mean(kernel_us), and of the bench's layer, the sums of those means
 over its shapes, each counted once per occurrence, as the bench sums its own times. Absolute times drift between runs and machines; ratios carry over.
 
-Flags: every (kernel, M) whose layer sum is below dense, or below the anchor's speedup at that M.
+Flags: every (kernel, M) whose layer sum is below dense, or below the anchor's speedup at that M. A kernel that
+ran on only some shapes is compared over those shapes (dense's and the anchor's times on the same shapes), and its
+flag says how many of the layer's shapes the sum covers.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,8 @@ class Anchor:
 def load_anchor(path: Path) -> Anchor:
     """Read an anchor CSV; any problem is a one-line error naming the file, the line and the fix."""
     fix = "give a CSV with columns K,N,M,fp16_us and one <kernel>_us column (as benchmarks/anchors/*.csv)"
+    if path.is_dir():
+        raise UsageError(f"--anchor {path}: is a directory", fix=fix)
     if not path.is_file():
         raise UsageError(f"--anchor {path}: no such file", fix=fix)
     try:
@@ -44,13 +49,30 @@ def load_anchor(path: Path) -> Anchor:
         if size > MAX_BYTES:
             raise InputError(f"anchor file is {size:,} bytes, more than a figures table ({MAX_BYTES:,})",
                              path=path, fix=fix)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's export may start with a BOM
     except UnicodeDecodeError:
         raise InputError("anchor file is not UTF-8 text", path=path, fix=fix) from None
     except OSError as e:
         raise InputError(f"cannot read the anchor file ({e.strerror or type(e).__name__})", path=path,
                          fix=fix) from None
-    reader = csv.DictReader(text.splitlines())
+    # newline="" keeps a quoted field's line breaks as the csv module expects; strict makes a stray or unclosed
+    # quote an error instead of a field that silently swallows the lines after it.
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    try:
+        kcol, sums = _read_rows(reader, path, fix)
+    except csv.Error as e:  # bad quoting, a field over the csv module's size limit
+        # the underlying reader's count: DictReader's own is updated only after a record is returned
+        raise InputError(f"anchor file line {reader.reader.line_num or 1} is not valid CSV ({e})", path=path,
+                         fix=fix) from None
+    times = {key: (a / c, b / c) for key, (a, b, c) in sums.items()}
+    if not times:
+        raise InputError("anchor file has no rows", path=path, fix=fix)
+    return Anchor(kcol[: -len("_us")], str(path), times)
+
+
+def _read_rows(reader: csv.DictReader, path: Path, fix: str
+               ) -> tuple[str, dict[tuple[int, int, int], tuple[float, float, int]]]:
+    """The kernel's time column, and (K, N, M) -> (sum of fp16_us, sum of the kernel's time, row count)."""
     cols = reader.fieldnames or []
     if len(set(cols)) != len(cols):
         raise InputError(f"anchor file names column '{next(c for c in cols if cols.count(c) > 1)}' twice",
@@ -63,7 +85,8 @@ def load_anchor(path: Path) -> Anchor:
         raise InputError(f"anchor file {what}", path=path, fix=fix)
     kcol = kernel_cols[0]
     sums: dict[tuple[int, int, int], tuple[float, float, int]] = {}
-    for line, row in enumerate(reader, start=2):
+    for row in reader:
+        line = reader.line_num  # the record's last line: blank lines and quoted line breaks count
         if None in row or None in row.values():  # more or fewer fields than the header names
             raise InputError(f"anchor file line {line}: {len(row.get(None) or ())} field(s) beyond the header's "
                              f"{len(cols)}" if None in row else f"anchor file line {line}: fewer fields than the "
@@ -80,10 +103,7 @@ def load_anchor(path: Path) -> Anchor:
                              path=path, fix=fix)
         a, b, c = sums.get((k, n, m), (0.0, 0.0, 0))
         sums[(k, n, m)] = (a + fp16, b + kern, c + 1)
-    times = {key: (a / c, b / c) for key, (a, b, c) in sums.items()}
-    if not times:
-        raise InputError("anchor file has no rows", path=path, fix=fix)
-    return Anchor(kcol[: -len("_us")], str(path), times)
+    return kcol, sums
 
 
 def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
@@ -127,7 +147,10 @@ def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
                 below.append(f"below {anchor.name} ({e['total_speedup_vs_dense']:.2f}x against "
                              f"{e['anchor_x_dense']:.2f}x, ratio {e['vs_anchor']:.2f})")
             if below:
-                flags.append({"kernel": kname, "M": int(m), "scope": "layer", "why": "; ".join(below)})
+                why = "; ".join(below)
+                if e.get("shapes_total") and e["shapes"] < e["shapes_total"]:  # the sum of part of the layer
+                    why = f"over {e['shapes']} of {e['shapes_total']} shapes: {why}"
+                flags.append({"kernel": kname, "M": int(m), "scope": "layer", "why": why})
     for r in rows:
         below = []
         if r.speedup_vs_dense is not None and r.speedup_vs_dense < 1.0 and (r.shape, r.M) in dense:

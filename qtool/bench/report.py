@@ -42,6 +42,27 @@ def check_report_path(flag: str, path: Path) -> None:
                              fix="pip install 'qtool[plot]', or drop --plot")
 
 
+def check_distinct_reports(reports: list[tuple[str, Path]]) -> None:
+    """Refuse, before the sweep runs, two report flags that name one file (the second write would fail after the
+    sweep, or leave one report's bytes under the other's name) or a file and a path under it. Paths are compared
+    resolved (./a is a, a link to a directory is the directory). An existing terminal, pipe or /dev/null may be
+    named twice: each report is written to it in place."""
+    import os
+    from itertools import permutations
+
+    def in_place(path: Path) -> bool:
+        return path.exists() and not path.is_file() and not path.is_dir()
+
+    resolved = [(flag, path, Path(os.path.realpath(os.path.abspath(path)))) for flag, path in reports]
+    for (flag_a, path_a, real_a), (flag_b, path_b, real_b) in permutations(resolved, 2):
+        if real_a == real_b and not in_place(path_a):
+            same = f"{path_a}" if str(path_a) == str(path_b) else f"{path_a} and {path_b}, both {real_a}"
+            raise UsageError(f"{flag_a} and {flag_b} name the same file ({same})", fix="give each report its own file")
+        if real_a in real_b.parents:
+            raise UsageError(f"{flag_a} {path_a} and {flag_b} {path_b}: {path_a} would be both a report file and "
+                             "the directory of another", fix="give each report its own file")
+
+
 def plot_format(path: Path) -> str:
     return path.suffix[1:].lower() or "png"
 
@@ -118,7 +139,7 @@ def render_tables(report: BenchReport, console) -> None:
     console.print(t)
     s = Table(title="All shapes together (one decoder layer's projections)")
     anchor = report.summary.get("anchor")
-    cols = ["kernel", "M", "total us", "x dense", "% copy BW", "min x dense", "M* measured"]
+    cols = ["kernel", "M", "shapes", "total us", "x dense", "% copy BW", "min x dense", "M* measured"]
     if anchor:
         cols += [f"{anchor['kernel']} x dense", f"/ {anchor['kernel']}"]
     for col in cols:
@@ -126,16 +147,45 @@ def render_tables(report: BenchReport, console) -> None:
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
-            cells = [sanitize(kname), m, f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
+            cells = [sanitize(kname), m, shapes_cell(e), f"{e['total_us']:.1f}", f"{e['total_speedup_vs_dense']:.2f}",
                      f"{100 * e['total_bw_fraction']:.0f}", f"{e['min_speedup_vs_dense']:.2f}", _f(mstar, ".0f")]
             if anchor:
                 cells += [_f(e.get("anchor_x_dense"), ".2f"), _f(e.get("vs_anchor"), ".2f")]
             s.add_row(*cells)
     console.print(s)
+    for line in partial_lines(report):
+        console.print(f"[magenta]partial[/]: {sanitize(line)}")
     for line in anchor_gap_lines(report):
         console.print(f"[cyan]anchor[/]: {sanitize(line)}")
     for line in flag_lines(report):
         console.print(f"[yellow]flag[/]: {sanitize(line)}")
+
+
+def shapes_cell(e: dict) -> str:
+    """How many shapes a layer sum covers: "2", or "1 of 2" where the kernel ran on only some of them."""
+    n, total = e["shapes"], e.get("shapes_total", e["shapes"])
+    return str(n) if n >= total else f"{n} of {total}"
+
+
+def partial_lines(report: BenchReport) -> list[str]:
+    """One line per kernel and set of M whose layer sum covers only some of the shapes, naming the rest; and
+    where the measured M* comes from fewer shapes than a sum."""
+    lines = []
+    summary = report.summary
+    for kname, per_m in summary.get("per_m", {}).items():
+        by_gap: dict[tuple[int, int, tuple[str, ...]], list[str]] = {}
+        for m, e in per_m.items():
+            if e["shapes"] < e.get("shapes_total", e["shapes"]):
+                by_gap.setdefault((e["shapes"], e["shapes_total"], tuple(e.get("shapes_missing", ()))), []).append(m)
+        for (n, total, missing), ms in by_gap.items():
+            lines.append(f"{kname} at M = {', '.join(ms)}: the layer sum covers {n} of {total} shapes (refused or "
+                         f"failed on {', '.join(missing) or 'the others'}); its x dense, % copy BW and anchor ratio "
+                         "are for those shapes alone, against dense's and the anchor's times on them, not the "
+                         "whole layer's")
+        common = summary.get("m_star_shapes", {}).get(kname)
+        if common is not None and any(common < e["shapes"] for e in per_m.values()):
+            lines.append(f"{kname}: M* measured over the {common} shape(s) it ran at every M")
+    return lines
 
 
 def anchor_gap_lines(report: BenchReport) -> list[str]:
@@ -173,15 +223,20 @@ def to_markdown(report: BenchReport) -> str:
                      f"{_f(r.bw_fraction and 100 * r.bw_fraction, '.0f')} | {_f(r.speedup_vs_dense, '.2f')} |")
     anchor = report.summary.get("anchor")
     extra = f" {e_(anchor['kernel'])} x dense | / {e_(anchor['kernel'])} |" if anchor else ""
-    lines += ["", "| kernel | M | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
-              f"min x dense | M* measured |{extra}", "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if anchor else "")]
+    lines += ["", "| kernel | M | shapes | total us | x dense (sum of times) | % copy BW (all bytes / all time) | "
+              f"min x dense | M* measured |{extra}",
+              "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if anchor else "")]
     for kname, per_m in report.summary.get("per_m", {}).items():
         mstar = report.summary["m_star_measured"].get(kname)
         for m, e in per_m.items():
             tail = f" {_f(e.get('anchor_x_dense'), '.2f')} | {_f(e.get('vs_anchor'), '.2f')} |" if anchor else ""
-            lines.append(f"| {e_(kname)} | {m} | {e['total_us']:.1f} | {e['total_speedup_vs_dense']:.2f} | "
+            lines.append(f"| {e_(kname)} | {m} | {shapes_cell(e)} | {e['total_us']:.1f} | "
+                         f"{e['total_speedup_vs_dense']:.2f} | "
                          f"{100 * e['total_bw_fraction']:.0f} | {e['min_speedup_vs_dense']:.2f} | "
                          f"{_f(mstar, '.0f')} |{tail}")
+    partial = partial_lines(report)
+    if partial:
+        lines += ["", "Partial sums:", ""] + [f"- {e_(p)}" for p in partial]
     gaps = anchor_gap_lines(report)
     if gaps:
         lines += ["", "Anchor:", ""] + [f"- {e_(g)}" for g in gaps]
@@ -206,7 +261,9 @@ def plot(report: BenchReport, path: Path, fmt: str = "png") -> None:
         if kname == DENSE:
             continue
         pts = sorted((int(m), e["total_speedup_vs_dense"]) for m, e in per_m.items())
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kname)
+        cover = sorted({shapes_cell(e) for e in per_m.values() if " of " in shapes_cell(e)})
+        label = f"{kname} ({', '.join(cover)} shapes)" if cover else kname
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     grid = sorted(set(ms) | {int(v) for v in (2 ** i for i in range(0, 14)) if ms[0] <= v <= ms[-1]})
     ideal = []
     for m in grid:
@@ -222,8 +279,8 @@ def plot(report: BenchReport, path: Path, fmt: str = "png") -> None:
     if anchor:  # the reference kernel's layer sums, at the M where the anchor file has every shape
         pts = {}
         for per_m in report.summary.get("per_m", {}).values():
-            for m, e in per_m.items():
-                if e.get("anchor_x_dense") is not None:
+            for m, e in per_m.items():  # a sum over part of the shapes is another layer: not this curve
+                if e.get("anchor_x_dense") is not None and " of " not in shapes_cell(e):
                     pts[int(m)] = e["anchor_x_dense"]
         if pts:
             ms_a = sorted(pts)

@@ -332,14 +332,19 @@ def summarize(report: BenchReport) -> dict:
     """Per kernel and M: totals over all shapes (sum of times, bytes), and the measured M* per kernel.
 
     total_speedup_vs_dense = sum(dense times) / sum(kernel times) over the shapes where both ran: the
-    speedup of a whole decoder layer's linear layers.
+    speedup of a whole decoder layer's linear layers. A kernel refused or failed on some shapes sums the
+    others: `shapes` of `shapes_total`, the rest named in `shapes_missing`, and its speedup divides dense's time
+    on the same shapes. Its measured M* comes from the shapes it ran at every M (`m_star_shapes` of them), so
+    a shape missing at one M does not bend the curve.
     """
-    out: dict = {"per_m": {}, "m_star_measured": {}}
+    out: dict = {"per_m": {}, "m_star_measured": {}, "m_star_shapes": {}}
     by_key: dict[tuple[str, int], list[Row]] = {}
     for r in report.rows:
         by_key.setdefault((r.kernel, r.M), []).append(r)
     dense = {(r.shape, r.M): r for r in report.rows if r.kernel == DENSE}
+    layer = {m: [sh for sh, m_ in dense if m_ == m] for m in {m_ for _, m_ in dense}}  # the shapes dense ran, per M
     bw = report.roofline["bandwidth"]
+    ran: dict[str, dict[int, dict[str, float]]] = {}  # kernel -> M -> shape -> time
     for (kname, m), rs in sorted(by_key.items()):
         ok = [r for r in rs if r.status == "ok" and r.median_us]
         if not ok:
@@ -347,14 +352,19 @@ def summarize(report: BenchReport) -> dict:
         t = sum(r.median_us for r in ok)
         td = sum(dense[(r.shape, m)].median_us for r in ok)
         b = sum(r.bytes for r in ok)
-        entry = {"shapes": len(ok), "total_us": t, "total_speedup_vs_dense": td / t,
+        done = {r.shape for r in ok}
+        entry = {"shapes": len(ok), "shapes_total": len(layer.get(m, ())),
+                 "shapes_missing": [sh for sh in layer.get(m, ()) if sh not in done],
+                 "total_us": t, "total_speedup_vs_dense": td / t,
                  "total_gbs": b / (t * 1e-6) / 1e9, "total_bw_fraction": b / (t * 1e-6) / bw,
                  "min_speedup_vs_dense": min(r.speedup_vs_dense for r in ok),
                  "min_bw_fraction": min(r.bw_fraction for r in ok),
                  "max_bw_fraction": max(r.bw_fraction for r in ok)}
         out["per_m"].setdefault(kname, {})[str(m)] = entry
-    for kname, per_m in out["per_m"].items():
-        times = {int(m): e["total_us"] for m, e in per_m.items()}
-        ms = roofline.measured_m_star(times)
-        out["m_star_measured"][kname] = ms
+        ran.setdefault(kname, {})[m] = {r.shape: r.median_us for r in ok}
+    for kname, per_m in ran.items():
+        common = set.intersection(*(set(times) for times in per_m.values()))
+        times = {m: sum(ts[sh] for sh in common) for m, ts in per_m.items()}
+        out["m_star_measured"][kname] = roofline.measured_m_star(times) if common else None
+        out["m_star_shapes"][kname] = len(common)
     return out

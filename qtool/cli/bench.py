@@ -121,10 +121,11 @@ def bench_cmd(
         raise UsageError("--json - and --markdown - both ask for standard output", fix="write one to a file")
     reports = [(flag, Path(v[key])) for flag, key in (("--json", "json_"), ("--markdown", "markdown"),
                                                       ("--plot", "plot")) if v[key] and str(v[key]) != "-"]
-    from qtool.bench.report import check_report_path
+    from qtool.bench.report import check_distinct_reports, check_report_path
 
     for flag, path in reports:
         check_report_path(flag, path)
+    check_distinct_reports(reports)
 
     from qtool.bench.anchor import load_anchor
 
