@@ -543,3 +543,22 @@ def test_contract_skips_a_checkpoint_that_quantizes_only_expert_stacks():
     rows = [c for c in rep["checks"] if "no linear layer to plan" in c["detail"]]
     assert code == 0 and not fails(rep) and [r["status"] for r in rows] == ["skip"], rep["checks"]
     assert "mixture-of-experts stack(s) not planned" in rows[0]["detail"]
+
+
+def test_a_report_file_that_appears_during_the_run_is_not_replaced(packed, tmp_path, monkeypatch):
+    import qtool.validate
+    from qtool.errors import OutputError
+
+    ci = tmp_path / "ci"
+    real = qtool.validate.validate_path
+
+    def run_then_race(*a, **k):
+        out = real(*a, **k)
+        ci.mkdir()
+        (ci / "report.md").write_text("theirs")
+        return out
+
+    monkeypatch.setattr(qtool.validate, "validate_path", run_then_race)
+    with pytest.raises(OutputError, match="report's file appeared during the run"):
+        cli("validate", packed[1], "--checks", "integrity", "--report", ci, "-q")
+    assert [p.name for p in ci.iterdir()] == ["report.md"] and (ci / "report.md").read_text() == "theirs"

@@ -85,6 +85,9 @@ def write_report(flag: str, path: Path, fill: Callable[[Path], None], replace: b
         st = None
     except OSError as e:
         raise fail(e) from None
+    if st is not None and stat.S_ISREG(st.st_mode) and not replace:  # checked before the run, so new since then
+        raise OutputError(f"the {flag} report's file appeared during the run, and a report does not replace a file",
+                          path=path, fix="remove it, or name another file")
     if st is not None and not stat.S_ISREG(st.st_mode):
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"{flag} {path}: is a directory", fix="name a file")
