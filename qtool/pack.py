@@ -562,22 +562,36 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
     write_json(tmp / "quantize_config.json", qcfg)
 
 
+# The most calibration windows a pack takes (GPTQModel and AutoAWQ use 128 to 1024), and the largest seed torch
+# takes; the windows' activations are also checked against memory once the model's width is known.
+MAX_CALIB_SAMPLES = 1 << 16
+MAX_SEED = 2**63 - 1
+
+
+def calibration_flags(job: PackJob) -> list[tuple[str, bool]]:
+    """(flag, given) for every option only a calibrated pack (--method gptq or awq) reads."""
+    return [("--calib", job.calib is not None), ("--calib-samples", job.calib_samples != 128),
+            ("--calib-seqlen", job.calib_seqlen != 256), ("--act-order", job.act_order),
+            ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
+            ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
+            ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0)]
+
+
 def check_calibration_options(job: PackJob) -> None:
     """Refuse calibration options that do not apply, before any work."""
     from qtool.formats import get_format
 
+    if job.device is not None and job.method not in CALIBRATED and not job.eval:
+        raise UsageError("--device applies only to --method gptq or awq and to --eval", fix="drop it")
     if job.method not in CALIBRATED:
-        used = [f for f, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
-                                ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                                ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
-                                ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0))
-                if on]
+        used = [f for f, on in calibration_flags(job) if on]
         if used:
             verb = "applies" if len(used) == 1 else "apply"
             raise UsageError(f"{', '.join(used)} {verb} only to --method gptq or awq", fix="add --method gptq")
         return
-    if job.calib_samples < 1 or job.calib_seqlen < 2 or job.calib_seed < 0:
-        raise UsageError("--calib-samples must be >= 1, --calib-seqlen >= 2 and --calib-seed >= 0")
+    if not (1 <= job.calib_samples <= MAX_CALIB_SAMPLES and job.calib_seqlen >= 2 and 0 <= job.calib_seed <= MAX_SEED):
+        raise UsageError(f"--calib-samples must be 1 to {MAX_CALIB_SAMPLES}, --calib-seqlen >= 2 and --calib-seed "
+                         f"0 to {MAX_SEED}")
     if job.method == "awq" and (job.act_order or job.static_groups or job.damp is not None or job.mse is not None):
         raise UsageError("--act-order/--static-groups/--damp/--mse are GPTQ options (AWQ always clip-searches)",
                          fix="drop them, or use --method gptq")
@@ -637,6 +651,10 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
 
 
 # --- float / int8 layouts (fp8, ct_fp8, ct_int8) ------------------------------------------------------------
+# Kernels and the scale grids index rows and inputs with 32-bit integers.
+INT32_MAX = 2**31 - 1
+
+
 def scaled_block(job: PackJob, fmt) -> tuple[int, int]:
     """(bo, bi) from --strategy / --block / --group-size, the layout's default when none is given."""
     from qtool.formats.scaled_format import block_of
@@ -660,9 +678,9 @@ def scaled_block(job: PackJob, fmt) -> tuple[int, int]:
         return block_of("group", 0, 0, group=job.group_size)
     if strategy == "block":
         text = job.block or "128x128"
-        m = re.fullmatch(r"([0-9]+)x([0-9]+)", text.strip())
-        if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
-            raise UsageError(f"--block '{text}' is not ROWSxCOLS", fix="e.g. --block 128x128")
+        m = re.fullmatch(r"([0-9]{1,12})x([0-9]{1,12})", text.strip())
+        if not m or not all(0 < int(v) <= INT32_MAX for v in m.groups()):
+            raise UsageError(f"--block '{text[:40]}' is not ROWSxCOLS of 1 to {INT32_MAX}", fix="e.g. --block 128x128")
         return (int(m.group(1)), int(m.group(2)))
     return block_of(strategy, 0, 0)
 
@@ -673,12 +691,10 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
 
     if job.method not in ("rtn", "mse"):
         raise UsageError(f"--method {job.method} quantizes integer layouts; {job.to} takes rtn or mse")
-    for flag, on in (("--calib", job.calib is not None), ("--act-order", job.act_order),
-                     ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-                     ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
-                     ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0),
-                     ("--tensor-type", bool(job.tensor_types)), ("--sym/--asym", job.sym is not None)):
-        if on:
+    for flag, on in (*calibration_flags(job), ("--tensor-type", bool(job.tensor_types)),
+                     ("--sym/--asym", job.sym is not None), ("--dtype", job.dtype != "fp16"),
+                     ("--device", job.device is not None and not job.eval)):
+        if on:  # --dtype sets the integer layouts' 16-bit scales; these store their scales in their own type
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")
     bits = SCALED_BITS.get(job.to, 8)
     if job.bits != bits:

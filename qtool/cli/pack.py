@@ -33,7 +33,7 @@ EPILOG = """Examples:
 
   qtool pack model.safetensors -o out --to gptq_p --bits 3 --asym --method mse
 
-  qtool pack model/ -o out --to awq --tensor-type 'mlp\\.down_proj=8:64' --exclude 'layers\\.0\\.'
+  qtool pack model/ -o out --to gptq --tensor-type 'mlp\\.down_proj=8:64' --exclude 'layers\\.0\\.'
 
   qtool pack model/ -o out --config configs/jobs/pack-gptq-4bit.yaml
 

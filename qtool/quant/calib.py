@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -617,6 +618,30 @@ def _check_renamed_experts(model, names: dict[str, str], src) -> None:
                                  fix="calibrate with --method rtn, or report the architecture")
 
 
+def check_activation_memory(src, n_samples: int, seqlen: int) -> None:
+    """Refuse, before the model is loaded, windows whose block inputs and outputs (kept in host memory, fp32)
+    would not fit: n_samples x seqlen (at most the model's positions) x hidden_size x 4 bytes, twice."""
+    from qtool.errors import QtoolError
+    from qtool.io.checkpoint import read_json
+    from qtool.io.memory import available_bytes
+
+    try:
+        cfg = read_json(Path(src) / "config.json")
+    except QtoolError:
+        return  # loading the model names what is wrong with its config
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) and "hidden_size" not in cfg else cfg
+    hidden = cfg.get("hidden_size") if isinstance(cfg, dict) else None
+    if not isinstance(hidden, int) or hidden <= 0:
+        return
+    positions = cfg.get("max_position_embeddings")
+    tokens = n_samples * (min(seqlen, positions) if isinstance(positions, int) and positions > 1 else seqlen)
+    need, (have, what) = 2 * tokens * hidden * 4, available_bytes()
+    if need > have:
+        raise UsageError(f"{n_samples} calibration windows of {tokens // n_samples} tokens hold about "
+                         f"{need / 2**30:.1f} GiB of activations (hidden size {hidden}), more than the "
+                         f"{have / 2**30:.1f} GiB {what}", fix="give fewer --calib-samples or a shorter --calib-seqlen")
+
+
 def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]], s: CalibSettings,
                          text_file=None, n_samples: int = 128, seqlen: int = 256,
                          on_block: Callable[[int, int], None] | None = None, seed: int = 0
@@ -626,6 +651,7 @@ def calibrate_checkpoint(src, tensor_names, targets: dict[str, tuple[int, int]],
     by tensor name) and a summary of the data and settings for the report."""
     from qtool.quant import calib_text, hf
 
+    check_activation_memory(src, n_samples, seqlen)
     model, tok, causal = hf.build_model(src, "cpu")
     if text_file is None:
         text, source = calib_text.stdlib_docstrings(calib_text.CALIB_MODULES), calib_text.DEFAULT_CALIB

@@ -67,9 +67,12 @@ def load_model(path: str | Path, device: str = "cpu"):
     if p.is_file() or not (p / "config.json").is_file():
         raise UsageError("calibration and evaluation need a model directory with config.json and a tokenizer",
                          path=p, fix="point at the Hugging Face model directory, not a single .safetensors file")
-    import json
+    from qtool.io.checkpoint import read_json
 
-    cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    cfg = read_json(p / "config.json")
+    if not isinstance(cfg, dict):
+        raise InputError("config.json is not a JSON object", path=p / "config.json",
+                         fix="give the model's own config.json")
     cfg.pop("quantization_config", None)
     if cfg.get("is_encoder_decoder"):
         what = ", ".join(map(str, cfg.get("architectures") or []))[:60] or cfg.get("model_type")
@@ -77,7 +80,11 @@ def load_model(path: str | Path, device: str = "cpu"):
                          "language models and encoders", path=p,
                          fix="pack it without --method/--eval (round to nearest), or check it with `qtool validate`")
     causal = is_causal(cfg)
-    config = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
+    try:
+        config = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a config it cannot read
+        raise InputError(f"transformers cannot read its config.json ({_said(e)})", path=p,
+                         fix="check model_type and the sizes against the source model's config") from None
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     dtype = torch.float32 if device == "cpu" else getattr(config, "dtype", None) or torch.float16
@@ -88,6 +95,12 @@ def load_model(path: str | Path, device: str = "cpu"):
         raise InputError(f"no usable tokenizer ({type(e).__name__}: {str(e)[:120]})", path=p,
                          fix="copy the tokenizer files of the source model into this directory") from None
     return cls, config, dtype, tok, causal
+
+
+def _said(e: Exception) -> str:
+    """An exception from transformers as a short clause: its type and the first line of its message."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
 
 
 def _tied_names(model) -> set[str]:
@@ -116,8 +129,12 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
     if weights is None:
         # transformers fills parameters the files lack with random values and only logs it: a reference
         # or calibration model with holes would give numbers that mean nothing
-        model, info = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True,
-                                          output_loading_info=True)
+        try:
+            model, info = cls.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=True,
+                                              output_loading_info=True)
+        except Exception as e:  # noqa: BLE001 - the weights do not fit the model config.json describes
+            raise InputError(f"transformers cannot build the model from it ({_said(e)})", path=path,
+                             fix="check that config.json describes these weights (sizes, layer count)") from None
         split_experts(model)
         tied = _tied_names(model)
         missing = [n for n in info.get("missing_keys") or () if n not in tied]
@@ -126,7 +143,12 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
                              f"'{sorted(missing)[0]}'", path=path,
                              fix="give the complete dense model (a quantized checkpoint is not one)")
     else:
-        model = cls.from_config(config, dtype=dtype)
+        try:
+            model = cls.from_config(config, dtype=dtype)
+        except Exception as e:  # noqa: BLE001 - a config transformers accepts but cannot build
+            raise InputError(f"transformers cannot build the model its config.json describes ({_said(e)})",
+                             path=path, fix="check model_type and the sizes against the source model's config") \
+                from None
         split_experts(model)
         missing = [n for n, _ in model.named_parameters() if n not in weights]
         tied = _tied_names(model)
@@ -134,6 +156,13 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
         if missing:
             raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
                              f"'{missing[0]}'", path=path, fix="check that --reference is the dense model")
+        wrong = next((n for n, prm in model.named_parameters() if n in weights and weights[n].shape != prm.shape),
+                     None)
+        if wrong is not None:
+            shape = tuple(dict(model.named_parameters())[wrong].shape)
+            raise InputError(f"tensor '{wrong}' is {list(weights[wrong].shape)} where the model its config.json "
+                             f"describes has {list(shape)}", path=path,
+                             fix="check that --reference is the dense model these weights were made from")
         with torch.no_grad():
             for n, prm in model.named_parameters():
                 if n in weights:

@@ -109,6 +109,8 @@ def quantize_scaled(weight: torch.Tensor, element: str = "e4m3", block: tuple[in
     bo, bi = (o if block[0] == -1 else block[0]), (i if block[1] == -1 else block[1])
     if bo <= 0 or bi <= 0:
         raise UsageError(f"block {block} must hold positive sizes or -1")
+    # a block past the weight's edge is the weight's extent: the same scale grid, and nothing padded to its size
+    bo, bi = min(bo, max(o, 1)), min(bi, max(i, 1))
     top = ELEMENTS[element].max
     sdtype = getattr(torch, SCALE_TYPES[scale_type].storage)
     storage = getattr(torch, ELEMENTS[element].storage)

@@ -1,0 +1,119 @@
+"""`qtool pack` at its edges: numbers a flag gives are bounded before they size work, flags a job does not read
+are refused, and a model transformers cannot build is a one-line error (calibration, --eval, `qtool eval`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import qtool.cli.main  # noqa: F401  (registers the commands)
+from qtool.cli.app import app
+from qtool.errors import InputError, UsageError
+from tests.test_pack import load, make_model
+
+
+def run(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("block", ["128x4294967296", "99999999999999999999x1", "9223372036854775807x128",
+                                   "0x128", "128"])
+def test_a_block_past_int32_or_not_rows_by_cols_is_refused_before_any_work(tmp_path, block):
+    make_model(tmp_path / "src")
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "out", "--to", "fp8", "--block", block)
+    assert isinstance(r.exception, UsageError) and "is not ROWSxCOLS of 1 to 2147483647" in str(r.exception)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_block_past_the_weight_is_the_weight_s_extent(tmp_path):
+    """One scale a row block for a block wider than the weight: what a block of exactly its width gives, and no
+    padding to the block's size (a 2**31-wide block fits in memory)."""
+    make_model(tmp_path / "src")
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "wide", "--to", "fp8", "--block", "64x2147483647", "-q")
+    assert r.exit_code == 0, r.output
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "exact", "--to", "fp8", "--block", "64x256", "-q")
+    assert r.exit_code == 0, r.output
+    wide, _ = load(tmp_path / "wide")
+    exact, _ = load(tmp_path / "exact")
+    name = "model.layers.0.self_attn.q_proj.weight"  # [128, 256]
+    assert torch.equal(wide[name].view(torch.uint8), exact[name].view(torch.uint8))
+    assert torch.equal(wide[name + "_scale_inv"], exact[name + "_scale_inv"])
+    assert tuple(wide[name + "_scale_inv"].shape) == (2, 1)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--method", "gptq", "--calib-samples", "999999999999"], "--calib-samples must be 1 to 65536"),
+    (["--method", "gptq", "--calib-seed", "99999999999999999999999"], "--calib-seed 0 to 9223372036854775807"),
+    (["--calib-samples", "5"], "--calib-samples applies only to --method gptq or awq"),
+    (["--calib-seqlen", "64"], "--calib-seqlen applies only to --method gptq or awq"),
+    (["--device", "cpu"], "--device applies only to --method gptq or awq and to --eval"),
+    (["--to", "fp8", "--dtype", "garbage"], "--dtype does not apply to --to fp8"),
+    (["--to", "nvfp4", "--dtype", "bf16"], "--dtype does not apply to --to nvfp4"),
+    (["--to", "fp8", "--calib-samples", "5"], "--calib-samples does not apply to --to fp8"),
+    (["--to", "fp8", "--device", "cpu"], "--device does not apply to --to fp8"),
+])
+def test_flags_out_of_range_or_not_read_are_refused(tmp_path, args, needle):
+    make_model(tmp_path / "src")
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "out", *args)
+    assert isinstance(r.exception, UsageError) and needle in str(r.exception), (r.exception, r.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibration_windows_that_would_not_fit_memory_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from qtool.quant import calib, hf
+
+    make_model(tmp_path / "src")
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    (tmp_path / "src" / "config.json").write_text(json.dumps({**cfg, "hidden_size": 256}))
+    monkeypatch.setattr("qtool.io.memory.available_bytes", lambda: (1 << 20, "available (test)"))
+    monkeypatch.setattr(hf, "build_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(UsageError, match=r"128 calibration windows of 256 tokens hold about .* more than the 0\.0 GiB"):
+        calib.calibrate_checkpoint(tmp_path / "src", [], {}, None, n_samples=128, seqlen=256)
+
+
+def _hf_model(root, **config):
+    """A one-layer Llama model with its tokenizer, its config.json then changed by `config` (`_raw`: replaced)."""
+    transformers = pytest.importorskip("transformers")
+    from tests.test_calib import _tokenizer
+
+    tok = _tokenizer(root)
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(root)
+    tok.save_pretrained(root)
+    if "_raw" in config:
+        (root / "config.json").write_text(config["_raw"])
+    elif config:
+        (root / "config.json").write_text(json.dumps({**json.loads((root / "config.json").read_text()), **config}))
+    return root
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"model_type": "nonexistent_arch"}, "transformers cannot read its config.json"),
+    ({"intermediate_size": 96}, "transformers cannot build the model from it"),
+    ({"_raw": "{not json"}, "config.json: invalid JSON"),
+    ({"_raw": "[1, 2]"}, "config.json is not a JSON object"),
+])
+def test_a_model_transformers_cannot_build_is_a_one_line_input_error(tmp_path, config, needle):
+    from qtool.quant import hf
+
+    src = _hf_model(tmp_path / "m", **config)
+    with pytest.raises(InputError) as e:
+        hf.build_model(src, "cpu")
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_weights_of_another_shape_are_named_not_a_runtime_error(tmp_path):
+    from qtool.quant import hf
+
+    src = _hf_model(tmp_path / "m")
+    model, _, _ = hf.build_model(src, "cpu")
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    full["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(InputError, match=r"tensor 'model.layers.0.self_attn.q_proj.weight' is \[3, 3\] where the "
+                                         r"model its config.json describes has \[64, 64\]"):
+        hf.build_model(src, "cpu", weights=full)
