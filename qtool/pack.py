@@ -488,10 +488,18 @@ def check_memory(ck: Checkpoint, plans, fmt: str) -> None:
                          fix="--exclude this module, or run where more memory is available")
 
 
+def _size(f: Path) -> int:
+    """A file's size through its link; 0 for a dangling link or a loop (copying names what it does with them)."""
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
 def output_bytes(ck: Checkpoint, to_quantize: dict[str, ModulePlan]) -> int:
     """Bytes the output holds, at most: tensors copied as they are, packed modules (codes, a 2-byte scale and a
     zero per group and output, g_idx), the other files of the source."""
-    total = sum(f.stat().st_size for f in ck.other_files())
+    total = sum(_size(f) for f in ck.other_files())
     for name, info in ck.tensors.items():
         p = to_quantize.get(name)
         if p is None:

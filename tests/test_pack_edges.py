@@ -4,6 +4,7 @@ are refused, and a model transformers cannot build is a one-line error (calibrat
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -117,3 +118,29 @@ def test_weights_of_another_shape_are_named_not_a_runtime_error(tmp_path):
     with pytest.raises(InputError, match=r"tensor 'model.layers.0.self_attn.q_proj.weight' is \[3, 3\] where the "
                                          r"model its config.json describes has \[64, 64\]"):
         hf.build_model(src, "cpu", weights=full)
+
+
+def test_links_that_lead_to_no_file_are_named_not_a_crash_and_repack_q_still_warns(tmp_path):
+    """A partly downloaded snapshot's dangling link, or a loop of links: not copied, each named; -q leaves out the
+    report, never what the output leaves out."""
+    import subprocess
+    import sys
+
+    def links(d):
+        (d / "dangling").symlink_to("nonexist")
+        (d / "l1").symlink_to("l2")
+        (d / "l2").symlink_to("l1")
+
+    make_model(tmp_path / "src")
+    links(tmp_path / "src")
+    qtool = [sys.executable, "-m", "qtool"]
+    for cmd, out in ((["pack", tmp_path / "src", "--group-size", "32"], tmp_path / "q"),
+                     (["repack", tmp_path / "q", "--to", "marlin"], tmp_path / "m"),
+                     (["repack", tmp_path / "q", "--to", "dense"], tmp_path / "d")):
+        r = subprocess.run([*qtool, *map(str, cmd), "-o", str(out), "-q"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        for name, why in (("dangling", "nonexist"), ("l1", "l2"), ("l2", "l1")):
+            assert f"warning: {name}: not copied: a symbolic link to {why}, which leads to no file" in r.stderr
+            assert not os.path.lexists(out / name)
+        if cmd[0] == "pack":
+            links(out)  # the repacks below read them

@@ -22,7 +22,8 @@ import typer
 from qtool.errors import SpecError, UsageError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON alone on stdout.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress; errors only.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress: errors, and warnings of what "
+                                                               "an output leaves out, only.")]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", help="YAML job spec; keys are the long option names; flags override it.",

@@ -434,9 +434,12 @@ def _copy_entries(files: list[Path], root: Path, base: str, out: Path, warnings:
             if p.is_symlink():
                 target = os.readlink(p)
                 real = os.path.realpath(p)
-                if os.path.commonpath([base, real]) == base and os.path.exists(real):
+                inside = os.path.commonpath([base, real]) == base
+                if inside and os.path.exists(real):
                     os.symlink(target, out / p.name)
                     links.append((p, out / p.name))
+                elif inside:  # dangling, or a loop of links
+                    warnings.append(f"{rel}: not copied: a symbolic link to {target}, which leads to no file")
                 else:
                     warnings.append(f"{rel}: not copied: a symbolic link to {target}, outside the source "
                                     "directory (qtool follows no link out of it; copy the file in if it is "
