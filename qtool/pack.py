@@ -352,6 +352,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     sym, notes, warnings = resolve_sym(job.to, job.sym)
     job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
+    check_collisions(ck, plans, fmt)
     warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     warnings += ck.shard_notes() + stacked_weights_note(ck)
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
@@ -447,6 +448,20 @@ def _write_packed(w, fmt, p, plan: ModulePlan, err: float, info: TensorInfo, rep
     o, i = plan.shape
     report.results.append(TensorResult(plan.module, [o, i], plan.bits, plan.group_size, info.nbytes, after,
                                        8 * after / (o * i), err))
+
+
+def check_collisions(ck: Checkpoint, plans: list[ModulePlan], fmt) -> None:
+    """Refuse, before anything is read, a source tensor beside a weight pack quantizes whose name the layout
+    writes for that module (`X.qweight` beside `X.weight` for GPTQ): the output would hold the name twice."""
+    for p in plans:
+        if p.action != "quantize":
+            continue
+        for short in fmt.spec.tensors:
+            name = f"{p.module}.{short}"
+            if name != p.weight and name in ck.tensors:
+                raise InputError(f"the source holds '{name}' beside the weight it quantizes, a name --to {fmt.spec.id} "
+                                 "writes for that module", path=ck.path, tensor=name,
+                                 fix=f"--exclude '{re.escape(p.module)}' to keep the module dense, or remove the tensor")
 
 
 def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
@@ -725,6 +740,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     for p in plans:
         if p.action == "quantize":
             p.scheme = QuantScheme(job.to, bits, job.group_size, True, False)
+    check_collisions(ck, plans, fmt)
     warnings = [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     warnings += ck.shard_notes() + stacked_weights_note(ck)
     if job.to == "fp8" and block == (-1, -1):

@@ -144,3 +144,20 @@ def test_links_that_lead_to_no_file_are_named_not_a_crash_and_repack_q_still_war
             assert not os.path.lexists(out / name)
         if cmd[0] == "pack":
             links(out)  # the repacks below read them
+
+
+@pytest.mark.parametrize("to, stray", [("gptq", "qweight"), ("awq", "scales"), ("fp8", "weight_scale_inv"),
+                                       ("nvfp4", "weight_packed")])
+def test_a_source_tensor_named_as_the_layout_writes_is_refused_before_any_work(tmp_path, to, stray):
+    from safetensors.torch import load_file, save_file
+
+    t = make_model(tmp_path / "src")
+    name = f"model.layers.0.self_attn.q_proj.{stray}"
+    save_file({**load_file(str(tmp_path / "src" / "model.safetensors")), name: torch.zeros(4, dtype=torch.int32)},
+              str(tmp_path / "src" / "model.safetensors"), metadata={"format": "pt"})
+    assert name not in t
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "out", "--to", to, "--dry-run")
+    assert isinstance(r.exception, InputError), r.output
+    msg = str(r.exception)
+    assert f"tensor '{name}': the source holds '{name}' beside the weight it quantizes" in msg, msg
+    assert str(tmp_path / "src") in msg and "--exclude" in msg and not (tmp_path / "out").exists()
