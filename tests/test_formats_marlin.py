@@ -433,3 +433,25 @@ def test_contract_and_config_round_trip():
     q = parse_quant_config(awq_cfg)
     assert (awq_cfg["quant_method"], q.format, q.sym) == ("awq", "marlin", False)
     assert M.params_from_contract({}, awq_cfg).extra["marlin.source"] == "awq"
+
+
+def test_config_of_modules_that_differ_is_the_majority_with_dynamic_overrides():
+    """Loaders read one integer bits/group_size and one sym/desc_act: the majority scheme, the rest as the
+    GPTQ writers' `dynamic` overrides; the contract lists what is mixed (its readers then go per module) and
+    states the base's act_order / zero_points, as the config does."""
+    metas = {"m.a": M.module_meta(_plain(64, 256, 4, 128)), "m.b": M.module_meta(_plain(64, 256, 4, 128)),
+             "m.c": M.module_meta(_plain(64, 256, 8, 64, act=True)),
+             "m.d": M.module_meta(_plain(64, 256, 4, 32, asym=True, meta={"format": "gptq_v2"}))}
+    cfg = M.Marlin().quantization_config([(n, None, m) for n, m in metas.items()], dense=["m.dense"])
+    q = parse_quant_config(cfg)
+    assert (cfg["quant_method"], q.bits, q.group_size, q.sym, q.desc_act) == ("gptq", 4, 128, True, False)
+    assert cfg["dynamic"] == {r"-:^m\.dense$": {}, r"+:^m\.c$": {"bits": 8, "group_size": 64, "desc_act": True},
+                              r"+:^m\.d$": {"group_size": 32, "sym": False}}
+    md = M.contract(M.summarize(metas))
+    assert (md["qtool.marlin.bits"], md["qtool.marlin.group_size"]) == ("[4,8]", "[128,32,64]")
+    assert (md["qtool.marlin.act_order"], md["qtool.marlin.zero_points"]) == ("false", "false")
+    assert md["qtool.marlin.source"] == '["gptq","gptq_v2"]'
+    params = M.params_from_contract(md, cfg)
+    assert (params.bits, params.group_size) == (None, None) and "marlin.source" not in params.extra
+    with pytest.raises(FormatError):  # no base scheme for mixed values: never a list in bits / group_size
+        M.quantization_config({k: v for k, v in M.summarize(metas).items() if k != "scheme"})

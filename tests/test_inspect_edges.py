@@ -290,3 +290,28 @@ def test_k_quant_group_is_said_to_be_a_super_block(tmp_path):
         code, out = qtool("inspect", path)
         line = next(x for x in out.splitlines() if "group size" in x)
         assert code == 0 and (said in line if said else line.split()[-1] == "32"), line
+
+
+def test_deep_reads_each_module_against_its_dynamic_override(tmp_path):
+    """GPTQModel's `dynamic` makes one module asymmetric with act-order in a sym, no-act-order checkpoint: deep
+    checks it against its own claims (no 'config says sym' error), and a module the override does not name
+    still gets the file-level claims."""
+    from qtool.formats import get_format
+    from tests.test_formats_gptq import random_plain
+
+    fmt = get_format("gptq_v2")
+    t = {}
+    for name, sym, act in (("up_proj", True, False), ("down_proj", False, True), ("gate_proj", False, False)):
+        for k, v in fmt.pack(random_plain(1, 4, 64, 256, 128, sym, act)).items():
+            t[f"model.layers.0.mlp.{name}.{k}"] = v
+    save_file(t, str(tmp_path / "model.safetensors"))
+    q = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
+         "checkpoint_format": "gptq_v2", "dynamic": {r"+:^model\.layers\.0\.mlp\.down_proj$": {"sym": False,
+                                                                                              "desc_act": True}}}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": q}))
+    from qtool.inspect.core import inspect_path
+
+    r = inspect_path(tmp_path, deep=True)
+    said = [(a.tensor, a.message) for a in r.anomalies if a.severity in ("error", "warning")]
+    assert not [s for s in said if s[0] == "model.layers.0.mlp.down_proj"], said
+    assert any(s[0] == "model.layers.0.mlp.gate_proj" and "config says sym" in s[1] for s in said), said

@@ -50,7 +50,7 @@ FLOAT_PACKS: list[tuple[str, list[str]]] = [
     ("fp8-block128", ["--to", "fp8", "--block", "128x128"]),
     ("ct_fp8-tensor", ["--to", "ct_fp8", "--strategy", "tensor"]),
     ("ct_fp8-channel", ["--to", "ct_fp8", "--strategy", "channel"]),
-    ("ct_fp8-block128-bf16", ["--to", "ct_fp8", "--block", "128x128", "--dtype", "bf16"]),
+    ("ct_fp8-block128", ["--to", "ct_fp8", "--block", "128x128"]),
     ("ct_int8-channel-mse", ["--to", "ct_int8", "--method", "mse"]),
     ("nvfp4", ["--to", "nvfp4"]),
     ("modelopt_nvfp4", ["--to", "modelopt_nvfp4"]),

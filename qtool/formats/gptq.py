@@ -210,20 +210,33 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
     return g.to(torch.int32).contiguous()
 
 
-def gptqmodel_config(fmt: Format, modules, dense=()) -> dict:
-    """The majority scheme of `modules` as the base config, GPTQModel `dynamic` overrides ("+:^name$")
-    for modules that differ and exclusions ("-:^name$") for the linear modules kept dense (the GPTQ family
-    and AWQ share this shape)."""
-    def key(s: QuantScheme):
-        return (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))
+SCHEME_KEYS = ("bits", "group_size", "sym", "desc_act")
 
-    base = Counter(key(s) for _n, s, _m in modules).most_common(1)[0][0]
+
+def majority(keys) -> tuple:
+    """The most common of `keys` (the first seen among equals)."""
+    return Counter(keys).most_common(1)[0][0]
+
+
+def majority_and_overrides(schemes, dense=()) -> tuple[tuple, dict]:
+    """(base, dynamic) for `schemes`, [(module name, (bits, group_size, sym, desc_act))]: the majority tuple
+    as the base scheme, GPTQModel `dynamic` overrides ("+:^name$": the fields that differ) for the modules
+    that differ, and exclusions ("-:^name$") for the linear modules kept dense. The GPTQ family, AWQ and Marlin
+    configs share this shape."""
+    base = majority(k for _n, k in schemes)
     dynamic = dense_exclusions(dense)
-    for name, s, _meta in modules:
-        if key(s) != base:
-            over = {k: v for k, v, b in zip(("bits", "group_size", "sym", "desc_act"), key(s), base, strict=True)
-                    if v != b}
-            dynamic[f"+:^{re.escape(name)}$"] = over
+    for name, k in schemes:
+        if k != base:
+            dynamic[f"+:^{re.escape(name)}$"] = {f: v for f, v, b in zip(SCHEME_KEYS, k, base, strict=True)
+                                                 if v != b}
+    return base, dynamic
+
+
+def gptqmodel_config(fmt: Format, modules, dense=()) -> dict:
+    """The majority scheme of `modules` as the base config, GPTQModel `dynamic` overrides for modules that
+    differ and exclusions for the linear modules kept dense (majority_and_overrides)."""
+    base, dynamic = majority_and_overrides(
+        [(name, (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))) for name, s, _m in modules], dense)
     return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None)
 
 

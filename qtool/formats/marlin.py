@@ -235,11 +235,23 @@ class Marlin(Format):
         return out
 
     def quantization_config(self, modules, dense=None) -> dict:
-        from qtool.formats.gptq import dense_exclusions
+        """The majority scheme of the Marlin modules as the base config, with the GPTQ writers' per-module
+        `dynamic` overrides for modules that differ in bits, group size, zero points (sym) or act-order, and
+        exclusions for the linear modules kept dense. Loaders take one integer bits/group_size and one
+        sym/desc_act from the base; the overrides are what GPTQModel's QuantizeConfig and vLLM's GPTQ paths
+        parse per module, and what qtool's own reader applies before it reads a module."""
+        from qtool.formats.gptq import majority_and_overrides
 
-        cfg = quantization_config(summarize({name: meta for name, _s, meta in modules if meta}))
-        if dense and dense_exclusions(dense):
-            cfg["dynamic"] = dense_exclusions(dense)
+        metas = {name: meta for name, _s, meta in modules if meta}
+        summary = summarize(metas)
+        if isinstance(summary[SOURCE_KEY], list) and "awq" in summary[SOURCE_KEY]:
+            # one quant_method names the family; the planner refuses such a mix before this point
+            raise FormatError(f"marlin: modules come from {', '.join(summary[SOURCE_KEY])}; one config names "
+                              "either the gptq or the awq family", fix="convert one family at a time (--include)")
+        base, dynamic = majority_and_overrides([(name, scheme_of(m)) for name, m in metas.items()], dense or ())
+        cfg = quantization_config(summary)  # summary["scheme"] is `base`: the same majority of the same list
+        if dynamic:
+            cfg["dynamic"] = dynamic
         if dense and cfg["quant_method"] == "awq":
             cfg["modules_to_not_convert"] = list(dense)
         return cfg
@@ -397,7 +409,12 @@ def _act_order_perm(plain: Plain) -> torch.Tensor:
 # --- checkpoint contract ------------------------------------------------------------------------------------
 def summarize(metas: dict[str, dict]) -> dict:
     """Merge `module_meta` of every Marlin module ({module prefix: meta}) into the plain_meta `contract`
-    and `quantization_config` take. Mixed sources/bits/groups are kept as lists (and reported)."""
+    and `quantization_config` take. Mixed sources/bits/groups are kept as lists: the contract records them
+    so, and its readers then take each module's facts from the config (its `dynamic` overrides) and tensors.
+    "scheme" is the majority (bits, group_size, sym, desc_act), the base the config states; act_order and
+    zero_points are its values, so that the contract and the config's base agree (inspect compares them)."""
+    from qtool.formats.gptq import majority
+
     if not metas:
         raise FormatError("marlin contract: no Marlin modules to describe")
 
@@ -407,16 +424,24 @@ def summarize(metas: dict[str, dict]) -> dict:
 
     padded = {mod: m["shape"] + m["padded_shape"] for mod, m in metas.items()
               if m["shape"] != m["padded_shape"]}
+    scheme = majority(scheme_of(m) for m in metas.values())
     return {SOURCE_KEY: one(SOURCE_KEY), "bits": one("bits"), "group_size": one("group_size"),
-            "act_order": any(m["act_order"] for m in metas.values()),
-            "zero_points": any(m["zero_points"] for m in metas.values()), "padded": padded}
+            "act_order": scheme[3], "zero_points": not scheme[2], "padded": padded, "scheme": scheme}
+
+
+def scheme_of(meta: dict) -> tuple:
+    """(bits, group_size, sym, desc_act) of one module's `module_meta`, as a GPTQ-style config states it: sym
+    is "no zero points" (uint4b8 / uint8b128)."""
+    return meta["bits"], meta["group_size"], not meta["zero_points"], bool(meta["act_order"])
 
 
 def contract(plain_meta: dict) -> dict[str, str]:
     """safetensors metadata (str -> str) a qtool Marlin checkpoint carries.
 
     plain_meta: `summarize(...)` output, or one `module_meta(plain)` (keys "marlin.source", "bits",
-    "group_size", "act_order", "zero_points", optional "padded" {module: [N, K, Np, Kp]}).
+    "group_size", "act_order", "zero_points", optional "padded" {module: [N, K, Np, Kp]}). Of a summary,
+    mixed sources, bits and group sizes are written as JSON lists (readers then take each module's from the
+    config's `dynamic` and its tensors) and act_order / zero_points are the base scheme's, as in the config.
     The per-module truth (original shape, perm) is in each module's tensors; these keys say what the file is
     and where it came from, so readers neither mistake B for a GPTQ qweight nor lose the way back.
     """
@@ -449,11 +474,17 @@ def quantization_config(plain_meta: dict) -> dict:
     reads `checkpoint_format == "marlin"` or `is_marlin_format`); a GPTQ/AWQ loader that does not know it
     refuses instead of reading B as a GPTQ qweight. quant_method follows the source family. The `qtool`
     entry repeats the contract for tools that read only the config.
+
+    plain_meta: one `module_meta`, or a `summarize` output, whose "scheme" (bits, group_size, sym, desc_act)
+    is the base the config states (Marlin.quantization_config puts the majority there; without it the
+    summary's own values, which must then be single).
     """
     src = plain_meta.get(SOURCE_KEY, "gptq")
-    bits, group = plain_meta["bits"], plain_meta["group_size"]
-    zp = bool(plain_meta.get("zero_points", False))
-    desc = bool(plain_meta.get("act_order", False))
+    bits, group, sym, desc = plain_meta.get("scheme") or scheme_of(plain_meta)
+    if isinstance(bits, list) or isinstance(group, list):
+        raise FormatError("marlin: mixed bits or group sizes need a base scheme (Marlin.quantization_config "
+                          "writes the majority and per-module `dynamic` overrides)")
+    zp = not sym
     if src == "awq":
         cfg = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": zp,
                "version": "marlin", "format": "marlin", "desc_act": desc, "sym": not zp}
@@ -483,8 +514,9 @@ def params_from_contract(metadata: dict[str, str] | None, config: dict | None = 
             return None  # mixed values are listed; the tensors' shapes decide
 
     extra = {}
-    if md.get("qtool.marlin.source"):
-        extra[SOURCE_KEY] = str(md["qtool.marlin.source"])
+    src = md.get("qtool.marlin.source")
+    if src and not str(src).startswith("["):  # a list names mixed sources: each module's tensors decide
+        extra[SOURCE_KEY] = str(src)
     act = md.get("qtool.marlin.act_order")
     return QuantScheme(bits=get_int("qtool.marlin.bits"), group_size=get_int("qtool.marlin.group_size"),
                        desc_act=None if act is None else str(act).lower() == "true", extra=extra)

@@ -193,7 +193,10 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
 
     from qtool.formats.base import get_format
     from qtool.formats.plain import dequantize
+    from qtool.inspect.detect import module_claims
 
+    if claims is not None:  # the config's per-module `dynamic` overrides are this module's claims
+        claims = module_claims(claims, m.name)
     fmt = m.scheme.format
     if fmt == "dense":
         if stats:

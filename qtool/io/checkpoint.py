@@ -120,6 +120,15 @@ class Checkpoint:
                       if (p.is_symlink() or p.is_file()) and p.name not in skip
                       and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
 
+    def replaced_files(self) -> list[Path]:
+        """The source's own quantize_config.json (other_files leaves it out: it describes the source's
+        quantization, so an output writes its own or none, and the writer says which). Only for a directory
+        checkpoint."""
+        if self.path.is_file() and self.path.suffix == ".safetensors":
+            return []
+        q = self.root / "quantize_config.json"
+        return [q] if q.is_file() else []
+
     def shard_notes(self) -> list[str]:
         """A warning when the user named one shard of a sharded model: only its tensors are read."""
         if not (self.path.is_file() and self.path.suffix == ".safetensors"):

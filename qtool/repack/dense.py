@@ -44,9 +44,10 @@ ROUNDING = {"F32": "exact: every weight equals the format's own fp32 dequantizat
 FLOAT_ST = ("F16", "BF16", "F32")
 # layout tensors that quantize activations, not weights: a dense model has none (listed as dropped)
 ACTIVATION_SCALES = frozenset({"input_scale", "input_zero_point", "input_global_scale"})
-# files beside the weights that describe the source's quantization (ModelOpt's): a loader that finds one
-# treats the model as quantized, so the dense output leaves them out (and the plan says so)
-QUANT_CONFIG_FILES = frozenset({"hf_quant_config.json"})
+# files beside the weights that describe the source's quantization (ModelOpt's hf_quant_config.json, the GPTQ
+# and AWQ loaders' quantize_config.json): a loader that finds one treats the model as quantized, so the dense
+# output leaves them out (and the plan says so)
+QUANT_CONFIG_FILES = frozenset({"hf_quant_config.json", "quantize_config.json"})
 CHUNK_BYTES = 16 << 20  # output bytes dequantized (or cast) at a time
 QUEUE_DEPTH = 4  # pieces waiting for the writer thread: the write buffer is QUEUE_DEPTH x CHUNK_BYTES
 
@@ -191,6 +192,14 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
     modules, fates, warnings = [], [], list(source.warnings)
     in_module: set[str] = set()
     for m in source.modules:
+        experts = (m.scheme.extra or {}).get("experts") if source.container == "safetensors" else None
+        if experts:
+            # a fused [experts, out, in] stack (gpt-oss) has no 2-D weight for the dense writer to produce
+            raise NotRepresentable(f"module {m.name} is a 3-D mixture-of-experts stack ({experts} experts, "
+                                   f"{m.scheme.format}): repack --to dense dequantizes 2-D linear modules only; "
+                                   "nothing was written", path=job.src, tensor=m.name,
+                                   fix="dequantize the stacks with the engine that reads them; qtool inspect "
+                                       "--deep decodes and checks them")
         weight = m.layout.get("weight") if source.container == "gguf" else None
         out_name = rename(weight) if weight else (f"{m.name}.weight" if m.name else "weight")
         modules.append(DenseModule(m.name, out_name, m.scheme.format, _out_shape(source, m), m.scheme.bits,
@@ -240,7 +249,7 @@ def _plan(source, job: DenseJob, keep, drop, default_out) -> DensePlan:
             if not any(r.search(n) for n in got):
                 warnings.append(f"{flag} '{r.pattern}' names no tensor that a module's layout leaves unread; it "
                                 "changed nothing")
-    for f in source.other_files:
+    for f in [*source.other_files, *source.replaced_files]:
         if f.name in QUANT_CONFIG_FILES:
             warnings.append(f"{f.name}: not copied: it describes the source's quantization, which the dense model "
                             "does not have")
@@ -296,14 +305,12 @@ def module_pieces(source, m, dtype, rows=None, chunk_bytes: int | None = None) -
             sel = raw[r0:r0 + step] if rows is None else raw[rows[r0:r0 + step]]
             yield _finite(_gguf_dequantize(sel, m.scheme.format, m.name).to(dtype), m.name, r0)
         return
-    from qtool.errors import FormatError
-    from qtool.formats import dequantize, get_format
+    from qtool.formats import dequantize
+    from qtool.repack.plan import unpack_module
 
-    try:
-        p = get_format(m.scheme.format).unpack(source.load(m), m.scheme)
-    except FormatError as e:  # the format names the short tensor; say which file and module too
-        short = f".{e.tensor}" if e.tensor else ""
-        raise FormatError(e.problem, path=source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
+    # a format's error names the file and the module's tensor, with a fix
+    p = unpack_module(source, m, fix="the checkpoint is damaged or mislabelled: `qtool inspect --deep` lists every "
+                                     "problem; re-export or re-download it; nothing was written")
     step = max(1, chunk_bytes // max(1, p.in_features * torch.finfo(dtype).bits // 8))
     check = may_leave_range(p, dtype)
     first = _e4m3_piece(p, dtype, 0, step, m.name)

@@ -10,8 +10,9 @@ Kinds (ModulePlan.kind):
     dropped     converted exactly or near-exactly, but tensors of the module that its layout does not read
                 were discarded because --drop named them: the output equals the source only where they did
                 not matter (the plan lists them)
-    impossible  not even requantization helps (shapes the target cannot tile, a source qtool cannot read), or
-                the module holds a tensor its layout does not read that neither --keep nor --drop names
+    impossible  not even requantization helps (shapes the target cannot tile, a source qtool cannot read, a
+                3-D expert stack, AWQ and GPTQ modules in one marlin config), or the module holds a tensor its
+                layout does not read that neither --keep nor --drop names
     keep        not selected by --include/--exclude: copied in the source layout, unchanged
 
 Tensors a module's layout does not read (SourceModule.extra: a rotation, a smoothing vector) are never lost
@@ -26,6 +27,10 @@ How a verdict is reached (ModulePlan.decided_by):
     "data"    where exactness depends on values: GGUF targets (q - z ranges, fp16 d), GPTQ v1 targets of
               asymmetric sources (a zero of 0 has no v1 encoding), GGUF Q4_1 sources (is -m/d an integer?),
               and any module whose facts the header leaves open. The module is unpacked and checked.
+Either way the small tensors that carry facts are read first (_check_stored_facts): a g_idx must be an
+integer map of the input rows into the groups, and a config's sym must agree with the stored zero points.
+A contradiction is an input error naming the tensor (exit 2), never a lossy verdict: no requantization
+repairs a damaged map, and a sym label over varying zeros means two different weights to two engines.
 
 Exact transformations of a Plain (applied when --bits / --group-size ask for them):
     widen    b -> b' > b: q' = q + c, z' = z + c with c = 2^(b'-1) - 2^(b-1) (the symmetric midpoint moves
@@ -36,13 +41,14 @@ Fewer bits, or groups merged, change the quantization: lossy.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from qtool.errors import UsageError
+from qtool.errors import FormatError, InputError, UsageError
 from qtool.formats.base import Format, format_id
 from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
@@ -195,6 +201,12 @@ class RepackPlan:
 
     def refusal_fix(self) -> str:
         bad = self.blocking()
+        if any(m.kind == "impossible" and m.reasons and m.reasons[0].startswith(STACK) for m in bad):
+            return ("--exclude REGEX leaves the stacks in their source layout, copied unchanged (the target's "
+                    "config does not describe them), and converts the rest")
+        if any(m.kind == "impossible" and m.reasons and m.reasons[0].startswith(MIXED_FAMILY) for m in bad):
+            return ("make the source one family first (`qtool repack SRC --to gptq_v2`: exact from AWQ), then "
+                    "--to marlin; or --exclude the modules named here (they stay in their source layout)")
         if any(m.kind == "impossible" and m.reasons and m.reasons[0].startswith(UNREAD) for m in bad):
             return ("--keep REGEX carries such tensors unchanged beside the converted layout (only if the target's "
                     "readers apply them), --drop REGEX discards them (the plan lists them); or --exclude the module")
@@ -303,12 +315,20 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
         elif m.scheme.format not in known and not m.scheme.format.startswith("gguf:"):
             mp.kind = "impossible"
             mp.reasons.append(f"qtool cannot read '{m.scheme.format}' modules")
+        elif (m.scheme.extra or {}).get("experts") and source.container == "safetensors" \
+                and m.scheme.format != target:
+            # a fused [experts, out, in] stack (gpt-oss): no format's unpack reads it as one linear weight
+            mp.kind = "impossible"
+            mp.reasons.append(f"{STACK} ({m.scheme.extra['experts']} experts, {m.scheme.format}): repack converts "
+                              "2-D linear modules only")
         elif is_scaled(dst) or is_scaled(known.get(m.scheme.format)):
             decide_scaled(source, m, mp, dst, job, known, _lossy_target)
         else:
             _decide(source, m, mp, dst, job, known)
         _resolve_unread(m, mp, keep, drop)
         plans.append(mp)
+    if target == "marlin":
+        _one_marlin_family(plans)
     out = Path(job.out) if job.out else default_out(job.src, target)
     fmts = sorted({m.scheme.format for m in source.modules})
     warnings = list(source.warnings)
@@ -333,6 +353,27 @@ def make_plan(source, job: RepackJob) -> RepackPlan:
 
 
 UNREAD = "holds tensors its layout does not read"
+STACK = "a 3-D mixture-of-experts stack"
+
+
+def _one_marlin_family(plans: list[ModulePlan]) -> None:
+    """A Marlin config names one quant_method (gptq: uint4b8/uint8b128 or zero points; awq: AWQ-Marlin), and
+    the contract one source layout family: when converted modules come from both an AWQ and a GPTQ-style
+    source, the fewer family is refused (no `dynamic` override changes quant_method)."""
+    fam: dict[str, list[ModulePlan]] = {}
+    for mp in plans:
+        if mp.converts and mp.target_meta:
+            fam.setdefault("awq" if mp.target_meta.get("marlin.source") == "awq" else "gptq", []).append(mp)
+    if len(fam) < 2:
+        return
+    few, many = sorted(fam, key=lambda f: (len(fam[f]), f))
+    for mp in fam[few]:
+        mp.kind, mp.copy = "impossible", False
+        mp.reasons = [f"{MIXED_FAMILY}: {len(fam[many])} converted modules are {many}-family and {len(fam[few])} "
+                      f"(this one among them) {few}-family"]
+
+
+MIXED_FAMILY = "a marlin checkpoint's config names one quant_method (gptq or awq) for all its modules"
 
 
 def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pattern]) -> None:
@@ -374,6 +415,7 @@ def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict)
                           "requantization")
         _lossy_target(m, mp, dst, job)
         return
+    g_idx = _check_stored_facts(source, m)
     tb = job.bits if job.bits is not None else m.scheme.bits
     tg = job.group_size if job.group_size is not None else m.scheme.group_size
     if m.scheme.format == target and tb == m.scheme.bits and tg == m.scheme.group_size:
@@ -389,7 +431,7 @@ def _decide(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict)
     needs_data = (target in GGUF_IDS or m.scheme.format == "gguf_q4_1" or not facts_known
                   or (target == "gptq" and m.scheme.sym is not True))
     if not needs_data:
-        _decide_from_header(source, m, mp, dst, job, tb, tg)
+        _decide_from_header(source, m, mp, dst, job, tb, tg, g_idx)
     else:
         _decide_from_data(source, m, mp, dst, job, known)
 
@@ -429,7 +471,8 @@ def _transform_reasons(bits: int, group: int, in_features: int, desc_act: bool, 
     return steps, lossy
 
 
-def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, tb: int, tg: int) -> None:
+def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, tb: int, tg: int,
+                        checked_g_idx: torch.Tensor | None = None) -> None:
     o, i = m.shape
     steps, lossy = _transform_reasons(m.scheme.bits, m.scheme.group_size, i, m.scheme.desc_act, tb, tg)
     if lossy:
@@ -438,7 +481,7 @@ def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, 
         return
     g_idx = None
     if m.scheme.desc_act:
-        g_idx = _read_g_idx(source, m)
+        g_idx = checked_g_idx if checked_g_idx is not None else _read_g_idx(source, m)
         if g_idx is None:
             _decide_from_data(source, m, mp, dst, job, None)
             return
@@ -461,11 +504,10 @@ def _decide_from_header(source, m, mp: ModulePlan, dst: Format, job: RepackJob, 
 def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, known: dict | None) -> None:
     """Unpack the module and ask the target about the real Plain."""
     from qtool.errors import NotRepresentable
-    from qtool.formats import get_format
 
     mp.decided_by = "data"
     try:
-        plain = get_format(m.scheme.format).unpack(source.load(m), m.scheme)
+        plain = unpack_module(source, m)
     except NotRepresentable as e:  # e.g. GGUF Q4_1 whose offsets are not integer zero points
         mp.kind, mp.reasons = "lossy", [e.problem]
         _lossy_target(m, mp, dst, job)
@@ -500,6 +542,113 @@ def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, kn
         return
     mp.kind = "exact"
     mp.target_meta = _target_meta(dst, plain)
+
+
+# Say what a damaged module means and what to do, where the format's own error has no fix.
+DAMAGED_FIX = ("the checkpoint is damaged or mislabelled: `qtool inspect --deep` lists every problem; re-export or "
+               "re-download it, or --exclude the module to copy it unchanged; nothing was written")
+
+
+def located(e: FormatError, source, m, fix: str = DAMAGED_FIX) -> FormatError:
+    """A format's error (it names the short tensor only) naming the checkpoint and the module's full tensor
+    name, with the format's fix or `fix`."""
+    tensor = (m.layout.get(e.tensor) or f"{m.name}.{e.tensor}") if e.tensor else m.name
+    return FormatError(e.problem, path=source.path, tensor=tensor, fix=e.fix or fix)
+
+
+def unpack_module(source, m, mapped: bool = False, fix: str = DAMAGED_FIX):
+    """The module's canonical Plain (or ScaledPlain) through its format's own unpack; a FormatError names the
+    checkpoint and the tensor (located), and says what to do (`fix` where the format does not)."""
+    from qtool.formats import get_format
+
+    try:
+        return get_format(m.scheme.format).unpack(source.load(m, mapped=mapped), m.scheme)
+    except FormatError as e:
+        raise located(e, source, m, fix) from None
+
+
+# Layouts whose g_idx is the natural act-order map, int [I] with values in [0, ceil(I/G)) (Marlin stores a
+# sorted one beside its perm; its unpack checks both).
+_NATURAL_G_IDX = {"gptq": "g_idx", "gptq_v2": "g_idx", "gptq_p": "g_idx", "ct": "weight_g_idx"}
+# Layouts that store zero points whatever their config's sym says: the config's sym is a claim about them.
+_ZEROS_BESIDE_SYM = {"gptq": "qzeros", "gptq_v2": "qzeros", "gptq_p": "qzeros", "awq": "qzeros"}
+
+
+def _check_stored_facts(source, m) -> torch.Tensor | None:
+    """Read the small tensors that decide a module's facts before any verdict, and refuse (InputError) a module
+    whose data contradicts its config or cannot be read: a g_idx that is no integer [I] map into the groups,
+    and a sym claim over zero points that vary. Returns the checked g_idx (None when there is none)."""
+    if source.container != "safetensors" or None in (m.in_features, m.scheme.bits, m.scheme.group_size):
+        return None
+    g_idx = None
+    short = _NATURAL_G_IDX.get(m.scheme.format)
+    if short in m.layout:
+        g_idx = _checked_g_idx(source, m, m.layout[short])
+    short = _ZEROS_BESIDE_SYM.get(m.scheme.format)
+    if m.scheme.sym is True and short in m.layout and m.out_features is not None:
+        _check_sym_claim(source, m, short)
+    return g_idx
+
+
+def _checked_g_idx(source, m, name: str) -> torch.Tensor:
+    """The stored g_idx as int32 [I], or an InputError naming the tensor (a float, mis-sized or out-of-range
+    map would otherwise be planned as a layout difference and fail later without a fix)."""
+    from qtool.formats.gptq import read_g_idx
+
+    g = source.get(name)
+    i, group = m.in_features, m.scheme.group_size
+    n_groups = 1 if group == -1 else -(-i // group)
+    try:
+        read_g_idx({"g_idx": g}, i, n_groups, group, m.scheme.format)
+    except FormatError as e:
+        raise InputError(e.problem, path=source.path, tensor=name,
+                         fix="g_idx maps each input row to its group: an int32 [in_features] with values below "
+                             f"{n_groups} (group_size {group}); " + DAMAGED_FIX) from None
+    return g.to(torch.int32)
+
+
+def _check_sym_claim(source, m, short: str) -> None:
+    """Refuse a module whose config says sym while its stored zero points vary. Such a file means two weights:
+    engines that trust the config take the midpoint (vLLM's GPTQ Marlin path reads uint4b8 and never opens
+    qzeros), engines that read the zeros (GPTQModel's and exllama's kernels) do not, and no conversion can be
+    both; inspect --deep reports the same error."""
+    from qtool.formats import get_format
+
+    qz = source.get(m.layout[short])
+    bits, o = m.scheme.bits, m.out_features
+    mid = 1 << (bits - 1)
+    # symmetric files repeat one row of zero words: compare the rows, decode one
+    same = qz.shape[0] > 1 and torch.equal(qz[1:], qz[:-1])
+    rows = qz[:1] if same else qz
+    try:
+        if m.scheme.format == "awq":
+            from qtool.formats.awq import unpack_awq_cols
+
+            zeros = unpack_awq_cols(rows, o)
+        else:
+            zeros, _conv = get_format(m.scheme.format)._decode_zeros(rows, bits, o, m.scheme)
+    except FormatError as e:
+        raise located(e, source, m) from None
+    off = int((zeros != mid).sum()) * (qz.shape[0] if same else 1)
+    total = qz.shape[0] * o
+    other = {"gptq": ("gptq_v2", mid + 1), "gptq_v2": ("gptq", mid - 1)}.get(m.scheme.format)
+    if off and other and bool((zeros == other[1]).all()):
+        # symmetric data of the other GPTQ version (v1 stores z - 1): the version label is what is wrong
+        raise InputError(f"every zero point of module {m.name} decodes to {other[1]} under the config's "
+                         f"{m.scheme.format}, not the midpoint {mid}: the data is symmetric {other[0]}",
+                         path=source.path, tensor=m.layout[short],
+                         fix=f"set \"checkpoint_format\": \"{other[0]}\" in the quantization config; `qtool inspect "
+                             "--deep` says the same; nothing was written")
+    if off:
+        raise InputError(f"the config says sym, but {off} of {total} zero points of module {m.name} are not "
+                         f"the midpoint {mid}: engines that trust the config (vLLM's GPTQ Marlin path) ignore them "
+                         "and those that read them (GPTQModel, exllama) do not, so the file means two different "
+                         "weights", path=source.path, tensor=m.layout[short],
+                         fix="if the zero points are right, set \"sym\": false in the quantization config (or this "
+                             "module's entry in its \"dynamic\": "
+                             f"{json.dumps({f'+:^{re.escape(m.name)}$': {'sym': False}})}); if the label is right, "
+                             "the zero points are damaged: re-export the checkpoint. `qtool inspect --deep` lists "
+                             "every such module; nothing was written")
 
 
 def _read_g_idx(source, m) -> torch.Tensor | None:
@@ -550,6 +699,14 @@ def _lossy_target(m, mp: ModulePlan, dst: Format, job: RepackJob) -> None:
         return
     probe = stand_in(o, i, bits, group, sym, meta={"format": mp.src.format})
     why = dst.check(probe)
+    if why and not sym and spec.sym:
+        # the target may hold zero points at other widths only (marlin: 4-bit); a symmetric requantization
+        # stores none, as the converter's own fallback does
+        sym_probe = stand_in(o, i, bits, group, True, meta={"format": mp.src.format})
+        if not dst.check(sym_probe):
+            probe, why, sym = sym_probe, [], True
+            mp.to_sym = True
+            mp.reasons.append(f"requantized symmetric: {spec.id} stores no zero points for {bits}-bit codes")
     if why:
         mp.kind = "impossible"
         mp.reasons.append("even requantized: " + "; ".join(why))

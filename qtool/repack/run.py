@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qtool.errors import FormatError, InputError, NotRepresentable, UsageError
+from qtool.errors import InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
-from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan, unpack_module
 from qtool.repack.report import RunReport
 
 
@@ -74,7 +74,20 @@ def plan_repack(job: RepackJob):
         from qtool.repack.interop import dense_modules_for_hf
 
         dense_modules_for_hf(source, plan)
+    if plan.target not in GGUF_IDS and not writes_quantize_config(plan.target):
+        for f in source.replaced_files:
+            plan.warnings.append(f"{f.name}: not copied: it describes the source's {plan.source_format} "
+                                 f"quantization; the {plan.target} config.json quantization_config describes the "
+                                 "output")
     return source, plan
+
+
+def writes_quantize_config(target: str) -> bool:
+    """Whether a `target` output gets its own quantize_config.json: the GPTQ and AWQ families (Marlin
+    included), whose loaders also read that file (see _write_configs)."""
+    from qtool.formats import get_format
+
+    return target == "marlin" or hasattr(get_format(target), "config_for")
 
 
 def run_repack(job: RepackJob, on_progress: Callable[[str, int, int], None] | None = None,
@@ -122,15 +135,9 @@ class ModuleConverter:
 
     def source_plain(self, m):
         """The module's canonical Plain (None for GGUF types readable only by dequantizing)."""
-        from qtool.formats import get_format
-
         if m.scheme.format.startswith("gguf:"):
             return None
-        try:
-            p = get_format(m.scheme.format).unpack(self.source.load(m), m.scheme)
-        except FormatError as e:  # the format names the short tensor; say which file and module too
-            short = f".{e.tensor}" if e.tensor else ""
-            raise FormatError(e.problem, path=self.source.path, tensor=f"{m.name}{short}", fix=e.fix) from None
+        p = unpack_module(self.source, m)  # a format's error names the file and the module's tensor
         if "format" not in p.meta:
             p = p.with_(meta={**p.meta, "format": m.scheme.format})
         return p

@@ -42,8 +42,10 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
+    from qtool.repack.plan import unpack_module
+
     mp.decided_by = "data"
-    plain = src.unpack(source.load(m, mapped=True), m.scheme)
+    plain = unpack_module(source, m, mapped=True)  # a format's error names the file and the module's tensor
     mp.shape = [plain.out_features, plain.in_features]
     if is_scaled(src):
         bad = [msg for sev, msg in plain.anomalies() if sev == "error"]

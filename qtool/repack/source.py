@@ -81,6 +81,7 @@ class Source:
     metadata: dict[str, Any] = field(default_factory=dict)
     root: Path | None = None
     other_files: list[Path] = field(default_factory=list)
+    replaced_files: list[Path] = field(default_factory=list)  # quantize_config.json: never copied, said so
     warnings: list[str] = field(default_factory=list)
     gguf_header: Any = None  # the first GGUFHeader of a GGUF source: its metadata records are carried
     _ck: Any = None
@@ -238,6 +239,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
                     bits = over.get("bits", bits)
                     group = over.get("group_size", group)
         extra = {"quant_config": raw, "metadata": dict(ck.metadata), "module": mr.name}
+        if mr.scheme.extra.get("experts"):  # a fused [experts, out, in] stack: the planner refuses to convert it
+            extra["experts"] = mr.scheme.extra["experts"]
         named = (ck.config or {}).get("torch_dtype", (ck.config or {}).get("dtype"))  # transformers 5: `dtype`
         if named in ("bfloat16", "float16", "float32"):
             extra["model_dtype"] = named  # what float layouts dequantize to (fp8)
@@ -259,7 +262,8 @@ def _open_safetensors(p: Path, report, errors) -> Source:
     warnings = [_anomaly_text(a) for a in errors] + ck.shard_notes()
     return Source(path=p, container="safetensors", modules=modules, passthrough=passthrough, order=order,
                   config=ck.config, quant_config=ck.quant_config, metadata=dict(ck.metadata), root=ck.root,
-                  other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS], warnings=warnings,
+                  other_files=[f for f in ck.other_files() if f.name not in QTOOL_REPORTS],
+                  replaced_files=ck.replaced_files(), warnings=warnings,
                   _ck=ck)
 
 
