@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from qtool.errors import InputError, QtoolError, UsageError
+from qtool.formats.gptq import LM_HEAD, is_lm_head, majority
 from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
@@ -44,7 +45,7 @@ CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_tran
 _SKIP_PATTERNS = (
     (re.compile(r"(^|\.)(embed_tokens|embeddings?|wte|wpe|word_embeddings|position_embeddings|"
                 r"token_type_embeddings|tok_embeddings|embed_positions|shared)(\.|$)"), "embedding"),
-    (re.compile(r"(^|\.)(lm_head|output_layer|embed_out)(\.|$)"), "lm_head"),
+    (LM_HEAD, "lm_head"),
     # T5's relative position bias is an embedding table (nn.Embedding), not a linear weight
     (re.compile(r"(^|\.)relative_attention_bias(\.|$)"), "embedding"),
     (re.compile(r"(norm|ln_|layernorm|LayerNorm)", re.IGNORECASE), "norm"),
@@ -353,6 +354,8 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     job = replace(job, sym=sym)
     plans = plan_modules(ck, job)
     check_collisions(ck, plans, fmt)
+    if job.to == "awq":
+        check_awq_plan(ck, plans)
     warnings += [f"{p.weight}: {p.reason}; kept as it is" for p in plans if p.reason.startswith("empty weight")]
     warnings += ck.shard_notes() + stacked_weights_note(ck)
     report = PackReport(str(job.src), str(job.out), job.to, job.method, job.sym, job.dtype, job.dry_run, plans,
@@ -464,6 +467,27 @@ def check_collisions(ck: Checkpoint, plans: list[ModulePlan], fmt) -> None:
                                  fix=f"--exclude '{re.escape(p.module)}' to keep the module dense, or remove the tensor")
 
 
+def check_awq_plan(ck: Checkpoint, plans: list[ModulePlan]) -> None:
+    """Refuse, at plan time, an AWQ output its loaders would misread: a quantized LM head, which they build
+    dense (AWQ_DENSE_LM_HEAD), and modules of more than one group size, which they build at the config's one
+    (AWQ_ONE_SCHEME: an override in `dynamic` is read by none of them)."""
+    from qtool.formats.awq import AWQ_DENSE_LM_HEAD, AWQ_ONE_SCHEME, describe_schemes, schemes_by_module
+
+    quantized = [p for p in plans if p.action == "quantize"]
+    head = next((p for p in quantized if is_lm_head(p.module)), None)
+    if head is not None:
+        raise UsageError(f"--to awq cannot hold a quantized LM head: {AWQ_DENSE_LM_HEAD}", path=ck.path,
+                         tensor=head.weight, fix="leave it out of --include, so it stays dense, or --to gptq_v2, "
+                                                 "whose config records \"lm_head\": true")
+    groups = schemes_by_module([(p.module, p.bits, p.group_size, p.scheme.sym) for p in quantized])
+    if len(groups) > 1:
+        few = min(groups.values(), key=len)[0]
+        raise UsageError(f"--to awq writes one group size for every module, and {AWQ_ONE_SCHEME}; the modules get "
+                         f"{describe_schemes(groups)}", path=ck.path, tensor=f"{few}.weight",
+                         fix="give one --group-size (no GROUP in --tensor-type), or --to gptq_v2, whose loaders read "
+                             "per-module overrides (dynamic)")
+
+
 def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:
     """The same error, naming the file and tensor it came from (the quantizer knows neither)."""
     if e.path is not None:
@@ -551,11 +575,17 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
     from qtool.io.hf_gguf import loader_keys
     from qtool.io.writer import write_json
 
+    quantized = [p for p in plans if p.action == "quantize"]
+    bits, group = job.bits, job.group_size
+    if all((p.bits, p.group_size) != (bits, group) for p in quantized):
+        # --tensor-type covers every module: the base is a scheme the modules have, since loaders that read only
+        # the base (AWQ's) build every module with it
+        bits, group = majority((p.bits, p.group_size) for p in quantized)
     dynamic = {}
     for p in plans:
         if p.action == "keep" and "lm_head" not in p.reason:
             dynamic[f"-:^{re.escape(p.module)}$"] = {}
-        elif p.action == "quantize" and (p.bits, p.group_size) != (job.bits, job.group_size):
+        elif p.action == "quantize" and (p.bits, p.group_size) != (bits, group):
             dynamic[f"+:^{re.escape(p.module)}$"] = {"bits": p.bits, "group_size": p.group_size}
     desc_act = job.method == "gptq" and job.act_order and not job.static_groups
     extra: dict = {"dynamic": dynamic} if dynamic else {}
@@ -572,7 +602,8 @@ def _write_configs(tmp: Path, ck: Checkpoint, job: PackJob, plans: list[ModulePl
             extra["meta"]["damp_percent"] = DAMP if job.damp is None else job.damp
             # GPTQModel's meta key: the error norm of the scale search, 0 when the scales are min-max
             extra["meta"]["mse"] = MSE_NORM if (MSE if job.mse is None else job.mse) else 0.0
-    qcfg = fmt.config_for(job.bits, job.group_size, job.sym, desc_act, extra or None)
+    qcfg = fmt.config_for(bits, group, job.sym, desc_act, extra or None,
+                          lm_head=any(is_lm_head(p.module) for p in quantized))
     cfg = dict(ck.config or {})
     cfg["quantization_config"] = qcfg
     if "torch_dtype" in cfg or "dtype" in cfg:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from qtool.errors import FormatError, NotRepresentable
+from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.detection import GPTQ_FAMILY, Claims, Detected, Sig, bits_note, exact_div, group_from
-from qtool.formats.gptq import gptq_shaped, gptqmodel_config, infer_group_size, quantizer_meta
+from qtool.formats.gptq import gptq_shaped, gptqmodel_config, infer_group_size, is_lm_head, quantizer_meta
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, unpack_stream
@@ -29,6 +29,35 @@ torch = lazy_module("torch")
 # Nibble slot i of a word holds column 8c + AWQ_ORDER[i]; AWQ_INVERSE maps a column back to its slot.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 AWQ_INVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+# Why an AWQ config holds one scheme and a dense LM head. vLLM's AWQConfig.from_config and
+# AWQMarlinConfig.from_config read bits, group_size and zero_point (and modules_to_not_convert), transformers'
+# AWQ path (replace_with_awq_linear) builds every linear with the config's one group_size, AutoAWQ likewise:
+# none reads GPTQModel's per-module `dynamic`, so a module of another group size is built with the wrong shapes.
+# The LM head: transformers adds the output embedding to modules_to_not_convert, AutoAWQ quantizes only the
+# decoder blocks, and vLLM's AWQConfig builds ParallelLMHead unquantized (only AWQMarlinConfig reads `lm_head`).
+AWQ_ONE_SCHEME = ("AWQ loaders (vLLM's AWQConfig and AWQMarlinConfig, transformers' AWQ path, AutoAWQ) read one "
+                  "bits/group_size/zero_point for the whole model, no per-module override")
+AWQ_DENSE_LM_HEAD = ("AWQ loaders keep the LM head dense (transformers and AutoAWQ never convert it, vLLM's "
+                     "AWQConfig builds it unquantized) and would find no weight to load")
+
+
+def schemes_by_module(modules) -> dict[tuple[int, int, bool], list[str]]:
+    """{(bits, group_size, sym): module names} of `modules`, [(name, bits, group_size, sym)], in their order."""
+    out: dict[tuple[int, int, bool], list[str]] = {}
+    for name, bits, group, sym in modules:
+        out.setdefault((bits, group, bool(sym)), []).append(name)
+    return out
+
+
+def describe_schemes(groups: dict[tuple[int, int, bool], list[str]]) -> str:
+    """'2 at 4-bit group 64 (a, b); 12 at 4-bit group 32 (c, d, e, ...)', the fewest first."""
+    parts = []
+    for (bits, group, sym), names in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0])):
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{len(names)} at {bits}-bit group {group}{' symmetric' if sym else ''} ({shown})")
+    return "; ".join(parts)
 
 
 def interleave_columns(codes: torch.Tensor) -> torch.Tensor:
@@ -123,13 +152,35 @@ class AwqGemm(Format):
             "scales": plain.scales.t().contiguous(),
         }
 
-    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None) -> dict:
-        """The AutoAWQ-style `quantization_config` (GEMM version; no act-order to declare); `extra` last."""
+    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None, *,
+                   lm_head: bool = False) -> dict:
+        """The AutoAWQ-style `quantization_config` (GEMM version; no act-order to declare); `extra` last. An LM
+        head cannot be declared quantized (AWQ_DENSE_LM_HEAD): pack and quantization_config refuse it first."""
+        if lm_head:
+            raise FormatError(f"awq cannot hold a quantized LM head: {AWQ_DENSE_LM_HEAD}",
+                              fix="write --to gptq_v2, whose config records \"lm_head\": true")
         cfg = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": not sym,
                "version": "gemm", "format": "gemm", "desc_act": False, "sym": sym, "meta": quantizer_meta()}
         return cfg | (extra or {})
 
     def quantization_config(self, modules, dense=None) -> dict:
+        """The config of converted `modules` [(name, scheme, meta)]: one scheme, no quantized LM head
+        (AWQ_ONE_SCHEME, AWQ_DENSE_LM_HEAD), else a UsageError naming the modules and the fix."""
+        heads = [name for name, _s, _m in modules if is_lm_head(name)]
+        if heads:
+            raise UsageError(f"awq cannot hold the quantized LM head: {AWQ_DENSE_LM_HEAD}; nothing was written",
+                             tensor=f"{heads[0]}.qweight",
+                             fix="convert to gptq or gptq_v2, whose config records \"lm_head\": true")
+        groups = schemes_by_module([(name, s.bits, s.group_size, s.sym) for name, s, _m in modules])
+        if len(groups) > 1:
+            sizes = [g for _b, g, _s in groups if g > 0]
+            # repack splits a coarser group into finer ones exactly, so one --group-size mends group sizes alone
+            regroup = len({(b, s) for b, _g, s in groups}) == 1 and sizes
+            raise UsageError(f"an awq config holds one scheme, and {AWQ_ONE_SCHEME}; the modules convert to "
+                             f"{describe_schemes(groups)}; nothing was written",
+                             tensor=f"{min(groups.values(), key=len)[0]}.qweight",
+                             fix=(f"add --group-size {min(sizes)}, or " if regroup else "") +
+                                 "convert to gptq_v2, whose loaders read per-module overrides (dynamic)")
         return gptqmodel_config(self, modules, dense or ())
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:

@@ -211,6 +211,14 @@ def read_g_idx(tensors: dict, in_features: int, n_groups: int, group_size: int, 
 
 
 SCHEME_KEYS = ("bits", "group_size", "sym", "desc_act")
+# The model's LM head (the output embedding: `lm_head`, ChatGLM's `output_layer`, GPT-NeoX's `embed_out`), the
+# names pack keeps dense unless --include names them. vLLM builds it as a ParallelLMHead, which its GPTQ configs
+# quantize only under `"lm_head": true`, as GPTQModel's QuantizeConfig.lm_head does.
+LM_HEAD = re.compile(r"(^|\.)(lm_head|output_layer|embed_out)(\.|$)")
+
+
+def is_lm_head(module: str) -> bool:
+    return LM_HEAD.search(module) is not None
 
 
 def majority(keys) -> tuple:
@@ -237,12 +245,13 @@ def gptqmodel_config(fmt: Format, modules, dense=()) -> dict:
     differ and exclusions for the linear modules kept dense (majority_and_overrides)."""
     base, dynamic = majority_and_overrides(
         [(name, (s.bits, s.group_size, bool(s.sym), bool(s.desc_act))) for name, s, _m in modules], dense)
-    return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None)
+    return fmt.config_for(*base, {"dynamic": dynamic} if dynamic else None,
+                          lm_head=any(is_lm_head(name) for name, _s, _m in modules))
 
 
 def dense_exclusions(dense) -> dict:
-    """GPTQModel / vLLM `dynamic` entries that keep linear modules out of quantization ("-:^name$"). The
-    lm_head needs none: those loaders quantize only the decoder blocks' linears."""
+    """GPTQModel / vLLM `dynamic` entries that keep linear modules out of quantization ("-:^name$"). A dense
+    lm_head needs none: the config's `"lm_head": false` keeps it so."""
     return {f"-:^{re.escape(m)}$": {} for m in dense if m.rpartition(".")[2] != "lm_head"}
 
 
@@ -372,10 +381,13 @@ class GptqFamily(Format):
         }
 
     # --- config ------------------------------------------------------------------------------------
-    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None) -> dict:
-        """The `quantization_config` transformers, GPTQModel and vLLM read; `extra` merged last."""
+    def config_for(self, bits: int, group_size: int, sym: bool, desc_act: bool, extra: dict | None = None, *,
+                   lm_head: bool = False) -> dict:
+        """The `quantization_config` transformers, GPTQModel and vLLM read; `extra` merged last. lm_head: the
+        output holds the LM head quantized (is_lm_head): vLLM and GPTQModel build it packed only when the
+        config says `"lm_head": true`, and a dense one otherwise, which finds no `weight` to load."""
         cfg = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
-               "checkpoint_format": self.spec.id, "format": self.spec.id, "pack_dtype": "int32", "lm_head": False,
+               "checkpoint_format": self.spec.id, "format": self.spec.id, "pack_dtype": "int32", "lm_head": lm_head,
                "meta": quantizer_meta()}
         return cfg | (extra or {})
 

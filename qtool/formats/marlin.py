@@ -252,6 +252,10 @@ class Marlin(Format):
         cfg = quantization_config(summary)  # summary["scheme"] is `base`: the same majority of the same list
         if dynamic:
             cfg["dynamic"] = dynamic
+        if cfg["quant_method"] == "gptq":  # vLLM and GPTQModel build the LM head packed only under this flag
+            from qtool.formats.gptq import is_lm_head
+
+            cfg["lm_head"] = any(is_lm_head(name) for name in metas)
         if dense and cfg["quant_method"] == "awq":
             cfg["modules_to_not_convert"] = list(dense)
         return cfg

@@ -18,6 +18,12 @@ from qtool.errors import InputError
 from qtool.io.safetensors_header import TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+# Any index of safetensors shards (transformers names them `<weights name>.index.json`): it maps tensors to the
+# source's shard files, so an output never carries one; it writes its own where it is sharded
+INDEX_SUFFIX = ".safetensors.index.json"
+# The name of qtool's temporary outputs (io.writer.atomic_output): a run writing beside a lone-file source has one
+# in its folder while it works, which is no part of the source
+TMP_PREFIX = ".qtool-tmp-"
 MAX_ENTRIES = 10_000  # directory entries looked at when listing a folder: bounded by what is there
 SINGLE_NAME = "model.safetensors"
 # One routed expert's module: `P.experts.{e}.ROLE` (Mixtral's `block_sparse_moe.experts.3.w1`); inspect, repack,
@@ -109,30 +115,62 @@ class Checkpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _lone_file(self) -> bool:
+        return self.path.is_file() and self.path.suffix == ".safetensors"
+
+    def carries_folder(self) -> bool:
+        """Whether the rest of `root` belongs to the model read: always for a directory or an index; for a lone
+        .safetensors file when its folder holds config.json, the config the model is read with, and loaders
+        read the tokenizer and the other files from beside it (an output carries them as for a directory)."""
+        return not self._lone_file() or (self.root / "config.json").is_file()
+
+    def _opened_index(self) -> str | None:
+        """The name of the index this checkpoint was read through (whatever its name), or None."""
+        if self.path.is_file() and self.path.name.endswith(".index.json"):
+            return self.path.name
+        return INDEX_NAME if self.index is not None else None
+
+    def _entries(self) -> list[Path]:
+        """The entries of `root` (sorted), qtool's own temporaries left out."""
+        return sorted(p for p in self.root.iterdir() if not p.name.startswith(TMP_PREFIX))
+
+    def _is_index(self, p: Path) -> bool:
+        return p.name.endswith(INDEX_SUFFIX) or p.name == self._opened_index()
+
     def other_files(self) -> list[Path]:
-        """Entries of the source directory that are not weights, index or configs we rewrite (tokenizer, ...):
-        regular files and symbolic links (writer.copy_extras decides what a link becomes). Only for a
-        directory checkpoint; a lone file has none."""
-        if self.path.is_file() and self.path.suffix == ".safetensors":
+        """Entries of the source folder that are not weights, indexes or configs we rewrite (tokenizer, ...):
+        everything but sub-directories, so that writer.copy_extras copies each regular file, decides what a
+        link becomes and names what it does not copy (a FIFO, a socket, a device). [] when the folder is not
+        the model's (carries_folder)."""
+        if not self.carries_folder():
             return []
-        skip = {f.name for f in self.files} | {INDEX_NAME, "config.json", "quantize_config.json"}
-        return sorted(p for p in self.root.iterdir()
-                      if (p.is_symlink() or p.is_file()) and p.name not in skip
-                      and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES)
+        skip = {f.name for f in self.files} | {"config.json", "quantize_config.json"}
+        return [p for p in self._entries()
+                if (p.is_symlink() or not p.is_dir()) and p.name not in skip and not self._is_index(p)
+                and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES]
 
     def replaced_files(self) -> list[Path]:
         """The source's own quantize_config.json (other_files leaves it out: it describes the source's
-        quantization, so an output writes its own or none, and the writer says which). Only for a directory
-        checkpoint."""
-        if self.path.is_file() and self.path.suffix == ".safetensors":
+        quantization, so an output writes its own or none, and the writer says which), where the folder is
+        the model's (carries_folder)."""
+        if not self.carries_folder():
             return []
         q = self.root / "quantize_config.json"
         return [q] if q.is_file() else []
 
     def shard_notes(self) -> list[str]:
-        """A warning when the user named one shard of a sharded model: only its tensors are read."""
-        if not (self.path.is_file() and self.path.suffix == ".safetensors"):
+        """Warnings on what of a lone file's folder is read: when the user named one shard of a sharded model
+        only its tensors are read; when the folder holds no config.json, none of its other entries is carried."""
+        if not self._lone_file():
             return []
+        if not self.carries_folder():
+            rest = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in self._entries()
+                    if p.name != self.path.name]
+            if not rest:
+                return []
+            shown = ", ".join(rest[:5]) + (", ..." if len(rest) > 5 else "")
+            return [f"{self.path.name}: no config.json beside it, so its folder is not read as the model's: its "
+                    f"{len(rest)} other entries ({shown}) are not copied; give the directory to copy them"]
         index = self.root / INDEX_NAME
         try:
             wm = read_json(index).get("weight_map") if index.is_file() else None
@@ -145,18 +183,27 @@ class Checkpoint:
                 f"tensors are read; give the directory to convert the whole model"]
 
     def left_out_files(self) -> list[Path]:
-        """Weight files of a directory checkpoint that are not part of the model read (a .safetensors file
-        beside model.safetensors or outside the index, pickles): never copied into an output, named in a
-        warning."""
-        if self.path.is_file() and self.path.suffix == ".safetensors":
+        """Entries of the source folder that are not part of the model read and never copied into an output,
+        each named in a warning (writer.copy_extras): weight files the model read does not include (a
+        .safetensors file beside model.safetensors or outside the index, pickles), shard indexes other than the
+        one read (that one the output's own index replaces, unnamed), and a lone file's sub-directories
+        (sub_directories)."""
+        if not self.carries_folder():
             return []
-        return unread_weight_files(self.root, self.files, (".safetensors", *PICKLE_SUFFIXES))
+        indexes = [p for p in self._entries() if self._is_index(p) and p.name != self._opened_index()
+                   and not p.is_dir()]
+        subs = [p for p in self._entries() if p.is_dir() and not p.is_symlink()] if self._lone_file() else []
+        weights = [p for p in unread_weight_files(self.root, self.files, (".safetensors", *PICKLE_SUFFIXES))
+                   if not p.name.startswith(TMP_PREFIX)]
+        return sorted(weights + indexes + subs)
 
     def sub_directories(self) -> list[Path]:
-        """Sub-directories of a directory checkpoint (never copied into an output; named in a warning)."""
-        if self.path.is_file() and self.path.suffix == ".safetensors":
+        """Sub-directories of a directory checkpoint, copied into an output. A lone file's folder carries its
+        files only (left_out_files names its sub-directories): an output written beside the file, repack's
+        default, lies in that folder, and would be copied into itself."""
+        if self._lone_file():
             return []
-        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink())
+        return [p for p in self._entries() if p.is_dir() and not p.is_symlink()]
 
 
 def list_dir(folder: Path) -> list[os.DirEntry]:

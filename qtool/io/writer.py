@@ -38,9 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qtool.errors import InputError, OutputError
+from qtool.io.checkpoint import TMP_PREFIX as TMP_TAG
 from qtool.io.safetensors_header import TensorInfo
 
-TMP_TAG = ".qtool-tmp-"
 HEADER_RESERVE = 64 << 10  # minimum bytes reserved for a shard's JSON header; 8-aligned
 DEFAULT_MAX_SHARD = 4_000_000_000
 
@@ -379,8 +379,8 @@ def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] =
                 left_out: list[Path] = ()) -> list[str]:
     """Copy a source directory's extra files (tokenizer, generation config, ...) and its sub-directories
     (sentence-transformers modules such as 1_Pooling/, which modules.json names) into the output `out`.
-    Returns a warning for everything not copied as it is, `left_out` (weight files that are not part of the
-    model read: Checkpoint.left_out_files) included; nothing is left out silently.
+    Returns a warning for everything not copied as it is, `left_out` (entries that are not part of the model
+    read: Checkpoint.left_out_files) included; nothing is left out silently.
 
     The rule: no link is followed out of the source directory.
     - a regular file is copied; a sub-directory is copied with everything in it, by the same rule;
@@ -392,8 +392,16 @@ def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] =
     base = os.path.realpath(root)
     warnings: list[str] = []
     for p in left_out:
-        why = "a pickle, never loaded" if p.suffix != ".safetensors" else \
-            "weights that are not part of the model read (not model.safetensors, not in the index)"
+        if p.is_dir() and not p.is_symlink():
+            warnings.append(f"{p.name}/: sub-directory not copied: the source is one file, and carries the files "
+                            "beside it, not its folder's sub-directories; give the directory to copy them")
+            continue
+        if p.name.endswith(".index.json"):
+            why = "a shard index other than the one read (the output writes its own where it is sharded)"
+        elif p.suffix == ".safetensors":
+            why = "weights that are not part of the model read (not model.safetensors, not in the index)"
+        else:
+            why = "a pickle, never loaded"
         warnings.append(f"{p.name}: not copied: {why}")
     links: list[tuple[Path, Path]] = []
     _copy_entries(files, Path(root), base, out, warnings, links)
