@@ -23,6 +23,25 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture
+def bench_cli(capsys):
+    """`qtool bench ARGS` in this process, through main() (so variadic flags and error lines are real):
+    (exit code, stdout, stderr)."""
+    from qtool.cli.main import main
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            main(["bench", *args])
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        cap = capsys.readouterr()
+        return code, cap.out, cap.err
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():

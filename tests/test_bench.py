@@ -20,19 +20,10 @@ class Result:
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """`qtool bench ARGS` in this process (through main(), so variadic flags and error lines are real)."""
-    from qtool.cli.main import main
-
+def run_cli(bench_cli):
+    """`qtool bench ARGS` (conftest's bench_cli) as a Result, which must exit 0 unless check=False."""
     def run(*args, check=True):
-        capsys.readouterr()
-        try:
-            main(["bench", *args])
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        cap = capsys.readouterr()
-        r = Result(code, cap.out, cap.err)
+        r = Result(*bench_cli(*args))
         if check:
             assert r.returncode == 0, r.stderr[-2000:]
         return r

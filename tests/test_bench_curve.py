@@ -22,23 +22,6 @@ FAST = ["--device", "cpu", "--shapes", "256x96,192x128", "--group-size", "64", "
         "--seconds", "0.02", "--kernels", "torch-ref"]
 
 
-@pytest.fixture
-def run_cli(capsys):
-    from qtool.cli.main import main
-
-    def run(*args):
-        capsys.readouterr()
-        try:
-            main(["bench", *args])
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        cap = capsys.readouterr()
-        return code, cap.out, cap.err
-
-    return run
-
-
 def kn(spec: str) -> list[tuple[str, int, int]]:
     return [(s.name, s.K, s.N) for s in parse_shapes(spec, "cuda")]
 
@@ -302,13 +285,13 @@ def test_anchor_file_errors(tmp_path, text, why):
         load_anchor(tmp_path / "missing.csv")
 
 
-def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
+def test_cli_anchor_ratio_and_flags(tmp_path, bench_cli):
     csv = tmp_path / "ref.csv"
     # a reference 1000x faster than dense at M = 1: every kernel is flagged below it there
     csv.write_text("K,N,M,fp16_us,fast_us\n256,96,1,1000,1\n192,128,1,1000,1\n", encoding="utf-8")
     out = tmp_path / "b.json"
     md = tmp_path / "b.md"
-    code, stdout, err = run_cli(*FAST, "--anchor", str(csv), "--json", str(out), "--markdown", str(md))
+    code, stdout, err = bench_cli(*FAST, "--anchor", str(csv), "--json", str(out), "--markdown", str(md))
     assert code == 0, err[-2000:]
     assert "fast x dense" in stdout and "/ fast" in stdout
     assert re.search(r"flag: torch-ref M=1 layer sum: [^\n]*below fast \(", stdout)
@@ -324,23 +307,23 @@ def test_cli_anchor_ratio_and_flags(tmp_path, run_cli):
     # a bad anchor is refused before the sweep: one line, exit 2
     bad = tmp_path / "bad.csv"
     bad.write_text("K,N,M\n", encoding="utf-8")
-    code, stdout, err = run_cli(*FAST, "--anchor", str(bad))
+    code, stdout, err = bench_cli(*FAST, "--anchor", str(bad))
     assert code == 2 and "Traceback" not in err and "lacks column(s) fp16_us" in err
 
 
-def test_cli_markdown_to_stdout_and_no_file_named_dash(tmp_path, run_cli, monkeypatch):
+def test_cli_markdown_to_stdout_and_no_file_named_dash(tmp_path, bench_cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, stdout, err = run_cli(*FAST, "--markdown", "-")
+    code, stdout, err = bench_cli(*FAST, "--markdown", "-")
     assert code == 0, err[-2000:]
     assert stdout.startswith("- ") and "| shape | K x N |" in stdout and "\u2501" not in stdout  # no rich table
     for args, msg in ((("--plot", "-"), "a plot is an image"),
                       (("--json", "-", "--markdown", "-"), "both ask for standard output")):
-        code, stdout, err = run_cli(*FAST, *args)
+        code, stdout, err = bench_cli(*FAST, *args)
         assert code == 2 and msg in err and stdout == ""
     assert not (tmp_path / "-").exists()
 
 
-def test_gpu_default_sweep(monkeypatch, run_cli):
+def test_gpu_default_sweep(monkeypatch, bench_cli):
     """On a GPU with no --batch-sizes, the sweep is the whole curve (run_bench replaced: no GPU here)."""
     import qtool.bench.run as run_mod
     import qtool.kernels.devices as devices
@@ -353,6 +336,6 @@ def test_gpu_default_sweep(monkeypatch, run_cli):
 
     monkeypatch.setattr(devices, "torch_device", lambda _name: torch.device("cuda", 0))
     monkeypatch.setattr(run_mod, "run_bench", fake_run)
-    code, _out, err = run_cli("--shapes", "256x96")
+    code, _out, err = bench_cli("--shapes", "256x96")
     assert code == 2 and "stop here" in err
     assert seen["ms"] == list(GPU_BATCH_SIZES)

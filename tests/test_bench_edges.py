@@ -23,24 +23,6 @@ HEAD = "model,shape,count_in_layer,K,N,M,fp16_us,marlin_orig_us,marlin_orig_x_fp
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """`qtool bench ARGS` in this process, through main(): (exit code, stdout, stderr)."""
-    from qtool.cli.main import main
-
-    def run(*args):
-        capsys.readouterr()
-        try:
-            main(["bench", *args])
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        cap = capsys.readouterr()
-        return code, cap.out, cap.err
-
-    return run
-
-
-@pytest.fixture
 def no_sweep(monkeypatch):
     """run_bench fails the test: what is refused must be refused before the sweep."""
     import qtool.bench.run as run_mod
@@ -50,10 +32,10 @@ def no_sweep(monkeypatch):
 
 # --- the anchor CSV ---------------------------------------------------------------------------------------------
 
-def test_anchor_field_over_the_csv_limit_is_an_input_error_before_the_sweep(tmp_path, run_cli, no_sweep):
+def test_anchor_field_over_the_csv_limit_is_an_input_error_before_the_sweep(tmp_path, bench_cli, no_sweep):
     big = tmp_path / "big.csv"
     big.write_text(HEAD + "m,s,1,256,128,1," + "7" * 200_000 + ",1.0,1.0\n", encoding="utf-8")
-    code, out, err = run_cli(*BASE, "--anchor", str(big))
+    code, out, err = bench_cli(*BASE, "--anchor", str(big))
     assert code == 2, err
     assert "internal error" not in err and "Traceback" not in err
     assert err.count("\n") == 1 and str(big) in err
@@ -90,26 +72,26 @@ def test_anchor_header_field_over_the_limit_and_a_spreadsheet_bom(tmp_path):
     (("--json", "x.png"), ("--plot", "./x.png"), "--json and --plot name the same file (x.png)"),
     (("--markdown", "out"), ("--json", "out/r.json"), "out would be both a report file and the directory"),
 ])
-def test_two_reports_naming_one_file_are_refused_before_the_sweep(tmp_path, monkeypatch, run_cli, no_sweep,
+def test_two_reports_naming_one_file_are_refused_before_the_sweep(tmp_path, monkeypatch, bench_cli, no_sweep,
                                                                  first, second, said):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(*BASE, *first, *second)
+    code, out, err = bench_cli(*BASE, *first, *second)
     assert code == 2 and said in err, err
     assert "--force" not in err and "destination exists" not in err
     assert list(tmp_path.iterdir()) == []
 
 
-def test_two_reports_through_a_link_are_one_file(tmp_path, run_cli, no_sweep):
+def test_two_reports_through_a_link_are_one_file(tmp_path, bench_cli, no_sweep):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    code, out, err = run_cli(*BASE, "--json", str(tmp_path / "link" / "r"), "--markdown", str(tmp_path / "real" / "r"))
+    code, out, err = bench_cli(*BASE, "--json", str(tmp_path / "link" / "r"), "--markdown", str(tmp_path / "real" / "r"))
     assert code == 2 and "--json and --markdown name the same file" in err and str(tmp_path / "real" / "r") in err
     assert list((tmp_path / "real").iterdir()) == []
 
 
 @pytest.mark.skipif(not os.path.exists(os.devnull) or os.devnull == "nul", reason="needs a null device")
-def test_two_reports_to_the_null_device_are_written_in_place(run_cli):
-    code, out, err = run_cli(*BASE, "--json", os.devnull, "--markdown", os.devnull)
+def test_two_reports_to_the_null_device_are_written_in_place(bench_cli):
+    code, out, err = bench_cli(*BASE, "--json", os.devnull, "--markdown", os.devnull)
     assert code == 0, err
 
 
@@ -186,10 +168,10 @@ def test_partial_layer_sum_is_said_and_compared_over_its_own_shapes(tmp_path):
     assert "partial: k at M = 1, 32: the layer sum covers 1 of 2 shapes" in text
 
 
-def test_cli_layer_sum_of_a_kernel_refused_on_one_shape(tmp_path, run_cli):
+def test_cli_layer_sum_of_a_kernel_refused_on_one_shape(tmp_path, bench_cli):
     """torch-int4-cpu refuses a K that the group size does not divide: its sum covers one shape of two."""
     md, js = tmp_path / "b.md", tmp_path / "b.json"
-    code, out, err = run_cli("--device", "cpu", "--shapes", "256x128,200x128", "--group-size", "64", "--batch-sizes",
+    code, out, err = bench_cli("--device", "cpu", "--shapes", "256x128,200x128", "--group-size", "64", "--batch-sizes",
                              "1", "--seconds", "0.01", "--kernels", "torch-int4-cpu", "--markdown", str(md),
                              "--json", str(js))
     assert code == 0, err[-2000:]

@@ -36,6 +36,18 @@ _REFUSE_PICKLE = ("pickle checkpoints are never loaded (loading one can run arbi
                   "convert it to safetensors in a trusted environment first")
 
 
+def model_config(path: str | Path) -> dict:
+    """The config.json beside a checkpoint (in its directory, or beside its file or index), or {} where there is
+    none or it is not a readable JSON object: for callers that use what a config says when it says it."""
+    p = Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        d = read_json(cfg) if cfg.is_file() else {}
+    except InputError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 def read_json(path: Path) -> Any:
     """A small JSON file (config, index), bounded and with errors that name it."""
     try:

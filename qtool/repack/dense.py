@@ -306,7 +306,7 @@ def module_pieces(source, m, dtype, rows=None, chunk_bytes: int | None = None) -
             yield _finite(_gguf_dequantize(sel, m.scheme.format, m.name).to(dtype), m.name, r0)
         return
     from qtool.formats import dequantize
-    from qtool.repack.plan import unpack_module
+    from qtool.repack.source import unpack_module
 
     # a format's error names the file and the module's tensor, with a fix
     p = unpack_module(source, m, fix="the checkpoint is damaged or mislabelled: `qtool inspect --deep` lists every "

@@ -54,6 +54,7 @@ from qtool.formats.gguf_blocks import GGUF_IDS
 from qtool.formats.plain import Plain
 from qtool.repack.scaled import decide as decide_scaled
 from qtool.repack.scaled import is_scaled
+from qtool.repack.source import DAMAGED_FIX, located, unpack_module
 from qtool.scheme import QuantScheme
 
 KINDS = ("exact", "near-exact", "dropped", "lossy", "impossible", "keep")
@@ -542,29 +543,6 @@ def _decide_from_data(source, m, mp: ModulePlan, dst: Format, job: RepackJob, kn
         return
     mp.kind = "exact"
     mp.target_meta = _target_meta(dst, plain)
-
-
-# Say what a damaged module means and what to do, where the format's own error has no fix.
-DAMAGED_FIX = ("the checkpoint is damaged or mislabelled: `qtool inspect --deep` lists every problem; re-export or "
-               "re-download it, or --exclude the module to copy it unchanged; nothing was written")
-
-
-def located(e: FormatError, source, m, fix: str = DAMAGED_FIX) -> FormatError:
-    """A format's error (it names the short tensor only) naming the checkpoint and the module's full tensor
-    name, with the format's fix or `fix`."""
-    tensor = (m.layout.get(e.tensor) or f"{m.name}.{e.tensor}") if e.tensor else m.name
-    return FormatError(e.problem, path=source.path, tensor=tensor, fix=e.fix or fix)
-
-
-def unpack_module(source, m, mapped: bool = False, fix: str = DAMAGED_FIX):
-    """The module's canonical Plain (or ScaledPlain) through its format's own unpack; a FormatError names the
-    checkpoint and the tensor (located), and says what to do (`fix` where the format does not)."""
-    from qtool.formats import get_format
-
-    try:
-        return get_format(m.scheme.format).unpack(source.load(m, mapped=mapped), m.scheme)
-    except FormatError as e:
-        raise located(e, source, m, fix) from None
 
 
 # Layouts whose g_idx is the natural act-order map, int [I] with values in [0, ceil(I/G)) (Marlin stores a

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from qtool.errors import InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
-from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan, unpack_module
+from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
 from qtool.repack.report import RunReport
+from qtool.repack.source import unpack_module
 
 
 class Refused(NotRepresentable):

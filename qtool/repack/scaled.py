@@ -42,7 +42,7 @@ def decide(source, m, mp, dst, job, known: dict, lossy_target) -> None:
         mp.to_bits, mp.to_group_size, mp.to_sym = m.scheme.bits, m.scheme.group_size, m.scheme.sym
         mp.reasons.append("same layout: tensors copied byte for byte")
         return
-    from qtool.repack.plan import unpack_module
+    from qtool.repack.source import unpack_module
 
     mp.decided_by = "data"
     plain = unpack_module(source, m, mapped=True)  # a format's error names the file and the module's tensor

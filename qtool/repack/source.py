@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qtool.errors import InputError
+from qtool.errors import FormatError, InputError
 from qtool.formats.base import format_id
 from qtool.io.config_regex import WorkBudget, compile_config_regex
 from qtool.io.gguf_reader import SWAPPABLE, to_little_endian
@@ -323,3 +323,26 @@ def _open_gguf(p: Path, report, errors) -> Source:
     return Source(path=p, container="gguf", modules=modules, passthrough=passthrough, order=order,
                   metadata=dict(gs.kv), warnings=[_anomaly_text(a) for a in errors], _gguf=by_name,
                   root=p.parent, gguf_header=gs.headers[0], _big=big)
+
+
+# Say what a damaged module means and what to do, where the format's own error has no fix.
+DAMAGED_FIX = ("the checkpoint is damaged or mislabelled: `qtool inspect --deep` lists every problem; re-export or "
+               "re-download it, or --exclude the module to copy it unchanged; nothing was written")
+
+
+def located(e: FormatError, source, m, fix: str = DAMAGED_FIX) -> FormatError:
+    """A format's error (it names the short tensor only) naming the checkpoint and the module's full tensor
+    name, with the format's fix or `fix`."""
+    tensor = (m.layout.get(e.tensor) or f"{m.name}.{e.tensor}") if e.tensor else m.name
+    return FormatError(e.problem, path=source.path, tensor=tensor, fix=e.fix or fix)
+
+
+def unpack_module(source, m, mapped: bool = False, fix: str = DAMAGED_FIX):
+    """The module's canonical Plain (or ScaledPlain) through its format's own unpack; a FormatError names the
+    checkpoint and the tensor (located), and says what to do (`fix` where the format does not)."""
+    from qtool.formats import get_format
+
+    try:
+        return get_format(m.scheme.format).unpack(source.load(m, mapped=mapped), m.scheme)
+    except FormatError as e:
+        raise located(e, source, m, fix) from None

@@ -398,21 +398,13 @@ def config_heads(path: Path | None) -> dict[str, tuple[Heads, ...]]:
     """Module name ending -> the heads tensor parallelism splits it by, from the checkpoint's config.json
     (num_attention_heads, num_key_value_heads, head_dim); {} where there is none. A width that is not the heads'
     (an `o_proj` of another shape, a `dense` that is an MLP's) is split evenly: split_width checks the sum."""
-    from qtool.errors import QtoolError
-    from qtool.io.checkpoint import read_json
+    from qtool.io.checkpoint import model_config
 
     if path is None:
         return {}
-    p = Path(path)
-    cfg_path = (p if p.is_dir() else p.parent) / "config.json"
-    try:
-        cfg = read_json(cfg_path) if cfg_path.is_file() else {}
-    except QtoolError:
-        return {}
-    if isinstance(cfg, dict) and "num_attention_heads" not in cfg and isinstance(cfg.get("text_config"), dict):
+    cfg = model_config(path)
+    if "num_attention_heads" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
-    if not isinstance(cfg, dict):
-        return {}
     heads, kv, hidden, dim = (cfg.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size",
                                                    "head_dim"))
     ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731

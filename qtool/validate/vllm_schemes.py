@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qtool.errors import InputError
 from qtool.report.validate import CheckResult
 
 NAME = "contract"
@@ -196,15 +195,9 @@ def _targeted(name: str, targets: list[str]) -> bool:
 
 def _model_config(path: Path) -> dict:
     """The checkpoint's config.json, or {} (a lone file, or none beside it)."""
-    from qtool.io.checkpoint import read_json
+    from qtool.io.checkpoint import model_config
 
-    p = Path(path)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    try:
-        d = read_json(cfg) if cfg.is_file() else {}
-    except InputError:
-        return {}
-    return d if isinstance(d, dict) else {}
+    return model_config(path)
 
 
 def _prefused_parts(m, rule: dict, cfg: dict) -> list[tuple[str, int]] | None:
