@@ -38,11 +38,11 @@ class Heads:
     replicated: bool = False
 
 
-def split_width(width: int, heads: tuple[Heads, ...], tp: int) -> tuple[int, str | None]:
+def split_width(width: int, heads: tuple[Heads, ...], tp: int, dim: str = "") -> tuple[int, str | None]:
     """(one rank's share of `width` under tp-way tensor parallelism, why it does not split or None): by
-    whole heads where the width is attention heads, else width / tp."""
+    whole heads where the width is attention heads, else width / tp. `dim` names the width in the reason."""
     if not heads or sum(h.count * h.dim for h in heads) != width:
-        return width // tp, (None if width % tp == 0 else f"TP {tp} does not divide {width}")
+        return width // tp, (None if width % tp == 0 else f"TP {tp} does not divide {dim + ' ' if dim else ''}{width}")
     part, why = 0, None
     for h in heads:
         if h.count % tp == 0:
@@ -306,14 +306,12 @@ def _facts(layer: LayerQuant, device: Device, tp: int,
     n_split = layer.parallel == "column" and tp > 1
     tp_fail = []
     k_part, n_part = K, N
-    if k_split:
-        k_part, why = split_width(K, layer.heads, tp)
-        if why:
-            tp_fail.append(Failure("tp", why.replace(f"divide {K}", f"divide K {K}")))
-    if n_split:
-        n_part, why = split_width(N, layer.heads, tp)
-        if why:
-            tp_fail.append(Failure("tp", why.replace(f"divide {N}", f"divide N {N}")))
+    for split, dim, width in ((k_split, "K", K), (n_split, "N", N)):
+        if split:
+            part, why = split_width(width, layer.heads, tp, dim)
+            k_part, n_part = (part, n_part) if dim == "K" else (k_part, part)
+            if why:
+                tp_fail.append(Failure("tp", why))
 
     method, method_failures = None, []
     if decls.methods:
