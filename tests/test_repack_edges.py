@@ -48,7 +48,7 @@ def errors_of(path) -> list[str]:
     return [a.message for a in inspect_path(path).anomalies if a.severity == "error"]
 
 
-# --- defect 1: Marlin of modules that differ in scheme --------------------------------------------------------
+# --- Marlin of modules that differ in scheme -------------------------------------------------------------------------
 MIXED = {"up_proj": (128, 256, 4, 128, True, False), "gate_proj": (128, 256, 4, 128, True, False),
          "down_proj": (128, 256, 4, -1, True, False), "q_proj": (128, 256, 8, 64, True, False),
          "k_proj": (128, 256, 4, 32, False, True), "v_proj": (40, 256, 4, 128, True, True)}
@@ -94,7 +94,7 @@ def test_marlin_refuses_modules_of_both_gptq_and_awq_families():
     assert "one quant_method" in plans[2].reasons[0]
 
 
-# --- defect 2: the data decides, not the sym label ------------------------------------------------------------
+# --- the data decides, not the sym label -----------------------------------------------------------------------------
 def test_sym_label_over_varying_zeros_is_an_input_error(tmp_path):
     make_mixed(tmp_path / "s", "gptq_v2", {"up_proj": (128, 256, 4, 128, False, False)}, sym_claim=True)
     for to in ("ct", "gptq_v2", "marlin"):  # the copy path too: it would carry the false label on
@@ -115,7 +115,7 @@ def test_symmetric_v2_data_labelled_v1_is_named_as_such(tmp_path):
     assert "decodes to 9" in e.value.problem and '"checkpoint_format": "gptq_v2"' in e.value.fix
 
 
-# --- defects 3 and 4: damaged g_idx, unreadable modules --------------------------------------------------------
+# --- damaged g_idx, unreadable modules -------------------------------------------------------------------------------
 ACT = {"a": (96, 256, 4, 32, False, True), "b": (64, 128, 4, -1, True, False)}
 
 
@@ -165,7 +165,7 @@ def test_expert_stacks_are_refused_by_name_and_exclude_carries_them(tmp_path):
         assert "mixture-of-experts stack" in e.value.problem and e.value.tensor == "model.layers.0.mlp.experts"
 
 
-# --- defect 6: requantization parameters, files left out ---------------------------------------------------------
+# --- requantization parameters, files left out -----------------------------------------------------------------------
 def test_8bit_asymmetric_to_marlin_requantizes_symmetric(tmp_path):
     """Marlin stores zero points for 4-bit only; a symmetric 8-bit requantization fits, and the plan says so."""
     make_mixed(tmp_path / "b8", "gptq_v2", {"up_proj": (64, 128, 8, 32, False, False)})
