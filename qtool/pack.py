@@ -622,13 +622,16 @@ MAX_CALIB_SAMPLES = 1 << 16
 MAX_SEED = 2**63 - 1
 
 
+def given(job: PackJob, name: str) -> bool:
+    """Whether the job's field differs from PackJob's default: its flag was given."""
+    return getattr(job, name) != PackJob.__dataclass_fields__[name].default
+
+
 def calibration_flags(job: PackJob) -> list[tuple[str, bool]]:
     """(flag, given) for every option only a calibrated pack (--method gptq or awq) reads."""
-    return [("--calib", job.calib is not None), ("--calib-samples", job.calib_samples != 128),
-            ("--calib-seqlen", job.calib_seqlen != 256), ("--act-order", job.act_order),
-            ("--static-groups", job.static_groups), ("--true-sequential", job.true_sequential),
-            ("--damp", job.damp is not None), ("--calib-dtype", job.calib_dtype is not None),
-            ("--mse/--no-mse", job.mse is not None), ("--calib-seed", job.calib_seed != 0)]
+    names = ("calib", "calib_samples", "calib_seqlen", "act_order", "static_groups", "true_sequential", "damp",
+             "calib_dtype", "mse", "calib_seed")
+    return [("--mse/--no-mse" if n == "mse" else "--" + n.replace("_", "-"), given(job, n)) for n in names]
 
 
 def check_calibration_options(job: PackJob) -> None:
@@ -746,7 +749,7 @@ def run_pack_scaled(job: PackJob, on_progress: Callable[[str, int, int], None] |
     if job.method not in ("rtn", "mse"):
         raise UsageError(f"--method {job.method} quantizes integer layouts; {job.to} takes rtn or mse")
     for flag, on in (*calibration_flags(job), ("--tensor-type", bool(job.tensor_types)),
-                     ("--sym/--asym", job.sym is not None), ("--dtype", job.dtype != "fp16"),
+                     ("--sym/--asym", job.sym is not None), ("--dtype", given(job, "dtype")),
                      ("--device", job.device is not None and not job.eval)):
         if on:  # --dtype sets the integer layouts' 16-bit scales; these store their scales in their own type
             raise UsageError(f"{flag} does not apply to --to {job.to}", fix="drop it")

@@ -429,9 +429,11 @@ def test_report_is_both_files_or_neither(packed, tmp_path, monkeypatch):
 
 
 def test_kernel_check_memory_is_refused_before_any_module_is_read(packed, monkeypatch):
-    import qtool.bench.run as bench_run
+    import qtool.kernels.devices as devices
+    import qtool.validate.core as core
 
-    monkeypatch.setattr(bench_run, "device_available_bytes", lambda dev: (1 << 20, "free (test)"))
+    monkeypatch.setattr(devices, "device_available_bytes", lambda dev: (1 << 20, "free (test)"))
+    monkeypatch.setattr(core._Run, "_module", lambda self, m: pytest.fail(f"module {m.name} was read"))
     with pytest.raises(UsageError, match=r"--batch-sizes 4096 needs about .* more than the 1\.0 MiB free \(test\)"):
         cli("validate", packed[1], "--checks", "kernels", "--device", "cpu", "--batch-sizes", "4096")
 

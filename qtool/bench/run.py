@@ -32,7 +32,6 @@ from qtool.bench.layers import random_plain, random_scaled
 from qtool.bench.shapes import Shape
 from qtool.bench.timing import rotation_count, time_calls
 from qtool.errors import UsageError
-from qtool.io.memory import available_bytes
 from qtool.kernels.base import (
     ACT_DTYPES,
     PackedLayer,
@@ -42,6 +41,7 @@ from qtool.kernels.base import (
     get_kernel,
     pack_gptq_v2,
 )
+from qtool.kernels.devices import device_available_bytes
 from qtool.report.common import human_bytes
 
 ERR_FACTOR = 4.0  # the default k (base.Kernel.err_factor); kernels may declare their own per dtype
@@ -181,15 +181,6 @@ def estimate_bytes(s: BenchSettings, shape: Shape, m: int) -> int:
     weights = nk * WEIGHT_BYTES_PER_ELEMENT + 12 * groups + (dense_copies - 1) * nk * 2 + n_copies * packed * (kernels + 1)
     inputs = m * shape.K * (INPUT_BYTES_PER_ELEMENT + 2 * max(n_copies, dense_copies))
     return weights + inputs + m * shape.N * OUTPUT_BYTES_PER_ELEMENT
-
-
-def device_available_bytes(dev: torch.device) -> tuple[int, str]:
-    """(bytes the sweep may use on `dev`, where that number comes from): free memory on a GPU; on the CPU
-    what the host leaves this process (qtool.io.memory)."""
-    if dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-        return int(free), f"free on {dev}"
-    return available_bytes()
 
 
 def check_memory(s: BenchSettings) -> None:

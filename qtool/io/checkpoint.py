@@ -143,8 +143,8 @@ class Checkpoint:
         return INDEX_NAME if self.index is not None else None
 
     def _entries(self) -> list[Path]:
-        """The entries of `root` (sorted), qtool's own temporaries left out."""
-        return sorted(p for p in self.root.iterdir() if not p.name.startswith(TMP_PREFIX))
+        """The entries of `root` (sorted; at most MAX_ENTRIES), qtool's own temporaries left out."""
+        return sorted(Path(e.path) for e in list_dir(self.root) if not e.name.startswith(TMP_PREFIX))
 
     def _is_index(self, p: Path) -> bool:
         return p.name.endswith(INDEX_SUFFIX) or p.name == self._opened_index()
@@ -202,9 +202,9 @@ class Checkpoint:
         (sub_directories)."""
         if not self.carries_folder():
             return []
-        indexes = [p for p in self._entries() if self._is_index(p) and p.name != self._opened_index()
-                   and not p.is_dir()]
-        subs = [p for p in self._entries() if p.is_dir() and not p.is_symlink()] if self._lone_file() else []
+        entries, opened = self._entries(), self._opened_index()
+        indexes = [p for p in entries if p.name.endswith(INDEX_SUFFIX) and p.name != opened and not p.is_dir()]
+        subs = [p for p in entries if p.is_dir() and not p.is_symlink()] if self._lone_file() else []
         weights = [p for p in unread_weight_files(self.root, self.files, (".safetensors", *PICKLE_SUFFIXES))
                    if not p.name.startswith(TMP_PREFIX)]
         return sorted(weights + indexes + subs)

@@ -247,6 +247,19 @@ def torch_device(spec: str | None) -> torch.device:  # noqa: F821 - torch loads 
     return dev
 
 
+def device_available_bytes(dev: torch.device) -> tuple[int, str]:  # noqa: F821 - torch loads only when a run needs it
+    """(bytes a run may use on `dev`, where that number comes from): free memory on a GPU; on the CPU what the
+    host leaves this process (qtool.io.memory)."""
+    if dev.type == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(free), f"free on {dev}"
+    from qtool.io.memory import available_bytes
+
+    return available_bytes()
+
+
 def cuda_index(dev: torch.device) -> int:  # noqa: F821 - torch loads only when a run needs it
     """The ordinal of a CUDA device: 'cuda' alone means torch's current device."""
     import torch

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -621,16 +620,13 @@ def _check_renamed_experts(model, names: dict[str, str], src) -> None:
 def check_activation_memory(src, n_samples: int, seqlen: int) -> None:
     """Refuse, before the model is loaded, windows whose block inputs and outputs (kept in host memory, fp32)
     would not fit: n_samples x seqlen (at most the model's positions) x hidden_size x 4 bytes, twice."""
-    from qtool.errors import QtoolError
-    from qtool.io.checkpoint import read_json
+    from qtool.io.checkpoint import model_config
     from qtool.io.memory import available_bytes
 
-    try:
-        cfg = read_json(Path(src) / "config.json")
-    except QtoolError:
-        return  # loading the model names what is wrong with its config
-    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) and "hidden_size" not in cfg else cfg
-    hidden = cfg.get("hidden_size") if isinstance(cfg, dict) else None
+    cfg = model_config(src)  # {} for a config that is not readable: loading the model names what is wrong
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    hidden = cfg.get("hidden_size")
     if not isinstance(hidden, int) or hidden <= 0:
         return
     positions = cfg.get("max_position_embeddings")

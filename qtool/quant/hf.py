@@ -156,12 +156,12 @@ def build_model(path: str | Path, device: str = "cpu", weights: dict | None = No
         if missing:
             raise InputError(f"{len(missing)} model parameters have no tensor in the checkpoint, the first "
                              f"'{missing[0]}'", path=path, fix="check that --reference is the dense model")
-        wrong = next((n for n, prm in model.named_parameters() if n in weights and weights[n].shape != prm.shape),
-                     None)
+        wrong = next(((n, prm) for n, prm in model.named_parameters()
+                      if n in weights and weights[n].shape != prm.shape), None)
         if wrong is not None:
-            shape = tuple(dict(model.named_parameters())[wrong].shape)
-            raise InputError(f"tensor '{wrong}' is {list(weights[wrong].shape)} where the model its config.json "
-                             f"describes has {list(shape)}", path=path,
+            n, prm = wrong
+            raise InputError(f"tensor '{n}' is {list(weights[n].shape)} where the model its config.json "
+                             f"describes has {list(prm.shape)}", path=path,
                              fix="check that --reference is the dense model these weights were made from")
         with torch.no_grad():
             for n, prm in model.named_parameters():

@@ -244,7 +244,7 @@ class _Run:
     def _check_memory(self, modules) -> None:
         """Refuse, before any module is read, kernel checks whose largest layer and M would not fit the device
         (the float64 oracle holds the layer and each M's products)."""
-        from qtool.bench.run import device_available_bytes
+        from qtool.kernels.devices import device_available_bytes
         from qtool.report.common import human_bytes
         from qtool.validate.kernelcheck import need_bytes
 
