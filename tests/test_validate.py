@@ -396,13 +396,13 @@ def test_report_folder_is_checked_before_the_run_and_never_replaces_a_report(pac
     _, code = cli("validate", packed[1], "--checks", "integrity", "--report", ci, "-q")
     assert code == 0 and sorted(p.name for p in ci.iterdir()) == ["report.json", "report.md"]
     before = {p.name: p.read_bytes() for p in ci.iterdir()}
-    with pytest.raises(UsageError, match="report.json is there already"):
+    with pytest.raises(UsageError, match="report.json: the file exists, and a report does not replace one"):
         cli("validate", packed[1], "--checks", "contract", "--report", ci)
     assert {p.name: p.read_bytes() for p in ci.iterdir()} == before
     stale = tmp_path / "stale"
     stale.mkdir()
     (stale / "report.md").write_text("old")
-    with pytest.raises(UsageError, match="report.md is there already"):
+    with pytest.raises(UsageError, match="report.md: the file exists, and a report does not replace one"):
         cli("validate", packed[1], "--checks", "integrity", "--report", stale)
     assert [p.name for p in stale.iterdir()] == ["report.md"] and (stale / "report.md").read_text() == "old"
     (tmp_path / "afile").write_text("x")

@@ -135,22 +135,15 @@ REPORT_FILES = ("report.json", "report.md")
 
 def _check_report_dir(folder: Path) -> None:
     """Refuse, before any check runs, a --report folder that cannot take both files: it is a file, a parent is a
-    file, or one of the files is there already (a report never replaces a file: an earlier run's verdict is an
-    artifact too)."""
+    file, or one of the files is there already (bench's rule for a report file: it never replaces one, and an
+    earlier run's verdict is an artifact too)."""
+    from qtool.bench.report import check_report_path
     from qtool.errors import UsageError
 
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--report {folder}: is not a directory", fix="name a directory (it is created)")
-    parent = folder
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--report {folder}: {parent} is not a directory",
-                         fix="choose a path whose parent directories are directories")
     for name in REPORT_FILES:
-        if (folder / name).is_symlink() or (folder / name).exists():
-            raise UsageError(f"--report {folder}: {name} is there already, and a report does not replace a file",
-                             fix="remove the earlier report, or name another directory")
+        check_report_path("--report", folder / name)
 
 
 def _write(folder: Path, result, markdown: str) -> None:
