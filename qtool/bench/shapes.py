@@ -160,10 +160,10 @@ def _layers_of(name: str, row: dict, tp: int = 1, fused: bool = False) -> list[S
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"configs/models.yaml: model '{name}' lacks hidden_size / intermediate_size / "
                          f"num_attention_heads", fix="add them or give --shapes KxN") from None
-    from qtool.kernels.select import Heads
+    from qtool.kernels.select import width_heads
 
     sizes = {"hidden_size": h, "intermediate_size": inter, "q_size": heads * hd, "kv_size": kv * hd}
-    by_heads = {"q_size": (Heads(heads, hd),), "kv_size": (Heads(kv, hd, replicated=True),)}
+    by_heads = width_heads(heads, kv, hd)
 
     def split_heads(k_expr, n_expr, par: str) -> tuple:
         expr = k_expr if par == "row" else n_expr

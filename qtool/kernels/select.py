@@ -38,6 +38,12 @@ class Heads:
     replicated: bool = False
 
 
+def width_heads(heads: int, kv_heads: int, head_dim: int) -> dict[str, tuple[Heads, ...]]:
+    """The heads of a model's attention widths, by the names configs/models.yaml gives them: q_size (the
+    attention heads) and kv_size (the key/value heads, copied where there are fewer than ranks)."""
+    return {"q_size": (Heads(heads, head_dim),), "kv_size": (Heads(kv_heads, head_dim, replicated=True),)}
+
+
 def split_width(width: int, heads: tuple[Heads, ...], tp: int, dim: str = "") -> tuple[int, str | None]:
     """(one rank's share of `width` under tp-way tensor parallelism, why it does not split or None): by
     whole heads where the width is attention heads, else width / tp. `dim` names the width in the reason."""

@@ -29,7 +29,7 @@ from qtool.kernels.decls import (
     validate,
 )
 from qtool.kernels.devices import Device
-from qtool.kernels.select import Heads, LayerQuant, select_kernel
+from qtool.kernels.select import Heads, LayerQuant, select_kernel, width_heads
 from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
 from qtool.scheme import QuantScheme
@@ -253,7 +253,7 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
     syn = resolve_scheme(q, scale, block)
     q = syn.scheme
     act = syn.activation(dtype, DTYPES[m.get("dtype", "bf16")])
-    heads = model_heads(m)
+    heads = width_heads(m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"])
     prefix = arch["prefix"].replace("{i}", "#")
     out = []
     for row in arch["layers"]:
@@ -265,13 +265,6 @@ def model_groups(model: str, q: QuantScheme, dtype: str | None = None,
                            parallel=row["parallel"], scale=syn.scale, block=syn.block, heads=heads.get(split, ()))
         out.append(LayerGroup(name, m["num_hidden_layers"], layer))
     return out
-
-
-def model_heads(m: dict) -> dict[str, tuple[Heads, ...]]:
-    """The attention heads of a model's q_size and kv_size widths (the key/value heads replicated where there
-    are fewer than ranks)."""
-    return {"q_size": (Heads(int(m["num_attention_heads"]), int(m["head_dim"])),),
-            "kv_size": (Heads(int(m["num_key_value_heads"]), int(m["head_dim"]), replicated=True),)}
 
 
 def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None, scale: str | None = None,
@@ -412,8 +405,8 @@ def config_heads(path: Path | None) -> dict[str, tuple[Heads, ...]]:
         return {}
     dim = dim if ok(dim) else hidden // heads
     kv = kv if ok(kv) else heads
-    q, k = Heads(heads, dim), Heads(kv, dim, replicated=True)
-    by_kind = {"q": (q,), "kv": (k,), "qkv": (q, k, k)}
+    w = width_heads(heads, kv, dim)
+    by_kind = {"q": w["q_size"], "kv": w["kv_size"], "qkv": w["q_size"] + 2 * w["kv_size"]}
     return {name: by_kind[kind] for kind, names in HEAD_MODULES.items() for name in names}
 
 
