@@ -11,11 +11,10 @@ import socket
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 import qtool.cli.main  # noqa: F401  (registers the commands)
-from qtool.cli.app import app
 from qtool.errors import UsageError
+from tests.test_pack import invoke
 
 H, I, V = 64, 128, 64
 
@@ -45,9 +44,7 @@ def tiny_llama(root, tokenizer: bool = True) -> dict:
 
 
 def qtool(*args):
-    r = CliRunner().invoke(app, [str(a) for a in args])
-    if r.exception and not isinstance(r.exception, SystemExit):
-        raise r.exception
+    r = invoke(*args)
     assert r.exit_code == 0, r.output
     return r
 
