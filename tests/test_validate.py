@@ -543,7 +543,9 @@ def test_contract_skips_a_checkpoint_that_quantizes_only_expert_stacks():
     linear layer to plan is a skip that says why, not a failure of a file vLLM loads."""
     rep, code = run_json(fixture_path("fp4/gptoss-mxfp4"), "--checks", "contract", "--device", "cpu")
     rows = [c for c in rep["checks"] if "no linear layer to plan" in c["detail"]]
-    assert code == 0 and not fails(rep) and [r["status"] for r in rows] == ["skip"], rep["checks"]
+    # the contract alone then checks nothing: not a pass (exit 4), and not a failure of the file either
+    assert code == 4 and rep["summary"]["status"] == "skip", rep["summary"]
+    assert not fails(rep) and [r["status"] for r in rows] == ["skip"], rep["checks"]
     assert "mixture-of-experts stack(s) not planned" in rows[0]["detail"]
 
 
@@ -564,3 +566,65 @@ def test_a_report_file_that_appears_during_the_run_is_not_replaced(packed, tmp_p
     with pytest.raises(OutputError, match="report's file appeared during the run"):
         cli("validate", packed[1], "--checks", "integrity", "--report", ci, "-q")
     assert [p.name for p in ci.iterdir()] == ["report.md"] and (ci / "report.md").read_text() == "theirs"
+
+
+# --- nothing checked is no pass ----------------------------------------------------------------------------------
+
+def validate_main(capsys, *args) -> tuple[int, str, str]:
+    """(process exit status, stdout, stderr) of `qtool validate ARGS` through main(), as a CI job sees them."""
+    from qtool.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["validate", *(str(a) for a in args)])
+    cap = capsys.readouterr()
+    return e.value.code, cap.out, cap.err
+
+
+def test_every_check_skipped_is_exit_4_not_a_pass(packed, tmp_path, capsys):
+    """A dense model has nothing the round trip or the kernels can read: every row is a skip. That proves
+    nothing, so it is neither a pass (0) nor a failed check (1) but exit 4, with status "skip" and one line on
+    stderr saying why and what to add, under --json, on the terminal and in report.md alike."""
+    dense = packed[0]
+    code, out, err = validate_main(capsys, dense, "--checks", "roundtrip,kernels", "--device", "cpu", "--json",
+                                   "--report", tmp_path / "ci")
+    rep = json.loads(out)
+    assert code == 4, (code, err)
+    assert rep["summary"]["status"] == "skip" and rep["summary"]["counts"]["pass"] == 0
+    assert rep["summary"]["counts"]["fail"] == 0 and rep["summary"]["counts"]["skip"] > 0
+    assert err.count("\n") == 1 and err.startswith("qtool: nothing was checked: every selected check was skipped ("), err
+    assert "roundtrip: dense module: nothing quantized" in err and "kernels: dense module: nothing quantized" in err
+    assert "fix: add integrity or hashes to --checks" in err
+    md = (tmp_path / "ci" / "report.md").read_text()
+    assert md.startswith("# qtool validate: SKIP") and "nothing was checked" in md
+    assert json.loads((tmp_path / "ci" / "report.json").read_text())["summary"]["status"] == "skip"
+    code, out, err = validate_main(capsys, dense, "--checks", "roundtrip,kernels", "--device", "cpu")
+    assert code == 4 and "SKIP: 0 passed, 0 failed" in out and "nothing was checked" in err
+    code, out, err = validate_main(capsys, dense, "--checks", "roundtrip,kernels", "--device", "cpu", "-q")
+    assert code == 4 and out == "" and err.startswith("qtool: nothing was checked")
+
+
+def test_one_pass_among_skips_is_still_a_pass(packed, capsys):
+    """The same skips beside one check that ran (integrity over every tensor) pass, exit 0, and say nothing on
+    stderr."""
+    code, out, err = validate_main(capsys, packed[0], "--checks", "integrity,roundtrip,kernels", "--device", "cpu",
+                                   "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["summary"]["status"] == "pass", rep["summary"]
+    assert rep["summary"]["checks"]["integrity"]["pass"] > 0 and rep["summary"]["checks"]["kernels"]["pass"] == 0
+    assert rep["summary"]["counts"]["skip"] > 0 and err == ""
+
+
+def test_verdict_needs_a_pass_and_no_failure():
+    from qtool.report.validate import NO_REFERENCE, CheckResult, ValidateReport
+
+    def report(*statuses):
+        return ValidateReport(path="m", device="cpu", selected=("reference",),
+                              checks=[CheckResult("reference", None, s, NO_REFERENCE) for s in statuses])
+
+    assert report().status == "skip" and report("skip", "skip").status == "skip"
+    assert report("skip", "pass").status == "pass" and report("pass", "fail", "skip").status == "fail"
+    assert report("pass").nothing_checked() is None and report("fail").nothing_checked() is None
+    said = report("skip").nothing_checked()
+    assert said.startswith(f"nothing was checked: every selected check was skipped (reference: {NO_REFERENCE})")
+    assert "fix: give --reference DENSE, or add integrity or hashes to --checks" in said

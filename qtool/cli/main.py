@@ -1,8 +1,9 @@
 """Entry point: registers the command modules and turns errors into one line and an exit code.
 
 Exit codes: 0 ok, 1 a check failed, 2 usage or input error, 3 an internal error (a bug: please report it
-with QTOOL_DEBUG=1 output), 128 + N when signal N ended the run (130 SIGINT, 143 SIGTERM, 129 SIGHUP; the
-temporary output is removed first, see qtool.signals). QTOOL_DEBUG=1 re-raises so the traceback shows.
+with QTOOL_DEBUG=1 output), 4 nothing checked (validate: every selected check skipped), 128 + N when
+signal N ended the run (130 SIGINT, 143 SIGTERM, 129 SIGHUP; the temporary output is removed first, see
+qtool.signals). QTOOL_DEBUG=1 re-raises so the traceback shows.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""`qtool validate`: one CI gate for a checkpoint and the kernels that read it. Exit 0 pass, 1 a check
-failed, 2 bad input."""
+"""`qtool validate`: one CI gate for a checkpoint and the kernels that read it. Exit 0 pass (a check passed
+and none failed), 1 a check failed, 2 bad input, 4 nothing was checked (every selected check was skipped)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -37,7 +38,15 @@ EPILOG = f"""Examples:
   qtool validate model-gptq/ --engine gptqmodel,vllm --target h100,a100
 
 Checks: {CHECK_NAMES} (default: all; reference needs --reference).
+
+Exit status: 0 pass (a check passed and none failed), 1 a check failed, 2 bad input, 4 nothing was \
+checked (every selected check was skipped: stderr says why and what to add).
 """
+
+# Every check skipped is neither a pass (nothing was proved) nor a failure of the checkpoint; 3 is taken by
+# main()'s internal error, which a CI job must be able to tell apart from an empty run.
+EXIT_NOTHING_CHECKED = 4
+EXIT = {"pass": 0, "fail": 1, "skip": EXIT_NOTHING_CHECKED}
 
 
 def _split(values: list[str] | None) -> tuple[str, ...]:
@@ -105,9 +114,14 @@ def validate_cmd(
         emit_json(result.to_dict())
     elif not v["quiet"]:
         render(result, stdout_console(), verbose=v["verbose"])
+    empty = result.nothing_checked()
+    if empty:  # on stderr under --json and -q too: the exit status alone does not say why or what to add
+        from qtool.report.text import terminal
+
+        sys.stderr.write(f"qtool: {terminal(empty)}\n")
     if v["report"] is not None:  # after the verdict is shown: a report that cannot be written does not hide it
         _write(v["report"], result, to_markdown(result))
-    return 1 if result.failed else 0
+    return EXIT[result.status]
 
 
 def _names_exist(v: dict) -> None:

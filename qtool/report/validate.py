@@ -8,8 +8,9 @@ JSON schema (README "qtool validate"):
     checks    list[obj]   name (integrity | roundtrip | contract | reference | kernels | hashes), module
                           (str|null: null for a file-level finding), status (pass | fail | skip), detail (str),
                           numbers (obj of floats/ints the verdict rests on: errors, bounds, bytes)
-    summary   obj         status ("pass" | "fail"), counts {pass, fail, skip}, per check {pass, fail, skip},
-                          modules, tensors, bytes_read, seconds
+    summary   obj         status ("pass": at least one check passed and none failed | "fail": one failed |
+                          "skip": nothing passed or failed, so nothing was checked), counts {pass, fail,
+                          skip}, per check {pass, fail, skip}, modules, tensors, bytes_read, seconds
     hash      obj         algorithm, model (hex digest over every tensor's name and digest, in name order:
                           the same for any shard layout), tensors {name: hex digest}
     notes     list[str]   warnings that fail nothing (each says what it means)
@@ -25,6 +26,7 @@ from qtool.report.common import human_bytes, md_table
 
 CHECKS = ("integrity", "roundtrip", "contract", "reference", "kernels", "hashes")
 STATUSES = ("pass", "fail", "skip")
+NO_REFERENCE = "no --reference DENSE given"  # the reference check's skip when it has nothing to compare with
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,25 @@ class ValidateReport:
     def failed(self) -> bool:
         return any(c.status == "fail" for c in self.checks)
 
+    @property
+    def status(self) -> str:
+        """"fail" when a check failed; "pass" only when one passed too (a run whose every check was skipped
+        proved nothing, and a CI gate must not read it as proof); "skip" otherwise."""
+        if self.failed:
+            return "fail"
+        return "pass" if any(c.status == "pass" for c in self.checks) else "skip"
+
+    def nothing_checked(self) -> str | None:
+        """For a "skip" verdict, one line: that nothing was checked, why (each check's skip reasons), and the
+        fix; None for any other verdict."""
+        if self.status != "skip":
+            return None
+        why = "; ".join(f"{r[0]}: {r[5] or 'no finding'}" for r in _per_check(self))
+        fix = "add integrity or hashes to --checks (they read and check every tensor of any checkpoint)"
+        if any(c.name == "reference" and c.detail == NO_REFERENCE for c in self.checks):
+            fix = "give --reference DENSE, or " + fix
+        return f"nothing was checked: every selected check was skipped ({why}); fix: {fix}"
+
     def counts(self, name: str | None = None) -> dict[str, int]:
         out = dict.fromkeys(STATUSES, 0)
         for c in self.checks:
@@ -72,7 +93,7 @@ class ValidateReport:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"status": "fail" if self.failed else "pass", "counts": self.counts(),
+        return {"status": self.status, "counts": self.counts(),
                 "checks": {n: self.counts(n) for n in self.selected},
                 "modules": self.modules, "tensors": self.tensors, "bytes_read": self.bytes_read,
                 "seconds": round(self.seconds, 3)}
@@ -149,6 +170,11 @@ def to_markdown(report: ValidateReport) -> str:
            f"- path: `{report.path}`\n- device: {report.device}\n"
            f"- {report.modules} modules, {report.tensors} tensors, {human_bytes(report.bytes_read)} read in "
            f"{report.seconds:.1f} s\n"]
+    empty = report.nothing_checked()
+    if empty:
+        from qtool.report.text import md_escape
+
+        out.append(f"- {md_escape(empty)}\n")
     if report.model_hash:
         out.append(f"- model hash ({report.hash_algorithm}): `{report.model_hash}`\n")
     out.append("\n## Checks\n\n")

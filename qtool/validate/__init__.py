@@ -2,7 +2,7 @@
 
     from qtool.validate import ValidateOptions, validate_path
     report = validate_path("model-gptq/", ValidateOptions(reference=Path("model-dense/")))
-    report.failed, report.to_dict()          # the --json schema: qtool.report.validate
+    report.status, report.to_dict()          # pass, fail or skip (nothing checked); the --json schema
 
 Checks (qtool.report.validate.CHECKS): integrity (inspect --deep's checks, shards and index), roundtrip
 (unpack -> pack gives the stored bytes), contract (config keys the engines read; a kernel for every layer),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qtool.errors import InputError, UsageError
-from qtool.report.validate import CHECKS, CheckResult, ValidateReport
+from qtool.report.validate import CHECKS, NO_REFERENCE, CheckResult, ValidateReport
 from qtool.validate import numeric
 from qtool.validate.hashing import ALGORITHM, Hasher, compare, model_digest
 
@@ -316,7 +316,7 @@ class _Run:
 
     def _open_reference(self) -> None:
         if self.opt.reference is None:
-            self.add("reference", None, "skip", "no --reference DENSE given")
+            self.add("reference", None, "skip", NO_REFERENCE)
             return
         from qtool.io.checkpoint import open_checkpoint
 
