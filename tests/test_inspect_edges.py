@@ -315,3 +315,56 @@ def test_deep_reads_each_module_against_its_dynamic_override(tmp_path):
     said = [(a.tensor, a.message) for a in r.anomalies if a.severity in ("error", "warning")]
     assert not [s for s in said if s[0] == "model.layers.0.mlp.down_proj"], said
     assert any(s[0] == "model.layers.0.mlp.gate_proj" and "config says sym" in s[1] for s in said), said
+
+
+def _gptq_with_head(d: Path, head: str, **config) -> Path:
+    """A GPTQ checkpoint whose LM head is `head` ("quantized" or "dense"), with quantization_config `config`
+    over a 4-bit g64 base that leaves out "lm_head" unless `config` gives it."""
+    from qtool.formats import get_format
+    from tests.test_formats_gptq import random_plain
+
+    d.mkdir(parents=True, exist_ok=True)
+    fmt = get_format("gptq")
+    t = {f"model.layers.0.mlp.up_proj.{k}": v for k, v in fmt.pack(random_plain(0, 4, 64, 128, 64, True, False)).items()}
+    if head == "quantized":
+        t |= {f"lm_head.{k}": v for k, v in fmt.pack(random_plain(1, 4, 96, 128, 64, True, False)).items()}
+    else:
+        t["lm_head.weight"] = torch.randn(96, 128, generator=torch.Generator().manual_seed(1)).half()
+    save_file(t, str(d / "model.safetensors"))
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True,
+          "checkpoint_format": "gptq", **config}
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": qc}))
+    return d
+
+
+@pytest.mark.parametrize("head,config,said", [
+    ("quantized", {"lm_head": False}, 'says "lm_head": false but the LM head lm_head is quantized (gptq)'),
+    ("quantized", {}, 'has no "lm_head" key (loaders default it to false) but the LM head lm_head is quantized'),
+    ("dense", {"lm_head": True}, 'says "lm_head": true but the LM head lm_head is dense'),
+    ("quantized", {"lm_head": True}, None),
+    ("dense", {"lm_head": False}, None),
+    ("dense", {}, None),
+    # a GPTQModel "-:" exclusion keeps the head dense whatever the flag says
+    ("dense", {"lm_head": True, "dynamic": {r"-:^lm_head$": {}}}, None),
+])
+def test_lm_head_flag_against_the_head_the_file_holds(tmp_path, head, config, said):
+    """vLLM and GPTQModel build the LM head packed only under "lm_head": true: a flag the tensors contradict is
+    an error naming the module, the key and the fix; a flag they agree with says nothing."""
+    r = inspect_path(_gptq_with_head(tmp_path / "m", head, **config))
+    found = [(s, t, m) for s, t, m in _messages(r) if "lm_head" in m]
+    if said is None:
+        assert found == [], found
+        return
+    assert len(found) == 1 and found[0][:2] == ("error", "lm_head"), found
+    msg = found[0][2]
+    assert msg.startswith("config.json quantization_config " + said), msg
+    want = "true" if head == "quantized" else "false"
+    assert f'fix: set "lm_head": {want} in config.json quantization_config' in msg, msg
+    code, out = qtool("inspect", tmp_path / "m", "--strict")
+    assert code == 1 and "lm_head" in out and f'"lm_head": {want}' in out, out
+
+
+def test_lm_head_flag_that_is_not_a_boolean_is_said(tmp_path):
+    r = inspect_path(_gptq_with_head(tmp_path / "m", "quantized", lm_head="false"))
+    found = [(s, t, m) for s, t, m in _messages(r) if "lm_head" in m]
+    assert len(found) == 1 and found[0][0] == "warning" and "not true or false" in found[0][2], found

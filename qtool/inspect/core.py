@@ -202,6 +202,7 @@ def _inspect_safetensors(p: Path):
     anomalies += merge_notes(notes)
     anomalies += _file_level(claims, modules, src)
     anomalies += _source_level(said, meta)
+    anomalies += _lm_head_flag(said, modules)
 
     rows = [TensorRow(n, src.tensors[n].dtype, src.tensors[n].shape, src.tensors[n].nbytes, src.tensors[n].file.name,
                       n not in src.incomplete, module_of.get(n)) for n in sigs]
@@ -256,6 +257,48 @@ def _source_level(said: Claims | None, meta: Claims | None) -> list[Anomaly]:
     if said is None and meta is not None:
         out.append(Anomaly("info", None, f"only qtool's safetensors metadata names the format ({meta.format}); "
                                          "engines read config.json and find no quantization_config there"))
+    return out
+
+
+def _lm_head_flag(said: Claims | None, modules: list[ModuleReport]) -> list[Anomaly]:
+    """A GPTQ config's `"lm_head"` against the LM head the file holds. vLLM's GPTQ configs and GPTQModel's
+    QuantizeConfig build the head (is_lm_head) packed only under `"lm_head": true` and dense otherwise (the
+    key's default is false), so a flag that disagrees with the tensors stops the load at the first missing
+    parameter. Only `quant_method: gptq` configs carry the key (qtool writes it for gptq, gptq_v2 and Marlin);
+    compressed-tensors names its dense modules in `ignore`, which its detector checks per module."""
+    from qtool.formats.detection import config_regex
+    from qtool.formats.gptq import is_lm_head
+
+    if said is None or said.quant_method != "gptq":
+        return []
+    heads = [m for m in modules if is_lm_head(m.name)]
+    if not heads:  # tied embeddings: no head tensors, nothing for the flag to disagree with
+        return []
+    given = "lm_head" in said.raw
+    flag = said.raw.get("lm_head", False)
+    if not isinstance(flag, bool):
+        return [Anomaly("warning", None, f'{said.source} says "lm_head": {str(flag)[:40]!r}, not true or false: '
+                                         "loaders may read it either way, so the LM head is not checked against "
+                                         'it; fix: write "lm_head": true for a quantized head, false for a dense one')]
+    says = f'{said.source} says "lm_head": {str(flag).lower()}' if given else \
+        f'{said.source} has no "lm_head" key (loaders default it to false)'
+    dyn = said.raw.get("dynamic") if isinstance(said.raw.get("dynamic"), dict) else {}
+    out = []
+    for m in heads:
+        if m.quantized and not flag:
+            out.append(Anomaly("error", m.name, f"{says} but the LM head {m.name} is quantized ({m.scheme.format}): "
+                                                "vLLM and GPTQModel build it dense and find no "
+                                                f"'{m.name}.weight' to load; fix: set \"lm_head\": true in "
+                                                f"{said.source}"))
+        elif m.scheme.format == "dense" and flag:
+            # a GPTQModel "-:" override keeps a module dense whatever the flag says (vLLM reads it the same way)
+            if any(isinstance(k, str) and k.startswith("-:") and config_regex(said, k[2:], "dynamic").match(m.name)
+                   for k in dyn):
+                continue
+            out.append(Anomaly("error", m.name, f"{says} but the LM head {m.name} is dense: vLLM and GPTQModel "
+                                                "build it packed and find no qweight/scales to load; fix: set "
+                                                f"\"lm_head\": false in {said.source}, or quantize the head "
+                                                "(qtool pack --include lm_head)"))
     return out
 
 
