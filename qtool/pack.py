@@ -468,24 +468,19 @@ def check_collisions(ck: Checkpoint, plans: list[ModulePlan], fmt) -> None:
 
 
 def check_awq_plan(ck: Checkpoint, plans: list[ModulePlan]) -> None:
-    """Refuse, at plan time, an AWQ output its loaders would misread: a quantized LM head, which they build
-    dense (AWQ_DENSE_LM_HEAD), and modules of more than one group size, which they build at the config's one
-    (AWQ_ONE_SCHEME: an override in `dynamic` is read by none of them)."""
-    from qtool.formats.awq import AWQ_DENSE_LM_HEAD, AWQ_ONE_SCHEME, describe_schemes, schemes_by_module
+    """Refuse, at plan time, an AWQ output its loaders would misread (a quantized LM head, more than one scheme:
+    qtool.formats.awq.awq_mismatch, the rule repack applies too), with pack's fixes."""
+    from qtool.formats.awq import awq_mismatch
 
     quantized = [p for p in plans if p.action == "quantize"]
-    head = next((p for p in quantized if is_lm_head(p.module)), None)
-    if head is not None:
-        raise UsageError(f"--to awq cannot hold a quantized LM head: {AWQ_DENSE_LM_HEAD}", path=ck.path,
-                         tensor=head.weight, fix="leave it out of --include, so it stays dense, or --to gptq_v2, "
-                                                 "whose config records \"lm_head\": true")
-    groups = schemes_by_module([(p.module, p.bits, p.group_size, p.scheme.sym) for p in quantized])
-    if len(groups) > 1:
-        few = min(groups.values(), key=len)[0]
-        raise UsageError(f"--to awq writes one group size for every module, and {AWQ_ONE_SCHEME}; the modules get "
-                         f"{describe_schemes(groups)}", path=ck.path, tensor=f"{few}.weight",
-                         fix="give one --group-size (no GROUP in --tensor-type), or --to gptq_v2, whose loaders read "
-                             "per-module overrides (dynamic)")
+    bad = awq_mismatch([(p.module, p.bits, p.group_size, p.scheme.sym) for p in quantized])
+    if bad is None:
+        return
+    weight = next(p.weight for p in quantized if p.module == bad.module)
+    fix = ("leave it out of --include, so it stays dense, or --to gptq_v2, whose config records \"lm_head\": true"
+           if bad.lm_head else "give one --group-size (no GROUP in --tensor-type), or --to gptq_v2, whose loaders "
+                               "read per-module overrides (dynamic)")
+    raise UsageError(bad.problem, path=ck.path, tensor=weight, fix=fix)
 
 
 def _located(e: QtoolError, path: Path, tensor: str) -> QtoolError:

@@ -131,3 +131,36 @@ def test_act_order_and_bits_refused():
         AWQ.unpack(AWQ.pack(p), QuantScheme(bits=8))
     with pytest.raises(FormatError, match="qweight"):
         AWQ.unpack(dict(AWQ.pack(p), scales=torch.ones(2, 24, dtype=torch.float16)), QuantScheme())
+
+
+# --- what one AWQ config can describe ----------------------------------------------------------------------------------
+def test_awq_mismatch_names_the_lm_head_and_mixed_schemes():
+    from qtool.formats.awq import awq_mismatch
+
+    layer = [(f"model.layers.0.{n}", 4, 128, False) for n in ("q_proj", "k_proj", "v_proj")]
+    assert awq_mismatch(layer) is None and awq_mismatch([]) is None
+    head = awq_mismatch([*layer, ("lm_head", 4, 128, False)])
+    assert head.lm_head and head.module == "lm_head" and "LM head (lm_head)" in head.problem
+    assert "gptq_v2" in head.conversion_fix and "--group-size" not in head.conversion_fix
+    # a head is named first, whatever else differs: no --group-size mends it
+    assert awq_mismatch([*layer, ("lm_head", 4, 32, False)]).lm_head
+    groups = awq_mismatch([*layer, ("model.layers.0.o_proj", 4, 64, False), ("model.layers.0.up", 4, -1, False)])
+    assert not groups.lm_head and groups.module == "model.layers.0.o_proj"
+    assert groups.group_size == 64  # splits 128 and 64 (and a whole row) exactly
+    assert "--group-size 64" in groups.conversion_fix
+    assert "1 at 4-bit group 64 (model.layers.0.o_proj)" in groups.problem
+    assert awq_mismatch([*layer, ("o", 4, 96, False)]).group_size == 32  # not 96: 128 splits into 32s only
+    sym = awq_mismatch([*layer, ("o", 4, 128, True)])  # zero points differ: no group size mends that
+    assert sym.group_size is None and "--group-size" not in sym.conversion_fix and "symmetric (o)" in sym.problem
+
+
+def test_decode_zeros_is_unpacks_decoding():
+    """decode_zeros, which repack calls on qzeros alone (its sym check), gives the zeros unpack gives, on any run of
+    group rows."""
+    p = random_plain(3, 16, 128, 32, False)
+    t = AWQ.pack(p)
+    zeros, conv = AWQ.decode_zeros(t["qzeros"], 4, 16, QuantScheme("awq", 4, 32))
+    assert conv == "v2" and torch.equal(zeros.t(), AWQ.unpack(t, QuantScheme()).zeros)
+    assert torch.equal(AWQ.decode_zeros(t["qzeros"][1:3], 4, 16, QuantScheme())[0], zeros[1:3])
+    with pytest.raises(FormatError, match="4-bit"):
+        AWQ.decode_zeros(t["qzeros"], 8, 16, QuantScheme("awq", 8, 32))

@@ -103,9 +103,10 @@ def test_awq_refuses_a_quantized_lm_head(tmp_path):
     refused("cannot hold a quantized LM head", "pack", tmp_path / "src", "-o", tmp_path / "awq", "--to", "awq",
             "--group-size", 32, "--include", "lm_head|layers", "--dry-run")
     qtool("pack", tmp_path / "src", "-o", tmp_path / "head", "--group-size", 32, "--include", "lm_head|layers", "-q")
-    e = refused("cannot hold the quantized LM head", "repack", tmp_path / "head", "--to", "awq", "-o",
-                tmp_path / "r-awq", "-q")
-    assert e.tensor == "lm_head.qweight" and "gptq_v2" in e.fix
+    for extra in ((), ("--dry-run",)):  # refused by the plan: a dry run says so too
+        e = refused("cannot hold a quantized LM head", "repack", tmp_path / "head", "--to", "awq", "-o",
+                    tmp_path / "r-awq", "-q", *extra)
+        assert e.tensor == "lm_head.qweight" and e.path == str(tmp_path / "head") and "gptq_v2" in e.fix
 
 
 # --- AWQ's one group size --------------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_awq_refuses_more_than_one_group_size(tmp_path):
     modules and the fixes."""
     tiny_llama(tmp_path / "src")
     for extra in ((), ("--dry-run",)):
-        e = refused("one group size for every module", "pack", tmp_path / "src", "-o", tmp_path / "awq", "--to",
+        e = refused("one scheme for every module", "pack", tmp_path / "src", "-o", tmp_path / "awq", "--to",
                     "awq", "--group-size", 32, "--tensor-type", "down_proj=4:64", *extra)
         assert "2 at 4-bit group 64 (model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj)" in e.problem
         assert e.tensor == "model.layers.0.mlp.down_proj.weight" and "--to gptq_v2" in e.fix
@@ -136,12 +137,42 @@ def test_repack_to_awq_refuses_a_mixed_source_and_regroups_on_request(tmp_path):
     tiny_llama(tmp_path / "src")
     qtool("pack", tmp_path / "src", "-o", tmp_path / "mixed", "--to", "gptq_v2", "--asym", "--group-size", 32,
           "--tensor-type", "down_proj=4:64", "-q")
-    e = refused("an awq config holds one scheme", "repack", tmp_path / "mixed", "--to", "awq", "-o",
-                tmp_path / "awq", "-q")
-    assert "model.layers.0.mlp.down_proj" in e.problem and "--group-size 32" in e.fix and "gptq_v2" in e.fix
+    for extra in ((), ("--dry-run",)):
+        e = refused("an awq config holds one scheme", "repack", tmp_path / "mixed", "--to", "awq", "-o",
+                    tmp_path / "awq", "-q", *extra)
+        assert "model.layers.0.mlp.down_proj" in e.problem and "--group-size 32" in e.fix and "gptq_v2" in e.fix
+        assert e.tensor == "model.layers.0.mlp.down_proj.qweight" and e.path == str(tmp_path / "mixed")
     qtool("repack", tmp_path / "mixed", "--to", "awq", "--group-size", 32, "-o", tmp_path / "awq", "-q")
     q = quant_configs(tmp_path / "awq")[0]
     assert q["group_size"] == 32 and not q.get("dynamic")
+
+
+def test_repack_to_awq_refuses_before_converting_a_module(tmp_path, monkeypatch):
+    """The AWQ rules are the plan's: no module is converted (nor a temporary output begun) before the refusal."""
+    from qtool.repack.run import ModuleConverter
+
+    tiny_llama(tmp_path / "src")
+    qtool("pack", tmp_path / "src", "-o", tmp_path / "mixed", "--to", "gptq_v2", "--asym", "--group-size", 32,
+          "--tensor-type", "down_proj=4:64", "-q")
+
+    def converted(*_a, **_k):
+        raise AssertionError("a module was converted before the refusal")
+
+    monkeypatch.setattr(ModuleConverter, "convert", converted)
+    refused("an awq config holds one scheme", "repack", tmp_path / "mixed", "--to", "awq", "-o", tmp_path / "awq",
+            "-q")
+
+
+def test_pack_and_repack_refuse_awq_by_one_rule(tmp_path):
+    """pack and repack state the same AWQ problem (qtool.formats.awq.awq_mismatch), each with its own fixes."""
+    tiny_llama(tmp_path / "src")
+    p = refused("one scheme", "pack", tmp_path / "src", "-o", tmp_path / "a", "--to", "awq", "--asym",
+                "--group-size", 32, "--tensor-type", "down_proj=4:64", "--dry-run")
+    qtool("pack", tmp_path / "src", "-o", tmp_path / "mixed", "--to", "gptq_v2", "--asym", "--group-size", 32,
+          "--tensor-type", "down_proj=4:64", "-q")
+    r = refused("one scheme", "repack", tmp_path / "mixed", "--to", "awq", "-o", tmp_path / "b", "--dry-run")
+    assert r.problem == p.problem + "; nothing was written"
+    assert "--tensor-type" in p.fix and "--group-size 32" in r.fix
 
 
 # --- special files, indexes ----------------------------------------------------------------------------------
@@ -213,6 +244,26 @@ def test_repack_does_not_copy_a_custom_index(tmp_path):
     qtool("repack", tmp_path / "q" / "custom.index.json", "--to", "gptq_v2", "-o", tmp_path / "r", "-q")
     assert not (tmp_path / "r" / "custom.index.json").exists()
     assert (tmp_path / "r" / "tokenizer.json").is_file()
+
+
+def test_a_pickle_shard_index_is_never_copied_and_is_named(tmp_path):
+    """pytorch_model.bin.index.json maps tensors to pickle shards, which qtool never reads or writes: pack, repack
+    and repack --to dense leave it out (an output holding it would point at files it does not have) and say so."""
+    tiny_llama(tmp_path / "src")
+    index = '{"weight_map": {"lm_head.weight": "pytorch_model-00001-of-00002.bin"}}'
+    (tmp_path / "src" / "pytorch_model.bin.index.json").write_text(index)
+    said = ("pytorch_model.bin.index.json: not copied: the index of pickle shards, which qtool never reads or "
+            "writes (it would name files the output does not hold)")
+    qtool("pack", tmp_path / "src", "-o", tmp_path / "q", "--group-size", 32, "-q")
+    outs = [tmp_path / "q"]
+    (tmp_path / "q" / "pytorch_model.bin.index.json").write_text(index)  # the pack output as the repack source
+    for to in ("gptq_v2", "dense"):
+        qtool("repack", tmp_path / "q", "--to", to, "-o", tmp_path / to, "-q")
+        outs.append(tmp_path / to)
+    for out in outs:
+        assert said in warnings_of(out), (out, warnings_of(out))
+        assert (out / "tokenizer.json").is_file()
+    assert not [out for out in outs[1:] if (out / "pytorch_model.bin.index.json").exists()]
 
 
 # --- a lone file -----------------------------------------------------------------------------------------------

@@ -105,6 +105,26 @@ def test_sym_label_over_varying_zeros_is_an_input_error(tmp_path):
         assert not (tmp_path / to).exists()
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2", "gptq_p", "awq"])
+def test_each_layout_decodes_its_own_zeros_for_the_sym_check(tmp_path, fmt):
+    """The sym check reads qzeros alone through the layout's public decode_zeros, the decoding its unpack uses:
+    symmetric data passes in every layout that stores zeros, and varying zeros under a sym label are refused."""
+    make_mixed(tmp_path / "sym", fmt, {"up_proj": (128, 256, 4, 64, True, False)})
+    run_repack(RepackJob(tmp_path / "sym", "ct", tmp_path / "o", dry_run=True))
+    p = random_plain(1, 128, 256, 4, 64, False, zero_extremes=False)
+    p = p.with_(zeros=p.zeros.clamp(min=1))  # gptq (v1) stores z - 1: a zero of 0 has no encoding
+    t = get_format(fmt).pack(p)
+    zeros, _conv = get_format(fmt).decode_zeros(t["qzeros"], 4, 128, QuantScheme(fmt, 4, 64, False))
+    assert torch.equal(zeros.t(), p.zeros)
+    (tmp_path / "asym").mkdir()
+    save_file({f"{P}up_proj.{k}": v for k, v in t.items()}, tmp_path / "asym" / "model.safetensors")
+    qc = gptqmodel_config(get_format(fmt), [(P + "up_proj", QuantScheme(fmt, 4, 64, True, False), None)])
+    (tmp_path / "asym" / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": qc}))
+    with pytest.raises(InputError, match="says sym") as e:
+        run_repack(RepackJob(tmp_path / "asym", "ct", tmp_path / "o", dry_run=True))
+    assert e.value.tensor == P + "up_proj.qzeros"
+
+
 def test_symmetric_v2_data_labelled_v1_is_named_as_such(tmp_path):
     make_mixed(tmp_path / "s", "gptq_v2", {"up_proj": (128, 256, 4, 128, True, False)})
     cfg = json.loads((tmp_path / "s" / "config.json").read_text())

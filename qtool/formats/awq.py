@@ -13,12 +13,14 @@ Plain, packed along the other axis with the interleave, so AWQ <-> GPTQ v2 is ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from qtool.errors import FormatError, NotRepresentable, UsageError
 from qtool.formats.base import Format, FormatSpec, expect, register
 from qtool.formats.detection import GPTQ_FAMILY, Claims, Detected, Sig, bits_note, exact_div, group_from
-from qtool.formats.gptq import gptq_shaped, gptqmodel_config, infer_group_size, is_lm_head, quantizer_meta
+from qtool.formats.gptq import V2, gptq_shaped, gptqmodel_config, infer_group_size, is_lm_head, quantizer_meta
 from qtool.formats.plain import FLOAT_DTYPES, Plain
 from qtool.lazy import lazy_module
 from qtool.packing.bitstream import pack_stream, unpack_stream
@@ -58,6 +60,50 @@ def describe_schemes(groups: dict[tuple[int, int, bool], list[str]]) -> str:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         parts.append(f"{len(names)} at {bits}-bit group {group}{' symmetric' if sym else ''} ({shown})")
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class AwqMismatch:
+    """Why one AWQ config cannot describe the modules an output would hold quantized (awq_mismatch).
+
+    problem:    one sentence naming the modules and the loaders' rule they break
+    module:     the module an error names: the LM head, or the first module of the least common scheme
+    lm_head:    True for a quantized LM head (AWQ_DENSE_LM_HEAD), False for more than one scheme (AWQ_ONE_SCHEME)
+    group_size: where the schemes differ in group size alone, the one group size that splits every module's
+                groups exactly (their greatest common divisor); None otherwise
+    """
+
+    problem: str
+    module: str
+    lm_head: bool
+    group_size: int | None = None
+
+    @property
+    def conversion_fix(self) -> str:
+        """The fix for an output converted from quantized modules (`qtool repack`), whose --group-size splits
+        coarser groups into finer ones exactly."""
+        if self.lm_head:
+            return "convert to gptq or gptq_v2, whose config records \"lm_head\": true"
+        return ((f"add --group-size {self.group_size}, or " if self.group_size else "")
+                + "convert to gptq_v2, whose loaders read per-module overrides (dynamic)")
+
+
+def awq_mismatch(modules) -> AwqMismatch | None:
+    """The AWQ rules for a whole output, checked once for pack and repack: None when one AWQ config describes
+    `modules`, [(name, bits, group_size, sym)] of every module written quantized; else why not. A quantized LM
+    head comes first (no --group-size mends it)."""
+    modules = list(modules)
+    head = next((name for name, *_ in modules if is_lm_head(name)), None)
+    if head is not None:
+        return AwqMismatch(f"awq cannot hold a quantized LM head ({head}): {AWQ_DENSE_LM_HEAD}", head, True)
+    groups = schemes_by_module(modules)
+    if len(groups) < 2:
+        return None
+    sizes = [g for _b, g, _s in groups if g > 0]
+    same_but_group = len({(b, s) for b, _g, s in groups}) == 1
+    return AwqMismatch(f"an awq config holds one scheme for every module, and {AWQ_ONE_SCHEME}; the modules would "
+                       f"be written as {describe_schemes(groups)}", min(groups.values(), key=len)[0], False,
+                       math.gcd(*sizes) if same_but_group and sizes else None)
 
 
 def interleave_columns(codes: torch.Tensor) -> torch.Tensor:
@@ -165,23 +211,22 @@ class AwqGemm(Format):
 
     def quantization_config(self, modules, dense=None) -> dict:
         """The config of converted `modules` [(name, scheme, meta)]: one scheme, no quantized LM head
-        (AWQ_ONE_SCHEME, AWQ_DENSE_LM_HEAD), else a UsageError naming the modules and the fix."""
-        heads = [name for name, _s, _m in modules if is_lm_head(name)]
-        if heads:
-            raise UsageError(f"awq cannot hold the quantized LM head: {AWQ_DENSE_LM_HEAD}; nothing was written",
-                             tensor=f"{heads[0]}.qweight",
-                             fix="convert to gptq or gptq_v2, whose config records \"lm_head\": true")
-        groups = schemes_by_module([(name, s.bits, s.group_size, s.sym) for name, s, _m in modules])
-        if len(groups) > 1:
-            sizes = [g for _b, g, _s in groups if g > 0]
-            # repack splits a coarser group into finer ones exactly, so one --group-size mends group sizes alone
-            regroup = len({(b, s) for b, _g, s in groups}) == 1 and sizes
-            raise UsageError(f"an awq config holds one scheme, and {AWQ_ONE_SCHEME}; the modules convert to "
-                             f"{describe_schemes(groups)}; nothing was written",
-                             tensor=f"{min(groups.values(), key=len)[0]}.qweight",
-                             fix=(f"add --group-size {min(sizes)}, or " if regroup else "") +
-                                 "convert to gptq_v2, whose loaders read per-module overrides (dynamic)")
+        (awq_mismatch), else a UsageError naming the modules and the fix. repack refuses such a plan before
+        converting anything; this guard keeps any other caller from writing a config its loaders misread."""
+        bad = awq_mismatch([(name, s.bits, s.group_size, s.sym) for name, s, _m in modules])
+        if bad is not None:
+            raise UsageError(f"{bad.problem}; nothing was written", tensor=f"{bad.module}.qweight",
+                             fix=bad.conversion_fix)
         return gptqmodel_config(self, modules, dense or ())
+
+    def decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
+        """qzeros int32 [R, O/8] (any R group rows) -> (true zero points uint8 [R, O] in natural column order,
+        "v2"): AWQ stores z itself, as GPTQ v2 does. The same decoding unpack uses, for callers that read the
+        zeros alone (repack checks a config's sym against them before planning)."""
+        if bits != 4:
+            raise FormatError(f"awq GEMM holds 4-bit codes, the config says {bits}-bit",
+                              tensor="qzeros", fix="check the checkpoint's quantization_config")
+        return unpack_awq_cols(qzeros, out_features), V2
 
     def unpack(self, tensors: dict[str, torch.Tensor], params: QuantScheme) -> Plain:
         """{"qweight", "qzeros", "scales"} -> Plain (4-bit, true zeros, trivial g_idx)."""
@@ -208,7 +253,7 @@ class AwqGemm(Format):
             raise FormatError(f"awq: {n_groups} scale rows do not match in_features {in_features} with "
                               f"group_size {group_size}", tensor="scales")
         codes = unpack_awq_cols(qweight, out_features).t().contiguous()
-        zeros = unpack_awq_cols(qzeros, out_features).t().contiguous()
+        zeros = self.decode_zeros(qzeros, 4, out_features, params)[0].t().contiguous()
         if bool((zeros == 8).all()):
             zeros = None
         return Plain(codes, scales.t().contiguous(), zeros, None, 4, group_size, meta={"format": "awq"})

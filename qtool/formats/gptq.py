@@ -395,7 +395,11 @@ class GptqFamily(Format):
         return gptqmodel_config(self, modules, dense or ())
 
     # --- unpack ------------------------------------------------------------------------------------
-    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
+    def decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
+        """qzeros int32 [R, O*b/32] (any R group rows) -> (true zero points uint8 [R, O], the convention read:
+        "v2", "v1-word" or "v1-field", from the version and params.convention; see decode_qzeros). The same
+        decoding unpack uses, for callers that read the zeros alone (repack checks a config's sym against them
+        before planning)."""
         conv = _resolve_convention(params.convention, bits, self.version)
         return decode_qzeros(qzeros, bits, out_features, conv), conv
 
@@ -439,7 +443,7 @@ class GptqFamily(Format):
                               fix="check group_size in the checkpoint config")
         g_idx = read_g_idx(tensors, in_features, n_groups, group_size, fid)
         codes = self._unpack_codes(qweight, bits, in_features, dim=0).t().contiguous()
-        zeros, conv = self._decode_zeros(qzeros, bits, out_features, params)
+        zeros, conv = self.decode_zeros(qzeros, bits, out_features, params)
         zeros = zeros.t().contiguous()
         if bool((zeros == (1 << (bits - 1))).all()):
             zeros = None  # symmetric: Plain's None means the midpoint

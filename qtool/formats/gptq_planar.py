@@ -47,7 +47,8 @@ class GptqPlanar(GptqFamily):
     def _unpack_codes(self, words: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
         return unpack_planar(words, bits, n, dim=dim)
 
-    def _decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
+    def decode_zeros(self, qzeros: torch.Tensor, bits: int, out_features: int, params: QuantScheme):
+        """qzeros int32 [R, O*b/32], planar -> (true zero points uint8 [R, O], "v2"): planar files store z."""
         return unpack_planar(qzeros, bits, out_features, dim=1), V2
 
 

@@ -30,6 +30,9 @@ SINGLE_NAME = "model.safetensors"
 # validate and the quantizers group a mixture-of-experts layer's modules by it
 EXPERT_MODULE = re.compile(r"^(?P<parent>.+)\.experts\.(?P<e>\d+)\.(?P<role>[^.]+)$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# The index of pickle shards (transformers' `pytorch_model.bin.index.json`): qtool never reads or writes such
+# shards, so an output carrying the index would point its readers at files it does not hold
+PICKLE_INDEX_SUFFIXES = tuple(f"{s}.index.json" for s in PICKLE_SUFFIXES)
 MAX_JSON_BYTES = 64 << 20
 
 _REFUSE_PICKLE = ("pickle checkpoints are never loaded (loading one can run arbitrary code)",
@@ -159,7 +162,7 @@ class Checkpoint:
         skip = {f.name for f in self.files} | {"config.json", "quantize_config.json"}
         return [p for p in self._entries()
                 if (p.is_symlink() or not p.is_dir()) and p.name not in skip and not self._is_index(p)
-                and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES]
+                and p.suffix not in (".safetensors",) + PICKLE_SUFFIXES and not p.name.endswith(PICKLE_INDEX_SUFFIXES)]
 
     def replaced_files(self) -> list[Path]:
         """The source's own quantize_config.json (other_files leaves it out: it describes the source's
@@ -198,12 +201,13 @@ class Checkpoint:
         """Entries of the source folder that are not part of the model read and never copied into an output,
         each named in a warning (writer.copy_extras): weight files the model read does not include (a
         .safetensors file beside model.safetensors or outside the index, pickles), shard indexes other than the
-        one read (that one the output's own index replaces, unnamed), and a lone file's sub-directories
-        (sub_directories)."""
+        one read (that one the output's own index replaces, unnamed), pickle shard indexes, and a lone file's
+        sub-directories (sub_directories)."""
         if not self.carries_folder():
             return []
         entries, opened = self._entries(), self._opened_index()
-        indexes = [p for p in entries if p.name.endswith(INDEX_SUFFIX) and p.name != opened and not p.is_dir()]
+        indexes = [p for p in entries if p.name.endswith((INDEX_SUFFIX, *PICKLE_INDEX_SUFFIXES))
+                   and p.name != opened and not p.is_dir()]
         subs = [p for p in entries if p.is_dir() and not p.is_symlink()] if self._lone_file() else []
         weights = [p for p in unread_weight_files(self.root, self.files, (".safetensors", *PICKLE_SUFFIXES))
                    if not p.name.startswith(TMP_PREFIX)]

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from qtool.errors import InputError, OutputError
+from qtool.io.checkpoint import PICKLE_INDEX_SUFFIXES
 from qtool.io.checkpoint import TMP_PREFIX as TMP_TAG
 from qtool.io.safetensors_header import TensorInfo
 
@@ -396,7 +397,10 @@ def copy_extras(files: list[Path], root: Path, out: Path, sub_dirs: list[Path] =
             warnings.append(f"{p.name}/: sub-directory not copied: the source is one file, and carries the files "
                             "beside it, not its folder's sub-directories; give the directory to copy them")
             continue
-        if p.name.endswith(".index.json"):
+        if p.name.endswith(PICKLE_INDEX_SUFFIXES):
+            why = "the index of pickle shards, which qtool never reads or writes (it would name files the output " \
+                  "does not hold)"
+        elif p.name.endswith(".index.json"):
             why = "a shard index other than the one read (the output writes its own where it is sharded)"
         elif p.suffix == ".safetensors":
             why = "weights that are not part of the model read (not model.safetensors, not in the index)"

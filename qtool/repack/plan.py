@@ -15,6 +15,9 @@ Kinds (ModulePlan.kind):
                 layout does not read that neither --keep nor --drop names
     keep        not selected by --include/--exclude: copied in the source layout, unchanged
 
+A plan the target's one config cannot describe as a whole is refused before any module is converted: an awq
+output of modules in more than one scheme, or with its LM head quantized (check_one_awq_config).
+
 Tensors a module's layout does not read (SourceModule.extra: a rotation, a smoothing vector) are never lost
 silently: a module copied unchanged (same layout, or not selected) carries them; a converted module carries
 those --keep names, discards those --drop names (listed in ModulePlan.dropped), and is refused otherwise.
@@ -377,6 +380,24 @@ def _one_marlin_family(plans: list[ModulePlan]) -> None:
 MIXED_FAMILY = "a marlin checkpoint's config names one quant_method (gptq or awq) for all its modules"
 
 
+def check_one_awq_config(source, plan: RepackPlan) -> None:
+    """Refuse (UsageError, exit 2) an awq plan whose converted modules one AWQ config cannot describe (a quantized
+    LM head, more than one scheme: qtool.formats.awq.awq_mismatch, the rule pack applies too). Called once the
+    plan is final (a GGUF source's modules outside the blocks are kept dense by then), so the refusal comes
+    before any module is converted, --dry-run included; the config writer's own guard would come only after."""
+    if plan.target != "awq":
+        return
+    from qtool.formats.awq import awq_mismatch
+
+    conv = [mp for mp in plan.modules if mp.converts]
+    bad = awq_mismatch([(mp.module, t.bits, t.group_size, t.sym) for mp in conv for t in (mp.target_scheme(),)])
+    if bad is None:
+        return
+    layout = next((m.layout for m in source.modules if m.name == bad.module), {})
+    tensor = layout.get("qweight") or next(iter(layout.values()), f"{bad.module}.qweight")
+    raise UsageError(f"{bad.problem}; nothing was written", path=source.path, tensor=tensor, fix=bad.conversion_fix)
+
+
 def _resolve_unread(m, mp: ModulePlan, keep: list[re.Pattern], drop: list[re.Pattern]) -> None:
     """Carry, drop or refuse the module's tensors that its source layout does not read (see the docstring)."""
     extra = getattr(m, "extra", None) or []
@@ -599,12 +620,7 @@ def _check_sym_claim(source, m, short: str) -> None:
     same = qz.shape[0] > 1 and torch.equal(qz[1:], qz[:-1])
     rows = qz[:1] if same else qz
     try:
-        if m.scheme.format == "awq":
-            from qtool.formats.awq import unpack_awq_cols
-
-            zeros = unpack_awq_cols(rows, o)
-        else:
-            zeros, _conv = get_format(m.scheme.format)._decode_zeros(rows, bits, o, m.scheme)
+        zeros, _conv = get_format(m.scheme.format).decode_zeros(rows, bits, o, m.scheme)
     except FormatError as e:
         raise located(e, source, m) from None
     off = int((zeros != mid).sum()) * (qz.shape[0] if same else 1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qtool.errors import InputError, NotRepresentable, UsageError
 from qtool.formats.gguf_blocks import GGUF_IDS, type_name
-from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, make_plan
+from qtool.repack.plan import ModulePlan, RepackJob, RepackPlan, apply_steps, check_one_awq_config, make_plan
 from qtool.repack.report import RunReport
 from qtool.repack.source import unpack_module
 
@@ -75,6 +75,7 @@ def plan_repack(job: RepackJob):
         from qtool.repack.interop import dense_modules_for_hf
 
         dense_modules_for_hf(source, plan)
+    check_one_awq_config(source, plan)
     if plan.target not in GGUF_IDS and not writes_quantize_config(plan.target):
         for f in source.replaced_files:
             plan.warnings.append(f"{f.name}: not copied: it describes the source's {plan.source_format} "
