@@ -327,7 +327,7 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
     from qtool.formats import get_format
     from qtool.formats.plain import relative_error
     from qtool.io.writer import BackgroundWriter, ShardedWriter, atomic_output, parse_size
-    from qtool.quant import quantize
+    from qtool.quant import quantize, scale_underflow
 
     if job.to not in PACK_FORMATS:
         raise UsageError(f"pack cannot write '{job.to}'", fix=f"choose --to from {', '.join(PACK_FORMATS)}")
@@ -410,6 +410,11 @@ def run_pack(job: PackJob, on_progress: Callable[[str, int, int], None] | None =
                     except QtoolError as e:
                         raise _located(e, ck.path, name) from None
                     err = relative_error(weight, p)
+                # a scale too small for its dtype zeroes its group (or blurs it) and raises nothing: say so,
+                # once per tensor
+                lost = scale_underflow(weight, p)
+                if lost is not None:
+                    report.warnings.append(f"{name}: {lost.message()}")
                 _write_packed(w, fmt, p, plan, err, info, report, ck.path)
                 del weight, p
         files = w.files

@@ -161,3 +161,77 @@ def test_a_source_tensor_named_as_the_layout_writes_is_refused_before_any_work(t
     msg = str(r.exception)
     assert f"tensor '{name}': the source holds '{name}' beside the weight it quantizes" in msg, msg
     assert str(tmp_path / "src") in msg and "--exclude" in msg and not (tmp_path / "out").exists()
+
+
+def _lost_groups(src: torch.Tensor, packed: dict, fmt: str, module: str, bits: int, group: int) -> int:
+    """Oracle from the written bytes: groups of `src` holding a nonzero weight whose decoded weights are all 0."""
+    from tests.test_pack import decode
+
+    deq = torch.from_numpy(decode(fmt, packed, module, bits, group))
+    o, i = src.shape
+    held = (src != 0).reshape(o, i // group, group).any(-1)
+    return int((held & (deq == 0).reshape(o, i // group, group).all(-1)).sum())
+
+
+def test_weights_too_small_for_fp16_scales_are_named_with_the_groups_they_lose(tmp_path):
+    """An fp32 weight of |w| ~ 1e-8 in some groups: their 8-bit scales underflow fp16, its smallest normal stands
+    in, and every code is the zero point. pack writes it as before and says so, once, for that tensor: how many
+    groups of how many (the count the written bytes show), the largest |w| among them, and the fix. --dtype bf16
+    loses nothing and says nothing; the ordinary weight beside it is never named."""
+    from tests.conftest import write_llama
+
+    g = torch.Generator().manual_seed(0)
+    t = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 256, generator=g) * 0.02,
+         "model.layers.0.mlp.down_proj.weight": torch.randn(64, 256, generator=g) * 0.02}
+    down = t["model.layers.0.mlp.down_proj.weight"]
+    down[:24, :128] *= 1e-6   # group 0 of rows 0..23
+    (tmp_path / "src").mkdir()
+    write_llama(tmp_path / "src", t, "float32")
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "fp16", "--to", "gptq", "--bits", 8, "--group-size", 128,
+            "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    packed, _ = load(tmp_path / "fp16")
+    assert _lost_groups(down, packed, "gptq", "model.layers.0.mlp.down_proj", 8, 128) == 24
+    assert _lost_groups(t["model.layers.0.self_attn.q_proj.weight"], packed, "gptq",
+                        "model.layers.0.self_attn.q_proj", 8, 128) == 0
+    named = [w for w in report["warnings"] if "q_proj" in w or "down_proj" in w]
+    amax = float(down[:24, :128].abs().max())
+    assert named == [f"model.layers.0.mlp.down_proj.weight: every nonzero weight of 24 of 128 groups dequantizes "
+                     f"to 0 (largest |w| among them {amax:.3g}): their 8-bit scale underflows fp16, and its smallest "
+                     "normal, 6.1e-05, stands in; use --dtype bf16 (bf16 scales have float32's range) or --exclude "
+                     "this module"], report["warnings"]
+    assert json.loads((tmp_path / "fp16" / "report.json").read_text())["warnings"] == report["warnings"]
+    assert "every nonzero weight of 24 of 128 groups" in (tmp_path / "fp16" / "report.md").read_text()
+
+    r = run("pack", tmp_path / "src", "-o", tmp_path / "bf16", "--to", "gptq", "--bits", 8, "--group-size", 128,
+            "--dtype", "bf16", "--json")
+    report = json.loads(r.stdout)
+    packed, _ = load(tmp_path / "bf16")
+    assert _lost_groups(down, packed, "gptq", "model.layers.0.mlp.down_proj", 8, 128) == 0
+    assert not [w for w in report["warnings"] if "proj" in w], report["warnings"]
+    assert max(x["rel_error"] for x in report["tensors"]) < 0.01
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_calibrated_packs_name_the_groups_an_fp16_scale_zeroes_too(tmp_path, method):
+    """GPTQ and AWQ make their own Plains (and AWQ scales the weight first); the check reads what they made."""
+    from safetensors.torch import load_file, save_file
+
+    src = _hf_model(tmp_path / "m")
+    weights = load_file(str(src / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    weights[name] = weights[name] * 1e-7
+    save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
+    r = run("pack", src, "-o", tmp_path / "out", "--to", "gptq_v2" if method == "gptq" else "awq", "--bits", 4,
+            "--group-size", 32, "--method", method, "--calib-samples", 4, "--calib-seqlen", 16, "--json")
+    assert r.exit_code == 0, r.output
+    warnings = json.loads(r.stdout)["warnings"]
+    packed, _ = load(tmp_path / "out")
+    fmt = "gptq_v2" if method == "gptq" else "awq"
+    lost = _lost_groups(weights[name], packed, fmt, "model.layers.0.mlp.down_proj", 4, 32)
+    o, i = weights[name].shape
+    assert lost > 0
+    named = [w for w in warnings if w.startswith(name)]
+    assert len(named) == 1 and f"every nonzero weight of {lost} of {o * i // 32} groups" in named[0], warnings
+    assert not [w for w in warnings if "proj" in w and not w.startswith(name)], warnings

@@ -214,3 +214,119 @@ def test_float64_weight_beyond_float32_is_named():
     w[3, 9] = 1e300
     with pytest.raises(InputError, match=r"1e\+300 at \[3, 9\], beyond float32's range"):
         quantize(w, 4, 32, True)
+
+
+def zeroed_groups(w: torch.Tensor, p) -> tuple[int, float]:
+    """Oracle, one group at a time: (how many groups hold a nonzero weight yet dequantize to all zeros, the
+    largest |w| among them), groups as p's g_idx forms them."""
+    d = dequantize(p, torch.float64)
+    gi = p.group_index()
+    count, amax = 0, 0.0
+    for r in range(w.shape[0]):
+        for g in range(p.n_groups):
+            wg = w[r, gi == g].to(torch.float64)
+            if bool((wg != 0).any()) and bool((d[r, gi == g] == 0).all()):
+                count, amax = count + 1, max(amax, float(wg.abs().max()))
+    return count, amax
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("method", ["rtn", "mse"])
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_groups_an_underflowed_fp16_scale_zeroes_are_counted(bits, method, sym, act_order):
+    """Groups of |w| ~ 1e-8 need a scale below fp16's smallest subnormal; the floor that stands in for it puts
+    every code at the zero point. scale_underflow counts exactly those groups (not an all-zero group), names the
+    largest |w| among them and the fix; bf16 scales hold the same weight and nothing is reported."""
+    from qtool.quant import scale_underflow
+
+    w = weights("normal", O=8, I=256, seed=5).float()
+    g_idx = None
+    gi = torch.arange(256) // 64
+    if act_order:
+        g_idx = gi[torch.randperm(256, generator=torch.Generator().manual_seed(1))].to(torch.int32)
+        gi = g_idx.long()
+    w[1, gi == 0] *= 1e-6
+    w[5, gi == 2] *= 1e-6
+    w[6, gi == 1] = 0                      # a group of zeros dequantizes to zeros and loses nothing
+    w[6, gi == 3] = 0
+    w[6, (gi == 3).nonzero()[0]] = 3e-8    # one nonzero weight is enough to be lost
+    p = quantize(w, bits, 64, sym, method, scale_dtype=torch.float16, g_idx=g_idx)
+    count, amax = zeroed_groups(w, p)
+    assert count == 3
+    u = scale_underflow(w, p)
+    assert (u.groups, u.zeroed, u.zeroed_amax) == (32, count, amax)
+    msg = u.message()
+    assert f"3 of 32 groups dequantizes to 0 (largest |w| among them {amax:.3g})" in msg
+    assert "underflows fp16" in msg and "--dtype bf16" in msg and "--exclude" in msg and "\n" not in msg
+    pb = quantize(w, bits, 64, sym, method, scale_dtype=torch.bfloat16, g_idx=g_idx)
+    assert zeroed_groups(w, pb) == (0, 0.0) and scale_underflow(w, pb) is None
+    w[[1, 5, 6]] = weights("normal", O=3, I=256, seed=6).float()
+    w[6, :64] = 0
+    assert scale_underflow(w, quantize(w, bits, 64, sym, method, g_idx=g_idx)) is None
+
+
+def test_one_hand_built_row_of_floored_scales():
+    """Four groups, every scale at fp16's smallest normal and every code at the zero point: the group of zeros
+    loses nothing, the groups holding a weight lose it; a code off the zero point keeps its group."""
+    from qtool.formats.plain import Plain
+    from qtool.quant import scale_underflow
+
+    tiny = torch.finfo(torch.float16).tiny
+    w = torch.zeros(1, 64)
+    w[0, 16:32] = 1e-9
+    w[0, 40] = -4e-8
+    w[0, 48:64] = 2e-5
+    q = torch.full((1, 64), 8, dtype=torch.uint8)
+    q[0, 63] = 9   # 2e-5 / 6.1e-5 rounds to 0 in the other codes; this one is made to say 1 step
+    p = Plain(q, torch.full((1, 4), tiny, dtype=torch.float16), None, None, 4, 16)
+    u = scale_underflow(w, p)
+    assert (u.groups, u.zeroed, u.zeroed_amax, u.coarse) == (4, 2, float(torch.tensor(4e-8).double()), 0)
+
+
+def test_subnormal_scales_that_cost_error_are_counted_and_the_rest_are_not():
+    """8-bit groups of |w| from 1e-6 to 1e-2: a group whose fp16 scale is at most 2^6 of fp16's smallest
+    subnormal (2^-24) is counted as coarse, and those groups lose more against float32 scales than the groups
+    above the limit, which lose next to nothing."""
+    from qtool.quant import scale_underflow
+
+    O, I, G = 96, 256, 128
+    mag = torch.logspace(-6, -2, O).unsqueeze(1)
+    w = torch.randn(O, I, generator=torch.Generator().manual_seed(2)) * mag
+    p16 = quantize(w, 8, G, True, scale_dtype=torch.float16)
+    p32 = quantize(w, 8, G, True, scale_dtype=torch.float32)
+    s = p16.scales.float()
+    sq = lambda p: ((dequantize(p, torch.float64) - w.double()) ** 2).reshape(O, I // G, G).sum(-1)  # noqa: E731
+    e16, e32 = sq(p16), sq(p32)
+    zeroed = (dequantize(p16, torch.float64).reshape(O, I // G, G) == 0).all(-1)
+    coarse = (s <= 2.0**-24 * 2**6) & ~zeroed
+    above = ~coarse & ~zeroed
+    assert int(coarse.sum()) > 10 and int((above & (s < torch.finfo(torch.float16).tiny)).sum()) > 10
+    u = scale_underflow(w, p16)
+    assert (u.zeroed, u.coarse) == (int(zeroed.sum()), int(coarse.sum()))
+    assert u.coarse_amax == float(w.double().abs().reshape(O, I // G, G).amax(-1)[coarse].max())
+    assert float(e16[coarse].sum() / e32[coarse].sum()) > 1.05
+    assert float(e16[above].sum() / e32[above].sum()) < 1.004
+    assert "have fp16 scales of at most 3.81e-06" in u.message()
+
+
+def test_groups_gptq_zeroes_on_purpose_are_not_blamed_on_the_scale():
+    """GPTQ sets the weights of inputs that were always zero to 0 (their scale is an ordinary one): no report.
+    A tiny weight with live inputs loses its groups to the fp16 floor as RTN's do, and is counted."""
+    from qtool.quant import scale_underflow
+    from qtool.quant.gptq import Hessian, gptq_quantize
+
+    w = weights("normal", O=8, I=64, seed=7).float()
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(8))
+    x[:, 32:] = 0   # the second group's inputs never fire
+    h = Hessian(64)
+    h.add(x)
+    r = gptq_quantize(w, h.H, 4, 32, True)
+    assert zeroed_groups(w, r.plain)[0] == 8 and scale_underflow(w, r.plain) is None
+    h = Hessian(64)
+    h.add(torch.randn(64, 64, generator=torch.Generator().manual_seed(9)))
+    tiny = w * 1e-6
+    r = gptq_quantize(tiny, h.H, 4, 32, True)
+    count, amax = zeroed_groups(tiny, r.plain)
+    u = scale_underflow(tiny, r.plain)
+    assert count > 0 and (u.zeroed, u.zeroed_amax) == (count, amax)

@@ -211,3 +211,33 @@ def test_the_source_quantize_config_json_is_never_carried_silently(tmp_path):
     rep = run_repack(RepackJob(tmp_path / "q", "gptq", tmp_path / "v1"))
     assert not any("quantize_config.json" in w for w in rep.plan.warnings)
     assert json.loads((tmp_path / "v1" / "quantize_config.json").read_text())["checkpoint_format"] == "gptq"
+
+
+
+# --- requantized scales that underflow ------------------------------------------------------------------------
+
+def test_a_requantized_group_its_fp16_scale_zeroes_is_named(tmp_path):
+    """A source with float32 scales of ~1e-7 requantized to 2 bits gets fp16 scales that underflow: every
+    weight of those groups dequantizes to 0. The warning names that module with the count the written bytes
+    show; the modules beside it stay unnamed."""
+    from tests.test_pack import decode
+    from tests.test_repack import MODULES, make_checkpoint
+
+    make_checkpoint(tmp_path / "m", "gptq_v2", 4, 128, True)
+    t = load_file(str(tmp_path / "m" / "model.safetensors"))
+    small = next(iter(MODULES))
+    t[f"{small}.scales"] = t[f"{small}.scales"].float() * 1e-6
+    save_file(t, str(tmp_path / "m" / "model.safetensors"), metadata={"format": "pt"})
+    src = get_format("gptq_v2").unpack({k.rpartition(".")[2]: v for k, v in t.items() if k.startswith(small + ".")},
+                                       QuantScheme("gptq_v2", 4, 128, True))
+    rep = run_repack(RepackJob(tmp_path / "m", "gptq_v2", tmp_path / "out", allow_lossy=True, bits=2))
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    deq = torch.from_numpy(decode("gptq_v2", out, small, 2, 128))
+    w = src.qweight.to(torch.float32)  # nonzero where the source weight is: its code is off the midpoint
+    o, i = deq.shape
+    held = (w != 8).reshape(o, i // 128, 128).any(-1)
+    lost = int((held & (deq == 0).reshape(o, i // 128, 128).all(-1)).sum())
+    named = [x for x in rep.plan.warnings if "dequantizes to 0" in x]
+    assert lost > 0 and named == [x for x in rep.plan.warnings if x.startswith(f"{small}: ")]
+    assert named[0].startswith(f"{small}: every nonzero weight of {lost} of {o * i // 128} groups dequantizes to 0")
+    assert "--exclude this module" in named[0] and "--dtype" not in named[0]

@@ -8,7 +8,10 @@ per-group parameters shaped [R, n_groups, 1] so they broadcast over the members.
 - sym:  amax = max|w|; s = 2 * amax / (2^b - 1); z = 2^(b-1) (so codes span the whole [0, 2^b - 1]).
 - a group of zeros gets the range [-1, 1] (as GPTQ does) so no scale is 0 and nothing is NaN.
 - s is rounded to the scales dtype *before* the codes are computed, so dequantize(plain) is exactly what the
-  codes mean; a scale that underflows to 0 in that dtype is replaced by the dtype's smallest normal.
+  codes mean; a scale that underflows to 0 in that dtype is replaced by the dtype's smallest normal. That
+  scale is far above such a group's weights, so every code sits at the zero point and the whole group
+  dequantizes to 0: `qtool.quant.scale_underflow` finds those groups (and scales left with few significant
+  bits) for the caller to report.
 - q = clamp(round(w / s) + z, 0, 2^b - 1): GPTQ packers clamp.
 `ratio` < 1 shrinks the range (clip search, see mse.py); 1.0 is plain RTN.
 """
@@ -36,6 +39,7 @@ def params_from_range(xmin: torch.Tensor, xmax: torch.Tensor, bits: int, sym: bo
     if ratio != 1.0:
         xmin, xmax = xmin * ratio, xmax * ratio
     scale = ((xmax - xmin) / maxq).to(scale_dtype).to(torch.float32)
+    # a scale of 0 would give NaN codes; the floor keeps them finite (and zeroes the group: see the docstring)
     scale = torch.where(scale > 0, scale, torch.finfo(scale_dtype).tiny)
     if sym:
         zero = torch.full_like(scale, float(1 << (bits - 1)))

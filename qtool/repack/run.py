@@ -237,7 +237,7 @@ class ModuleConverter:
             got = dequantize_blocks(raw, self.dst.spec.id).to(torch.float64)
             out = {"weight": raw}
         else:
-            from qtool.quant import quantize
+            from qtool.quant import quantize, scale_underflow
 
             sdt = plain.scales.dtype if plain is not None and plain.scales.dtype in (torch.float16,
                                                                                     torch.bfloat16) else torch.float16
@@ -253,6 +253,11 @@ class ModuleConverter:
             if why:
                 raise NotRepresentable(f"{m.name}: requantized weight still cannot be stored as {self.dst.spec.id}: "
                                        + "; ".join(why), tensor=m.name, fix="--exclude this module")
+            lost = scale_underflow(w, q)  # a group zeroed by its scale's dtype raises nothing: say so
+            if lost is not None:
+                self.plan.warnings.append(f"{m.name}: " + lost.message(
+                    "repack writes the source's scale dtype where it is fp16 or bf16, fp16 otherwise; --exclude this "
+                    "module to keep it as it is"))
             got = dequantize(q, torch.float64)
             out = self._pack(q)
         diff = got - ref
