@@ -22,6 +22,7 @@ from qtool.io.checkpoint import Checkpoint, open_checkpoint
 from qtool.io.memory import available_bytes
 from qtool.io.safetensors_header import TensorInfo
 from qtool.scheme import QuantScheme
+from qtool.spec import INT32_MAX
 
 PACK_FORMATS = ("gptq", "gptq_v2", "gptq_p", "awq", "fp8", "ct_fp8", "ct_int8", "nvfp4", "modelopt_nvfp4", "mxfp4",
                 "mxfp8", "gptoss_mxfp4")
@@ -708,8 +709,6 @@ def _calibrate(ck: Checkpoint, job: PackJob, to_quantize: dict[str, ModulePlan],
 
 
 # --- float / int8 layouts (fp8, ct_fp8, ct_int8) ------------------------------------------------------------
-# Kernels and the scale grids index rows and inputs with 32-bit integers.
-INT32_MAX = 2**31 - 1
 
 
 def scaled_block(job: PackJob, fmt) -> tuple[int, int]:

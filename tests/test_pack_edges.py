@@ -235,3 +235,22 @@ def test_calibrated_packs_name_the_groups_an_fp16_scale_zeroes_too(tmp_path, met
     named = [w for w in warnings if w.startswith(name)]
     assert len(named) == 1 and f"every nonzero weight of {lost} of {o * i // 32} groups" in named[0], warnings
     assert not [w for w in warnings if "proj" in w and not w.startswith(name)], warnings
+
+
+def test_a_warning_is_said_once_on_the_terminal_and_on_stderr_when_the_report_is_not_shown(tmp_path):
+    """The shown report prints its warnings; stderr carries them only under -q and --json (whose stdout is the
+    report), so a terminal (stdout and stderr together) reads each once."""
+    from tests.conftest import write_llama
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=g) * 1e-8
+    (tmp_path / "src").mkdir()
+    write_llama(tmp_path / "src", {"model.layers.0.mlp.down_proj.weight": w}, "float32")
+    said = "model.layers.0.mlp.down_proj.weight: every nonzero weight of"
+    for flags, where in (((), "output"), (("-q",), "stderr"), (("--json",), "stderr")):
+        out = tmp_path / f"out{len(flags)}{flags[:1]}"
+        r = run("pack", tmp_path / "src", "-o", out, "--to", "gptq", "--bits", 8, *flags)
+        assert r.exit_code == 0, r.output
+        assert getattr(r, where).count(said) == 1, (flags, r.output)
+        if flags != ("--json",):  # --json's stdout holds the report, warnings included
+            assert r.output.count(said) == 1, (flags, r.output)

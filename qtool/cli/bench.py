@@ -11,7 +11,6 @@ import typer
 
 from qtool.cli.app import app
 from qtool.cli.common import (
-    INT32_MAX,
     ConfigOpt,
     QuietOpt,
     apply_config,
@@ -24,6 +23,7 @@ from qtool.cli.common import (
     stdout_console,
 )
 from qtool.report.text import sanitize
+from qtool.spec import INT32_MAX
 
 # Code widths the kernels' packed layers read (GPTQ words hold a whole number of codes).
 BITS = (2, 3, 4, 5, 6, 7, 8)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 import typer
 
 from qtool.errors import SpecError, UsageError
+from qtool.report.text import sanitize
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON alone on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress: errors, and warnings of what "
@@ -163,11 +164,6 @@ def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
     return source is not None and getattr(source, "name", "") == "COMMANDLINE"
 
 
-# Sizes and counts from flags index int32 tensors in the kernels; the bound also keeps a value that would
-# overflow a C int from reaching torch.
-INT32_MAX = 2**31 - 1
-
-
 def _shown(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -278,3 +274,11 @@ def progress(quiet: bool):
         disable=quiet or not console.is_terminal,
         transient=True,
     )
+
+
+def warn_unshown(v: dict, warnings: list[str]) -> None:
+    """Warnings (files and tensors not carried over) reach stderr when no report is shown: -q and --json
+    leave out the report, never what was left out of the output. The shown report prints them itself."""
+    if v["quiet"] or v["json_"]:
+        for w in warnings:
+            stderr_console().print(f"warning: {sanitize(w)}")

@@ -22,6 +22,7 @@ from qtool.cli.common import (
     progress,
     stderr_console,
     stdout_console,
+    warn_unshown,
 )
 from qtool.formats.base import format_names
 from qtool.pack import PACK_FORMATS
@@ -143,8 +144,7 @@ def pack_cmd(
             bar.update(task, completed=k, total=n, description=f"packing {sanitize(name[-40:])}")
 
         report = run_pack(job, tick)
-    for w in report.warnings:
-        stderr_console().print(f"warning: {sanitize(w)}")
+    warn_unshown(v, report.warnings)
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

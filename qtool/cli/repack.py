@@ -22,6 +22,7 @@ from qtool.cli.common import (
     progress,
     stderr_console,
     stdout_console,
+    warn_unshown,
 )
 from qtool.formats.base import format_names
 from qtool.report.text import sanitize
@@ -121,20 +122,12 @@ def repack_cmd(
         elif not v["quiet"]:
             render(refused, stderr_console(), refused=True)
         raise
-    _warn_quietly(v, report.plan.warnings)
+    warn_unshown(v, report.plan.warnings)
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:
         render(report, human)
     return 0
-
-
-def _warn_quietly(v: dict, warnings: list[str]) -> None:
-    """Warnings (files and tensors not carried over) reach stderr when no report is shown: -q and --json
-    leave out the report, never what was left out of the output."""
-    if v["quiet"] or v["json_"]:
-        for w in warnings:
-            stderr_console().print(f"warning: {sanitize(w)}")
 
 
 def _dense(v: dict) -> int:
@@ -158,7 +151,7 @@ def _dense(v: dict) -> int:
             bar.update(task, completed=k, total=n, description=f"dequantizing {sanitize(name[-40:])}")
 
         report = run_dense(job, tick)
-    _warn_quietly(v, report.plan.warnings)
+    warn_unshown(v, report.plan.warnings)
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

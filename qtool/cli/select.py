@@ -9,7 +9,6 @@ import typer
 
 from qtool.cli.app import app
 from qtool.cli.common import (
-    INT32_MAX,
     ConfigOpt,
     JsonOpt,
     QuietOpt,
@@ -18,6 +17,7 @@ from qtool.cli.common import (
     emit_json,
     stdout_console,
 )
+from qtool.spec import INT32_MAX
 
 # Code widths --bits takes (Plain holds 2..8-bit codes; a gguf:QTYPE layer takes its bits from the qtype).
 BITS_RANGE = (2, 8)
