@@ -246,6 +246,12 @@ def test_quantize_config_json_and_disagreement(tmp_path):
     assert r.config_source == "config.json quantization_config" and r.format == "gptq"
     w = [a.message for a in r.anomalies if a.severity == "warning"]
     assert any("checkpoint_format='gptq' but quantize_config.json says 'gptq_v2'" in m for m in w)
+    # lm_head too: transformers reads config.json's, GPTQModel quantize_config.json's
+    q = json.loads((root / "quantize_config.json").read_text())
+    (root / "quantize_config.json").write_text(json.dumps(q | {"lm_head": True}))
+    (root / "config.json").write_text(json.dumps({"quantization_config": q | {"lm_head": False}}))
+    w = [a.message for a in inspect_path(root).anomalies if a.severity == "warning"]
+    assert any("lm_head=False but quantize_config.json says True" in m for m in w), w
 
 
 def test_asym_and_deep_checks_of_bad_data(tmp_path):

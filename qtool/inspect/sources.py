@@ -193,7 +193,7 @@ def read_headers(path: Path) -> Headers:
                   anomalies=anoms, cut_files=cut_files)
 
 
-_COMPARE = ("quant_method", "bits", "group_size", "sym", "desc_act", "checkpoint_format")
+_COMPARE = ("quant_method", "bits", "group_size", "sym", "desc_act", "checkpoint_format", "lm_head")
 
 
 def config_disagreements(a: dict, b: dict) -> list[tuple[str, object, object]]:
