@@ -256,8 +256,8 @@ def test_flags_below_dense_and_below_anchor(tmp_path):
     # the comparison the anchor cannot make is named, not left blank
     assert report.summary["anchor"]["uncovered"] == [{"shape": "b", "K": 256, "N": 512, "M": [32]}]
     from qtool.bench.report import anchor_gap_lines
-    assert anchor_gap_lines(report) == ["ref.csv has no figures for b (256x512) at M = 32: the layer sums there "
-                                        "are not compared with it"]
+    assert anchor_gap_lines(report) == ["ref.csv has no figures for b (256x512) at M = 32: its rows there and every "
+                                        "layer sum that includes it are not compared with the anchor"]
     # without an anchor only the dense flags, and no anchor keys
     plain = fake_report()
     apply_anchor(plain, None)

@@ -2,8 +2,9 @@
 
 The anchor file is a CSV with the columns model, shape, count_in_layer, K, N, M, fp16_us, <kernel>_us and
 <kernel>_x_fp16 (benchmarks/anchors/marlin-orig-h200.csv: the original Marlin kernel against fp16 cuBLAS on an
-H200). Only K, N, M, fp16_us and the kernel's time are read (each row is one call's time): a bench shape takes
-the mean of the anchor's rows of the same K x N and M (several models or projections can share a shape), so the
+H200). Only K, N, M, fp16_us and the kernel's time are used (each row is one call's time; model and shape, where
+present, only tell one layer's row from another's, and a layer's second row for one M is refused): a bench shape
+takes the mean of the anchor's rows of the same K x N and M (several models or projections can share a shape), so the
 anchor speedup of a shape is mean(fp16_us) / mean(kernel_us), and of the bench's layer, the sums of those means
 over its shapes, each counted once per occurrence, as the bench sums its own times. Absolute times drift between runs and machines; ratios carry over.
 
@@ -16,14 +17,21 @@ from __future__ import annotations
 
 import csv
 import io
-import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qtool.bench.shapes import MAX_DIM, digits_value
 from qtool.errors import InputError, UsageError
 
 REQUIRED = ("K", "N", "M", "fp16_us")
 MAX_BYTES = 16 << 20  # a figures table, not a data set
+MAX_ROWS = 100_000  # 200 times the shipped tables (benchmarks/anchors: under 500 rows); bounds what is held
+# A nanosecond to 1000 s per call: wider than any GEMM's time, narrow enough that the sums and ratios of any
+# MAX_ROWS rows stay finite (1e308 us beside 1e300 us made a layer's anchor speedup inf).
+MIN_US, MAX_US = 1e-3, 1e9
+# ASCII digits only: int() and float() also take "1_0" (as 10) and other scripts' digits.
+INT = re.compile(r"\s*[0-9]+\s*")
 
 
 @dataclass(frozen=True)
@@ -42,14 +50,16 @@ def load_anchor(path: Path) -> Anchor:
     fix = "give a CSV with columns K,N,M,fp16_us and one <kernel>_us column (as benchmarks/anchors/*.csv)"
     if path.is_dir():
         raise UsageError(f"--anchor {path}: is a directory", fix=fix)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"--anchor {path}: no such file", fix=fix)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise InputError(f"anchor file is {size:,} bytes, more than a figures table ({MAX_BYTES:,})",
-                             path=path, fix=fix)
-        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's export may start with a BOM
+        # At most one byte past the limit is read: the size stat() gives is 0 for a pipe (--anchor <(...)) and
+        # stale for a file still being written.
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise InputError(f"anchor file is more than a figures table ({MAX_BYTES:,} bytes)", path=path, fix=fix)
+        text = data.decode("utf-8-sig")  # a spreadsheet's export may start with a BOM
     except UnicodeDecodeError:
         raise InputError("anchor file is not UTF-8 text", path=path, fix=fix) from None
     except OSError as e:
@@ -84,6 +94,13 @@ def _read_rows(reader: csv.DictReader, path: Path, fix: str
             f"has {len(kernel_cols)} kernel time columns (<kernel>_us besides fp16_us), not one")
         raise InputError(f"anchor file {what}", path=path, fix=fix)
     kcol = kernel_cols[0]
+    if kcol == "_us":  # the flags and tables name the reference kernel by it
+        raise InputError("anchor file's kernel time column '_us' names no kernel", path=path,
+                         fix="name it <kernel>_us, e.g. marlin_us")
+    # One layer's row per model, shape and M: a second is a pasted repeat or a rerun, and averaging it in would
+    # weight that figure twice. Rows of different layers of one K x N are meant to be averaged (gate and up).
+    ident = [c for c in ("model", "shape") if c in cols]
+    first: dict[tuple, int] = {}
     sums: dict[tuple[int, int, int], tuple[float, float, int]] = {}
     for row in reader:
         line = reader.line_num  # the record's last line: blank lines and quoted line breaks count
@@ -91,16 +108,28 @@ def _read_rows(reader: csv.DictReader, path: Path, fix: str
             raise InputError(f"anchor file line {line}: {len(row.get(None) or ())} field(s) beyond the header's "
                              f"{len(cols)}" if None in row else f"anchor file line {line}: fewer fields than the "
                              f"header's {len(cols)}", path=path, fix=fix)
+        if len(first) >= MAX_ROWS:
+            raise InputError(f"anchor file has more than {MAX_ROWS:,} rows (line {line})", path=path,
+                             fix="keep the rows of the models and M you bench")
         try:
-            k, n, m = int(row["K"]), int(row["N"]), int(row["M"])
+            if not (all(INT.fullmatch(row[c]) for c in ("K", "N", "M"))
+                    and all(row[c].isascii() and "_" not in row[c] for c in ("fp16_us", kcol))):
+                raise ValueError
+            k, n, m = (digits_value(row[c]) for c in ("K", "N", "M"))
             fp16, kern = float(row["fp16_us"]), float(row[kcol])
-        except (TypeError, ValueError):
+        except ValueError:
             raise InputError(f"anchor file line {line}: K, N, M must be integers and fp16_us, {kcol} numbers",
                              path=path, fix=fix) from None
-        if min(k, n, m) <= 0 or not (math.isfinite(fp16) and math.isfinite(kern)) or fp16 <= 0 or kern <= 0 \
-                or not 0 < fp16 / kern < math.inf:
-            raise InputError(f"anchor file line {line}: sizes and times must be positive and finite",
-                             path=path, fix=fix)
+        if not (all(1 <= d <= MAX_DIM for d in (k, n, m)) and all(MIN_US <= t <= MAX_US for t in (fp16, kern))):
+            raise InputError(f"anchor file line {line}: sizes and times must be positive and finite (K, N, M from "
+                             f"1 to {MAX_DIM}; times from {MIN_US} to {MAX_US:,.0f} us)", path=path, fix=fix)
+        key = (*(row[c].strip() for c in ident), k, n, m)
+        if key in first:
+            what = ", ".join([*ident, "K, N and M"])
+            raise InputError(f"anchor file line {line} repeats line {first[key]}'s {what}", path=path,
+                             fix="keep one row per layer and M" + ("" if ident else
+                                 ", or add model and shape columns that tell the layers of one K x N apart"))
+        first[key] = line
         a, b, c = sums.get((k, n, m), (0.0, 0.0, 0))
         sums[(k, n, m)] = (a + fp16, b + kern, c + 1)
     return kcol, sums
@@ -108,8 +137,9 @@ def _read_rows(reader: csv.DictReader, path: Path, fix: str
 
 def apply_anchor(report, anchor: Anchor | None, dense: str = "dense") -> None:
     """Add the anchor's speedups to the report's rows and per-M layer sums, and the flags (always: below dense;
-    with an anchor: below it). A layer sum is compared with the anchor only where the anchor has every shape; the
-    shapes and M it lacks are listed (summary.anchor.uncovered), so a missing comparison is said, not blank.
+    with an anchor: below it). A layer sum is compared with the anchor only where the anchor has every shape the sum
+    covers (a kernel's sum over part of the shapes may be compared where the whole layer is not); the shapes and M
+    it lacks are listed (summary.anchor.uncovered), so a missing comparison is said, not blank.
     `dense`: the kernel id of the dense baseline's rows."""
     DENSE = dense  # noqa: N806 - the baseline's id, as run.py names it
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ def check_report_path(flag: str, path: Path) -> None:
     created when the report is written. A terminal, pipe or /dev/null is written in place."""
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a directory", fix=f"name a file, e.g. {path / 'bench'}")
-    if path.is_symlink() or path.is_file():
+    if path.is_file() or (path.is_symlink() and not path.exists()):  # a link to a pipe (/dev/stdout) is written
         raise UsageError(f"{flag} {path}: the file exists, and a report does not replace one",
                          fix="remove it, or name another file")
     parent = path.parent
@@ -79,15 +80,19 @@ def write_report(flag: str, path: Path, fill: Callable[[Path], None], replace: b
         return OutputError(f"cannot write the {flag} report ({e.strerror or type(e).__name__})", path=path,
                            fix="free space, or give another path")
 
+    def appeared() -> OutputError:
+        return OutputError(f"the {flag} report's file appeared during the run, and a report does not replace a file",
+                           path=path, fix="remove it, or name another file")
+
     try:
-        st = path.stat()
-    except FileNotFoundError:
+        st = path.stat() if os.path.lexists(path) else None
+    except FileNotFoundError:  # a link to nothing: a name a new file would go through, or replace
         st = None
     except OSError as e:
         raise fail(e) from None
-    if st is not None and stat.S_ISREG(st.st_mode) and not replace:  # checked before the run, so new since then
-        raise OutputError(f"the {flag} report's file appeared during the run, and a report does not replace a file",
-                          path=path, fix="remove it, or name another file")
+    # checked before the run, so new since then
+    if not replace and os.path.lexists(path) and (st is None or stat.S_ISREG(st.st_mode)):
+        raise appeared()
     if st is not None and not stat.S_ISREG(st.st_mode):
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"{flag} {path}: is a directory", fix="name a file")
@@ -100,11 +105,18 @@ def write_report(flag: str, path: Path, fill: Callable[[Path], None], replace: b
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise fail(e) from None
-    with atomic_output(path, force=replace, directory=False) as tmp:
-        try:
-            fill(tmp)
-        except OSError as e:
-            raise fail(e) from None
+    try:
+        with atomic_output(path, force=replace, directory=False) as tmp:
+            try:
+                fill(tmp)
+            except OSError as e:
+                raise fail(e) from None
+    except OutputError:
+        # It appeared while the report was written: say so in this command's words (atomic_output's speak of -o
+        # and --force, which bench does not have).
+        if not replace and os.path.lexists(path):
+            raise appeared() from None
+        raise
 
 
 def _f(v, fmt: str, dash: str = "-") -> str:
@@ -175,6 +187,7 @@ def partial_lines(report: BenchReport) -> list[str]:
     where the measured M* comes from fewer shapes than a sum."""
     lines = []
     summary = report.summary
+    anchor = summary.get("anchor")  # without one, there is no anchor ratio to speak of
     for kname, per_m in summary.get("per_m", {}).items():
         by_gap: dict[tuple[int, int, tuple[str, ...]], list[str]] = {}
         for m, e in per_m.items():
@@ -182,9 +195,11 @@ def partial_lines(report: BenchReport) -> list[str]:
                 by_gap.setdefault((e["shapes"], e["shapes_total"], tuple(e.get("shapes_missing", ()))), []).append(m)
         for (n, total, missing), ms in by_gap.items():
             lines.append(f"{kname} at M = {', '.join(ms)}: the layer sum covers {n} of {total} shapes (refused or "
-                         f"failed on {', '.join(missing) or 'the others'}); its x dense, % copy BW and anchor ratio "
-                         "are for those shapes alone, against dense's and the anchor's times on them, not the "
-                         "whole layer's")
+                         f"failed on {', '.join(missing) or 'the others'}); its "
+                         + ("x dense, % copy BW and anchor ratio are for those shapes alone, against dense's and the "
+                            "anchor's times on them" if anchor else "x dense and % copy BW are for those shapes "
+                            "alone, against dense's times on them")
+                         + ", not the whole layer's")
         common = summary.get("m_star_shapes", {}).get(kname)
         if common is not None and any(common < e["shapes"] for e in per_m.values()):
             lines.append(f"{kname}: M* measured over the {common} shape(s) it ran at every M")
@@ -192,15 +207,31 @@ def partial_lines(report: BenchReport) -> list[str]:
 
 
 def anchor_gap_lines(report: BenchReport) -> list[str]:
-    """One line per set of M the anchor has no figures for, naming the shapes (their layer sums are not compared
-    there)."""
+    """One line per set of M the anchor has no figures for, naming the shapes and what is not compared there:
+    those shapes' rows and every layer sum that includes one of them. A kernel's sum over part of the shapes that
+    leaves them all out keeps its anchor ratio (apply_anchor compares a sum where the anchor has each of its
+    shapes); the line names those sums, so neither "not compared" nor a ratio beside it is left unexplained."""
     anchor = report.summary.get("anchor") or {}
     by_ms: dict[tuple[int, ...], list[str]] = {}
     for g in anchor.get("uncovered", []):
         kn = f"{g['K']}x{g['N']}"
         by_ms.setdefault(tuple(g["M"]), []).append(kn if g["shape"] == kn else f"{g['shape']} ({kn})")
-    return [f"{anchor['file']} has no figures for {', '.join(shapes)} at M = {', '.join(map(str, ms))}: "
-            "the layer sums there are not compared with it" for ms, shapes in by_ms.items()]
+    lines = []
+    for ms, shapes in by_ms.items():
+        it = "it" if len(shapes) == 1 else "any of them"
+        line = (f"{anchor['file']} has no figures for {', '.join(shapes)} at M = {', '.join(map(str, ms))}: "
+                f"{'its' if len(shapes) == 1 else 'their'} rows there and every layer sum that includes {it} are "
+                "not compared with the anchor")
+        kept = []
+        for kname, per_m in report.summary.get("per_m", {}).items():
+            at = [m for m in ms if per_m.get(str(m), {}).get("vs_anchor") is not None]
+            if at:
+                kept.append(f"{kname} at M = {', '.join(map(str, at))} ({shapes_cell(per_m[str(at[0])])} shapes)")
+        if kept:
+            line += (f"; these sums over part of the shapes leave {'it' if len(shapes) == 1 else 'them'} out and "
+                     f"are compared over their own shapes: {'; '.join(kept)}")
+        lines.append(line)
+    return lines
 
 
 def flag_lines(report: BenchReport) -> list[str]:

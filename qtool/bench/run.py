@@ -18,6 +18,7 @@ E4M3 activation rounding for the W8A8 ones (qtool/kernels/scaled_mm.py).
 
 from __future__ import annotations
 
+import math
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,18 +259,29 @@ def run_bench(s: BenchSettings, step: Callable[[str], None] | None = None) -> Be
             flop = 2.0 * m * shape.N * shape.K
             io_bytes = (m * shape.K + m * shape.N) * 2
             dense_bytes = w16.numel() * 2 + io_bytes
-            t_dense = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev,
-                                 graphs=s.graphs, max_seconds=s.max_seconds)
-            dense_row = Row(shape.name, shape.K, shape.N, m, DENSE, "ok", path=f"torch F.linear {s.dtype}",
-                            rel_err=base_err, baseline_rel_err=base_err, median_us=t_dense.median_s * 1e6,
-                            bytes=dense_bytes, rotation=len(w16s), graphs=t_dense.graphs)
-            _rates(dense_row, flop, dense_bytes, t_dense.median_s, bw, t_dense.median_s)
-            rows.append(dense_row)
+            # An overflowing dense product (inf) is no baseline: every kernel would be within k x inf of it.
+            overflow = "" if math.isfinite(base_err) else (f"the dense {s.dtype} product is not finite (the "
+                                                           f"layer's outputs overflow {s.dtype})")
+            if overflow:
+                rows.append(Row(shape.name, shape.K, shape.N, m, DENSE, "failed", reason=overflow,
+                                path=f"torch F.linear {s.dtype}"))
+            else:
+                t_dense = time_calls([(lambda x=x, w=w: F.linear(x, w)) for x, w in zip(xs, w16s)], dev,
+                                     graphs=s.graphs, max_seconds=s.max_seconds)
+                dense_row = Row(shape.name, shape.K, shape.N, m, DENSE, "ok", path=f"torch F.linear {s.dtype}",
+                                rel_err=base_err, baseline_rel_err=base_err, median_us=t_dense.median_s * 1e6,
+                                bytes=dense_bytes, rotation=len(w16s), graphs=t_dense.graphs)
+                _rates(dense_row, flop, dense_bytes, t_dense.median_s, bw, t_dense.median_s)
+                rows.append(dense_row)
             for k in chosen:
                 st = states.get(k.id)
                 if isinstance(st, str) or st is None:
                     reason = kern_info[k.id]["reason"] or st or "not prepared"
                     rows.append(Row(shape.name, shape.K, shape.N, m, k.id, "refused", reason=reason))
+                    continue
+                if overflow:
+                    rows.append(Row(shape.name, shape.K, shape.N, m, k.id, "failed", path=k.describe(st[0], m),
+                                    reason=f"not checked: {overflow}"))
                     continue
                 row = Row(shape.name, shape.K, shape.N, m, k.id, "ok", path=k.describe(st[0], m),
                           baseline_rel_err=base_err)

@@ -192,36 +192,45 @@ def _layers_of(name: str, row: dict, tp: int = 1, fused: bool = False) -> list[S
     return [Shape(_short(lname) + suffix, k, n) for lname, k, n, *_ in layers]
 
 
+def digits_value(digits: str) -> int:
+    """A size or degree of ASCII digits (surrounding blanks allowed); one past MAX_DIM for any longer number
+    (int() refuses over 4300 digits, and the range checks name the limit)."""
+    digits = digits.strip().lstrip("0")
+    return int(digits or "0") if len(digits) <= len(str(MAX_DIM)) else MAX_DIM + 1
+
+
 def parse_shapes(spec: str | None, device_type: str) -> list[Shape]:
     """'llama-3-70b', 'llama-3-8b,4096x4096', '4096x1024,8192x8192', 'llama-3-70b@tp4' (one GPU's shard under
     4-way tensor parallelism), 'llama-3-8b+fused' or 'llama-3-70b@tp2+fused' (q/k/v and gate/up as the one GEMM
     each that a serving engine launches) -> shapes; None -> a default for the device (Llama-3-8B on a GPU, two
     small layers on the CPU)."""
-    if not spec:
+    if spec is None:  # an empty --shapes "" is refused below, not taken for the default
         spec = "llama-3-8b" if device_type == "cuda" else CPU_DEFAULT
     table = _model_table()
     out: list[Shape] = []
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     for part in parts:
         before = len(out)
-        m = re.fullmatch(r"(\d+)\s*[xX]\s*(\d+)", part)
+        m = re.fullmatch(r"([0-9]+)\s*[xX]\s*([0-9]+)", part)
         if m:
-            k, n = int(m.group(1)), int(m.group(2))
+            k, n = digits_value(m.group(1)), digits_value(m.group(2))
             if not (0 < k <= MAX_DIM and 0 < n <= MAX_DIM):
                 raise UsageError(f"--shapes {part[:40]} is out of range", fix=f"allowed: K and N from 1 to {MAX_DIM}")
             out.append(Shape(f"{k}x{n}", k, n))
-        elif (t := re.fullmatch(r"(.+?)(?:@tp(\d{1,3}))?(\+fused)?", part.lower())) and t.group(1) in table:
-            tp = int(t.group(2) or 1)
+        elif (t := re.fullmatch(r"(.+?)(?:@tp([0-9]+))?(\+fused)?", part.lower())) and t.group(1) in table:
+            tp = digits_value(t.group(2) or "1")
             if not 1 <= tp <= MAX_TP:
-                raise UsageError(f"--shapes {part[:40]}: tensor-parallel degree {tp} is out of range",
+                raise UsageError(f"--shapes {part[:40]}: the tensor-parallel degree is out of range",
                                  fix=f"use @tp1 to @tp{MAX_TP}, e.g. llama-3-70b@tp2")
             out += _layers_of(t.group(1), table[t.group(1)], tp, fused=bool(t.group(3)))
+            # named as parsed, so llama-3-8b@tp1 and LLAMA-3-8B are llama-3-8b and a model given twice is seen
+            part = t.group(1) + (f"@tp{tp}" if tp > 1 else "") + (t.group(3) or "")
         else:
-            raise UsageError(f"--shapes: unknown model or shape '{part}'",
-                             fix=f"use KxN (e.g. 4096x14336), MODEL, MODEL@tpN or MODEL+fused with a model of: "
-                                 f"{', '.join(sorted(table))}")
+            raise UsageError(f"--shapes: unknown model or shape '{part[:60]}'",
+                             fix=f"use KxN (e.g. 4096x14336), MODEL, MODEL@tpN, MODEL+fused or MODEL@tpN+fused with "
+                                 f"a model of: {', '.join(sorted(table))}")
         if len(parts) > 1 and not m:  # several models name their layers alike (q_proj/tp8): say whose
-            out[before:] = [Shape(f"{part.lower()}:{s.name}", s.K, s.N) for s in out[before:]]
+            out[before:] = [Shape(f"{part}:{s.name}", s.K, s.N) for s in out[before:]]
     if not out:
         raise UsageError("--shapes is empty", fix="give a model name or KxN list")
     seen: set[str] = set()

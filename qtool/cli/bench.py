@@ -112,10 +112,16 @@ def bench_cmd(
         raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
     for m in v["batch_sizes"] or []:
         check_range("--batch-sizes", m, 1, INT32_MAX)
+    given = list(v["batch_sizes"] or [])
+    if len(set(given)) != len(given):  # as a shape or kernel named twice: likely a typo for another M
+        twice = next(m for m in given if given.count(m) > 1)
+        raise UsageError(f"--batch-sizes names {twice} twice", fix="name each batch size once")
     check_range("--seconds", v["seconds"], 1e-3, MAX_SECONDS)
     if v["plot"] is not None and str(v["plot"]) == "-":
         raise UsageError("--plot - : a plot is an image, not text for standard output", fix="name a file, e.g. "
                          "--plot bench.png")
+    if v["json_"] == "":  # else no report is written, and nothing says so
+        raise UsageError("--json '' names no file", fix="name a file, or '-' for standard output")
     to_stdout = [flag for flag, key in (("--json", "json_"), ("--markdown", "markdown")) if str(v[key]) == "-"]
     if len(to_stdout) > 1:
         raise UsageError("--json - and --markdown - both ask for standard output", fix="write one to a file")
@@ -142,6 +148,9 @@ def bench_cmd(
     ms = list(v["batch_sizes"] or (GPU_BATCH_SIZES if dev.type == "cuda" else CPU_BATCH_SIZES))
     names = [n.strip() for item in (v["kernels"] or []) for n in item.split(",") if n.strip()]
     known = all_kernels()
+    if v["kernels"] and not names:  # else every kernel runs, as if --kernels were not given
+        raise UsageError(f"--kernels {','.join(v['kernels'])!r} names no kernel",
+                         fix=f"choose from: {', '.join(sorted(known))}, or leave --kernels out for all")
     for n in names:
         if n not in known:
             raise UsageError(f"--kernels: unknown kernel '{n}'", fix=f"choose from: {', '.join(sorted(known))}")
