@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from qtool.errors import UsageError
+from qtool.spec import INT32_MAX
 
 BUILTIN_MODELS = {
     "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -22,8 +23,8 @@ BUILTIN_MODELS = {
                         num_key_value_heads=8, head_dim=128),
 }
 
-# Kernels index K and N with 32-bit integers.
-MAX_DIM = 2**31 - 1
+# Kernels index K, N and M with 32-bit integers.
+MAX_DIM = INT32_MAX
 
 # The batch sizes `qtool bench` sweeps by default: on a GPU the whole decode-to-prefill curve (batches of 3, 5,
 # 12 or 40 are what serving traffic gives; a dispatch tuned at a few points can be weak between them), on the CPU
