@@ -94,7 +94,7 @@ def test_select_leaves_experts_to_the_engines_fused_moe_layer(tmp_path):
 
     _moe_checkpoint(tmp_path / "src")
     run_pack(PackJob(tmp_path / "src", tmp_path / "q", "gptq", group_size=32))
-    groups, _ = path_groups(tmp_path / "q")
+    groups, _, _ = path_groups(tmp_path / "q")
     h100 = resolve_device("h100")
     for engine in ("vllm", "sglang"):
         sel = plan_select(groups, h100, engine)

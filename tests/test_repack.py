@@ -752,7 +752,7 @@ def test_gguf_to_gguf_keeps_three_dimensional_expert_stacks(tmp_path, target):
     assert any(p.shape == "4 x 32 x 64 (experts)" for p in r.patterns())
     from qtool.select.plan import path_groups
 
-    groups, notes = path_groups(tmp_path / "moe.gguf")  # a fused-MoE weight is no linear layer to plan
+    groups, notes, _ = path_groups(tmp_path / "moe.gguf")  # a fused-MoE weight is no linear layer to plan
     assert groups == [] and any("1 gguf:Q8_0 mixture-of-experts stack(s) not planned" in n for n in notes)
 
 

@@ -211,7 +211,7 @@ def test_vllm_refuses_bfloat16_below_cc_8_when_it_starts():
 
 
 def test_three_bit_fixture_through_inspect():
-    groups, notes = path_groups(fixture_path("gptqmodel-gptq-3bit-g128-asym"))
+    groups, notes, _ = path_groups(fixture_path("gptqmodel-gptq-3bit-g128-asym"))
     assert {g.layer.format for g in groups} == {"gptq_v2"} and {g.layer.bits for g in groups} == {3}
     rep = plan_select(groups, H100, "gptqmodel")
     assert {r.selection.chosen for r in rep.layers} == {"TorchLinear"}
@@ -220,7 +220,7 @@ def test_three_bit_fixture_through_inspect():
 
 
 def test_gptq_p_planar():
-    groups, _ = path_groups(fixture_path("gptqmodel-gptq_p-5bit-g64-asym"))
+    groups, _, _ = path_groups(fixture_path("gptqmodel-gptq_p-5bit-g64-asym"))
     rep = plan_select(groups, CPU, "gptqmodel")
     for r in rep.layers:
         s = r.selection
@@ -246,7 +246,7 @@ def test_awq_on_cpu():
     assert select_kernel(replace(awq, act_dtype="bfloat16"), CPU512, "gptqmodel").chosen == "TorchCpuAvx512AwqLinear"
     assert select_kernel(awq, CPU512, "gptqmodel").chosen == "TorchAtenAwqLinear"
     # the real AWQ fixture, through inspect
-    groups, _ = path_groups(fixture_path("gptqmodel-awq-gemm-4bit-g128"))
+    groups, _, _ = path_groups(fixture_path("gptqmodel-awq-gemm-4bit-g128"))
     rep = plan_select(groups, CPU, "gptqmodel")
     assert {r.selection.chosen for r in rep.layers} == {"TorchAtenAwqLinear"}
     # vLLM: AWQ's zero points give uint4, which Machete takes with zero points
@@ -382,3 +382,30 @@ def test_cuda_w4a16_takes_the_bandwidth_of_the_cards_profile(monkeypatch, name, 
         cuda.hbm_gbps.cache_clear()
     down = SimpleNamespace(K=28672, N=8192, n_sm=132, cc=(9, 0), gshift_blk=7, cluster_slots=(), hbm_gbps=gbps)
     assert (choose(16, down).t == 2) is two_tiles
+
+
+def test_declared_windows_and_numbers_are_checked(tmp_path):
+    """m_range / cc_range are read as [0]..[-1]: a reversed pair silently served no M; a .nan bandwidth reached
+    --json as NaN, which is no JSON."""
+    import yaml
+
+    from qtool.errors import SpecError
+    from qtool.kernels.decls import parse_engine, validate
+    from qtool.kernels.devices import DEVICES_FILE
+    from qtool.paths import CONFIG_DIR
+
+    raw = yaml.safe_load((CONFIG_DIR / "kernels" / "vllm.yaml").read_text())
+    row = next(k for k in raw["kernels"] if "m_range" in k)
+    for bad in ([31, 1], [1], [1, 16, 31]):
+        row["m_range"] = bad
+        with pytest.raises(SpecError, match=r"m_range must be \[lo, hi\] with lo <= hi"):
+            parse_engine(raw, tmp_path / "vllm.yaml")
+    row["m_range"] = [1, 31]
+    next(k for k in raw["kernels"] if "cc_range" in k)["cc_range"] = ["8.9", "8.0"]
+    with pytest.raises(SpecError, match="cc_range must be"):
+        parse_engine(raw, tmp_path / "vllm.yaml")
+    devices = yaml.safe_load((CONFIG_DIR / "devices.yaml").read_text())
+    for value in (float("nan"), float("inf")):
+        devices["devices"]["h100"]["hbm_gbps"] = value
+        with pytest.raises(SpecError, match="hbm_gbps must be a finite number"):
+            validate(devices, DEVICES_FILE, tmp_path / "devices.yaml")

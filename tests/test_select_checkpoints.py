@@ -216,6 +216,66 @@ def test_bitsandbytes_nf4_checkpoint_loads_under_sglang_not_vllm(tmp_path):
     assert code == 1 and "SGLang loads them" in d["layers"][0]["candidates"][0]["hint"]
 
 
+def test_a_quantized_module_no_kernel_can_be_chosen_for_fails_the_plan_and_is_named(tmp_path):
+    """Beside a bitsandbytes module with its quant state, one without it (no [out, in] shape recorded): the
+    plan left it out with an unnamed count and exited 0, as if every quantized layer had a kernel."""
+    o, i = 256, 512
+    blob = json.dumps({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [o, i]}).encode()
+    tensors = {}
+    for mod in ("model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj"):
+        tensors |= {f"{mod}.weight": torch.zeros(o * i // 2, 1, dtype=torch.uint8),
+                    f"{mod}.weight.absmax": torch.ones(o * i // 64), f"{mod}.weight.quant_map": torch.linspace(-1, 1, 16)}
+    tensors["model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(blob),
+                                                                                                dtype=torch.uint8)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}))
+    code, d = select(tmp_path, "--device", "h100", "--engine", "sglang")
+    (x,) = d["layers"]
+    assert x["name"] == "model.layers.#.mlp.down_proj" and x["chosen"] == "BitsAndBytesLinearMethod"
+    assert code == 1 and d["unplanned"] == ["model.layers.#.mlp.up_proj"]
+    assert any("shape the checkpoint does not record" in n and "(model.layers.#.mlp.up_proj;" in n for n in d["notes"])
+    # validate's contract plans through the same groups: the module is a failure there too, named
+    from qtool.validate import ValidateOptions, validate_path
+
+    rep = validate_path(tmp_path, ValidateOptions(checks=("contract",), engines=("sglang",), targets=("h100",)))
+    bad = [c for c in rep.checks if c.status == "fail"]
+    assert [c.module for c in bad] == ["model.layers.#.mlp.up_proj"] and "no kernel can be chosen" in bad[0].detail
+
+
+def test_notes_name_the_modules_they_leave_out():
+    from types import SimpleNamespace
+
+    from qtool.select.plan import path_groups
+
+    q4 = QuantScheme("gptq", 4, 128, sym=True, desc_act=False)
+    mods = [SimpleNamespace(name=f"model.layers.{n}.mlp.down_proj", in_features=512, out_features=256, scheme=q4)
+            for n in range(2)]
+    mods += [SimpleNamespace(name=name, in_features=512, out_features=1000, scheme=QuantScheme("dense"))
+             for name in ("lm_head", "model.embed_tokens")]
+    mods += [SimpleNamespace(name=f"model.layers.{n}.extra_{n}", in_features=None, out_features=None,
+                             scheme=QuantScheme("gptq", 4, 128)) for n in range(10)]
+    groups, notes, unplanned = path_groups(None, "bf16", modules=mods)
+    assert [g.pattern for g in groups] == ["model.layers.#.mlp.down_proj"]
+    assert "2 dense module(s) not quantized: skipped (lm_head, model.embed_tokens)" in notes
+    # a dense checkpoint: no module is quantized (it read "every quantized module is dense")
+    assert path_groups(None, modules=mods[2:4])[1][-1] == "no selectable layer: no module is quantized"
+    # ten patterns: the first eight by name, then a count
+    assert unplanned == sorted(f"model.layers.#.extra_{n}" for n in range(10))
+    shapeless = next(n for n in notes if "does not record" in n)
+    assert f"({', '.join(unplanned[:8])}, and 2 more;" in shapeless
+    # vLLM runs a layer's experts as one FusedMoE module: the expert linears it leaves out are named too
+    from qtool.kernels.devices import profile
+    from qtool.select.plan import plan_select
+
+    experts = [SimpleNamespace(name=f"model.layers.0.mlp.experts.{e}.down_proj", in_features=512, out_features=256,
+                               scheme=q4) for e in range(4)]
+    groups, _, _ = path_groups(None, "bf16", modules=mods[:2] + experts)
+    rep = plan_select(groups, profile("h100"), "vllm")
+    assert any(n.startswith("4 mixture-of-experts expert layers not planned: ")
+               and n.endswith("(model.layers.#.mlp.experts.#.down_proj)") for n in rep.notes), rep.notes
+
+
 def test_bare_mxfp8_layer():
     r = runner.invoke(app, ["select", "--layer", "4096,4096", "--format", "mxfp8", "--device", "b200",
                             "--engine", "vllm", "--json"])
@@ -236,7 +296,7 @@ def test_int_weights_with_int8_activations_are_not_planned_as_w4a16():
                             scheme=QuantScheme("ct", 4, 128, sym=True, desc_act=False,
                                                extra={"activations": "int8"}),
                             detail="pack-quantized (dense)")]
-    groups, notes = path_groups(None, modules=mods)
+    groups, notes, _ = path_groups(None, modules=mods)
     (g,) = groups
     assert (g.layer.format, g.layer.act_dtype) == ("wna8_int8", "int8")
     assert any("wna8_int8: int8 activations" in n for n in notes)

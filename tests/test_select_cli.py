@@ -110,7 +110,7 @@ def test_path_with_fake_inspect_modules():
     mods += [SimpleNamespace(name="model.layers.0.mlp.gate_proj", in_features=8192, out_features=28672,
                              scheme=QuantScheme("awq", 4, 128, sym=False, desc_act=False)),
              SimpleNamespace(name="lm_head", in_features=8192, out_features=128256, scheme=QuantScheme("dense"))]
-    groups, notes = path_groups(None, "bf16", modules=mods)
+    groups, notes, _ = path_groups(None, "bf16", modules=mods)
     assert [(g.pattern, g.count, g.layer.parallel) for g in groups] == [
         ("model.layers.#.mlp.down_proj", 3, "row"), ("model.layers.#.mlp.gate_proj", 1, "column")]
     assert any("1 dense module" in n for n in notes)
@@ -141,6 +141,14 @@ def test_usage_and_device_errors():
     (["--format", "nvfp4", "--asym"], "--asym: nvfp4 codes are floats"),
     (["--format", "gptq", "--scale", "channel", "--group-size", "128"], "one scale per channel is --group-size -1"),
     (["--format", "gptq", "--scale", "group", "--group-size", "-1"], "one scale per channel is --group-size -1"),
+    (["--format", "fp8", "--bits", "4"], "--bits 4: fp8 has 8-bit codes"),
+    (["--format", "int8", "--bits", "4"], "--bits 4: int8 has 8-bit codes"),
+    (["--format", "w4a8", "--bits", "8"], "--bits 8: w4a8 has 4-bit codes"),
+    (["--format", "gguf:Q4_K", "--bits", "8"], "--bits 8: gguf:Q4_K has 4-bit codes"),
+    (["--format", "gguf:Q4_K", "--group-size", "32"], "--group-size 32: gguf:Q4_K has one scale per group of 256"),
+    (["--format", "nvfp4", "--group-size", "128"], "--group-size 128: nvfp4 has one scale per group of 16 inputs"),
+    (["--format", "mxfp4", "--scale", "channel"], "--scale channel: mxfp4 has one scale per group of 32 inputs"),
+    (["--format", "fp8", "--desc-act"], "--desc-act: fp8 has no g_idx"),
 ])
 def test_flags_the_format_contradicts_are_refused_not_dropped(flags, needle):
     """An answer for another layer than the one asked about (block scales on GPTQ, an --asym or --block that
@@ -152,7 +160,9 @@ def test_flags_the_format_contradicts_are_refused_not_dropped(flags, needle):
 
 def test_flags_the_format_reads_still_work():
     for flags in (["--format", "fp8", "--scale", "block", "--block", "64,64"], ["--format", "int8", "--asym"],
-                  ["--format", "gptq", "--scale", "channel", "--group-size", "-1"], ["--format", "ct", "--asym"]):
+                  ["--format", "gptq", "--scale", "channel", "--group-size", "-1"], ["--format", "ct", "--asym"],
+                  ["--format", "gguf:Q4_K", "--bits", "4"], ["--format", "nvfp4", "--group-size", "16", "--scale",
+                                                              "group"], ["--format", "fp8", "--bits", "8"]):
         r = runner.invoke(app, ["select", "--layer", "4096,4096", "--device", "h100", "--engine", "vllm", *flags])
         assert r.exception is None or isinstance(r.exception, SystemExit), (flags, r.output)
 
@@ -190,12 +200,100 @@ def test_a_checkpoint_under_tp_splits_attention_by_the_heads_its_config_gives(tm
     shapes = {"q_proj": (8192, 8192), "k_proj": (8192, 1024), "v_proj": (8192, 1024), "o_proj": (8192, 8192)}
     mods = [SimpleNamespace(name=f"model.layers.0.self_attn.{n}", in_features=k, out_features=o, scheme=q4)
             for n, (k, o) in shapes.items()]
-    groups, _ = path_groups(tmp_path, "bf16", modules=mods)
+    groups, _, _ = path_groups(tmp_path, "bf16", modules=mods)
     rep = plan_select(groups, profile("h100"), "vllm", tp=16)
     parts = {r.name.rsplit(".", 1)[-1]: (r.selection.in_features_per_partition,
                                          r.selection.out_features_per_partition) for r in rep.layers}
     assert parts == {"qkv_proj": (8192, 512 + 2 * 128), "o_proj": (512, 8192)}
     # without a config the widths split evenly, as before
-    groups, _ = path_groups(None, "bf16", modules=mods)
+    groups, _, _ = path_groups(None, "bf16", modules=mods)
     qkv = plan_select(groups, profile("h100"), "vllm", tp=16).layers[0].selection
     assert qkv.out_features_per_partition == (8192 + 2 * 1024) // 16
+
+
+def test_flags_describing_a_layer_are_refused_beside_a_checkpoint():
+    """PATH is planned with the quantization it holds: --bits 3 (or --format, --asym, ...) beside it was
+    dropped, and the plan shown was for the checkpoint's 4-bit layers, not the one asked about."""
+    src = str(fixture_path("gptqmodel-gptq-v1-4bit-g128-sym"))
+    for flags, named in ((["--bits", "3"], "--bits"), (["--format", "awq", "--asym"], "--format, --asym"),
+                         (["--desc-act", "--group-size", "32"], "--group-size, --desc-act"),
+                         (["--format", "fp8", "--scale", "block", "--block", "64,64"], "--format, --scale, --block")):
+        r = runner.invoke(app, ["select", src, "--device", "h100", "--json", *flags])
+        assert isinstance(r.exception, UsageError) and r.stdout == "", flags
+        assert str(r.exception).startswith(f"{named} only apply to --model and --layer"), str(r.exception)
+    # what a checkpoint's plan does read: the activations and the batch rows
+    r = runner.invoke(app, ["select", src, "--device", "h100", "--dtype", "bf16", "--m", "1,16", "--json"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--layer", "2147483648,4096"], "bad --layer '2147483648,4096'"),
+    (["--layer", "4096," + "9" * 400], "with K and N from 1 to 2147483647"),
+    (["--layer", "4096,4096", "--m", ""], "bad --m ''"),
+    (["--layer", "4096,4096", "--m", "2147483648"], "bad --m '2147483648'"),
+    (["--layer", "4096,4096", "--format", "fp8", "--scale", "block", "--block", ""], "bad --block ''"),
+])
+def test_shapes_and_counts_are_bounded_and_an_empty_value_is_refused(flags, needle):
+    """A K of 400 digits was planned (and printed) as if a layer; an empty --m or --block was read as no flag."""
+    r = runner.invoke(app, ["select", *flags, "--device", "h100", "--json"])
+    assert isinstance(r.exception, UsageError) and needle in str(r.exception), r.output
+    assert r.stdout == ""
+
+
+def test_a_comma_list_to_disable_says_one_kernel_per_flag():
+    """VLLM_DISABLED_KERNELS is a comma list; --disable A,B answered "did you mean 'B'?", which drops A."""
+    r = runner.invoke(app, ["select", "--layer", "4096,4096", "--device", "h100", "--engine", "vllm",
+                            "--disable", "MarlinLinearKernel,MacheteLinearKernel"])
+    assert isinstance(r.exception, UsageError)
+    assert str(r.exception) == ("--disable 'MarlinLinearKernel,MacheteLinearKernel': one kernel per --disable "
+                                "(--disable MarlinLinearKernel --disable MacheteLinearKernel)")
+
+
+def _attention_modules() -> list:
+    q4 = QuantScheme("gptq", 4, 128, sym=True, desc_act=False)
+    shapes = {"q_proj": (64, 64), "k_proj": (64, 64), "v_proj": (64, 64), "o_proj": (64, 64)}
+    return [SimpleNamespace(name=f"model.layers.0.self_attn.{n}", in_features=k, out_features=o, scheme=q4)
+            for n, (k, o) in shapes.items()]
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"num_attention_heads": "2", "head_dim": 32}, "num_attention_heads is \"2\", not a positive integer"),
+    ({"num_attention_heads": 2.0, "head_dim": 32}, "num_attention_heads is 2.0, not a positive integer"),
+    ({"num_attention_heads": 2, "head_dim": 32.0}, "head_dim is 32.0, not a positive integer"),
+    ({"num_attention_heads": 2, "head_dim": 32, "num_key_value_heads": -1}, "num_key_value_heads is -1,"),
+    ({"num_attention_heads": 2, "head_dim": 32, "num_key_value_heads": 0}, "num_key_value_heads is 0,"),
+    ({"num_attention_heads": True, "head_dim": 32}, "num_attention_heads is true,"),
+    ({"text_config": {"num_attention_heads": "x"}}, "text_config.num_attention_heads is \"x\","),
+    ({"num_attention_heads": 2, "head_dim": 32, "num_key_value_heads": 3},
+     "num_key_value_heads 3 does not divide num_attention_heads 2"),
+])
+def test_head_counts_config_json_gives_wrongly_are_input_errors(tmp_path, config, needle):
+    """The heads decide what TP may split: a count read past (a string, a float, a negative) left the layers to
+    split evenly, and TP 4 'passed' for a model of 2 attention heads."""
+    from qtool.errors import InputError
+
+    good = {"num_attention_heads": 2, "head_dim": 32, "num_key_value_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(good))
+    groups, _, _ = path_groups(tmp_path, "bf16", modules=_attention_modules())
+    qkv = plan_select(groups, profile("h100"), "vllm", tp=4).layers[0].selection
+    assert qkv.chosen is None and "TP 4 does not divide the 2 attention heads" in qkv.notes
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError) as e:
+        path_groups(tmp_path, "bf16", modules=_attention_modules())
+    assert str(e.value).startswith(str(tmp_path / "config.json")) and needle in str(e.value), str(e.value)
+    # null is a key not given (transformers' configs write "head_dim": null)
+    (tmp_path / "config.json").write_text(json.dumps({**good, "head_dim": None, "hidden_size": 64}))
+    assert path_groups(tmp_path, "bf16", modules=_attention_modules())[0]
+
+
+def test_a_checkpoint_with_two_problems_says_one_more_problem(tmp_path):
+    import shutil
+
+    src = fixture_path("gptqmodel-gptq-v1-4bit-g128-sym")
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy(src / name, tmp_path / name)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"]["group_size"] = 7
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["select", str(tmp_path), "--device", "h100"])
+    assert "config says group_size 7" in str(r.exception) and "(and 1 more problem)" in str(r.exception)

@@ -18,7 +18,7 @@ FP4 = FIXTURES / "fp4"
     ("ct-mxfp4", "mxfp4", 32, "MarlinMxFp4W4A16", "MarlinMxFp4W4A16"),
 ])
 def test_checkpoints_select_through_inspect(folder, fmt, group, h100, b200):
-    groups, _ = path_groups(FP4 / folder, "bf16")
+    groups, _, _ = path_groups(FP4 / folder, "bf16")
     assert {(g.layer.format, g.layer.group_size) for g in groups} == {(fmt, group)}
     assert {r.selection.chosen for r in plan_select(groups, profile("h100"), "vllm").layers} == {h100}
     assert {r.selection.chosen for r in plan_select(groups, profile("b200"), "vllm").layers} == {b200}
@@ -31,7 +31,7 @@ def test_checkpoints_select_through_inspect(folder, fmt, group, h100, b200):
     ("mi300x", "EmulationMxfp8LinearKernel"),         # ROCm's list is the emulation alone
 ])
 def test_mxfp8_follows_vllm_mains_kernel_list(device, chosen):
-    groups, _ = path_groups(FP4 / "ct-mxfp8", "fp16" if device == "t4" else "bf16")
+    groups, _, _ = path_groups(FP4 / "ct-mxfp8", "fp16" if device == "t4" else "bf16")
     assert {(g.layer.format, g.layer.bits, g.layer.group_size) for g in groups} == {("mxfp8", 8, 32)}
     rows = plan_select(groups, profile(device), "vllm").layers
     assert {r.selection.chosen for r in rows} == {chosen}
@@ -54,9 +54,9 @@ def test_gptoss_expert_stacks_are_not_planned_as_linear_layers(engine):
 
     (m,) = inspect_path(FP4 / "gptoss-mxfp4").modules
     assert (m.scheme.extra["experts"], m.out_features, m.in_features) == (2, 64, 384)
-    groups, notes = path_groups(FP4 / "gptoss-mxfp4", "bf16")
+    groups, notes, _ = path_groups(FP4 / "gptoss-mxfp4", "bf16")
     assert groups == [] and any("1 gptoss_mxfp4 mixture-of-experts stack(s) not planned" in n for n in notes)
-    assert notes[-1] == "no selectable layer: every quantized module a mixture-of-experts stack"
+    assert notes[-1] == "no selectable layer: every quantized module is a mixture-of-experts stack"
     assert plan_select(groups, profile("b200"), engine).layers == []
 
 

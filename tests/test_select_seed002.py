@@ -108,7 +108,7 @@ def test_deepseek_v3_block_checkpoint_through_inspect(tmp_path):
               str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
         "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
-    groups, notes = path_groups(tmp_path, "bf16")
+    groups, notes, _ = path_groups(tmp_path, "bf16")
     (g,) = groups
     assert (g.layer.format, g.layer.scale_kind, g.layer.block, g.layer.act_dtype) == \
         ("fp8", "block", (128, 128), "bfloat16")
@@ -217,7 +217,7 @@ def test_1_marlin_file_from_awq_versus_from_gptq(tmp_path):
         out = tmp_path / name
         r = runner.invoke(app, ["repack", str(fixture_path(src)), "--to", "marlin", "-o", str(out)])
         assert r.exit_code == 0, r.output
-        groups, _ = path_groups(out)
+        groups, _, _ = path_groups(out)
         assert {g.layer.format for g in groups} == {"marlin"} and {g.layer.method for g in groups} == {name}
         # shapes large enough for Machete, so only the loader rule can refuse it
         big = [g.layer.__class__(**{**g.layer.__dict__, "in_features": 4096, "out_features": 4096})
@@ -269,7 +269,7 @@ def test_4_gguf_kernels_declare_the_qtypes_they_run():
     assert "GGUF qtype Q3_K not in" in cand(sel, "GGUFTorchLinear").reason
     assert sel.chosen is None
     # the real GGUF fixture: Q4_0 and Q8_0 run on GGUFCudaKernel; Q4_1 has no GPTQModel kernel
-    groups, _ = path_groups(fixture_path("gguf-q4_0-q4_1-q8_0"))
+    groups, _, _ = path_groups(fixture_path("gguf-q4_0-q4_1-q8_0"))
     rep = plan_select(groups, H100, "gptqmodel")
     by_fmt = {r.selection.layer.format: r.selection.chosen for r in rep.layers}
     assert by_fmt["gguf:Q4_0"] == "GGUFCudaKernel" and by_fmt["gguf:Q8_0"] == "GGUFCudaKernel"
@@ -371,7 +371,7 @@ def test_compressed_tensors_int8_and_nvfp4_checkpoints_through_inspect(tmp_path)
     int8.mkdir()
     save_file({"model.layers.0.mlp.down_proj.weight": torch.zeros(O, K, dtype=torch.int8),
                "model.layers.0.mlp.down_proj.weight_scale": torch.ones(O, 1)}, str(int8 / "model.safetensors"))
-    groups, _ = path_groups(int8, "bf16")
+    groups, _, _ = path_groups(int8, "bf16")
     assert [(g.layer.format, g.layer.scale_kind) for g in groups] == [("ct_int8", "channel")]
     assert plan_select(groups, A100, "vllm").layers[0].selection.chosen == "CutlassInt8ScaledMMLinearKernel"
 
@@ -380,7 +380,7 @@ def test_compressed_tensors_int8_and_nvfp4_checkpoints_through_inspect(tmp_path)
     save_file({"model.layers.0.mlp.down_proj.weight_packed": torch.zeros(O, K // 2, dtype=torch.uint8),
                "model.layers.0.mlp.down_proj.weight_scale": torch.zeros(O, K // 16, dtype=torch.float8_e4m3fn),
                "model.layers.0.mlp.down_proj.weight_global_scale": torch.ones(1)}, str(fp4 / "model.safetensors"))
-    groups, _ = path_groups(fp4, "bf16")
+    groups, _, _ = path_groups(fp4, "bf16")
     assert [(g.layer.format, g.layer.group_size) for g in groups] == [("nvfp4", 16)]
     rep = plan_select(groups, H100, "vllm")
     assert rep.layers[0].selection.chosen == "MarlinNvFp4LinearKernel"

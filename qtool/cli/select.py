@@ -40,7 +40,8 @@ EPILOG = """Examples:
 
 Devices: profiles in configs/devices.yaml (h100, h200, a100, a10, l40s, rtx4090, rtx5090, t4, mi300x, b200,
 gb10, cpu-avx512-bf16, mps), or cpu / cuda:N to read this machine. Exit code 1 when some layer (or some
---m) has no kernel, or the checkpoint has no selectable layer.
+--m) has no kernel, or the checkpoint has no selectable layer or a quantized module whose bits or shape it
+does not record.
 """
 
 
@@ -116,25 +117,36 @@ def select_cmd(
         dtype_name(v["dtype"])
     if v["scale"] is not None and v["scale"] not in SCALES:
         raise UsageError(f"unknown --scale {v['scale']!r}", fix=f"use one of: {', '.join(SCALES)}")
-    blk = parse_ints("--block", v["block"], count=2) if v["block"] else None
-    ms = parse_ints("--m", v["m"]) if v["m"] else ()
+    blk = parse_ints("--block", v["block"], count=2) if v["block"] is not None else None
+    ms = parse_ints("--m", v["m"]) if v["m"] is not None else ()
     sources = [s for s in ("path", "model", "layer") if v[s]]
     if len(sources) != 1:
         raise UsageError("give exactly one of PATH, --model or --layer" if sources else "nothing to select for",
                          fix="e.g. qtool select model-gptq/ --device h100, or --model llama-3-8b, "
                              "or --layer 4096,14336")
+    # a checkpoint carries its own quantization: a flag describing another would be dropped, and the plan
+    # shown would not be for the layer the user asked about
+    described = [flag for flag, given in (("--format", v["format"] != "gptq"), ("--bits", v["bits"] is not None),
+                                          ("--group-size", v["group_size"] is not None), ("--asym", not v["sym"]),
+                                          ("--desc-act", v["desc_act"]), ("--scale", v["scale"] is not None),
+                                          ("--block", blk is not None)) if given]
+    if v["path"] is not None and described:
+        raise UsageError(f"{', '.join(described)} only apply to --model and --layer: a checkpoint is planned with "
+                         "the quantization it holds", fix=f"drop {', '.join(described)}")
     dev = resolve_device(v["device"])
     q = QuantScheme(format=v["format"], bits=v["bits"], group_size=v["group_size"], sym=v["sym"],
                     desc_act=v["desc_act"])
     notes: list[str] = []
+    unplanned: list[str] = []
     if v["path"] is not None:
-        groups, notes = path_groups(v["path"], v["dtype"])
+        groups, notes, unplanned = path_groups(v["path"], v["dtype"])
         source = str(v["path"])
     elif v["model"] is not None:
         groups, source = model_groups(v["model"], q, v["dtype"], scale=v["scale"], block=blk), v["model"]
     else:
         groups, source = layer_groups(v["layer"], q, v["dtype"], v["scale"], blk), None
-    report = plan_select(groups, dev, v["engine"], v["tp"], v["disable"] or (), notes, source, ms=ms)
+    report = plan_select(groups, dev, v["engine"], v["tp"], v["disable"] or (), notes, source, ms=ms,
+                         unplanned=unplanned)
     if v["json_"]:
         emit_json(report.to_dict())
     elif not v["quiet"]:

@@ -12,6 +12,7 @@ widen what a kernel accepts.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,8 +65,9 @@ def is_bool(v: Any, where: str) -> bool:
 
 
 def is_num(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Invalid(f"{where} must be a number, got {v!r}")
+    # .nan / .inf are YAML floats, but no bandwidth or peak; reported, they would make --json invalid JSON
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _Invalid(f"{where} must be a finite number, got {v!r}")
     return float(v)
 
 
@@ -113,6 +115,17 @@ def list_of(inner: Check, *, nonempty: bool = True) -> Check:
         if nonempty and not v:
             raise _Invalid(f"{where} must not be empty")
         return tuple(inner(x, f"{where}[{i}]") for i, x in enumerate(v))
+    return check
+
+
+def range_of(inner: Check) -> Check:
+    """[lo, hi] with lo <= hi: a window read as m_range[0]..m_range[-1], which a reversed or longer list would
+    silently empty or narrow."""
+    def check(v: Any, where: str) -> tuple:
+        pair = list_of(inner)(v, where)
+        if len(pair) != 2 or pair[0] > pair[1]:
+            raise _Invalid(f"{where} must be [lo, hi] with lo <= hi, got {v!r}")
+        return pair
     return check
 
 
@@ -212,12 +225,12 @@ KERNEL_ROW = record({
     "qtypes": list_of(is_str),                  # GGUF block qtypes the kernel runs ("Q6_K"), not bit widths
     "scales": list_of(one_of(*SCALES)),         # weight-scale granularity: per tensor / channel / group / block
     "blocks": list_of(list_of(is_int)),         # block-scale shapes [rows, cols] when scales has block
-    "m_range": list_of(is_int),                 # [lo, hi]: rows per call this kernel serves (dispatch by M)
+    "m_range": range_of(is_int),                # [lo, hi]: rows per call this kernel serves (dispatch by M)
     "m_why": is_str,                            # why the window is what it is (shown with it)
     # runtime: the device and the software on it
     "min_cc": is_cc,
     "exact_cc": list_of(is_cc),
-    "cc_range": list_of(is_cc),
+    "cc_range": range_of(is_cc),
     "below_cc": is_cc,                          # only devices below this capability (a fallback for older GPUs)
     "dtype_min_cc": map_of(one_of(*DTYPES), is_cc),  # activation dtype -> the capability it needs
     "min_smem_optin": is_int,

@@ -4,6 +4,7 @@ JSON (`SelectReport.to_dict()`, the --json schema):
 
     {"engine": "vllm", "device": "h100", "tp": 2, "m": [1, 16, 64],
      "device_profile": {...}, "disabled": [...], "notes": [...],
+     "unplanned": [...],                                   # quantized modules no kernel can be chosen for
      "layers": [{"name": "model.layers.#.mlp.down_proj", "count": 80, "parallel": "row",
                  "format": "gptq", "bits": 4, "group_size": 128, "sym": true, "desc_act": false,
                  "act_dtype": "bfloat16",
@@ -64,12 +65,14 @@ class SelectReport:
     disabled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ms: list[int] = field(default_factory=list)   # batch rows resolved per call (--m)
+    unplanned: list[str] = field(default_factory=list)   # quantized module patterns no kernel can be chosen for
 
     @property
     def all_chosen(self) -> bool:
-        """Every layer has a kernel (and there is a layer: a checkpoint with none selectable is a failure)."""
-        return bool(self.layers) and all(r.selection.chosen is not None and
-                                         all(k is not None for _, k in r.selection.per_m) for r in self.layers)
+        """Every layer has a kernel (and there is a layer: a checkpoint with none selectable is a failure, and
+        so is one whose quantized modules are not all planned)."""
+        return bool(self.layers) and not self.unplanned and all(
+            r.selection.chosen is not None and all(k is not None for _, k in r.selection.per_m) for r in self.layers)
 
     def to_dict(self) -> dict:
         return {
@@ -82,6 +85,7 @@ class SelectReport:
             "disabled": list(self.disabled),
             "m": list(self.ms),
             "notes": list(self.notes),
+            "unplanned": list(self.unplanned),
             "layers": [r.to_dict() for r in self.layers],
         }
 

@@ -8,6 +8,7 @@ gate/up into one layer), and runs `select_kernel` once per group into a `SelectR
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from qtool.kernels.select import Heads, LayerQuant, select_kernel, width_heads
 from qtool.paths import CONFIG_DIR
 from qtool.report.select import SelectReport, layer_row
 from qtool.scheme import QuantScheme
+from qtool.spec import INT32_MAX
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn", "int8": "int8",
           "float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float8_e4m3fn": "float8_e4m3fn"}
@@ -110,6 +112,14 @@ class SyntheticLayer:
 # per block; and formats whose codes are floats, which have no zero point.
 GROUP_SCALED = ("gptq", "gptq_v2", "gptq_p", "awq", "marlin", "bnb", "gguf")
 FLOAT_CODED = ("fp8", "nvfp4", "mxfp4", "mxfp8")
+# What a format fixes by definition (its SYNTHETIC row, or the GGUF qtype's): FP8 and INT8 codes are 8-bit, a
+# W4A8 layer's 4-bit; NVFP4 / MX scale groups of 16 / 32 and a GGUF qtype its block. A flag asking for another
+# value describes no layer of that format.
+FIXED = {"fp8": ("bits",), "int8": ("bits",), "w4a8": ("bits",), "nvfp4": ("bits", "group_size"),
+         "mxfp4": ("bits", "group_size"), "mxfp8": ("bits", "group_size"), "gguf": ("bits", "group_size")}
+# Formats with no g_idx to order the inputs by (act-order): float codes, INT8's per-channel or block scales,
+# bitsandbytes' blocks of the flattened weight.
+NO_ACT_ORDER = (*FLOAT_CODED, "int8", "bnb")
 
 
 def resolve_scheme(q: QuantScheme, scale: str | None = None, block: tuple[int, int] | None = None) -> SyntheticLayer:
@@ -130,9 +140,20 @@ def resolve_scheme(q: QuantScheme, scale: str | None = None, block: tuple[int, i
     if scale == "channel" and q.group_size not in (None, -1) or scale == "group" and q.group_size == -1:
         raise UsageError(f"--scale {scale} with --group-size {q.group_size}: one scale per channel is "
                          "--group-size -1", fix="drop one of the two")
+    if q.desc_act and family in NO_ACT_ORDER:
+        raise UsageError(f"--desc-act: {fmt} has no g_idx, so no act-order", fix="drop --desc-act")
     d = dict(SYNTHETIC.get(family, {}))
     if fmt.startswith("gguf:"):
         d.update(gguf_defaults(fmt.split(":", 1)[1]))
+    for key in FIXED.get(family, ()):
+        asked = getattr(q, key)
+        if asked is not None and asked != d[key]:
+            flag = "--" + key.replace("_", "-")
+            what = f"{d[key]}-bit codes" if key == "bits" else f"one scale per group of {d[key]} inputs"
+            raise UsageError(f"{flag} {asked}: {fmt} has {what}", fix=f"drop {flag}")
+    if "group_size" in FIXED.get(family, ()) and scale not in (None, "group"):
+        raise UsageError(f"--scale {scale}: {fmt} has one scale per group of {d['group_size']} inputs",
+                         fix="drop --scale")
     scale = scale or d.get("scale")
     block = block if block is not None else ((128, 128) if scale == "block" else None)
     group = q.group_size if q.group_size is not None else d.get("group_size", 128)
@@ -214,15 +235,16 @@ def parallel_of(name: str, rules: dict[str, Sequence[str]]) -> str:
 
 
 def parse_ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
-    """`1,16,64` -> (1, 16, 64): positive integers, `count` of them when given."""
+    """`1,16,64` -> (1, 16, 64): integers 1..INT32_MAX (a width or row count no engine indexes past int32),
+    `count` of them when given."""
     try:
         vals = tuple(int(x) for x in text.split(","))
-        if any(v < 1 for v in vals) or (count is not None and len(vals) != count):
+        if any(not 1 <= v <= INT32_MAX for v in vals) or (count is not None and len(vals) != count):
             raise ValueError
     except ValueError:
-        want = f"{count} positive integers" if count else "positive integers"
-        raise UsageError(f"bad {flag} {text!r}", fix=f"write {want} separated by commas, e.g. "
-                         + ("128,128" if count == 2 else "1,16,64")) from None
+        want = f"{count} integers" if count else "integers"
+        raise UsageError(f"bad {flag} {text!r}", fix=f"write {want} from 1 to {INT32_MAX} separated by commas, "
+                         "e.g. " + ("128,128" if count == 2 else "1,16,64")) from None
     return vals
 
 
@@ -281,11 +303,11 @@ def layer_groups(specs: Iterable[str], q: QuantScheme, dtype: str | None = None,
             k, n = int(parts[0]), int(parts[1])
             parallel = {"row": "row", "col": "column", "column": "column",
                         "none": "replicated"}[parts[2].lower()] if len(parts) == 3 else "column"
-            if k <= 0 or n <= 0:
+            if not (1 <= k <= INT32_MAX and 1 <= n <= INT32_MAX):
                 raise ValueError
         except (ValueError, KeyError):
-            raise UsageError(f"bad --layer {spec!r}",
-                             fix="write K,N or K,N,row / K,N,col, e.g. --layer 28672,8192,row") from None
+            raise UsageError(f"bad --layer {spec!r}", fix=f"write K,N or K,N,row / K,N,col with K and N from 1 to "
+                                                          f"{INT32_MAX}, e.g. --layer 28672,8192,row") from None
         name = f"layer{i}[K={k},N={n},{parallel}]"
         layer = LayerQuant(name=name, in_features=k, out_features=n, scheme=q,
                            act_dtype=syn.activation(dtype), parallel=parallel, scale=syn.scale, block=syn.block)
@@ -307,36 +329,37 @@ def inspect_modules(path: Path) -> list[Any]:
     if errors:
         # A broken or self-contradicting checkpoint has no honest kernel plan: say what is wrong instead.
         first = errors[0]
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
         raise InputError(f"{first.message}{more}", path=path, tensor=first.tensor,
                          fix="run `qtool inspect` on it for every problem")
     return list(report.modules)
 
 
 def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | None = None,
-                config_dir: Path | None = None) -> tuple[list[LayerGroup], list[str]]:
-    """Distinct (pattern, quantization, shape) groups of a checkpoint's quantized linear modules, plus
-    notes about modules left out (dense, or missing a shape)."""
+               config_dir: Path | None = None) -> tuple[list[LayerGroup], list[str], list[str]]:
+    """Distinct (pattern, quantization, shape) groups of a checkpoint's quantized linear modules, notes about
+    modules left out (dense, expert stacks, missing a shape), and the patterns of the quantized modules no kernel
+    can be chosen for (bits or shape unrecorded): a plan that leaves them out is no plan for the checkpoint."""
     mods = inspect_modules(path) if modules is None else list(modules)
     rules = load_models(config_dir).get("parallel_rules", {})
     heads = config_heads(path)
     groups: dict[tuple, list] = {}
-    dense: dict[str, int] = {}
-    shapeless: dict[str, int] = {}
+    dense: dict[str, list[str]] = {}
+    shapeless: dict[str, list[str]] = {}
     acts: set[str] = set()
     config_acts: set[str] = set()
-    stacks: dict[str, int] = {}
+    stacks: dict[str, list[str]] = {}
     for m in mods:
         s = m.scheme
         fmt = str(s.format)
         if fmt in ("dense", "unknown"):
-            dense[fmt] = dense.get(fmt, 0) + 1
+            dense.setdefault(fmt, []).append(str(m.name))
             continue
         if (s.extra or {}).get("experts"):  # an [E, O, I] stack (GGUF, gpt-oss): fused-MoE weights
-            stacks[fmt] = stacks.get(fmt, 0) + 1
+            stacks.setdefault(fmt, []).append(str(m.name))
             continue
         if s.bits is None or m.in_features is None or m.out_features is None:
-            shapeless[fmt] = shapeless.get(fmt, 0) + 1
+            shapeless.setdefault(fmt, []).append(str(m.name))
             continue
         scale, block = scale_of(m)
         quantized_act = act_of(m)
@@ -365,42 +388,66 @@ def path_groups(path: Path, dtype: str | None = None, modules: Sequence[Any] | N
     if not groups and not dense and not shapeless and not stacks:
         raise InputError("no linear modules found", path=path, fix="run `qtool inspect` on it to see what it holds")
     out = [LayerGroup(key[0], len(layers), layers[0]) for key, layers in groups.items()]
-    notes = [f"{n} {fmt} module(s) not quantized: skipped" for fmt, n in dense.items()]
-    notes += [f"{n} {fmt} mixture-of-experts stack(s) not planned: fused-MoE weights, which the engines run "
-              "through their MoE methods; select plans linear layers only" for fmt, n in stacks.items()]
-    notes += [f"{n} {fmt} module(s) whose bits or [out, in] shape the checkpoint does not record: no kernel "
-              "can be chosen for them (`qtool inspect --deep` reads what the data holds)"
+    notes = [f"{len(n)} {fmt} module(s) not quantized: skipped ({named(n)})" for fmt, n in dense.items()]
+    notes += [f"{len(n)} {fmt} mixture-of-experts stack(s) not planned: fused-MoE weights, which the engines run "
+              f"through their MoE methods; select plans linear layers only ({named(n)})" for fmt, n in stacks.items()]
+    notes += [f"{len(n)} {fmt} module(s) whose bits or [out, in] shape the checkpoint does not record: no kernel "
+              f"can be chosen for them ({named(n)}; `qtool inspect --deep` reads what the data holds)"
               for fmt, n in shapeless.items()]
     if not out:
-        why = [w for w, n in (("a mixture-of-experts stack", stacks), ("lacks a shape or bits", shapeless)) if n]
-        notes.append(f"no selectable layer: every quantized module {' or '.join(why) or 'is dense'}")
+        why = [w for w, n in (("is a mixture-of-experts stack", stacks), ("lacks a shape or bits", shapeless)) if n]
+        notes.append("no selectable layer: " + (f"every quantized module {' or '.join(why)}" if why
+                                                else "no module is quantized"))
     if dtype is None and "float16" in acts:
         notes.append("activation dtype float16 assumed (--dtype bf16 to plan for bf16)")
     for fa in sorted(config_acts):
         notes.append(f"{fa} activations, as the checkpoint's config quantizes them (input_activations)")
-    return out, notes
+    return out, notes, sorted({collapse(n) for names in shapeless.values() for n in names})
+
+
+# How many module patterns a note names before it counts the rest (a model's layers collapse to a few).
+NAMED_MAX = 8
+
+
+def named(names: Iterable[str]) -> str:
+    """The distinct patterns of module names (layer numbers as '#'), sorted: the first NAMED_MAX, then a count."""
+    patterns = sorted({collapse(n) for n in names})
+    more = len(patterns) - NAMED_MAX
+    return ", ".join(patterns[:NAMED_MAX]) + (f", and {more} more" if more > 0 else "")
 
 
 # The attention projections whose split dimension is heads, by the last part of the module name: q (and o's
 # inputs) are the attention heads, k and v the key/value heads; a stored qkv_proj is all three.
 HEAD_MODULES = {"q": ("q_proj", "query", "o_proj", "dense"), "kv": ("k_proj", "v_proj", "key", "value"),
                 "qkv": ("qkv_proj",)}
+# The config.json keys the heads are read from (a multimodal config holds them under text_config).
+HEAD_KEYS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim")
 
 
 def config_heads(path: Path | None) -> dict[str, tuple[Heads, ...]]:
     """Module name ending -> the heads tensor parallelism splits it by, from the checkpoint's config.json
     (num_attention_heads, num_key_value_heads, head_dim); {} where there is none. A width that is not the heads'
-    (an `o_proj` of another shape, a `dense` that is an MLP's) is split evenly: split_width checks the sum."""
+    (an `o_proj` of another shape, a `dense` that is an MLP's) is split evenly: split_width checks the sum.
+    A key given as anything but a positive integer (null: not given) is an InputError: read past, it would
+    turn a TP degree that splits a head into one that passes."""
     from qtool.io.checkpoint import model_config
 
     if path is None:
         return {}
     cfg = model_config(path)
+    where = ""
     if "num_attention_heads" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = cfg["text_config"]
-    heads, kv, hidden, dim = (cfg.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size",
-                                                   "head_dim"))
+        cfg, where = cfg["text_config"], "text_config."
+    heads, kv, hidden, dim = (cfg.get(k) for k in HEAD_KEYS)
     ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    for key, value in zip(HEAD_KEYS, (heads, kv, hidden, dim)):
+        if value is not None and not ok(value):
+            raise InputError(f"{where}{key} is {json.dumps(value)[:40]}, not a positive integer", path=config,
+                             fix=f"write the model's {key} as an integer, or remove the key")
+    if ok(heads) and ok(kv) and heads % kv:
+        raise InputError(f"{where}num_key_value_heads {kv} does not divide num_attention_heads {heads}", path=config,
+                         fix="write the model's head counts: each key/value head serves a whole number of heads")
     if not ok(heads) or not (ok(dim) or ok(hidden) and hidden % heads == 0):
         return {}
     dim = dim if ok(dim) else hidden // heads
@@ -500,6 +547,10 @@ def fuse_groups(groups: list[LayerGroup], config_dir: Path | None = None,
 def check_disabled(disabled: Iterable[str], decls: EngineDecls) -> frozenset[str]:
     names = set(decls.names())
     for d in disabled:
+        if d not in names and "," in d and all(x.strip() in names for x in d.split(",")):
+            # VLLM_DISABLED_KERNELS is one comma-separated list; --disable takes a kernel per flag
+            raise UsageError(f"--disable {d!r}: one kernel per --disable",
+                             fix=" ".join(f"--disable {x.strip()}" for x in d.split(",")))
         if d not in names:
             close = difflib.get_close_matches(d, sorted(names), n=1, cutoff=0.6)
             guess = f"did you mean '{close[0]}'? " if close else ""
@@ -515,10 +566,12 @@ EXPERTS_NOT_PLANNED = "mixture-of-experts expert layers not planned"  # the note
 
 def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmodel", tp: int = 1,
                 disabled: Iterable[str] = (), notes: Sequence[str] = (), source: str | None = None,
-                config_dir: Path | None = None, ms: Sequence[int] = ()) -> SelectReport:
+                config_dir: Path | None = None, ms: Sequence[int] = (),
+                unplanned: Sequence[str] = ()) -> SelectReport:
     """Run `select_kernel` for every group and collect the verdicts into one report.
 
-    ms: batch rows M for which to resolve the kernel each call runs (M-bucketed backends)."""
+    ms: batch rows M for which to resolve the kernel each call runs (M-bucketed backends).
+    unplanned: patterns of quantized modules no kernel can be chosen for (path_groups)."""
     for m in ms:
         if m < 1:
             raise UsageError(f"--m {m}: batch rows must be >= 1")
@@ -534,10 +587,11 @@ def plan_select(groups: list[LayerGroup], device: Device, engine: str = "gptqmod
         experts = [g for g in groups if EXPERT_PATTERN.search(g.pattern)]
         if experts:
             groups = [g for g in groups if not EXPERT_PATTERN.search(g.pattern)]
-            notes.append(f"{sum(g.count for g in experts)} {EXPERTS_NOT_PLANNED}: {decls.fused_moe}")
+            notes.append(f"{sum(g.count for g in experts)} {EXPERTS_NOT_PLANNED}: {decls.fused_moe} "
+                         f"({named(g.pattern for g in experts)})")
     if decls.engine == "gptqmodel" and tp > 1:
         notes.append("GPTQModel has no tensor parallelism of its own: per-rank shapes are shown as if each "
                      "rank loaded a shard (sharded_load)")
     rows = [layer_row(g.pattern, g.count, select_kernel(g.layer, device, decls, off, tp, ms=ms)) for g in groups]
     return SelectReport(engine=decls.engine, device=device, tp=tp, layers=rows, source=source,
-                        disabled=sorted(off), notes=notes, ms=list(ms))
+                        disabled=sorted(off), notes=notes, ms=list(ms), unplanned=list(unplanned))

@@ -185,7 +185,7 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
 
     plans = []
     try:
-        groups, notes = path_groups(path, modules=report.modules)
+        groups, notes, unplanned = path_groups(path, modules=report.modules)
         if not groups:  # nothing a linear kernel runs: expert stacks are fused-MoE weights, and fail nothing here
             stacks = next((n for n in notes if "stack(s) not planned" in n), None)
             return [CheckResult(NAME, None, "skip" if stacks else "fail",
@@ -222,6 +222,9 @@ def _select(report, path: Path, engines: tuple[str, ...], target: str) -> list[C
         text = ", ".join(f"{k} for {n} layers" for k, n in sorted(picks.items()))
         out.append(CheckResult(NAME, None, "pass", f"{where}: select picks {text}",
                                {"engine": engine, "target": target, "picks": picks}))
+    for pattern in unplanned:  # quantized, but no bits or [out, in] recorded: no engine can build a kernel for it
+        out.append(CheckResult(NAME, pattern, "fail", f"{where}: no kernel can be chosen: the checkpoint records no "
+                                                      "bits or [out, in] shape for this quantized module"))
     return out
 
 
