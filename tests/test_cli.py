@@ -73,7 +73,7 @@ def test_config_merge_flags_win(tmp_path):
     ("sym: 1\n", "must be true or false"),
     ("- a\n- b\n", "must be a mapping"),
     ("bits: [1, 2\n", "invalid YAML"),
-    ("bits: 3\nsym: true\nbits: 4\n", "invalid YAML at line 3: key 'bits' appears twice"),
+    ("bits: 3\nsym: true\nbits: 4\n", "job.yaml:3: invalid YAML: key 'bits' appears twice"),
 ])
 def test_config_errors_name_key_and_file(tmp_path, text, msg):
     app, _ = _probe_app()

@@ -112,10 +112,11 @@ def bench_cmd(
         raise UsageError(f"--dtype {v['dtype']!r} is not fp16 or bf16", fix="use --dtype fp16 or --dtype bf16")
     for m in v["batch_sizes"] or []:
         check_range("--batch-sizes", m, 1, INT32_MAX)
-    given = list(v["batch_sizes"] or [])
-    if len(set(given)) != len(given):  # as a shape or kernel named twice: likely a typo for another M
-        twice = next(m for m in given if given.count(m) > 1)
-        raise UsageError(f"--batch-sizes names {twice} twice", fix="name each batch size once")
+    seen: set[int] = set()
+    for m in v["batch_sizes"] or []:  # as a shape or kernel named twice: likely a typo for another M
+        if m in seen:
+            raise UsageError(f"--batch-sizes names {m} twice", fix="name each batch size once")
+        seen.add(m)
     check_range("--seconds", v["seconds"], 1e-3, MAX_SECONDS)
     if v["plot"] is not None and str(v["plot"]) == "-":
         raise UsageError("--plot - : a plot is an image, not text for standard output", fix="name a file, e.g. "

@@ -3,7 +3,9 @@
 - `--json` puts machine-readable output alone on stdout; everything human goes to stderr then.
 - `-q/--quiet` silences the human report and progress bars (errors still print).
 - `--config job.yaml`: keys are the long option names (`group_size` or `group-size`); flags given on the
-  command line win; unknown keys and wrong types are errors naming the key and the file.
+  command line win (stderr says so where the values differ); unknown keys, wrong types and null values are
+  errors naming the file, line and key; numbers are decimal (YAML 1.2: `1e-3` is a number, `010` is text);
+  relative paths are taken from the current directory, as a flag's are, and `~` is the home directory.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No report or prog
                                                                "an output leaves out, only.")]
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", help="YAML job spec; keys are the long option names; flags override it.",
-                 show_default=False),
+    typer.Option("--config", help="YAML job spec; keys are the long option names; flags override it; relative "
+                                   "paths in it are from the current directory.", show_default=False),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing destination (atomically).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
@@ -44,9 +46,10 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
     """Return `values` (the command's parsed parameters) with YAML keys filled in.
 
     `command` is the command function itself (default: the one Typer is running): its type hints are the schema, so the YAML keys and the flags
-    can never drift apart. A key from the file replaces a value only when the flag was not given on the
-    command line. Values are checked against the option's annotated type (int, float, bool, str, Path,
-    list[...]); nothing is coerced from a wrong type.
+    can never drift apart. Every key is checked (name, type) whether or not its flag was given; a key from
+    the file replaces a value only when the flag was not given on the command line, and stderr says so when
+    the flag overrides a different value (not under -q). Values are checked against the option's annotated
+    type (int, float, bool, str, Path, list[...]); nothing is coerced from a wrong type, and null is refused.
     """
     _FROM_CONFIG.clear()
     _check_paths(values)
@@ -59,29 +62,44 @@ def apply_config(ctx: typer.Context, config: Path | None, values: dict[str, Any]
         cb = ctx.command.callback
         command = getattr(cb, "__wrapped__", cb)
     schema = option_types(command)
+    lines = getattr(data, "lines", {})
     out = dict(values)
+    set_by: dict[str, str] = {}  # option name -> the key that set it
+    overridden = []
     for key, raw in data.items():
+        where = f"{config}:{lines[key]}" if key in lines else str(config)
         name = key.replace("-", "_")
         if name not in schema and name + "_" in schema:  # Python names that shadow a builtin: json_
             name += "_"
         if name not in schema:
-            valid = ", ".join(sorted(k.rstrip("_") for k in schema))
-            raise SpecError(f"unknown key '{key}'", path=config, fix=f"valid keys: {valid}")
+            raise SpecError(f"unknown key '{key}'", path=where, fix=_unknown_key_fix(name, schema, command))
+        flag = "--" + name.rstrip("_").replace("_", "-")
+        if name in set_by:  # group_size and group-size: PyYAML sees two keys, the command one option
+            raise SpecError(f"keys '{set_by[name]}' and '{key}' name one option", path=where, fix="keep one")
+        set_by[name] = key
+        # Checked even when the flag wins: a broken file is refused whatever the command line says.
+        value = _convert(raw, schema[name], key, where)
         if _given_on_command_line(ctx, name):
+            if value != out.get(name):
+                overridden.append(f"{flag} on the command line ({_shown(_flag_text(out.get(name)))}) overrides "
+                                  f"key '{key}' ({_describe(raw)}) of {where}")
             continue
-        out[name] = _convert(raw, schema[name], key, config)
-        _FROM_CONFIG["--" + name.rstrip("_").replace("_", "-")] = (key, config)
+        out[name] = value
+        _FROM_CONFIG[flag] = (key, where)
     _check_paths(out)
+    if not out.get("quiet"):
+        for note in overridden:
+            sys.stderr.write(f"qtool: note: {sanitize(note)}\n")
     return out
 
 
-# The options a --config file set: {"--bits": ("bits", path)}. A value checked after the merge is refused
-# under its flag's name, and the user must learn that the flag came from the file.
-_FROM_CONFIG: dict[str, tuple[str, Path]] = {}
+# The options a --config file set: {"--bits": ("bits", "job.yaml:3")}. A value checked after the merge is
+# refused under its flag's name, and the user must learn that the flag came from the file (and which line).
+_FROM_CONFIG: dict[str, tuple[str, str]] = {}
 
 
 def config_origin(message: str) -> str:
-    """" (--bits was set by key 'bits' in job.yaml)" for each option in `message` that a --config file
+    """" (--bits was set by key 'bits' in job.yaml:3)" for each option in `message` that a --config file
     set, or ""."""
     import re
 
@@ -130,10 +148,71 @@ def _base_type(t: Any) -> Any:
     return t
 
 
-def _convert(raw: Any, kind: Any, key: str, config: Path) -> Any:
+def _unknown_key_fix(name: str, schema: dict[str, Any], command: Callable[..., Any]) -> str:
+    """What to write instead of an unknown key: the close option name, or where an argument goes."""
+    import difflib
+
+    valid = sorted(k.rstrip("_") for k in schema)
+    bare = name.lstrip("_").lower()
+    if bare in _argument_names(command) or bare == "config":
+        return f"{bare.upper() if bare != 'config' else '--config'} is given on the command line, not in a job spec"
+    for off, on in _negative_flags(command).items():
+        if bare == off:
+            return f"write {on}: false"
+    if bare in valid:  # --bits or Bits
+        return f"write '{bare}'"
+    close = difflib.get_close_matches(bare, valid, n=1, cutoff=0.7)
+    said = f"did you mean '{close[0]}'? " if close else ""
+    return f"{said}valid keys: {', '.join(valid)}"
+
+
+def _argument_names(command: Callable[..., Any]) -> set[str]:
+    hints = get_type_hints(command, include_extras=True)
+    return {name for name, hint in hints.items() if get_origin(hint) is Annotated
+            and any(type(m).__name__ == "ArgumentInfo" for m in get_args(hint)[1:])}
+
+
+def _negative_flags(command: Callable[..., Any]) -> dict[str, str]:
+    """{"asym": "sym"} for each --x/--y option: the key of the second name is the first set to false."""
+    out = {}
+    for name, hint in get_type_hints(command, include_extras=True).items():
+        for meta in get_args(hint)[1:] if get_origin(hint) is Annotated else ():
+            # Under Annotated, Typer takes the first positional argument of typer.Option ("--sym/--asym") as
+            # a declaration although it lands in `default`.
+            first = getattr(meta, "default", None)
+            for decl in [first, *(getattr(meta, "param_decls", None) or ())]:
+                if isinstance(decl, str) and decl.startswith("-") and "/" in decl:
+                    out[decl.split("/", 1)[1].lstrip("-").replace("-", "_")] = name.rstrip("_")
+    return out
+
+
+# How to write each type in YAML, for the messages.
+_WANT = {bool: ("true or false", "write true or false"),
+         int: ("an integer", "write a whole number in decimal, unquoted"),
+         float: ("a number", "write a number, unquoted: 0.5, 1e-3"),
+         str: ("a string", "write one value"),
+         Path: ("a path", "write the path, relative to the current directory or absolute")}
+
+
+def _convert(raw: Any, kind: Any, key: str, where: str, item: str = "") -> Any:
+    """`raw` (a value of key `key`, at `where` = FILE:LINE) checked against `kind` and converted as Typer
+    would convert the flag's text. `item` names a list item in messages."""
+    what = f"key '{key}'{item}"
+    if raw is None:
+        raise SpecError(f"{what} has no value (null)", path=where,
+                        fix="give it a value, or delete the line to use the default")
     if isinstance(kind, tuple):  # ("list", item)
+        if isinstance(raw, list) and not raw:
+            # [] would read as "not given" (the default: every kernel, every check): say so by leaving it out
+            raise SpecError(f"{what} is an empty list", path=where,
+                            fix="name at least one value, or delete the line to use the default")
+        if isinstance(raw, str) and kind[1] in (int, float) and len(raw.replace(",", " ").split()) > 1:
+            # `batch_sizes: 1 16 256`, as after the flag: YAML reads one string
+            raise SpecError(f"{what} must be a list of numbers, got {_describe(raw)}", path=where,
+                            fix="write a YAML list: [1, 16, 256]")
         items = raw if isinstance(raw, list) else [raw]
-        return [_convert(v, kind[1], key, config) for v in items]
+        return [_convert(v, kind[1], key, where, f" item {i + 1}" if isinstance(raw, list) else "")
+                for i, v in enumerate(items)]
     ok = {
         bool: isinstance(raw, bool),
         int: isinstance(raw, int) and not isinstance(raw, bool),
@@ -142,18 +221,57 @@ def _convert(raw: Any, kind: Any, key: str, config: Path) -> Any:
         Path: isinstance(raw, str),
     }.get(kind)
     if ok is None:
-        raise SpecError(f"key '{key}' cannot be set from a job spec", path=config)
+        raise SpecError(f"{what} cannot be set from a job spec", path=where, fix="give it on the command line")
     if not ok:
-        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-                Path: "a path string"}[kind]
-        raise SpecError(f"key '{key}' must be {want}, got {_short_repr(raw)}", path=config)
-    return Path(raw) if kind is Path else (str(raw) if kind is str else raw)
+        want, fix = _WANT[kind]
+        if kind in (str, Path) and isinstance(raw, bool):
+            fix = "quote it: YAML reads unquoted yes/no/on/off/true/false as true or false"
+        elif kind in (str, Path) and isinstance(raw, (int, float)):
+            fix = "quote it"
+        raise SpecError(f"{what} must be {want}, got {_describe(raw)}", path=where, fix=fix)
+    if kind is float:
+        try:
+            return float(raw)
+        except OverflowError:  # an integer of 309 or more digits
+            raise SpecError(f"{what} is out of range: {_describe(raw)}", path=where,
+                            fix="give a value the option allows (see --help)") from None
+    if kind is str or kind is Path:
+        text = str(raw)
+        if "\0" in text:  # cannot come from a command line; open() would raise on it
+            raise SpecError(f"{what} holds a NUL character (\\0)", path=where, fix="remove it")
+        if kind is str:
+            return text
+        if not text:  # Path("") is ".": the current directory, which nobody means by an empty value
+            raise SpecError(f"{what} is an empty path", path=where,
+                            fix="name a file or directory, or delete the line to use the default")
+        try:
+            return Path(text).expanduser()  # as the shell expands ~ in a flag
+        except RuntimeError:  # ~user with no such user, or no home directory
+            raise SpecError(f"{what}: cannot expand {_describe(text)}", path=where,
+                            fix="write the path in full") from None
+    return raw
 
 
-def _short_repr(v: Any, limit: int = 60) -> str:
-    """repr of a value from a file, bounded: never walk a huge nested value to print it."""
-    if isinstance(v, (list, dict)):
-        return f"a {type(v).__name__} of {len(v)} items"
+def _flag_text(v: Any) -> str:
+    if isinstance(v, list):
+        return " ".join(map(str, v))
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _describe(v: Any, limit: int = 60) -> str:
+    """A value read from a file as YAML writes it, bounded: never walk a huge nested value to print it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return f"a mapping of {_count(len(v), 'key')}"
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return f"a list of {_count(len(v), 'item')}"
     text = repr(v) if not isinstance(v, str) or len(v) < 4 * limit else repr(v[: 4 * limit])
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -26,8 +26,9 @@ def eval_cmd(
     ctx: typer.Context,
     quant: Annotated[Path, typer.Argument(help="Quantized model directory (any layout qtool reads).",
                                           show_default=False)],
-    reference: Annotated[Path, typer.Option("--reference", help="The dense model directory it was made from.",
-                                            show_default=False)],
+    # optional to Click so a job spec's `reference:` can give it; required once the spec is merged
+    reference: Annotated[Path | None, typer.Option("--reference", help="The dense model directory it was made "
+                                                   "from (required).", show_default=False)] = None,
     text: Annotated[Path | None, typer.Option(
         "--text", help="Evaluation text (UTF-8, or .jsonl with a \"text\" per line). Default: Python "
                        "standard-library docstrings, disjoint from the calibration default.",
@@ -45,6 +46,9 @@ def eval_cmd(
     from qtool.errors import UsageError
     from qtool.evaluate import evaluate
 
+    if v["reference"] is None:
+        raise UsageError("missing --reference", fix="name the dense model: --reference DIR, or key 'reference' "
+                                                    "in the job spec")
     if v["seqlen"] < 2:
         raise UsageError("--seqlen must be at least 2")
     if v["windows"] < 1:
