@@ -11,6 +11,7 @@ import pytest
 from qtool.errors import InputError
 from qtool.io.gguf_reader import (
     ARRAY_INLINE_LIMIT,
+    MAX_REPORTED,
     ArraySummary,
     read_array,
     read_gguf,
@@ -297,3 +298,74 @@ def test_kv_spans_hold_each_whole_record(gfile):
     for key, (start, end) in h.kv_spans.items():
         n = struct.unpack_from("<Q", raw, start)[0]
         assert raw[start + 8:start + 8 + n].decode() == key and end > start + 8 + n + 4
+
+
+@pytest.mark.parametrize("value,vtype,says", [
+    ("32", "STRING", "general.alignment is STRING '32', but GGUF stores it as UINT32"),
+    (32, "UINT64", "general.alignment is UINT64 32, but GGUF stores it as UINT32"),
+])
+def test_alignment_of_another_type_is_named_by_its_type(tmp_path, value, vtype, says):
+    p = tmp_path / "a.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_key_value("general.alignment", value, gguf.GGUFValueType[vtype])
+    w.add_tensor("blk.0.attn_q.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    errs = _errors(read_gguf_header(p))
+    assert any(m.startswith(says) for m in errs) and not any("power of two" in m for m in errs), errs
+
+
+def test_a_directory_of_broken_entries_is_counted_not_listed(tmp_path):
+    """Each 24-byte entry with no dimensions is a problem; a million of them must not cost a million report
+    lines (3 GB and 280 MB of JSON before the cap)."""
+    from tests.attacks.generate_corpus import gstr, u32, u64
+
+    n = 2000
+    infos = [gstr("") + u32(0) + u32(0) + u64(0)] * n
+    p = _hand_gguf(tmp_path / "many.gguf", [], infos)
+    h = read_gguf_header(p)
+    assert h.complete and len(h.tensors) == n
+    assert len(h.problems) == MAX_REPORTED + 1, h.problems[-1]
+    assert h.problems[-1][2] == f"... and {n - MAX_REPORTED} more of the same kind (empty tensor; {n} in all)"
+
+    from qtool.inspect import inspect_path
+
+    msgs = [a.message for a in inspect_path(p).anomalies]
+    assert len(msgs) < 20, len(msgs)
+    assert f"... and {n - 1 - MAX_REPORTED} more tensor entries repeat a name ({n - 1} in all); only the first of " \
+           "each is read" in msgs
+
+
+def test_safetensors_named_gguf_is_told_to_be_renamed(tmp_path):
+    from safetensors.numpy import save_file
+
+    p = tmp_path / "model.gguf"
+    save_file({"a.weight": np.ones((4, 4), np.float32)}, str(p))
+    with pytest.raises(InputError, match=r"holds a safetensors header") as e:
+        read_gguf_header(p)
+    assert e.value.fix == "rename it to .safetensors and inspect it again"
+
+
+def _split3(d: Path) -> list[Path]:
+    """A 3-file split set written by the gguf package (one tensor per file)."""
+    w = gguf.GGUFWriter(str(d / "m.gguf"), "llama", split_max_tensors=1)
+    w.add_block_count(3)
+    for i in range(3):
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(d.glob("m-*.gguf"))
+
+
+def test_files_beside_a_split_set_named_like_its_members_are_listed(tmp_path):
+    files = _split3(tmp_path)
+    assert read_gguf(files[0]).extra == []
+    stray = [tmp_path / "m-00004-of-00003.gguf", tmp_path / "m-00001-of-00002.gguf"]
+    for s in stray:
+        s.write_bytes(files[0].read_bytes())
+    (tmp_path / "other-00001-of-00002.gguf").write_bytes(files[0].read_bytes())  # another model's set
+    assert read_gguf(files[1]).extra == sorted(stray)

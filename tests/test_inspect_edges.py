@@ -368,3 +368,135 @@ def test_lm_head_flag_that_is_not_a_boolean_is_said(tmp_path):
     r = inspect_path(_gptq_with_head(tmp_path / "m", "quantized", lm_head="false"))
     found = [(s, t, m) for s, t, m in _messages(r) if "lm_head" in m]
     assert len(found) == 1 and found[0][0] == "warning" and "not true or false" in found[0][2], found
+
+
+def _gguf_kv(path: Path, kv: dict, tensors: dict[str, np.ndarray] | None = None, arch: str = "llama") -> Path:
+    """A GGUF written by the gguf package whose listed keys ({key: (value, GGUFValueType name)}) replace the
+    writer's own."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, (v, t) in kv.items():
+        w.kv_data[0].pop(k, None)
+        w.add_key_value(k, v, gguf.GGUFValueType[t])
+    for name, x in (tensors or {"blk.0.attn_q.weight": np.ones((4, 32), np.float32)}).items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("key,value,vtype,says", [
+    ("llama.block_count", "one", "STRING", "llama.block_count is STRING ('one'), expected UINT32"),
+    ("llama.context_length", 4096, "UINT64", "llama.context_length is UINT64 (4096), expected UINT32"),
+    ("tokenizer.ggml.model", 5, "UINT32", "tokenizer.ggml.model is UINT32 (5), expected STRING"),
+    ("split.count", "3", "STRING", "split.count is STRING ('3'), expected UINT16"),
+    ("general.architecture", 7, "UINT32", "general.architecture is UINT32 (7), expected STRING"),
+])
+def test_a_key_of_the_wrong_type_is_named(tmp_path, key, value, vtype, says):
+    """llama.cpp checks each key's stored type exactly; a present key of the wrong type is not "missing"."""
+    msgs = [m for _, _, m in _messages(inspect_path(_gguf_kv(tmp_path / "k.gguf", {key: (value, vtype)})))]
+    assert any(says in m and m.startswith("llama.cpp will not load it") for m in msgs), msgs
+    assert not any("has no general.architecture" in m for m in msgs), msgs
+
+
+def test_a_header_cut_inside_the_metadata_claims_no_key_is_missing(tmp_path):
+    from tests.test_gguf_reader import write_gguf
+
+    write_gguf(tmp_path / "m.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes((tmp_path / "m.gguf").read_bytes()[:60])  # inside general.architecture's record
+    msgs = [m for _, _, m in _messages(inspect_path(cut))]
+    assert any("header unreadable from byte" in m for m in msgs), msgs
+    assert not any("llama.cpp will not load it" in m for m in msgs), msgs
+
+
+def test_an_unknown_gguf_type_is_named_and_its_size_is_not_taken_as_zero(tmp_path):
+    from tests.attacks.generate_corpus import T_Q4_0, gguf_bytes, kv_str, q4_0_rows, tensor_info
+
+    p = tmp_path / "u.gguf"
+    p.write_bytes(gguf_bytes([kv_str("general.architecture", "llama")],
+                             [tensor_info("blk.0.attn_q.weight", (64, 32), 9999, 0),
+                              tensor_info("blk.0.attn_k.weight", (64, 32), T_Q4_0, 1152)],
+                             q4_0_rows(32, 64, 1) + q4_0_rows(32, 64, 2)))
+    r = inspect_path(p)
+    m = {x.name: x for x in r.modules}["blk.0.attn_q"]
+    assert m.scheme.format == "gguf:UNKNOWN_9999" and m.scheme.sym is None and m.scheme.desc_act is None
+    d = r.to_dict(tensors=True)
+    assert d["bpw"] is None and r.quantized_bpw is None
+    assert {t["name"]: t["bytes"] for t in d["tensors"]} == {"blk.0.attn_q.weight": None,
+                                                            "blk.0.attn_k.weight": 1152}
+    assert d["metadata"]["qtool.gguf"]["tensor_types"]["UNKNOWN_9999"]["bytes"] is None
+    assert ("error", "blk.0.attn_q.weight", "unknown tensor type id 9999") in _messages(r)
+    code, out = qtool("inspect", p, "--tensors")
+    assert code == 0 and "1 tensor of unknown size not counted" in out and "0.000" not in out, out
+
+
+def test_a_gguf_named_safetensors_is_read_and_the_name_is_flagged(tmp_path):
+    p = _gguf_kv(tmp_path / "model.safetensors", {})
+    r = inspect_path(p)
+    assert r.container == "gguf"
+    assert any(a.severity == "warning" and "is a GGUF file named '.safetensors'" in a.message for a in r.anomalies)
+    code, out = qtool("inspect", _gguf_kv(tmp_path / "x.gguf", {}), "--json")
+    assert not any("GGUF file named" in a["message"] for a in json.loads(out)["anomalies"])
+
+    st = tmp_path / "st.gguf"
+    save_file({"a.weight": torch.ones(4, 4)}, st)
+    code, out = qtool("inspect", st)
+    assert code == 2 and "holds a safetensors header" in out and "rename it to .safetensors" in out, out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_split_members_out_of_place_or_beside_the_set_are_named(tmp_path):
+    from tests.test_gguf_reader import _split3
+
+    files = _split3(tmp_path)
+    assert not [m for s, _, m in _messages(inspect_path(files[0])) if s == "error" or "m-0000" in m]
+    stray = tmp_path / "m-00004-of-00003.gguf"
+    stray.write_bytes(files[0].read_bytes())
+    want = ("warning", None, "m-00004-of-00003.gguf beside the 3-file set is not part of it (not read); fix: remove "
+                             "it, or re-download the set if the split changed")
+    assert want in _messages(inspect_path(files[1]))
+    msgs = _messages(inspect_path(tmp_path))  # once, not again as an unread file of the directory
+    assert want in msgs and sum("m-00004-of-00003.gguf" in m for _, _, m in msgs) == 1, msgs
+    stray.unlink()
+
+    # files 2 and 3 swapped by name: llama.cpp refuses the set ("invalid split file idx")
+    tmp = files[1].with_name("tmp")
+    files[1].rename(tmp)
+    files[2].rename(files[1])
+    tmp.rename(files[2])
+    errs = [m for s, _, m in _messages(inspect_path(files[0])) if s == "error"]
+    assert errs == ["m-00002-of-00003.gguf holds split.no 2, the header of file 3, but is named as file 2: llama.cpp "
+                    "refuses the set (\"invalid split file idx\"); fix: restore the original file names or "
+                    "re-download the set",
+                    "m-00003-of-00003.gguf holds split.no 1, the header of file 2, but is named as file 3: llama.cpp "
+                    "refuses the set (\"invalid split file idx\"); fix: restore the original file names or "
+                    "re-download the set"], errs
+
+
+def test_float64_weights_past_float32_range_are_finite(tmp_path):
+    p = tmp_path / "f64.safetensors"
+    save_file({"l.weight": torch.tensor([[1e300, -1e300] * 4] * 4, dtype=torch.float64)}, p)
+    code, out = qtool("inspect", p, "--deep", "--json", "--strict")
+    d = _strict_json(out)
+    assert code == 0 and not d["anomalies"], d["anomalies"]
+    assert d["modules"][0]["stats"] == {"mean": 0.0, "std": 1e300, "absmax": 1e300}
+
+    g = _gguf_kv(tmp_path / "f64.gguf", {}, {"blk.0.attn_q.weight": np.full((4, 32), 1e308),
+                                             "blk.0.attn_norm.weight": np.full(32, 1e300)})
+    code, out = qtool("inspect", g, "--deep", "--json")
+    d = _strict_json(out)
+    assert d["modules"][0]["stats"] == {"mean": 1e308, "std": 0.0, "absmax": 1e308}
+    assert not [a for a in d["anomalies"] if "NaN" in a["message"] or "unavailable" in a["message"]], d["anomalies"]
+
+
+def test_a_checkpoint_without_tensors_is_not_called_clean(tmp_path):
+    p = tmp_path / "none.safetensors"
+    save_file({}, p)
+    assert ("warning", None, "the checkpoint holds no tensors: there are no weights to describe or check; fix: "
+                             "point at the model's weight files") in _messages(inspect_path(p))
+    code, out = qtool("inspect", p)
+    assert code == 0 and "no anomalies" not in out

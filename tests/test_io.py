@@ -56,6 +56,9 @@ def _raw_file(path, header: bytes, data: bytes = b"", n: int | None = None):
      None, "elements"),
     (json.dumps({"x": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None,
      "unknown dtype"),
+    # no element, but a dimension past any reader's index (the safetensors library refuses it too)
+    (json.dumps({"x": {"dtype": "F16", "shape": [2**64, 0], "data_offsets": [0, 0]}}).encode(), b"", None,
+     "integers in"),
 ])
 def test_header_rejects_bad_files(tmp_path, header, data, n, msg):
     p = _raw_file(tmp_path / "bad.safetensors", header, data, n)

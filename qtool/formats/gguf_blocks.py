@@ -148,7 +148,9 @@ def detect_gguf(shape: tuple[int, ...], type_name: str, block: tuple[int, int] |
         return Detected("dense", nominal_bits(type_name), None, None, None, i, o, i * o, detail=type_name,
                         experts=experts)
     group = block[0] if block else None
-    return Detected(f"gguf:{type_name}", nominal_bits(type_name), group, type_name not in ASYM_TYPES, False, i, o,
+    # a type id the gguf package does not know says nothing about its blocks: sym and act-order stay unknown
+    sym = type_name not in ASYM_TYPES if block else None
+    return Detected(f"gguf:{type_name}", nominal_bits(type_name), group, sym, False if block else None, i, o,
                     i * o, detail=type_name, experts=experts)
 
 

@@ -71,14 +71,20 @@ def inspect_path(path: str | Path, deep: bool = False,
     p = Path(path)
     report, handle, claims = open_inspected(p)
     if report.container == "gguf":
-        report.anomalies += gguf_anomalies(handle.kv)
-        if p.is_dir():
-            report.anomalies += unread_files(p, [h.path for h in handle.headers])
+        report.anomalies += gguf_anomalies(handle.kv, handle.kv_types, handle.headers[0].kv_complete)
+        if p.is_dir():  # strays of a split set are named by the header report already
+            report.anomalies += unread_files(p, [*(h.path for h in handle.headers), *handle.extra])
     elif p.is_dir():
         report.anomalies += hf_anomalies(handle.root)
         wm = handle.index.get("weight_map") if isinstance(handle.index, dict) else None
         named = [handle.root / str(v) for v in wm.values()] if isinstance(wm, dict) else []  # reported if bad
         report.anomalies += unread_files(handle.root, [*handle.files, *named])
+    if report.tensor_count == 0 and not report.has_errors():
+        # "no anomalies" would say everything was checked when there was nothing to check
+        what = " (a vocabulary-only GGUF?)" if report.container == "gguf" else ""
+        report.anomalies.append(Anomaly("warning", None, f"the checkpoint holds no tensors{what}: there are no "
+                                                         "weights to describe or check; fix: point at the model's "
+                                                         "weight files"))
     if deep:
         if report.container == "gguf":
             from qtool.inspect.deep import deep_gguf
@@ -131,7 +137,8 @@ def _finish(report: InspectReport) -> None:
     report.anomalies.sort(key=lambda a: order.get(a.severity, 3))
     report.format = _dominant(report.modules)
     params = sum(m.n_weights or 0 for m in report.modules) + report.other_bytes_params[1]
-    report.bpw = 8.0 * report.bytes_total / params if params else None
+    # bytes_total leaves out tensors whose size the header cannot give (an unknown GGUF type): no ratio then
+    report.bpw = 8.0 * report.bytes_total / params if params and not report.unsized_tensors else None
 
 
 def _module_report(name: str, d: Detected, nbytes: int, extra_params: int, tensor_names: tuple[str, ...]
@@ -370,11 +377,62 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+def _split_members(gs) -> list[Anomaly]:
+    """Each file of a split set against its place in the set: llama.cpp loads the files named after the first
+    one's split.count and refuses one whose split.no is not its position ("invalid split file idx"), so
+    renamed or swapped members stop the load; files beside the set that name another member or a set of
+    another size are named, not passed over."""
+    from qtool.io.gguf_reader import SPLIT_RE, short_value
+
+    out = []
+    n_files = len(gs.headers) + len(gs.missing)
+    first_count = gs.headers[0].kv.get("split.count")
+    for h in gs.headers if n_files > 1 else []:
+        m = SPLIT_RE.match(h.path.name)
+        if m is None:
+            continue
+        place = int(m.group("no")) - 1
+        no, count = h.kv.get("split.no"), h.kv.get("split.count")
+        if h is gs.headers[0] and count is None and h.kv_complete:
+            out.append(Anomaly("error", None, f"{h.path.name} has no split.count: llama.cpp loads it as a whole "
+                                              f"model and never reads the other {n_files - 1} files; fix: "
+                                              "re-split the model with gguf-split"))
+        if no is None:
+            if place > 0 and h.kv_complete:
+                out.append(Anomaly("error", None, f"{h.path.name} has no split.no (llama.cpp: \"missing key "
+                                                  "split.no in GGUF split\"); fix: re-download the set"))
+        elif no != place:
+            which = f", the header of file {no + 1}," if isinstance(no, int) and not isinstance(no, bool) else ""
+            out.append(Anomaly("error", None, f"{h.path.name} holds split.no {short_value(no)}{which} but is "
+                                              f"named as file {place + 1}: llama.cpp refuses the set (\"invalid "
+                                              "split file idx\"); fix: restore the original file names or "
+                                              "re-download the set"))
+        if h is not gs.headers[0] and None not in (count, first_count) and count != first_count:
+            out.append(Anomaly("error", None, f"{h.path.name} says split.count {short_value(count)} but "
+                                              f"{gs.headers[0].path.name} says {short_value(first_count)}: the "
+                                              "files come from different splits; fix: re-download the set"))
+    for e in gs.extra[:MAX_EXTRA]:
+        out.append(Anomaly("warning", None, f"{e.name} beside the {n_files}-file set is not part of it (not read); "
+                                            "fix: remove it, or re-download the set if the split changed"))
+    if len(gs.extra) > MAX_EXTRA:
+        out.append(Anomaly("warning", None, f"... and {len(gs.extra) - MAX_EXTRA} more files named like members "
+                                            "of the set but outside it"))
+    return out
+
+
+MAX_EXTRA = 5  # files (or repeated tensor names) listed one by one; the rest are counted
+
+
 def _inspect_gguf(p: Path):
     from qtool.io.gguf_reader import file_type_name, read_gguf
 
     gs = read_gguf(p)
     anomalies: list[Anomaly] = []
+    if p.is_file() and p.suffix != ".gguf":
+        # read by its magic, as llama.cpp would; loaders that pick a reader by the name fail on it
+        anomalies.append(Anomaly("warning", None, f"{p.name} is a GGUF file named '{p.suffix or '(no suffix)'}': "
+                                                  "tools that choose a reader by extension will not read it as "
+                                                  "GGUF; fix: rename it to .gguf"))
     for m in gs.missing:
         anomalies.append(Anomaly("error", None, f"split file {m.name} is missing; fix: download it next to the "
                                                 "others"))
@@ -390,6 +448,7 @@ def _inspect_gguf(p: Path):
     if isinstance(n_split, int) and n_split != len(gs.headers) + len(gs.missing):
         anomalies.append(Anomaly("error", None, f"split.count says {n_split} files but the set names "
                                                 f"{len(gs.headers) + len(gs.missing)}"))
+    anomalies += _split_members(gs)
     n_split_t = kv.get("split.tensors.count")
     if isinstance(n_split_t, int) and not gs.missing and n_split_t != sum(h.tensor_count for h in gs.headers):
         anomalies.append(Anomaly("error", None, f"split.tensors.count says {n_split_t} tensors but the files hold "
@@ -397,11 +456,18 @@ def _inspect_gguf(p: Path):
 
     tensors = gs.tensors
     by_name = {}
+    twice = 0
     for t in tensors:
         if t.name in by_name:
-            anomalies.append(Anomaly("error", t.name, "tensor name appears twice; the second entry is ignored"))
+            # llama.cpp refuses the model ("tensor '%s' is duplicated"); listed MAX_EXTRA times, then counted
+            twice += 1
+            if twice <= MAX_EXTRA:
+                anomalies.append(Anomaly("error", t.name, "tensor name appears twice; the second entry is ignored"))
             continue
         by_name[t.name] = t
+    if twice > MAX_EXTRA:
+        anomalies.append(Anomaly("error", None, f"... and {twice - MAX_EXTRA} more tensor entries repeat a name "
+                                                f"({twice} in all); only the first of each is read"))
     groups = group_modules({n: (t.type_name, t.shape) for n, t in by_name.items()})
     modules: list[ModuleReport] = []
     module_of: dict[str, str] = {}
@@ -426,8 +492,8 @@ def _inspect_gguf(p: Path):
     for t in by_name.values():
         h = hist.setdefault(t.type_name, [0, 0, t.bpw])
         h[0] += 1
-        h[1] += t.nbytes or 0
-    histogram = [(name, v[0], v[1], v[2]) for name, v in sorted(hist.items(), key=lambda kv: -kv[1][1])]
+        h[1] = None if h[1] is None or t.nbytes is None else h[1] + t.nbytes  # None: a size the header cannot give
+    histogram = [(name, v[0], v[1], v[2]) for name, v in sorted(hist.items(), key=lambda kv: -(kv[1][1] or 0))]
 
     metadata = {k: _json_value(v) for k, v in kv.items()}
     first = gs.headers[0]
@@ -446,7 +512,7 @@ def _inspect_gguf(p: Path):
                     f"{len(kv)} metadata keys"}
     if kv.get("general.name"):
         info["name"] = kv["general.name"]
-    rows = [TensorRow(t.name, t.type_name, t.shape, t.nbytes or 0, t.file.name, t.complete, module_of.get(t.name))
+    rows = [TensorRow(t.name, t.type_name, t.shape, t.nbytes, t.file.name, t.complete, module_of.get(t.name))
             for t in by_name.values()]
     report = InspectReport(
         path=str(p), container="gguf", format="", modules=modules, tensor_count=len(by_name),

@@ -11,6 +11,7 @@ module's `sym` / `desc_act` are replaced by what the data says.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -38,7 +39,13 @@ def _stats(w) -> dict[str, float] | None:
     v = w[finite] if not bool(finite.all()) else w.reshape(-1)
     if v.numel() == 0:
         return None
-    return {"mean": float(v.mean()), "std": float(v.std(unbiased=False)), "absmax": float(v.abs().max())}
+    a = float(v.abs().max())
+    mean, std = float(v.mean()), float(v.std(unbiased=False))
+    if not math.isfinite(mean) or not math.isfinite(std):
+        # float64 values near its limit (1e308) overflow the sums: take them in units of absmax instead
+        u = v / a
+        mean, std = a * float(u.mean()), a * float(u.std(unbiased=False))
+    return {"mean": mean, "std": std, "absmax": a}
 
 
 def _check_weight(w, mod: str, notes: Notes) -> dict[str, float] | None:
@@ -200,7 +207,9 @@ def deep_module(m: ModuleReport, t: dict, claims: Claims | None, notes: Notes, s
     fmt = m.scheme.format
     if fmt == "dense":
         if stats:
-            m.stats = _check_weight(t["weight"].float(), m.name, notes)
+            # float64 weights stay float64: values past float32's range are finite, not Inf
+            w = t["weight"]
+            m.stats = _check_weight(w if w.dtype == torch.float64 else w.float(), m.name, notes)
         elif t["weight"].is_floating_point() and not bool(torch.isfinite(t["weight"]).all()):
             notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
         return None
@@ -381,10 +390,26 @@ def deep_gguf_module(m: ModuleReport, t, notes: Notes, big: frozenset = frozense
             if bad:
                 notes.append(("error", m.name, "dequantized weight has NaN/Inf values"))
             v = w[np.isfinite(w)].astype(np.float64) if bad else w.reshape(-1).astype(np.float64)
-            m.stats = {"mean": float(v.mean()), "std": float(v.std()), "absmax": float(np.abs(v).max())} \
-                if v.size else None
+            m.stats = _np_stats(v) if v.size else None
     except Exception as e:  # noqa: BLE001 - an undecodable tensor is a finding
         notes.append(("error", m.name, f"cannot dequantize {t.type_name}: {type(e).__name__}: {e}"))
+
+
+def _np_stats(v) -> dict[str, float]:
+    """Mean, std and absmax of float64 values (all finite, at least one), as `_stats` takes them."""
+    import numpy as np
+
+    a = float(np.abs(v).max())
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = float(v.mean()), float(v.std())
+    if not math.isfinite(mean) or not math.isfinite(std):  # sums past float64's range: in units of absmax
+        u = v / a
+        mean, std = a * float(u.mean()), a * float(u.std())
+    return {"mean": mean, "std": std, "absmax": a}
+
+
+# Plain element types gguf.quants does not dequantize: read as their numpy type (little-endian after the swap).
+_PLAIN_GGUF = {"F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
 
 
 def _gguf_tensor(t, notes: Notes, mod: str, big: frozenset = frozenset()):
@@ -406,6 +431,8 @@ def _gguf_tensor(t, notes: Notes, mod: str, big: frozenset = frozenset()):
     if name == "BF16":
         u = np.asarray(raw).view(np.uint16).astype(np.uint32) << 16
         return u.view(np.float32).reshape(rows, -1)
+    if name in _PLAIN_GGUF:  # float64 stays float64: values past float32's range are finite, not Inf
+        return np.asarray(raw).view(_PLAIN_GGUF[name]).astype(np.float64).reshape(rows, -1)
     try:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize

@@ -26,18 +26,46 @@ FILELESS = frozenset({"sentence_transformers.models.Normalize",  # sentence-tran
 REQUIRED = ("CONTEXT_LENGTH", "EMBEDDING_LENGTH", "BLOCK_COUNT")
 REQUIRED_ATTN = ("HEAD_COUNT",)
 
+# Keys llama.cpp reads with one fixed GGUF type ({arch}: the file's architecture). Its loader checks the stored
+# type exactly, optional keys included (GGUFMeta::GKV::get_kv: "key %s has wrong type %s but expected type %s"),
+# so a block_count written as a string, or as a UINT64, stops the load. Per-layer keys may also be arrays.
+KEY_TYPES: dict[str, tuple[str, ...]] = {
+    "general.architecture": ("STRING",), "general.name": ("STRING",), "general.file_type": ("UINT32",),
+    "split.no": ("UINT16",), "split.count": ("UINT16",), "split.tensors.count": ("INT32",),
+    "tokenizer.ggml.model": ("STRING",),
+    "{arch}.context_length": ("UINT32",), "{arch}.embedding_length": ("UINT32",), "{arch}.block_count": ("UINT32",),
+    "{arch}.attention.head_count": ("UINT32", "ARRAY"), "{arch}.feed_forward_length": ("UINT32", "ARRAY"),
+}
 
-def gguf_anomalies(kv: dict[str, Any]) -> list[Anomaly]:
-    from qtool.io.gguf_reader import gguf_constants
+
+def gguf_anomalies(kv: dict[str, Any], kv_types: dict[str, str] | None = None,
+                   kv_complete: bool = True) -> list[Anomaly]:
+    """Warnings for what stops llama.cpp loading a GGUF whose metadata is `kv` (value types `kv_types`, the
+    reader's names). kv_complete False: the header was cut inside the metadata, so a key not read may still be
+    in the file; only the keys read are judged then."""
+    from qtool.io.gguf_reader import gguf_constants, short_value
 
     c = gguf_constants()
     out = []
     arch = kv.get("general.architecture")
+    types = kv_types or {}
+    keys = {k.format(arch=arch): ok for k, ok in KEY_TYPES.items() if "{arch}" not in k or isinstance(arch, str)}
+    for key, ok in keys.items():
+        if key in types and types[key] not in ok:
+            out.append(Anomaly("warning", None, f"llama.cpp will not load it: {key} is {types[key]} "
+                                                f"({short_value(kv[key])}), expected {' or '.join(ok)} (\"key {key} "
+                                                f"has wrong type\"); fix: rewrite {key} as {ok[0]}"))
     if not isinstance(arch, str) or arch not in set(c.MODEL_ARCH_NAMES.values()):
-        why = "has no general.architecture" if not isinstance(arch, str) else f"architecture '{arch}' is unknown"
-        return [Anomaly("warning", None, f"llama.cpp will not load it: {why} (\"unknown model architecture\"); "
-                                         "fix: write it from a Hugging Face directory whose config.json has a "
-                                         "model_type")]
+        if arch is None and not kv_complete or arch is not None and not isinstance(arch, str):
+            # the header was cut before the key could be read (the cut is the finding), or the type warning
+            # above named it
+            return out
+        why = "has no general.architecture" if arch is None else f"architecture '{arch}' is unknown"
+        return out + [Anomaly("warning", None, f"llama.cpp will not load it: {why} (\"unknown model "
+                                               "architecture\"); fix: write it from a Hugging Face directory whose "
+                                               "config.json has a model_type")]
+    if not kv_complete:
+        return out
     missing = [t.format(arch=arch) for t in [getattr(c.Keys.LLM, k) for k in REQUIRED] +
                [getattr(c.Keys.Attention, k) for k in REQUIRED_ATTN] if t.format(arch=arch) not in kv]
     if missing:

@@ -10,10 +10,11 @@ JSON schema (README "qtool inspect --json"); keys marked (opt) appear only with 
                               config quantizes the module's inputs; + stats {mean, std, absmax} (opt, --deep))
     tensor_count int
     bytes_total  int          sum of tensor data bytes (what the headers declare)
-    bpw          float|null   8 * bytes_total / logical parameter count
+    bpw          float|null   8 * bytes_total / logical parameter count (null when a tensor's size is unknown)
     metadata     obj          GGUF key/values (arrays summarised) or the quantization config
     anomalies    list[obj]    severity ("error" | "warning" | "info"), tensor (str|null), message
-    tensors      list[obj]    (opt, --tensors) name, dtype, shape, bytes, file, complete
+    tensors      list[obj]    (opt, --tensors) name, dtype, shape, bytes (null where the header cannot give
+                              the size: an unknown GGUF type), file, complete
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class TensorRow:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    bytes: int
+    bytes: int | None  # None: the size is unknown (a GGUF type id the gguf package does not know)
     file: str
     complete: bool = True
     module: str | None = None
@@ -140,7 +141,7 @@ class InspectReport:
     config_source: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # container facts for the summary (GGUF version, ...)
     info_tail: dict[str, Any] = field(default_factory=dict)  # shown after the totals (what the config says)
-    type_histogram: list[tuple[str, int, int, float | None]] = field(default_factory=list)
+    type_histogram: list[tuple[str, int, int | None, float | None]] = field(default_factory=list)
     deep: bool = False
 
     # --- derived ------------------------------------------------------------------------------------
@@ -157,10 +158,16 @@ class InspectReport:
         return self.bytes_total - self.quantized_bytes
 
     @property
+    def unsized_tensors(self) -> list[TensorRow]:
+        """Tensors whose byte size the header cannot give; bytes_total and module bytes leave them out."""
+        return [t for t in self.tensors if t.bytes is None]
+
+    @property
     def quantized_bpw(self) -> float | None:
         q = [m for m in self.quantized_modules if m.n_weights]
         n = sum(m.n_weights for m in q)
-        return 8.0 * sum(m.bytes for m in q) / n if n else None
+        unsized = {t.module for t in self.unsized_tensors}
+        return 8.0 * sum(m.bytes for m in q) / n if n and not any(m.name in unsized for m in q) else None
 
     def has_errors(self) -> bool:
         return any(a.severity == "error" for a in self.anomalies)
@@ -287,10 +294,13 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
     s.add_row("modules", f"{len(report.modules)} ({nq} quantized{unknown}, {len(report.modules) - nq - nu} dense)")
     s.add_row("tensors", str(report.tensor_count))
     ub = sum(m.bytes for m in report.modules if m.scheme.format == "unknown")
+    unsized = len(report.unsized_tensors)
     s.add_row("bytes", f"{report.bytes_total:,} ({human_bytes(report.bytes_total)}): quantized "
                        f"{human_bytes(report.quantized_bytes)}"
                        + (f", unknown layout {human_bytes(ub)}" if nu else "")
-                       + f", dense {human_bytes(report.dense_bytes - ub)}")
+                       + f", dense {human_bytes(report.dense_bytes - ub)}"
+                       + (f"; {unsized} tensor{'s' if unsized != 1 else ''} of unknown size not counted" if unsized
+                          else ""))
     bpw = "?" if report.bpw is None else f"{report.bpw:.3f}"
     if report.quantized_bpw is not None:
         bpw += f" (quantized modules {report.quantized_bpw:.3f})"
@@ -306,7 +316,8 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
         for c in ("type", "tensors", "bytes", "bits/weight"):
             h.add_column(c, justify="left" if c == "type" else "right")
         for name, n, nbytes, bpw_t in report.type_histogram:
-            h.add_row(sanitize(name), str(n), human_bytes(nbytes), "?" if bpw_t is None else f"{bpw_t:.3f}")
+            h.add_row(sanitize(name), str(n), "?" if nbytes is None else human_bytes(nbytes),
+                      "?" if bpw_t is None else f"{bpw_t:.3f}")
         out.append(h)
 
     p = Table(title="tensor-name patterns (# = layer number)", title_justify="left")
@@ -336,7 +347,8 @@ def renderables(report: InspectReport, show_tensors: bool = False) -> list:
             t.add_column(c, justify="right" if c == "bytes" else "left")
         for r in report.tensors:
             t.add_row(sanitize(r.name) + ("" if r.complete else " [red](incomplete)[/red]"), sanitize(r.dtype),
-                      "[" + ", ".join(map(str, r.shape)) + "]", f"{r.bytes:,}", sanitize(r.file))
+                      "[" + ", ".join(map(str, r.shape)) + "]", "?" if r.bytes is None else f"{r.bytes:,}",
+                      sanitize(r.file))
         out.append(t)
 
     if report.anomalies:

@@ -203,6 +203,8 @@ class GGUFHeader:
     """What one .gguf file's header says, plus what was wrong with it.
 
     complete: the header parsed to its end (metadata and whole tensor directory).
+    kv_complete: every metadata record was read (the tensor directory may still be cut): a key absent from `kv`
+                 is absent from the file.
     kv_spans: key -> (start, end) byte offsets of its whole record (key, value type, value) in the file, for
               copying metadata without materialising it (a repack carries them byte for byte).
     problems: (severity, tensor name or None, message) found while parsing; never raised.
@@ -222,6 +224,7 @@ class GGUFHeader:
     data_start: int | None = None
     header_end: int = 0
     complete: bool = False
+    kv_complete: bool = False
     problems: list[tuple[str, str | None, str]] = field(default_factory=list)
 
     @property
@@ -261,11 +264,14 @@ class GGUFSet:
 
     kv: metadata of the first readable file (split files repeat only the split.* keys).
     missing: split files named by the set that are absent.
+    extra: files beside the set named like its members but outside it (`<stem>-00004-of-00003.gguf`, a member
+           of a set of another size): a second download, or a set that was re-split.
     """
 
     path: Path
     headers: list[GGUFHeader]
     missing: list[Path] = field(default_factory=list)
+    extra: list[Path] = field(default_factory=list)
 
     @property
     def kv(self) -> dict[str, Any]:
@@ -469,6 +475,10 @@ def _read_gguf_header(path: str | Path) -> GGUFHeader:
 
 def _parse(path: Path, mm, size: int) -> GGUFHeader:
     if mm[:4] != GGUF_MAGIC:
+        n = struct.unpack_from("<Q", mm, 0)[0]
+        if 8 < n + 8 <= size and mm[8:9] == b"{":  # a safetensors header: u64 length, then a JSON object
+            raise InputError("not a GGUF file: it holds a safetensors header (misnamed .gguf)", path=path,
+                             fix="rename it to .safetensors and inspect it again")
         raise InputError("not a GGUF file (bad magic, expected b'GGUF')", path=path,  # bytes not shown
                          fix="pass a .gguf file, a .safetensors file or a checkpoint directory")
     v_le = struct.unpack_from("<I", mm, 4)[0]
@@ -489,6 +499,7 @@ def _parse(path: Path, mm, size: int) -> GGUFHeader:
                          path=path, fix="download the file again")
     h = GGUFHeader(path=path, file_size=size, version=version, byte_order="little" if order == "<" else "big",
                    tensor_count=n_tensors, kv_count=n_kv)
+    problem = _Problems(h)
     entries: list[tuple[str, tuple[int, ...], int, int]] = []
     try:
         for i in range(n_kv):
@@ -500,15 +511,24 @@ def _parse(path: Path, mm, size: int) -> GGUFHeader:
             value = p.value(vtype, f"metadata '{key}'")
             if key in h.kv:
                 # llama.cpp refuses the file; which value a reader keeps is undefined
-                h.problems.append(("error", None, f"metadata key '{key}' appears twice (records at offsets "
-                                                  f"{h.kv_spans[key][0]} and {start}); the second is ignored"))
+                problem("duplicate key", None, f"metadata key '{key}' appears twice (records at offsets "
+                                               f"{h.kv_spans[key][0]} and {start}); the second is ignored")
                 continue
             h.kv[key] = value
             h.kv_types[key] = _VTYPES[vtype][0]
             h.kv_spans[key] = (start, p.pos)
+        h.kv_complete = True
         align = h.kv.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
-            h.problems.append(("error", None, f"general.alignment {align!r} is not a power of two; using 32"))
+        atype = h.kv_types.get("general.alignment", "UINT32")
+        if atype != "UINT32":
+            # ggml reads the key with gguf_get_val_u32, which asserts the type: llama.cpp aborts on any other
+            used = align if isinstance(align, int) and not isinstance(align, bool) else DEFAULT_ALIGNMENT
+            h.problems.append(("error", None, f"general.alignment is {atype} {short_value(align)}, but GGUF stores "
+                                              f"it as UINT32 (llama.cpp aborts on the file); read as {used} here; "
+                                              "fix: rewrite the key as UINT32"))
+            align = used
+        if align <= 0 or align & (align - 1):
+            h.problems.append(("error", None, f"general.alignment {align} is not a power of two; using 32"))
             align = DEFAULT_ALIGNMENT
         h.alignment = align
         for i in range(n_tensors):
@@ -530,11 +550,40 @@ def _parse(path: Path, mm, size: int) -> GGUFHeader:
     h.header_end = p.pos
     if h.complete:
         h.data_start = -(-p.pos // h.alignment) * h.alignment
-    _place_tensors(h, entries)
+    _place_tensors(h, entries, problem)
+    problem.close()
     return h
 
 
-def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int, int]]) -> None:
+def short_value(v: Any, limit: int = 40) -> str:
+    """A metadata value read from the file, shortened for a message (an array summary as its summary)."""
+    text = repr(v.to_dict() if isinstance(v, ArraySummary) else v)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Problems:
+    """Adds a header's problems, MAX_REPORTED of each kind one by one and the rest as a count: a directory of
+    a million broken entries (24 bytes each) is one line per kind, not a million (memory and output grow
+    with the file otherwise, tens of bytes of header costing kilobytes of report)."""
+
+    def __init__(self, h: GGUFHeader):
+        self.h = h
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, kind: str, tensor: str | None, msg: str) -> None:
+        n = self.counts[kind] = self.counts.get(kind, 0) + 1
+        if n <= MAX_REPORTED:
+            self.h.problems.append(("error", tensor, msg))
+
+    def close(self) -> None:
+        for kind, n in self.counts.items():
+            if n > MAX_REPORTED:
+                self.h.problems.append(("error", None, f"... and {n - MAX_REPORTED} more of the same kind "
+                                                       f"({kind}; {n} in all)"))
+
+
+def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int, int]], problem: _Problems
+                   ) -> None:
     base = h.data_start
     spans = []
     for name, dims, type_id, offset in entries:
@@ -546,22 +595,22 @@ def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int,
         if not dims or 0 in dims:
             # no model tensor is a scalar or empty, and both break every consumer that tiles rows into blocks
             what = "0 dimensions" if not dims else f"a zero dimension (ne = {list(dims)})"
-            h.problems.append(("error", name, f"tensor has {what}; GGUF weights have 1 to {MAX_DIMS} non-zero "
-                                              "dimensions"))
+            problem("empty tensor", name, f"tensor has {what}; GGUF weights have 1 to {MAX_DIMS} non-zero "
+                                          "dimensions")
         elif n > MAX_ELEMENTS:
-            h.problems.append(("error", name, f"dimensions {list(dims)} hold {n} elements, more than ggml's "
-                                              f"int64 element count allows"))
+            problem("element count overflow", name, f"dimensions {list(dims)} hold {n} elements, more than "
+                                                    "ggml's int64 element count allows")
         elif blk is None:
-            h.problems.append(("error", name, f"unknown tensor type id {type_id}"))
+            problem("unknown tensor type", name, f"unknown tensor type id {type_id}")
         elif dims[0] % blk[0]:
-            h.problems.append(("error", name, f"row size {dims[0]} is not a multiple of the "
-                                              f"{qtype_name(type_id)} block size ({blk[0]})"))
+            problem("row not whole blocks", name, f"row size {dims[0]} is not a multiple of the "
+                                                  f"{qtype_name(type_id)} block size ({blk[0]})")
         else:
             nbytes = n // blk[0] * blk[1]
         if offset % h.alignment:
             # llama.cpp refuses such a file, so it is an error, not a curiosity
-            h.problems.append(("error", name, f"data offset {offset} is not a multiple of the alignment "
-                                                f"{h.alignment}"))
+            problem("misaligned offset", name, f"data offset {offset} is not a multiple of the alignment "
+                                               f"{h.alignment}")
         start = (base if base is not None else h.header_end) + offset
         complete = base is not None and nbytes is not None and start + nbytes <= h.file_size
         h.tensors.append(GGUFTensor(name=name, shape=dims, type_id=type_id, offset=offset, start=start,
@@ -571,7 +620,7 @@ def _place_tensors(h: GGUFHeader, entries: list[tuple[str, tuple[int, ...], int,
     spans.sort()
     for (_s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
         if s1 < e0:
-            h.problems.append(("error", n1, f"data [{s1}, ...) overlaps tensor '{n0}' ending at {e0}"))
+            problem("overlapping data", n1, f"data [{s1}, ...) overlaps tensor '{n0}' ending at {e0}")
 
 
 def split_siblings(path: Path) -> list[Path] | None:
@@ -621,4 +670,23 @@ def read_gguf(path: str | Path) -> GGUFSet:
     if not headers:
         raise InputError("no file of the split set exists", path=shown,
                          fix=f"expected {files[0].name} ... {files[-1].name}")
-    return GGUFSet(path=shown, headers=headers, missing=missing)
+    return GGUFSet(path=shown, headers=headers, missing=missing, extra=_strays(files))
+
+
+def _strays(files: list[Path]) -> list[Path]:
+    """Files beside a split set named `<its stem>-NNNNN-of-MMMMM.gguf` that are not among `files`."""
+    m = SPLIT_RE.match(files[0].name)
+    if m is None:
+        return []
+    stem = m.group("stem")
+    try:
+        entries = list(files[0].parent.iterdir())
+    except OSError:  # the set's own files were read; a directory that cannot be listed hides no more of it
+        return []
+    want = set(files)
+    out = []
+    for e in entries:
+        n = SPLIT_RE.match(e.name)
+        if n is not None and n.group("stem") == stem and e not in want:
+            out.append(e)
+    return sorted(out)

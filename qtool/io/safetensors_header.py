@@ -168,9 +168,10 @@ def parse_entry(p: Path, name: str, entry: object, base: int, data_len: int) -> 
     dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise bad(f"unknown dtype {_short(dtype, 20)!r}")
+    # each dimension on its own too: [2**64, 0] holds no element, but no reader indexes past 2^48
     if not isinstance(shape, list) or len(shape) > 16 or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise bad("shape must be a list of at most 16 non-negative integers")
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_ELEMENTS for d in shape):
+        raise bad("shape must be a list of at most 16 integers in [0, 2^48]")
     numel = prod(shape)
     if numel > MAX_ELEMENTS:
         # Neither number is printed in full: Python refuses to format integers past 4300 digits.
