@@ -43,19 +43,6 @@ def test_anchor_field_over_the_csv_limit_is_an_input_error_before_the_sweep(tmp_
     assert "line 2 is not valid CSV (field larger than field limit" in err
 
 
-@pytest.mark.parametrize("body, why", [
-    ("m,s,1,256,128,1,2.0,1.0,2.0\nm,s,1,256,128,4,\"2.0,1.0,2.0\n", r"line 3 is not valid CSV \(unexpected end"),
-    ("m,s,1,256,128,1,\"2.0\"x,1.0,2.0\n", r"line 2 is not valid CSV \(',' expected after '\"'\)"),
-    # a blank line is a line: the bad row is the file's third
-    ("\nm,s,1,256,128,x,2.0,1.0,2.0\n", "line 3: K, N, M must be integers"),
-])
-def test_anchor_bad_quoting_names_the_line(tmp_path, body, why):
-    p = tmp_path / "a.csv"
-    p.write_text(HEAD + body, encoding="utf-8")
-    with pytest.raises(InputError, match=why):
-        load_anchor(p)
-
-
 def test_anchor_header_field_over_the_limit_and_a_spreadsheet_bom(tmp_path):
     p = tmp_path / "a.csv"
     p.write_text("K,N,M,fp16_us," + "x" * 200_000 + "_us\n", encoding="utf-8")
@@ -70,6 +57,10 @@ def test_anchor_header_field_over_the_limit_and_a_spreadsheet_bom(tmp_path):
 
 
 @pytest.mark.parametrize("body, why", [
+    ("m,s,1,256,128,1,2.0,1.0,2.0\nm,s,1,256,128,4,\"2.0,1.0,2.0\n", r"line 3 is not valid CSV \(unexpected end"),
+    ("m,s,1,256,128,1,\"2.0\"x,1.0,2.0\n", r"line 2 is not valid CSV \(',' expected after '\"'\)"),
+    # a blank line is a line: the bad row is the file's third
+    ("\nm,s,1,256,128,x,2.0,1.0,2.0\n", "line 3: K, N, M must be integers"),
     # one layer's row twice (a pasted repeat, a rerun) would be averaged in as if another layer shared the shape
     ("m,s,1,256,128,1,2.0,1.0,2.0\nm,s,1,256,128,1,3.0,1.0,3.0\n",
      "line 3 repeats line 2's model, shape, K, N and M"),
@@ -86,7 +77,7 @@ def test_anchor_header_field_over_the_limit_and_a_spreadsheet_bom(tmp_path):
     ("m,s,1,256,128,1,2.0,nan,2.0\n", "line 2: sizes and times must be positive and finite"),
     ("m,s,1,256,128,1,-2.0,1.0,2.0\n", "line 2: sizes and times must be positive and finite"),
 ])
-def test_anchor_rows_that_would_be_misread(tmp_path, body, why):
+def test_anchor_rows_refused_name_the_line(tmp_path, body, why):
     p = tmp_path / "a.csv"
     p.write_text(HEAD + body, encoding="utf-8")
     with pytest.raises(InputError, match=why):

@@ -111,17 +111,7 @@ def test_deep_checks_biases_norms_and_loose_tensors(tmp_path):
 
 
 def _gguf(path: Path, tensors: dict[str, np.ndarray]) -> Path:
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    for name, x in tensors.items():
-        w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _gguf_kv(path, {"llama.block_count": (1, "UINT32")}, tensors)
 
 
 def test_deep_gguf_checks_norms_and_reads_the_first_duplicate(tmp_path):
