@@ -382,7 +382,7 @@ def _split_members(gs) -> list[Anomaly]:
     one's split.count and refuses one whose split.no is not its position ("invalid split file idx"), so
     renamed or swapped members stop the load; files beside the set that name another member or a set of
     another size are named, not passed over."""
-    from qtool.io.gguf_reader import SPLIT_RE, short_value
+    from qtool.io.gguf_reader import MAX_REPORTED, SPLIT_RE, short_value
 
     out = []
     n_files = len(gs.headers) + len(gs.missing)
@@ -411,20 +411,18 @@ def _split_members(gs) -> list[Anomaly]:
             out.append(Anomaly("error", None, f"{h.path.name} says split.count {short_value(count)} but "
                                               f"{gs.headers[0].path.name} says {short_value(first_count)}: the "
                                               "files come from different splits; fix: re-download the set"))
-    for e in gs.extra[:MAX_EXTRA]:
+    for e in gs.extra[:MAX_REPORTED]:
         out.append(Anomaly("warning", None, f"{e.name} beside the {n_files}-file set is not part of it (not read); "
                                             "fix: remove it, or re-download the set if the split changed"))
-    if len(gs.extra) > MAX_EXTRA:
-        out.append(Anomaly("warning", None, f"... and {len(gs.extra) - MAX_EXTRA} more files named like members "
+    if len(gs.extra) > MAX_REPORTED:
+        out.append(Anomaly("warning", None, f"... and {len(gs.extra) - MAX_REPORTED} more files named like members "
                                             "of the set but outside it"))
     return out
 
 
-MAX_EXTRA = 5  # files (or repeated tensor names) listed one by one; the rest are counted
-
 
 def _inspect_gguf(p: Path):
-    from qtool.io.gguf_reader import file_type_name, read_gguf
+    from qtool.io.gguf_reader import MAX_REPORTED, file_type_name, read_gguf
 
     gs = read_gguf(p)
     anomalies: list[Anomaly] = []
@@ -459,14 +457,14 @@ def _inspect_gguf(p: Path):
     twice = 0
     for t in tensors:
         if t.name in by_name:
-            # llama.cpp refuses the model ("tensor '%s' is duplicated"); listed MAX_EXTRA times, then counted
+            # llama.cpp refuses the model ("tensor '%s' is duplicated"); listed MAX_REPORTED times, then counted
             twice += 1
-            if twice <= MAX_EXTRA:
+            if twice <= MAX_REPORTED:
                 anomalies.append(Anomaly("error", t.name, "tensor name appears twice; the second entry is ignored"))
             continue
         by_name[t.name] = t
-    if twice > MAX_EXTRA:
-        anomalies.append(Anomaly("error", None, f"... and {twice - MAX_EXTRA} more tensor entries repeat a name "
+    if twice > MAX_REPORTED:
+        anomalies.append(Anomaly("error", None, f"... and {twice - MAX_REPORTED} more tensor entries repeat a name "
                                                 f"({twice} in all); only the first of each is read"))
     groups = group_modules({n: (t.type_name, t.shape) for n, t in by_name.items()})
     modules: list[ModuleReport] = []
